@@ -1,0 +1,97 @@
+"""plait.core: what every plait package shares, and nothing more.
+
+The Protocols through which packages meet (:class:`Accelerator`, :class:`Precision`,
+:class:`CheckpointIO`, :class:`ClusterEnvironment`, :class:`Collectives`,
+:class:`Strategy`, :class:`Launcher`), :class:`ReduceOp`, the errors, the registries
+of named parts, rank-aware helpers and seeding.
+
+Importing it does not import torch.
+"""
+
+from plait.core.errors import (
+    CheckpointError,
+    CollectiveError,
+    CollectiveMismatchError,
+    CollectiveTimeoutError,
+    ConfigurationError,
+    MissingDependencyError,
+    PeerFailedError,
+    PlaitError,
+)
+from plait.core.fingerprint import CollectiveCall
+from plait.core.imports import is_module_available, require_module
+from plait.core.layout import ProcessLayout, RankInfo
+from plait.core.protocols import (
+    Accelerator,
+    CheckpointIO,
+    ClusterEnvironment,
+    Collectives,
+    GradientClipAlgorithm,
+    Launcher,
+    Precision,
+    Strategy,
+    SupportsAsyncCheckpoint,
+    SupportsDeviceStats,
+    SupportsLauncher,
+    SupportsNoSync,
+)
+from plait.core.rank import (
+    get_global_rank,
+    rank_zero_debug,
+    rank_zero_info,
+    rank_zero_only,
+    rank_zero_warn,
+)
+from plait.core.reduce_op import ReduceOp
+from plait.core.registries import (
+    AcceleratorRegistry,
+    CheckpointIORegistry,
+    EnvironmentRegistry,
+    PrecisionRegistry,
+    StrategyRegistry,
+)
+from plait.core.registry import Registry, RegistryEntry
+from plait.core.seed import seed_everything, worker_init_fn
+
+__all__ = [
+    "Accelerator",
+    "AcceleratorRegistry",
+    "CheckpointError",
+    "CheckpointIO",
+    "CheckpointIORegistry",
+    "ClusterEnvironment",
+    "CollectiveCall",
+    "CollectiveError",
+    "CollectiveMismatchError",
+    "CollectiveTimeoutError",
+    "Collectives",
+    "ConfigurationError",
+    "EnvironmentRegistry",
+    "GradientClipAlgorithm",
+    "Launcher",
+    "MissingDependencyError",
+    "PeerFailedError",
+    "PlaitError",
+    "Precision",
+    "PrecisionRegistry",
+    "ProcessLayout",
+    "RankInfo",
+    "ReduceOp",
+    "Registry",
+    "RegistryEntry",
+    "Strategy",
+    "StrategyRegistry",
+    "SupportsAsyncCheckpoint",
+    "SupportsDeviceStats",
+    "SupportsLauncher",
+    "SupportsNoSync",
+    "get_global_rank",
+    "is_module_available",
+    "rank_zero_debug",
+    "rank_zero_info",
+    "rank_zero_only",
+    "rank_zero_warn",
+    "require_module",
+    "seed_everything",
+    "worker_init_fn",
+]

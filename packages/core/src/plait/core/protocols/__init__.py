@@ -1,0 +1,28 @@
+"""The Protocols through which plait's packages meet, one concept each.
+
+Packages never import each other's classes: they meet here. Optional capabilities
+are separate Protocols (``Supports*``), checked once where parts are composed.
+"""
+
+from plait.core.protocols.accelerator import Accelerator, SupportsDeviceStats
+from plait.core.protocols.checkpoint_io import CheckpointIO, SupportsAsyncCheckpoint
+from plait.core.protocols.collectives import Collectives
+from plait.core.protocols.environment import ClusterEnvironment
+from plait.core.protocols.launcher import Launcher
+from plait.core.protocols.precision import GradientClipAlgorithm, Precision
+from plait.core.protocols.strategy import Strategy, SupportsLauncher, SupportsNoSync
+
+__all__ = [
+    "Accelerator",
+    "CheckpointIO",
+    "ClusterEnvironment",
+    "Collectives",
+    "GradientClipAlgorithm",
+    "Launcher",
+    "Precision",
+    "Strategy",
+    "SupportsAsyncCheckpoint",
+    "SupportsDeviceStats",
+    "SupportsLauncher",
+    "SupportsNoSync",
+]

@@ -1,0 +1,64 @@
+"""The CheckpointIO protocol: writing and reading checkpoints."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    import torch
+
+    from plait.core.typing import Checkpoint, PathLike
+
+__all__ = ["CheckpointIO", "SupportsAsyncCheckpoint"]
+
+
+@runtime_checkable
+class CheckpointIO(Protocol):
+    """Writes, reads and removes checkpoints at local paths or fsspec URLs."""
+
+    def save_checkpoint(self, checkpoint: Mapping[str, object], path: PathLike) -> None:
+        """Write ``checkpoint`` to ``path``; an existing file there is replaced whole.
+
+        Raises:
+            CheckpointError: It cannot be written.
+        """
+        ...
+
+    def load_checkpoint(
+        self,
+        path: PathLike,
+        map_location: torch.device | str | None = None,
+    ) -> Checkpoint:
+        """Read the checkpoint at ``path``, placing tensors on ``map_location``.
+
+        Raises:
+            CheckpointError: It is missing, truncated or not a checkpoint.
+        """
+        ...
+
+    def remove_checkpoint(self, path: PathLike) -> None:
+        """Delete the checkpoint at ``path``.
+
+        Raises:
+            CheckpointError: It does not exist or cannot be removed.
+        """
+        ...
+
+    def teardown(self) -> None:
+        """Finish pending work and release resources."""
+        ...
+
+
+@runtime_checkable
+class SupportsAsyncCheckpoint(Protocol):
+    """A checkpoint IO whose saves complete in the background."""
+
+    def wait(self) -> None:
+        """Block until every save started so far is durable on storage.
+
+        Raises:
+            CheckpointError: A background save failed.
+        """
+        ...

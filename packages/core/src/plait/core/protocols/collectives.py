@@ -1,0 +1,75 @@
+"""The Collectives protocol: the collective contract every strategy keeps.
+
+The contract (proved for each strategy by ``plait.conformance``):
+
+- :meth:`~Collectives.reduce` is out of place, gives every rank the same result, and
+  never truncates: the mean of integer or bool input is a floating tensor. Python
+  numbers come back as Python numbers; any other non-tensor raises :class:`TypeError`.
+- :meth:`~Collectives.broadcast` gives every rank a value equal to ``src``'s, tensors
+  on the receiving rank's ``root_device``.
+- :meth:`~Collectives.barrier` lets no rank leave before every rank has entered.
+- :meth:`~Collectives.all_gather` stacks every rank's tensor, row ``i`` from rank ``i``.
+- Ranks that disagree on a collective raise
+  :class:`~plait.core.errors.CollectiveMismatchError` on every rank; a rank that dies
+  makes the others raise :class:`~plait.core.errors.PeerFailedError`. Nothing hangs.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import TYPE_CHECKING, Protocol, TypeVar, overload, runtime_checkable
+
+if TYPE_CHECKING:
+    import torch
+
+    from plait.core.typing import ReduceOpLike
+
+__all__ = ["Collectives"]
+
+T = TypeVar("T")
+
+
+@runtime_checkable
+class Collectives(Protocol):
+    """Reduce, broadcast, barrier and all-gather across every rank of the job."""
+
+    @overload
+    def reduce(self, value: torch.Tensor, reduce_op: ReduceOpLike = "mean") -> torch.Tensor: ...
+
+    @overload
+    def reduce(self, value: float, reduce_op: ReduceOpLike = "mean") -> float: ...
+
+    def reduce(
+        self, value: torch.Tensor | float, reduce_op: ReduceOpLike = "mean"
+    ) -> torch.Tensor | float:
+        """Reduce ``value`` over all ranks with ``reduce_op``; ``value`` is never changed.
+
+        Raises:
+            TypeError: ``value`` is neither a tensor nor a Python number.
+            ConfigurationError: ``reduce_op`` is not a reduction.
+        """
+        ...
+
+    def broadcast(self, obj: T, src: int = 0) -> T:
+        """Give every rank a value equal to rank ``src``'s ``obj``.
+
+        Raises:
+            ValueError: ``src`` is outside ``[0, world_size)``.
+        """
+        ...
+
+    def barrier(self, name: str | None = None, timeout: timedelta | float | None = None) -> None:
+        """Wait until every rank has entered the barrier.
+
+        Raises:
+            CollectiveTimeoutError: ``timeout`` passed first; names the missing ranks.
+        """
+        ...
+
+    def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Stack every rank's ``tensor`` into shape ``[world_size, *tensor.shape]``."""
+        ...
+
+    def reduce_boolean_decision(self, decision: bool, all: bool = True) -> bool:  # noqa: A002
+        """Whether ``decision`` holds on all ranks (``all=True``) or on any rank."""
+        ...

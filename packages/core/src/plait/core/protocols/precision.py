@@ -1,0 +1,76 @@
+"""The Precision protocol: numeric formats for parameters, activations and gradients."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Literal, Protocol, TypeVar, runtime_checkable
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from contextlib import AbstractContextManager
+
+    import torch
+
+    from plait.core.typing import StateDict
+
+__all__ = ["GradientClipAlgorithm", "Precision"]
+
+ModuleT = TypeVar("ModuleT", bound="torch.nn.Module")
+T = TypeVar("T")
+
+GradientClipAlgorithm = Literal["norm", "value"]
+"""How :meth:`Precision.clip_gradients` clips: by total norm, or each value."""
+
+
+@runtime_checkable
+class Precision(Protocol):
+    """A numeric format ("32-true", "bf16-mixed", ...) and the steps that depend on it."""
+
+    def convert_module(self, module: ModuleT) -> ModuleT:
+        """Cast a module's parameters and buffers as the format requires, in place."""
+        ...
+
+    def forward_context(self) -> AbstractContextManager[object]:
+        """The context to run forward passes in (e.g. autocast)."""
+        ...
+
+    def convert_input(self, data: T) -> T:
+        """Cast the floating tensors in ``data`` (any nesting) to the input dtype."""
+        ...
+
+    def convert_output(self, data: T) -> T:
+        """Cast the floating tensors in ``data`` back to the default dtype."""
+        ...
+
+    def backward(self, tensor: torch.Tensor, module: torch.nn.Module | None) -> None:
+        """Compute gradients of ``tensor`` (scaled, if the format needs it)."""
+        ...
+
+    def optimizer_step(
+        self,
+        optimizer: torch.optim.Optimizer,
+        closure: Callable[[], object] | None = None,
+    ) -> object:
+        """Step ``optimizer`` (unscaling first; skipping the step on inf/nan if fp16).
+
+        Returns:
+            What ``optimizer.step`` returned, or ``None`` when the step was skipped.
+        """
+        ...
+
+    def clip_gradients(
+        self,
+        module: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        clip_val: float,
+        algorithm: GradientClipAlgorithm = "norm",
+    ) -> None:
+        """Clip the gradients of ``optimizer``'s parameters, unscaled first."""
+        ...
+
+    def state_dict(self) -> StateDict:
+        """The plugin's state for a checkpoint (e.g. the gradient scaler's)."""
+        ...
+
+    def load_state_dict(self, state_dict: StateDict) -> None:
+        """Restore the state returned by :meth:`state_dict`."""
+        ...

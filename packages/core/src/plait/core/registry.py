@@ -1,0 +1,356 @@
+"""A typed registry of named factories, filled at run time and from entry points.
+
+Each registry maps a case-normalised name to a factory, the keyword arguments to call
+it with, and a description. Installed distributions add to it through an entry-point
+group: each entry point names a *registration hook*, a callable that receives the
+registry and registers what its package provides. Entry points are loaded on the
+first use of the registry, never at import.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import importlib.metadata
+import inspect
+import re
+import threading
+from collections.abc import Callable, Iterator, Mapping
+from types import MappingProxyType
+from typing import Generic, TypeVar
+
+import attrs
+from typing_extensions import get_protocol_members, override
+
+from plait.core.errors import ConfigurationError, MissingDependencyError, suggest
+
+__all__ = ["Registry", "RegistryEntry"]
+
+T = TypeVar("T")
+
+RUNTIME_SOURCE = "<runtime>"
+
+# Names are typed in configuration files and on command lines, and compared without
+# case: ASCII keeps that comparison exact (Unicode case mappings do not round-trip).
+_NAME = re.compile(r"[A-Za-z0-9_.\-]+")
+
+# The distribution whose registration hook is running, so that its entries record
+# where they came from; entries registered outside a hook come from the running program.
+_registering_source: contextvars.ContextVar[str] = contextvars.ContextVar(
+    "plait_registering_source", default=RUNTIME_SOURCE
+)
+
+
+def _frozen_params(value: Mapping[str, object]) -> Mapping[str, object]:
+    return MappingProxyType(dict(value))
+
+
+@attrs.frozen
+class RegistryEntry(Generic[T]):
+    """One registered name.
+
+    Attributes:
+        name: The normalised name (lower case, no surrounding whitespace).
+        factory: What builds the object: a class or any callable.
+        init_params: Keyword arguments the factory is called with.
+        description: One line for listings.
+        source: The distribution that registered it, or ``"<runtime>"``.
+    """
+
+    name: str
+    factory: Callable[..., T]
+    init_params: Mapping[str, object] = attrs.field(
+        factory=dict, converter=_frozen_params, eq=False
+    )
+    description: str = ""
+    source: str = RUNTIME_SOURCE
+
+
+def _class_members(cls: type) -> set[str]:
+    members = set(dir(cls))
+    for klass in cls.__mro__:
+        members.update(getattr(klass, "__annotations__", {}))
+    if attrs.has(cls):
+        members.update(field.name for field in attrs.fields(cls))
+    return members
+
+
+class Registry(Generic[T]):
+    """Names mapped to factories of one kind of part (strategy, accelerator, ...).
+
+    Args:
+        kind: What the registry holds, in the singular, for messages: ``"strategy"``.
+        protocol: The Protocol every registered object must meet. Classes are checked
+            at registration; other factories when they build an object.
+        entry_point_group: The entry-point group to load on first use, if any.
+        distribution: The distribution that provides the built-in entries, named in
+            the error when a lookup misses because it is not installed.
+
+    Example:
+        >>> registry = Registry[object]("widget", protocol=object)
+        >>> registry.register("Plain", object, description="the simplest widget")
+        >>> "plain" in registry
+        True
+    """
+
+    def __init__(
+        self,
+        kind: str,
+        *,
+        protocol: type,
+        entry_point_group: str | None = None,
+        distribution: str | None = None,
+    ) -> None:
+        self.kind = kind
+        self.protocol = protocol
+        self.entry_point_group = entry_point_group
+        self.distribution = distribution
+        self._members: frozenset[str] = (
+            get_protocol_members(protocol)
+            if getattr(protocol, "_is_protocol", False)
+            else frozenset()
+        )
+        # A class can be checked for the protocol's methods only: its data members
+        # (properties, attributes) may be set per instance, so they are checked on the
+        # objects the factory builds.
+        self._methods = frozenset(
+            member for member in self._members if inspect.isfunction(getattr(protocol, member, None))
+        )
+        self._entries: dict[str, RegistryEntry[T]] = {}
+        # Re-entrant: registration hooks call register() while entry points load.
+        self._lock = threading.RLock()
+        self._loaded = entry_point_group is None
+
+    def register(
+        self,
+        name: str,
+        factory: Callable[..., T],
+        /,
+        *,
+        description: str = "",
+        override: bool = False,
+        **init_params: object,
+    ) -> None:
+        """Register ``factory`` under ``name``, to be called with ``init_params``.
+
+        Names are made of ASCII letters, digits, ``_``, ``-`` and ``.``, and are
+        compared case-insensitively (``"DDP"`` is ``"ddp"``).
+
+        Raises:
+            ConfigurationError: The name is empty, has other characters, or is taken
+                (pass ``override=True`` to replace it); the factory is not callable, is a class that lacks
+                members of the protocol (they are named), or does not accept
+                ``init_params``.
+        """
+        key = self._normalise(name)
+        self._check_factory(key, factory, init_params)
+        with self._lock:
+            self._ensure_loaded()
+            existing = self._entries.get(key)
+            if existing is not None and not override:
+                raise ConfigurationError(
+                    f"{self.kind} {key!r} is already registered "
+                    f"(from {existing.source}: {existing.description or existing.factory!r})",
+                    value=name,
+                    fix=f"choose another name, or pass override=True to replace the {self.kind}",
+                )
+            self._entries[key] = RegistryEntry(
+                name=key,
+                factory=factory,
+                init_params=init_params,
+                description=description,
+                source=_registering_source.get(),
+            )
+
+    def get(self, name: str, /, **overrides: object) -> T:
+        """Build the object registered as ``name``.
+
+        Args:
+            name: The registered name, in any case.
+            **overrides: Keyword arguments that replace or add to the registered ones.
+
+        Raises:
+            ConfigurationError: No such name (the message lists the available ones
+                and the closest), or the built object does not meet the protocol.
+            MissingDependencyError: The name is unknown and the distribution that
+                provides the built-in ones is not installed.
+        """
+        entry = self.entry(name)
+        built = entry.factory(**{**entry.init_params, **overrides})
+        if self._members:
+            missing = self._missing_members(set(dir(built)) | _class_members(type(built)))
+            if missing:
+                raise ConfigurationError(
+                    f"the factory of {self.kind} {entry.name!r} built a "
+                    f"{type(built).__qualname__}, which is not a {self.protocol.__name__}: "
+                    f"it lacks {', '.join(missing)}",
+                    value=built,
+                    fix=f"implement {', '.join(missing)} on {type(built).__qualname__}",
+                )
+        return built
+
+    def entry(self, name: str) -> RegistryEntry[T]:
+        """The entry registered as ``name``, without building anything.
+
+        Raises:
+            ConfigurationError: See :meth:`get`.
+            MissingDependencyError: See :meth:`get`.
+        """
+        key = self._normalise(name)
+        with self._lock:
+            self._ensure_loaded()
+            entry = self._entries.get(key)
+            if entry is not None:
+                return entry
+            available = sorted(self._entries)
+        if self.distribution is not None and not _is_installed(self.distribution):
+            raise MissingDependencyError(
+                feature=f"the {self.kind} {key!r}", install=self.distribution
+            )
+        raise ConfigurationError(
+            f"no {self.kind} named {name!r} is registered",
+            value=name,
+            choices=available,
+            suggestion=suggest(key, available),
+            fix=f"use one of the registered names, or register yours first "
+            f"(see available() and register())",
+        )
+
+    def remove(self, name: str) -> None:
+        """Remove ``name`` from the registry.
+
+        Raises:
+            ConfigurationError: No such name.
+        """
+        key = self._normalise(name)
+        with self._lock:
+            self.entry(key)
+            del self._entries[key]
+
+    def available(self) -> list[str]:
+        """The registered names, sorted."""
+        with self._lock:
+            self._ensure_loaded()
+            return sorted(self._entries)
+
+    def entries(self) -> list[RegistryEntry[T]]:
+        """Every entry, sorted by name."""
+        with self._lock:
+            self._ensure_loaded()
+            return [self._entries[name] for name in sorted(self._entries)]
+
+    def __contains__(self, name: object) -> bool:
+        if not isinstance(name, str) or not _NAME.fullmatch(name.strip()):
+            return False
+        with self._lock:
+            self._ensure_loaded()
+            return name.strip().lower() in self._entries
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.available())
+
+    def __len__(self) -> int:
+        return len(self.available())
+
+    @override
+    def __repr__(self) -> str:
+        return f"Registry({self.kind!r}, entry_point_group={self.entry_point_group!r})"
+
+    def _normalise(self, name: object) -> str:
+        if not isinstance(name, str) or not _NAME.fullmatch(name.strip()):
+            raise ConfigurationError(
+                f"a {self.kind} name must be a non-empty string of ASCII letters, digits, "
+                f"'_', '-' and '.', got {name!r}",
+                value=name,
+                fix=f"name the {self.kind} with a word such as 'my_{self.kind.replace(' ', '_')}'",
+            )
+        return name.strip().lower()
+
+    def _missing_members(self, present: set[str], *, methods_only: bool = False) -> list[str]:
+        required = self._methods if methods_only else self._members
+        return sorted(required - present)
+
+    def _check_factory(
+        self, key: str, factory: object, init_params: Mapping[str, object]
+    ) -> None:
+        if not callable(factory):
+            raise ConfigurationError(
+                f"the factory of {self.kind} {key!r} must be callable, "
+                f"got {type(factory).__name__}",
+                value=factory,
+                fix="pass the class itself, or a function that builds the object",
+            )
+        if isinstance(factory, type) and self._members:
+            missing = self._missing_members(_class_members(factory), methods_only=True)
+            if missing:
+                raise ConfigurationError(
+                    f"{factory.__qualname__} cannot be registered as a {self.kind}: "
+                    f"it does not implement the {self.protocol.__name__} protocol "
+                    f"(missing: {', '.join(missing)})",
+                    value=factory,
+                    fix=f"implement {', '.join(missing)} on {factory.__qualname__}",
+                )
+        try:
+            signature = inspect.signature(factory)
+        except (TypeError, ValueError):
+            return  # Some builtins have no signature to check against.
+        try:
+            signature.bind_partial(**init_params)
+        except TypeError as error:
+            raise ConfigurationError(
+                f"{self.kind} {key!r}: the factory does not accept the given "
+                f"init params {sorted(init_params)}: {error}",
+                value=dict(init_params),
+                fix="pass only keyword arguments the factory takes",
+            ) from None
+
+    def _ensure_loaded(self) -> None:
+        # Called with the lock held.
+        if self._loaded:
+            return
+        self._loaded = True
+        assert self.entry_point_group is not None
+        for entry_point in importlib.metadata.entry_points(group=self.entry_point_group):
+            self._load_entry_point(entry_point)
+
+    def _load_entry_point(self, entry_point: importlib.metadata.EntryPoint) -> None:
+        source = entry_point.dist.name if entry_point.dist is not None else entry_point.value
+        described = f"entry point {entry_point.name} = {entry_point.value} (from {source})"
+        try:
+            hook = entry_point.load()
+        except Exception as error:
+            raise ConfigurationError(
+                f"the {described} in group {self.entry_point_group!r} failed to load: "
+                f"{type(error).__name__}: {error}",
+                value=entry_point.value,
+                fix=f"fix or uninstall {source}",
+            ) from error
+        if not callable(hook):
+            raise ConfigurationError(
+                f"the {described} is not a registration hook: "
+                f"it is a {type(hook).__name__}, not a callable taking the registry",
+                value=entry_point.value,
+                fix=f"point the entry point at a function `def register(registry): ...` "
+                f"in {source}",
+            )
+        token = _registering_source.set(source)
+        try:
+            hook(self)
+        except ConfigurationError:
+            raise
+        except Exception as error:
+            raise ConfigurationError(
+                f"the registration hook of the {described} raised "
+                f"{type(error).__name__}: {error}",
+                value=entry_point.value,
+                fix=f"fix or uninstall {source}",
+            ) from error
+        finally:
+            _registering_source.reset(token)
+
+
+def _is_installed(distribution: str) -> bool:
+    try:
+        importlib.metadata.distribution(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return True

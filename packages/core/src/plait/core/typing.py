@@ -1,0 +1,29 @@
+"""Public type aliases shared by every plait package."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any, TypeAlias
+
+from plait.core.reduce_op import ReduceOp
+
+__all__ = ["Checkpoint", "DeviceSpec", "PathLike", "ReduceOpLike", "StateDict"]
+
+PathLike: TypeAlias = str | os.PathLike[str]
+"""A local path or an fsspec URL such as ``memory://ckpt/last.pt``."""
+
+DeviceSpec: TypeAlias = int | str | Sequence[int]
+"""Devices as users write them: ``2``, ``"2"``, ``[0, 2]``, ``"0,2"``, ``-1``, ``"auto"``."""
+
+ReduceOpLike: TypeAlias = ReduceOp | str
+"""A :class:`~plait.core.ReduceOp` or one of its spellings, e.g. ``"sum"`` or ``"avg"``."""
+
+# The values of state and checkpoint dictionaries are heterogeneous by nature
+# (tensors, nested dictionaries, numbers, RNG states) and are read back by key with the
+# caller knowing each one's type: no narrower type than Any describes them.
+StateDict: TypeAlias = dict[str, Any]
+"""The state of a module, optimizer or plugin, as ``state_dict()`` returns it."""
+
+Checkpoint: TypeAlias = dict[str, Any]
+"""A whole checkpoint: named state dictionaries and metadata."""

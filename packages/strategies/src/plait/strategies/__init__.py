@@ -1,0 +1,7 @@
+"""Strategies: single device, the DDP family, FSDP, DeepSpeed and XLA, with their
+launchers, each meeting the :class:`plait.core.Strategy` protocol and registered by
+name in :data:`plait.core.StrategyRegistry`.
+
+This distribution ships no strategy yet: it installs and imports on its own,
+and registers nothing.
+"""
