@@ -79,7 +79,9 @@ def test_suggest_finds_the_closest_choice_case_insensitively(
 
 def test_missing_dependency_error_is_an_import_error_naming_what_to_install() -> None:
     error = MissingDependencyError(
-        feature="the 'deepspeed' strategy", install="plait-strategies[deepspeed]", module="deepspeed"
+        feature="the 'deepspeed' strategy",
+        install="plait-strategies[deepspeed]",
+        module="deepspeed",
     )
 
     assert isinstance(error, ImportError)
@@ -147,5 +149,9 @@ def test_exit_codes_are_described_as_people_read_them(
 def test_checkpoint_error_names_the_path_reason_and_fix() -> None:
     error = CheckpointError("memory://ckpt.pt", "not a checkpoint", fix="pick another file")
 
-    assert (error.path, error.reason, error.fix) == ("memory://ckpt.pt", "not a checkpoint", "pick another file")
+    assert (error.path, error.reason, error.fix) == (
+        "memory://ckpt.pt",
+        "not a checkpoint",
+        "pick another file",
+    )
     assert str(error) == "checkpoint 'memory://ckpt.pt': not a checkpoint\n  fix: pick another file"

@@ -21,9 +21,7 @@ def test_the_ranks_of_a_layout_number_every_process_once_in_order(layout: Proces
     assert [info.is_global_zero for info in ranks].count(True) == 1
 
 
-@pytest.mark.parametrize(
-    ("num_nodes", "processes_per_node"), [(0, 1), (1, 0), (-2, 4)]
-)
+@pytest.mark.parametrize(("num_nodes", "processes_per_node"), [(0, 1), (1, 0), (-2, 4)])
 def test_a_layout_needs_at_least_one_node_and_process(
     num_nodes: int, processes_per_node: int
 ) -> None:
@@ -46,7 +44,13 @@ def test_a_bool_is_not_a_count() -> None:
     ],
 )
 def test_rank_info_rejects_impossible_ranks(fields: dict[str, int], message: str) -> None:
-    valid = {"global_rank": 1, "local_rank": 1, "node_rank": 0, "world_size": 4, "local_world_size": 2}
+    valid = {
+        "global_rank": 1,
+        "local_rank": 1,
+        "node_rank": 0,
+        "world_size": 4,
+        "local_world_size": 2,
+    }
     with pytest.raises(ConfigurationError, match=message):
         RankInfo(**{**valid, **fields})
 

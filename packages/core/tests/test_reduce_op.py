@@ -47,7 +47,9 @@ def test_anything_else_is_rejected_with_every_choice_listed(text: str) -> None:
         assert repr(choice) in str(caught.value)
 
 
-@pytest.mark.parametrize(("typo", "meant"), [("summ", "sum"), ("prod", "product"), ("maximum", "max")])
+@pytest.mark.parametrize(
+    ("typo", "meant"), [("summ", "sum"), ("prod", "product"), ("maximum", "max")]
+)
 def test_a_typo_gets_a_suggestion(typo: str, meant: str) -> None:
     with pytest.raises(ConfigurationError, match=f"did you mean '{meant}'"):
         ReduceOp.parse(typo)

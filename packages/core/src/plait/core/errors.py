@@ -51,7 +51,9 @@ def suggest(value: object, choices: Iterable[str]) -> str | None:
     return by_lower[matches[0]] if matches else None
 
 
-def _restore(cls: type[PlaitError], args: tuple[object, ...], state: dict[str, object]) -> PlaitError:
+def _restore(
+    cls: type[PlaitError], args: tuple[object, ...], state: dict[str, object]
+) -> PlaitError:
     error = cls.__new__(cls)
     error.args = args
     error.__dict__.update(state)
@@ -150,8 +152,7 @@ class MissingDependencyError(PlaitError, ImportError):
         self.module = module
         needed = install if module is None else f"the module {module!r}"
         super().__init__(
-            f"{feature} needs {needed}, which is not installed\n"
-            f"  fix: pip install '{install}'"
+            f"{feature} needs {needed}, which is not installed\n  fix: pip install '{install}'"
         )
 
 
@@ -211,9 +212,7 @@ class CollectiveMismatchError(CollectiveError):
         # Most ranks first; on a tie, the group holding the lowest rank.
         ordered = sorted(groups.items(), key=lambda item: (-len(item[1]), item[1][0]))
         self.expected = ordered[0][0]
-        self.disagreeing_ranks = tuple(
-            sorted(rank for _, ranks in ordered[1:] for rank in ranks)
-        )
+        self.disagreeing_ranks = tuple(sorted(rank for _, ranks in ordered[1:] for rank in ranks))
         lines = [f"ranks {_ranks(self.disagreeing_ranks)} called a different collective:"]
         lines += [f"ranks {_ranks(ranks)} called {call.describe()}" for call, ranks in ordered]
         lines.append(

@@ -104,8 +104,7 @@ class RankInfo:
             )
         if self.local_world_size > self.world_size:
             raise ConfigurationError(
-                f"local_world_size {self.local_world_size} exceeds "
-                f"world_size {self.world_size}",
+                f"local_world_size {self.local_world_size} exceeds world_size {self.world_size}",
                 value=self.local_world_size,
             )
 

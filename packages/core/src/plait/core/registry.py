@@ -113,7 +113,9 @@ class Registry(Generic[T]):
         # (properties, attributes) may be set per instance, so they are checked on the
         # objects the factory builds.
         self._methods = frozenset(
-            member for member in self._members if inspect.isfunction(getattr(protocol, member, None))
+            member
+            for member in self._members
+            if inspect.isfunction(getattr(protocol, member, None))
         )
         self._entries: dict[str, RegistryEntry[T]] = {}
         # Re-entrant: registration hooks call register() while entry points load.
@@ -137,9 +139,9 @@ class Registry(Generic[T]):
 
         Raises:
             ConfigurationError: The name is empty, has other characters, or is taken
-                (pass ``override=True`` to replace it); the factory is not callable, is a class that lacks
-                members of the protocol (they are named), or does not accept
-                ``init_params``.
+                (pass ``override=True`` to replace it); the factory is not callable,
+                is a class that lacks methods of the protocol (they are named), or
+                does not accept ``init_params``.
         """
         key = self._normalise(name)
         self._check_factory(key, factory, init_params)
@@ -211,8 +213,8 @@ class Registry(Generic[T]):
             value=name,
             choices=available,
             suggestion=suggest(key, available),
-            fix=f"use one of the registered names, or register yours first "
-            f"(see available() and register())",
+            fix="use one of the registered names, or register yours first "
+            "(see available() and register())",
         )
 
     def remove(self, name: str) -> None:
@@ -269,9 +271,7 @@ class Registry(Generic[T]):
         required = self._methods if methods_only else self._members
         return sorted(required - present)
 
-    def _check_factory(
-        self, key: str, factory: object, init_params: Mapping[str, object]
-    ) -> None:
+    def _check_factory(self, key: str, factory: object, init_params: Mapping[str, object]) -> None:
         if not callable(factory):
             raise ConfigurationError(
                 f"the factory of {self.kind} {key!r} must be callable, "
@@ -339,8 +339,7 @@ class Registry(Generic[T]):
             raise
         except Exception as error:
             raise ConfigurationError(
-                f"the registration hook of the {described} raised "
-                f"{type(error).__name__}: {error}",
+                f"the registration hook of the {described} raised {type(error).__name__}: {error}",
                 value=entry_point.value,
                 fix=f"fix or uninstall {source}",
             ) from error

@@ -1,0 +1,73 @@
+"""The import-linter contracts fail when a package breaks the dependency rule.
+
+Each case copies every package's sources, adds one import to one module, and runs
+lint-imports with the repository's contracts over the copy.
+"""
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
+LAYERS = "The dependency rule"
+CORE_SMALL = "plait.core stays small"
+
+
+def lint_with_extra_import(tmp_path: Path, module: str, statement: str) -> tuple[int, str]:
+    sources = []
+    for package in sorted((REPO / "packages").iterdir()):
+        target = tmp_path / package.name
+        shutil.copytree(package / "src", target, ignore=shutil.ignore_patterns("__pycache__"))
+        sources.append(str(target))
+    path = tmp_path / module.split(".")[1] / Path(*module.split(".")) / "__init__.py"
+    if not path.exists():
+        path = path.parent.with_suffix(".py")
+    path.write_text(path.read_text() + f"\n{statement}\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sources)}
+    result = subprocess.run(
+        [str(LINT_IMPORTS), "--config", str(REPO / "pyproject.toml"), "--no-cache"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    return result.returncode, result.stdout + result.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("module", "statement", "broken"),
+    [
+        ("plait.core.registry", "import plait.strategies", {LAYERS, CORE_SMALL}),
+        ("plait.strategies", "from plait import accelerators", {LAYERS}),
+        ("plait.conformance", "import plait.trainer", {LAYERS}),
+        ("plait.core.seed", "import rich", {CORE_SMALL}),
+        ("plait.core.rank", "import torch_xla", {CORE_SMALL}),
+    ],
+)
+def test_a_deliberate_violation_breaks_its_contract(
+    tmp_path: Path, module: str, statement: str, broken: set[str]
+) -> None:
+    code, output = lint_with_extra_import(tmp_path, module, statement)
+
+    assert code == 1, output
+    for contract in broken:
+        assert f"{contract}" in output
+    assert f"Contracts: {2 - len(broken)} kept, {len(broken)} broken." in output
+
+
+@pytest.mark.slow
+def test_the_trainer_may_import_every_part(tmp_path: Path) -> None:
+    code, output = lint_with_extra_import(
+        tmp_path, "plait.trainer", "import plait.strategies, plait.accelerators, plait.core"
+    )
+
+    assert code == 0, output
+    assert "Contracts: 2 kept, 0 broken." in output

@@ -1,0 +1,76 @@
+"""Each package installs, imports and depends as DESIGN.md's dependency rule says."""
+
+import importlib.metadata
+import importlib.resources
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from packaging.requirements import Requirement
+
+REPO = Path(__file__).resolve().parent.parent
+PACKAGES = sorted(path.name for path in (REPO / "packages").iterdir() if path.is_dir())
+PARTS = {"accelerators", "precision", "checkpoint_io", "environments", "strategies", "conformance"}
+CORE_THIRD_PARTY = {"torch", "attrs", "typing-extensions"}
+
+
+def distribution(package: str) -> str:
+    return "plait-" + package.replace("_", "-")
+
+
+def requirements(package: str) -> list[Requirement]:
+    return [Requirement(text) for text in importlib.metadata.requires(distribution(package)) or []]
+
+
+def test_the_repository_has_the_eight_packages_of_the_design() -> None:
+    assert set(PACKAGES) == {"core", "trainer", *PARTS}
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_each_package_is_a_typed_portion_of_the_plait_namespace(package: str) -> None:
+    source = REPO / "packages" / package / "src"
+
+    assert not (source / "plait" / "__init__.py").exists()
+    assert (source / "plait" / package / "__init__.py").is_file()
+    assert importlib.resources.files(f"plait.{package}").joinpath("py.typed").is_file()
+    assert (REPO / "packages" / package / "tests").is_dir()
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_importing_a_package_loads_no_sibling_and_no_torch(package: str) -> None:
+    probe = (
+        f"import sys, json, plait.{package}; "
+        "print(json.dumps([m for m in sys.modules if m == 'torch' or m.startswith('plait.')]))"
+    )
+    loaded = json.loads(
+        subprocess.run(
+            [sys.executable, "-c", probe], check=True, capture_output=True, text=True, timeout=60
+        ).stdout
+    )
+
+    allowed = {"core", package} if package != "trainer" else set(PACKAGES)
+    assert {name.split(".")[1] for name in loaded if name != "torch"} <= allowed
+    assert "torch" not in loaded
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_package_metadata_keeps_the_dependency_rule(package: str) -> None:
+    required = {req.name for req in requirements(package)}
+    siblings = {name for name in required if name.startswith("plait-")}
+
+    if package == "core":
+        assert siblings == set()
+        assert required <= CORE_THIRD_PARTY
+    elif package in PARTS:
+        assert siblings == {"plait-core"}
+    else:
+        assert "plait-core" in siblings
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_torch_is_a_floor_never_a_pin(package: str) -> None:
+    for req in requirements(package):
+        if req.name == "torch":
+            assert [spec.operator for spec in req.specifier] == [">="]
