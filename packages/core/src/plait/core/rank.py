@@ -114,11 +114,12 @@ def rank_zero_debug(message: str, *args: object) -> None:
 
 
 def rank_zero_warn(
-    message: str, category: type[Warning] = UserWarning, *, stacklevel: int = 2
+    message: str, category: type[Warning] = UserWarning, *, stacklevel: int = 1
 ) -> None:
     """Issue ``warnings.warn(message, category)`` on rank zero only.
 
-    ``stacklevel`` counts from the caller of this function, as with ``warnings.warn``.
+    ``stacklevel`` means what it means to ``warnings.warn``, counted from the caller:
+    1 points at the line that calls this function, 2 at its caller, and so on.
     """
     if get_global_rank() == 0:
         warnings.warn(message, category, stacklevel=stacklevel + 1)

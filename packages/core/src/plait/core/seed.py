@@ -23,20 +23,25 @@ _MAX_SEED: Final = 2**32 - 1
 
 
 def _parse_seed(value: object, where: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int | str):
+    if isinstance(value, str):
+        try:
+            value = int(value)
+        except ValueError:
+            raise ConfigurationError(
+                f"{where}: the seed must be an integer, got {value!r}",
+                value=value,
+                fix=f"set it to an integer in [0, {_MAX_SEED}]",
+            ) from None
+    return _check_seed(value, where)
+
+
+def _check_seed(seed: object, where: str) -> int:
+    if isinstance(seed, bool) or not isinstance(seed, int):
         raise ConfigurationError(
-            f"{where}: the seed must be an integer, got {value!r} of type {type(value).__name__}",
-            value=value,
+            f"{where}: the seed must be an integer, got {seed!r} of type {type(seed).__name__}",
+            value=seed,
             fix=f"pass an integer in [0, {_MAX_SEED}]",
         )
-    try:
-        seed = int(value)
-    except ValueError:
-        raise ConfigurationError(
-            f"{where}: the seed must be an integer, got {value!r}",
-            value=value,
-            fix=f"set it to an integer in [0, {_MAX_SEED}]",
-        ) from None
     if not 0 <= seed <= _MAX_SEED:
         raise ConfigurationError(
             f"{where}: the seed {seed} is outside [0, {_MAX_SEED}]",
@@ -73,7 +78,7 @@ def seed_everything(seed: int | None = None, *, workers: bool = False) -> int:
         else:
             seed = _parse_seed(from_env, f"the environment variable {SEED_ENV_VAR}")
     else:
-        seed = _parse_seed(seed, "seed_everything")
+        seed = _check_seed(seed, "seed_everything")
     os.environ[SEED_ENV_VAR] = str(seed)
     os.environ[SEED_WORKERS_ENV_VAR] = "1" if workers else "0"
     _seed_generators(seed)
