@@ -1,8 +1,8 @@
 """plait.core: what every plait package shares, and nothing more.
 
-The Protocols through which packages meet (:class:`Accelerator`, :class:`Precision`,
-:class:`CheckpointIO`, :class:`ClusterEnvironment`, :class:`Collectives`,
-:class:`Strategy`, :class:`Launcher`), :class:`ReduceOp`, the errors, the registries
+The Protocols through which packages meet (`Accelerator`, `Precision`,
+`CheckpointIO`, `ClusterEnvironment`, `Collectives`,
+`Strategy`, `Launcher`), `ReduceOp`, the errors, the registries
 of named parts, rank-aware helpers and seeding.
 
 Importing it does not import torch.

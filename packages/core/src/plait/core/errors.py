@@ -1,4 +1,4 @@
-"""The errors plait raises, all under one base, :class:`PlaitError`.
+"""The errors plait raises, all under one base, `PlaitError`.
 
 Every error carries structured fields (ranks, the collective, what was expected and
 what came) beside its readable message, so that callers can act on them without
@@ -41,7 +41,7 @@ def suggest(value: object, choices: Iterable[str]) -> str | None:
         choices: The valid spellings.
 
     Returns:
-        The best match by :func:`difflib.get_close_matches`, compared
+        The best match by `difflib.get_close_matches`, compared
         case-insensitively, in the spelling of ``choices``.
     """
     if not isinstance(value, str):

@@ -45,7 +45,7 @@ def get_global_rank(environ: Mapping[str, str] | None = None) -> int:
     """This process's global rank.
 
     Args:
-        environ: The variables to read instead of :data:`os.environ`.
+        environ: The variables to read instead of `os.environ`.
 
     Raises:
         ConfigurationError: A rank variable is set but is not a non-negative integer.

@@ -16,8 +16,8 @@ __all__ = ["ReduceOp"]
 class ReduceOp(enum.Enum):
     """A reduction across ranks: ``sum``, ``mean`` (alias ``avg``), ``min``, ``max``, ``product``.
 
-    Strings are parsed case-insensitively with :meth:`parse`, which also accepts the
-    matching members of :class:`torch.distributed.ReduceOp`.
+    Strings are parsed case-insensitively with `parse`, which also accepts the
+    matching members of `torch.distributed.ReduceOp`.
 
     Example:
         >>> ReduceOp.parse("AVG")
@@ -41,12 +41,12 @@ class ReduceOp(enum.Enum):
 
     @classmethod
     def parse(cls, value: object) -> ReduceOp:
-        """Turn what a user wrote into a :class:`ReduceOp`.
+        """Turn what a user wrote into a `ReduceOp`.
 
         Args:
-            value: A :class:`ReduceOp`; a string, in any case, with surrounding
+            value: A `ReduceOp`; a string, in any case, with surrounding
                 whitespace ignored; or one of ``SUM``, ``AVG``, ``PRODUCT``, ``MIN``,
-                ``MAX`` of :class:`torch.distributed.ReduceOp`.
+                ``MAX`` of `torch.distributed.ReduceOp`.
 
         Raises:
             ConfigurationError: ``value`` names no reduction; the message lists the

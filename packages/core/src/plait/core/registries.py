@@ -1,6 +1,6 @@
 """The registries of each kind of part, filled by the packages that provide them.
 
-Each is a :class:`~plait.core.registry.Registry` that loads its entry-point group on
+Each is a `Registry` that loads its entry-point group on
 first use, so a name such as ``"ddp"`` resolves without this package importing the
 one that provides it.
 """

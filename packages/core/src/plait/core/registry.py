@@ -194,8 +194,8 @@ class Registry(Generic[T]):
         """The entry registered as ``name``, without building anything.
 
         Raises:
-            ConfigurationError: See :meth:`get`.
-            MissingDependencyError: See :meth:`get`.
+            ConfigurationError: See `get`.
+            MissingDependencyError: See `get`.
         """
         key = self._normalise(name)
         with self._lock:

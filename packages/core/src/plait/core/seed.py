@@ -14,10 +14,10 @@ from plait.core.rank import get_global_rank, rank_zero_info
 __all__ = ["SEED_ENV_VAR", "SEED_WORKERS_ENV_VAR", "seed_everything", "worker_init_fn"]
 
 SEED_ENV_VAR: Final = "PLAIT_GLOBAL_SEED"
-"""Holds the seed given to :func:`seed_everything`, so that child processes use it too."""
+"""Holds the seed given to `seed_everything`, so that child processes use it too."""
 
 SEED_WORKERS_ENV_VAR: Final = "PLAIT_SEED_WORKERS"
-"""``"1"`` when data-loader workers must be seeded with :func:`worker_init_fn`."""
+"""``"1"`` when data-loader workers must be seeded with `worker_init_fn`."""
 
 _MAX_SEED: Final = 2**32 - 1
 
@@ -61,7 +61,7 @@ def seed_everything(seed: int | None = None, *, workers: bool = False) -> int:
         seed: The seed, in ``[0, 2**32 - 1]``. ``None`` reads ``PLAIT_GLOBAL_SEED``,
             or draws a fresh seed and logs it when that is unset.
         workers: Also seed every data-loader worker differently, by rank and worker
-            index (see :func:`worker_init_fn`).
+            index (see `worker_init_fn`).
 
     Returns:
         The seed used.

@@ -17,7 +17,7 @@ DeviceSpec: TypeAlias = int | str | Sequence[int]
 """Devices as users write them: ``2``, ``"2"``, ``[0, 2]``, ``"0,2"``, ``-1``, ``"auto"``."""
 
 ReduceOpLike: TypeAlias = ReduceOp | str
-"""A :class:`~plait.core.ReduceOp` or one of its spellings, e.g. ``"sum"`` or ``"avg"``."""
+"""A `ReduceOp` or one of its spellings, e.g. ``"sum"`` or ``"avg"``."""
 
 # The values of state and checkpoint dictionaries are heterogeneous by nature
 # (tensors, nested dictionaries, numbers, RNG states) and are read back by key with the

@@ -41,7 +41,7 @@ class Accelerator(Protocol):
         ...
 
     def get_parallel_devices(self, devices: tuple[int, ...]) -> list[torch.device]:
-        """The :class:`torch.device` of each index from :meth:`parse_devices`."""
+        """The `torch.device` of each index from `parse_devices`."""
         ...
 
     def setup_device(self, device: torch.device) -> None:
@@ -49,7 +49,7 @@ class Accelerator(Protocol):
         ...
 
     def teardown(self) -> None:
-        """Release what :meth:`setup_device` acquired (caches, streams)."""
+        """Release what `setup_device` acquired (caches, streams)."""
         ...
 
 

@@ -2,16 +2,16 @@
 
 The contract (proved for each strategy by ``plait.conformance``):
 
-- :meth:`~Collectives.reduce` is out of place, gives every rank the same result, and
+- `reduce` is out of place, gives every rank the same result, and
   never truncates: the mean of integer or bool input is a floating tensor. Python
-  numbers come back as Python numbers; any other non-tensor raises :class:`TypeError`.
-- :meth:`~Collectives.broadcast` gives every rank a value equal to ``src``'s, tensors
+  numbers come back as Python numbers; any other non-tensor raises `TypeError`.
+- `broadcast` gives every rank a value equal to ``src``'s, tensors
   on the receiving rank's ``root_device``.
-- :meth:`~Collectives.barrier` lets no rank leave before every rank has entered.
-- :meth:`~Collectives.all_gather` stacks every rank's tensor, row ``i`` from rank ``i``.
+- `barrier` lets no rank leave before every rank has entered.
+- `all_gather` stacks every rank's tensor, row ``i`` from rank ``i``.
 - Ranks that disagree on a collective raise
-  :class:`~plait.core.errors.CollectiveMismatchError` on every rank; a rank that dies
-  makes the others raise :class:`~plait.core.errors.PeerFailedError`. Nothing hangs.
+  `CollectiveMismatchError` on every rank; a rank that dies
+  makes the others raise `PeerFailedError`. Nothing hangs.
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ ModuleT = TypeVar("ModuleT", bound="torch.nn.Module")
 T = TypeVar("T")
 
 GradientClipAlgorithm = Literal["norm", "value"]
-"""How :meth:`Precision.clip_gradients` clips: by total norm, or each value."""
+"""How `Precision.clip_gradients` clips: by total norm, or each value."""
 
 
 @runtime_checkable
@@ -72,5 +72,5 @@ class Precision(Protocol):
         ...
 
     def load_state_dict(self, state_dict: StateDict) -> None:
-        """Restore the state returned by :meth:`state_dict`."""
+        """Restore the state returned by `state_dict`."""
         ...

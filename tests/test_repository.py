@@ -1,0 +1,16 @@
+"""The README's test command is the one CI runs."""
+
+import re
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_ci_runs_exactly_the_test_command_of_the_readme() -> None:
+    readme = (REPO / "README.md").read_text()
+    section = readme.split("## Run every check", 1)[1]
+    command = re.search(r"```bash\n(.+?)\n```", section, re.DOTALL)
+    ci = (REPO / ".ci" / "run").read_text().splitlines()
+
+    assert command is not None
+    assert f"exec {command.group(1)}" in ci
