@@ -5,7 +5,7 @@ them to variables of the Protocol types makes mypy prove they conform; the
 ``isinstance`` checks prove the runtime checks that the composition root relies on.
 """
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from datetime import timedelta
 from typing import ParamSpec, TypeVar, overload
@@ -190,8 +190,10 @@ class SoloStrategy:
     def setup_module(self, module: torch.nn.Module) -> torch.nn.Module:
         return module.to(self.root_device)
 
-    def setup_optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
-        return optimizer
+    def setup_optimizers(
+        self, optimizers: Sequence[torch.optim.Optimizer]
+    ) -> list[torch.optim.Optimizer]:
+        return list(optimizers)
 
     def backward(self, loss: torch.Tensor, module: torch.nn.Module | None = None) -> None:
         self.precision.backward(loss, module)
@@ -290,7 +292,7 @@ def test_the_standalone_loop_runs_through_the_protocol() -> None:
     solo: Strategy = SoloStrategy()
     solo.setup_environment()
     model = solo.setup_module(torch.nn.Linear(3, 1))
-    optimizer = solo.setup_optimizer(torch.optim.SGD(model.parameters(), lr=0.1))
+    [optimizer] = solo.setup_optimizers([torch.optim.SGD(model.parameters(), lr=0.1)])
     batch = torch.randn(8, 3)
 
     losses = []

@@ -324,6 +324,35 @@ def test_a_broken_entry_point_is_reported_naming_its_distribution(
 
     with pytest.raises(ConfigurationError, match=message) as caught:
         registry.available()
+    with pytest.raises(ConfigurationError, match=message):
+        registry.get("anything")  # still broken: never skipped silently
 
     assert distribution in str(caught.value)
     assert distribution in (caught.value.fix or "")
+
+
+def test_two_distributions_claiming_one_name_are_both_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    group = unique_group()
+    first = install_distribution(
+        tmp_path / "a",
+        monkeypatch,
+        group,
+        {"a": f"widgets_{uuid.uuid4().hex[:8]}:register"},
+        PLUGIN,
+    )
+    second = install_distribution(
+        tmp_path / "b",
+        monkeypatch,
+        group,
+        {"b": f"widgets_{uuid.uuid4().hex[:8]}:register"},
+        PLUGIN,
+    )
+    registry = new_registry(entry_point_group=group)
+
+    with pytest.raises(ConfigurationError, match="is already registered") as caught:
+        registry.available()
+
+    assert first in str(caught.value)
+    assert second in str(caught.value)

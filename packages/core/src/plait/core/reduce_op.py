@@ -78,15 +78,18 @@ _BY_SPELLING: Final[dict[str, ReduceOp]] = {op.value: op for op in ReduceOp} | _
 def _from_torch(value: object) -> ReduceOp | None:
     # torch.distributed is looked up, never imported: if it is not imported yet, the
     # value cannot be one of its ops, and plait.core stays free of torch at import.
-    dist = sys.modules.get("torch.distributed")
-    if dist is None or not isinstance(value, dist.ReduceOp | dist.ReduceOp.RedOpType):
+    # Builds of torch without distributed support have no ReduceOp at all.
+    torch_reduce_op = getattr(sys.modules.get("torch.distributed"), "ReduceOp", None)
+    if torch_reduce_op is None or not isinstance(
+        value, torch_reduce_op | torch_reduce_op.RedOpType
+    ):
         return None
     torch_ops = {
-        dist.ReduceOp.SUM: ReduceOp.SUM,
-        dist.ReduceOp.AVG: ReduceOp.MEAN,
-        dist.ReduceOp.PRODUCT: ReduceOp.PRODUCT,
-        dist.ReduceOp.MIN: ReduceOp.MIN,
-        dist.ReduceOp.MAX: ReduceOp.MAX,
+        torch_reduce_op.SUM: ReduceOp.SUM,
+        torch_reduce_op.AVG: ReduceOp.MEAN,
+        torch_reduce_op.PRODUCT: ReduceOp.PRODUCT,
+        torch_reduce_op.MIN: ReduceOp.MIN,
+        torch_reduce_op.MAX: ReduceOp.MAX,
     }
     for torch_op, op in torch_ops.items():
         if value == torch_op:

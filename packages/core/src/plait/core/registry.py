@@ -19,7 +19,7 @@ from types import MappingProxyType
 from typing import Generic, TypeVar
 
 import attrs
-from typing_extensions import get_protocol_members, override
+from typing_extensions import get_protocol_members, is_protocol, override
 
 from plait.core.errors import ConfigurationError, MissingDependencyError, suggest
 
@@ -44,9 +44,9 @@ def _frozen_params(value: Mapping[str, object]) -> Mapping[str, object]:
     return MappingProxyType(dict(value))
 
 
-@attrs.frozen
+@attrs.frozen(eq=False)
 class RegistryEntry(Generic[T]):
-    """One registered name.
+    """One registered name; entries compare by identity.
 
     Attributes:
         name: The normalised name (lower case, no surrounding whitespace).
@@ -58,20 +58,9 @@ class RegistryEntry(Generic[T]):
 
     name: str
     factory: Callable[..., T]
-    init_params: Mapping[str, object] = attrs.field(
-        factory=dict, converter=_frozen_params, eq=False
-    )
+    init_params: Mapping[str, object] = attrs.field(factory=dict, converter=_frozen_params)
     description: str = ""
     source: str = RUNTIME_SOURCE
-
-
-def _class_members(cls: type) -> set[str]:
-    members = set(dir(cls))
-    for klass in cls.__mro__:
-        members.update(getattr(klass, "__annotations__", {}))
-    if attrs.has(cls):
-        members.update(field.name for field in attrs.fields(cls))
-    return members
 
 
 class Registry(Generic[T]):
@@ -105,9 +94,7 @@ class Registry(Generic[T]):
         self.entry_point_group = entry_point_group
         self.distribution = distribution
         self._members: frozenset[str] = (
-            get_protocol_members(protocol)
-            if getattr(protocol, "_is_protocol", False)
-            else frozenset()
+            get_protocol_members(protocol) if is_protocol(protocol) else frozenset()
         )
         # A class can be checked for the protocol's methods only: its data members
         # (properties, attributes) may be set per instance, so they are checked on the
@@ -121,6 +108,8 @@ class Registry(Generic[T]):
         # Re-entrant: registration hooks call register() while entry points load.
         self._lock = threading.RLock()
         self._loaded = entry_point_group is None
+        # A plugin that failed to load fails every lookup, not only the first one.
+        self._load_error: ConfigurationError | None = None
 
     def register(
         self,
@@ -179,7 +168,7 @@ class Registry(Generic[T]):
         entry = self.entry(name)
         built = entry.factory(**{**entry.init_params, **overrides})
         if self._members:
-            missing = self._missing_members(set(dir(built)) | _class_members(type(built)))
+            missing = self._missing_members(set(dir(built)))
             if missing:
                 raise ConfigurationError(
                     f"the factory of {self.kind} {entry.name!r} built a "
@@ -280,7 +269,7 @@ class Registry(Generic[T]):
                 fix="pass the class itself, or a function that builds the object",
             )
         if isinstance(factory, type) and self._members:
-            missing = self._missing_members(_class_members(factory), methods_only=True)
+            missing = self._missing_members(set(dir(factory)), methods_only=True)
             if missing:
                 raise ConfigurationError(
                     f"{factory.__qualname__} cannot be registered as a {self.kind}: "
@@ -305,12 +294,18 @@ class Registry(Generic[T]):
 
     def _ensure_loaded(self) -> None:
         # Called with the lock held.
+        if self._load_error is not None:
+            raise self._load_error
         if self._loaded:
             return
         self._loaded = True
         assert self.entry_point_group is not None
-        for entry_point in importlib.metadata.entry_points(group=self.entry_point_group):
-            self._load_entry_point(entry_point)
+        try:
+            for entry_point in importlib.metadata.entry_points(group=self.entry_point_group):
+                self._load_entry_point(entry_point)
+        except ConfigurationError as error:
+            self._load_error = error
+            raise
 
     def _load_entry_point(self, entry_point: importlib.metadata.EntryPoint) -> None:
         source = entry_point.dist.name if entry_point.dist is not None else entry_point.value
@@ -335,8 +330,6 @@ class Registry(Generic[T]):
         token = _registering_source.set(source)
         try:
             hook(self)
-        except ConfigurationError:
-            raise
         except Exception as error:
             raise ConfigurationError(
                 f"the registration hook of the {described} raised {type(error).__name__}: {error}",

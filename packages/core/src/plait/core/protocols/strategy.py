@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 from plait.core.protocols.collectives import Collectives
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Mapping
+    from collections.abc import Callable, Mapping, Sequence
     from contextlib import AbstractContextManager
 
     import torch
@@ -29,7 +29,7 @@ class Strategy(Collectives, Protocol):
 
         strategy.setup_environment()
         model = strategy.setup_module(model)
-        optimizer = strategy.setup_optimizer(optimizer)
+        [optimizer] = strategy.setup_optimizers([optimizer])
         loss = model(batch).sum()
         strategy.backward(loss, model)
         strategy.optimizer_step(optimizer)
@@ -79,8 +79,10 @@ class Strategy(Collectives, Protocol):
         """Move and wrap ``module`` for this strategy (e.g. in DDP); use what it returns."""
         ...
 
-    def setup_optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
-        """Prepare ``optimizer`` for this strategy; use what it returns."""
+    def setup_optimizers(
+        self, optimizers: Sequence[torch.optim.Optimizer]
+    ) -> list[torch.optim.Optimizer]:
+        """Prepare ``optimizers`` for this strategy; use what it returns, in the same order."""
         ...
 
     def backward(self, loss: torch.Tensor, module: torch.nn.Module | None = None) -> None:
