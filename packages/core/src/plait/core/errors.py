@@ -8,7 +8,6 @@ raised in worker processes and re-raised in the launcher.
 
 from __future__ import annotations
 
-import difflib
 import signal
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Final
@@ -46,6 +45,8 @@ def suggest(value: object, choices: Iterable[str]) -> str | None:
     """
     if not isinstance(value, str):
         return None
+    import difflib  # noqa: PLC0415 (only a mistake needs it; keep importing plait.core fast)
+
     by_lower = {choice.lower(): choice for choice in choices}
     matches = difflib.get_close_matches(value.strip().lower(), list(by_lower), n=1, cutoff=0.6)
     return by_lower[matches[0]] if matches else None

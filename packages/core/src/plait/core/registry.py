@@ -10,18 +10,20 @@ first use of the registry, never at import.
 from __future__ import annotations
 
 import contextvars
-import importlib.metadata
 import inspect
 import re
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from types import MappingProxyType
-from typing import Generic, TypeVar
+from typing import TYPE_CHECKING, Generic, TypeVar
 
 import attrs
 from typing_extensions import get_protocol_members, is_protocol, override
 
 from plait.core.errors import ConfigurationError, MissingDependencyError, suggest
+
+if TYPE_CHECKING:
+    from importlib.metadata import EntryPoint
 
 __all__ = ["Registry", "RegistryEntry"]
 
@@ -300,6 +302,10 @@ class Registry(Generic[T]):
             return
         self._loaded = True
         assert self.entry_point_group is not None
+        # Imported here, not at module level: it costs a fifth of importing plait.core,
+        # and only a registry's first use needs it.
+        import importlib.metadata  # noqa: PLC0415
+
         try:
             for entry_point in importlib.metadata.entry_points(group=self.entry_point_group):
                 self._load_entry_point(entry_point)
@@ -307,7 +313,7 @@ class Registry(Generic[T]):
             self._load_error = error
             raise
 
-    def _load_entry_point(self, entry_point: importlib.metadata.EntryPoint) -> None:
+    def _load_entry_point(self, entry_point: EntryPoint) -> None:
         source = entry_point.dist.name if entry_point.dist is not None else entry_point.value
         described = f"entry point {entry_point.name} = {entry_point.value} (from {source})"
         try:
@@ -341,6 +347,8 @@ class Registry(Generic[T]):
 
 
 def _is_installed(distribution: str) -> bool:
+    import importlib.metadata  # noqa: PLC0415 (see Registry._ensure_loaded)
+
     try:
         importlib.metadata.distribution(distribution)
     except importlib.metadata.PackageNotFoundError:
