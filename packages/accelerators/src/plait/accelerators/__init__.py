@@ -1,8 +1,25 @@
 """Accelerators: the kinds of device a strategy runs on.
 
-CPU, CUDA, MPS and XLA devices, each meeting the `plait.core.Accelerator`
-protocol and registered by name in `plait.core.AcceleratorRegistry`.
-
-This distribution ships no accelerator yet: it installs and imports on its own,
-and registers nothing.
+CPU, CUDA, MPS and XLA devices, each meeting the `plait.core.Accelerator` protocol,
+registered in `plait.core.AcceleratorRegistry` as ``cpu``, ``cuda`` (alias ``gpu``),
+``mps``, ``xla`` (alias ``tpu``) and ``auto`` (the best available).
 """
+
+from plait.accelerators.auto import auto_accelerator, available_accelerators
+from plait.accelerators.base import DeviceAccelerator
+from plait.accelerators.cpu import CPUAccelerator
+from plait.accelerators.cuda import CUDAAccelerator
+from plait.accelerators.devices import parse_device_spec
+from plait.accelerators.mps import MPSAccelerator
+from plait.accelerators.xla import XLAAccelerator
+
+__all__ = [
+    "CPUAccelerator",
+    "CUDAAccelerator",
+    "DeviceAccelerator",
+    "MPSAccelerator",
+    "XLAAccelerator",
+    "auto_accelerator",
+    "available_accelerators",
+    "parse_device_spec",
+]
