@@ -1,8 +1,39 @@
 """Cluster environments: where a process sits in the job.
 
 Local, TorchElastic, SLURM, LSF, Kubeflow, MPI and XLA environments, each meeting
-the `plait.core.ClusterEnvironment` protocol, with detection.
-
-This distribution ships no environment yet: it installs and imports on its own,
-and registers nothing.
+the `plait.core.ClusterEnvironment` protocol, made in one step from the scheduler's
+variables, and `detect_environment`, which says which one applies and why.
 """
+
+from plait.environments.base import BaseEnvironment
+from plait.environments.detection import (
+    DETECTION_ORDER,
+    ENVIRONMENT_VARIABLE,
+    Detection,
+    detect_environment,
+)
+from plait.environments.kubeflow import KubeflowEnvironment
+from plait.environments.local import LocalEnvironment
+from plait.environments.lsf import LSFEnvironment
+from plait.environments.mpi import MPIEnvironment
+from plait.environments.slurm import SLURMEnvironment
+from plait.environments.torchelastic import TorchElasticEnvironment
+from plait.environments.variables import expand_hostlist, free_port
+from plait.environments.xla import XLAEnvironment
+
+__all__ = [
+    "DETECTION_ORDER",
+    "ENVIRONMENT_VARIABLE",
+    "BaseEnvironment",
+    "Detection",
+    "KubeflowEnvironment",
+    "LSFEnvironment",
+    "LocalEnvironment",
+    "MPIEnvironment",
+    "SLURMEnvironment",
+    "TorchElasticEnvironment",
+    "XLAEnvironment",
+    "detect_environment",
+    "expand_hostlist",
+    "free_port",
+]

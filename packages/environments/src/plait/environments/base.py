@@ -1,0 +1,109 @@
+"""What every cluster environment shares: ranks, rendezvous, and their checks."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import ClassVar
+
+import attrs
+from typing_extensions import Self
+
+from plait.core import ConfigurationError
+
+__all__ = ["BaseEnvironment"]
+
+
+@attrs.frozen(kw_only=True)
+class BaseEnvironment:
+    """A process's place in the job, read once from the scheduler's variables.
+
+    Subclasses say which variables detect them (`matches`) and how to read them
+    (`from_environ`). Values are checked when the environment is made: a rank
+    outside the world is an error that names the variables, never a hang later.
+
+    Attributes:
+        main_address: The host of the rendezvous.
+        main_port: The port of the rendezvous.
+        world_size: The number of processes in the job.
+        global_rank: This process's rank among all of them.
+        local_rank: Its rank on its node.
+        node_rank: Its node's rank.
+    """
+
+    name: ClassVar[str]
+    variables: ClassVar[Mapping[str, str]] = {}
+    """For messages: the variable each field is read from."""
+
+    main_address: str
+    main_port: int
+    world_size: int
+    global_rank: int
+    local_rank: int
+    node_rank: int
+
+    def __attrs_post_init__(self) -> None:
+        if self.world_size < 1:
+            raise self._error(f"world size {self.world_size}{self._from('world_size')} is below 1")
+        if not 0 <= self.global_rank < self.world_size:
+            raise self._error(
+                f"global rank {self.global_rank}{self._from('global_rank')} is outside the "
+                f"world of {self.world_size} processes{self._from('world_size')}"
+            )
+        for field in ("local_rank", "node_rank"):
+            if getattr(self, field) < 0:
+                raise self._error(f"{field} {getattr(self, field)}{self._from(field)} is negative")
+        if not 1 <= self.main_port <= 65535:
+            raise self._error(f"main port {self.main_port}{self._from('main_port')} is not a port")
+
+    @classmethod
+    def matches(cls, environ: Mapping[str, str]) -> dict[str, str] | None:
+        """The variables that show this environment, or ``None`` if they are absent."""
+        raise NotImplementedError
+
+    @classmethod
+    def from_environ(cls, environ: Mapping[str, str] | None = None) -> Self:
+        """Read the environment from ``environ`` (the process's variables by default).
+
+        Raises:
+            ConfigurationError: A variable it needs is missing or malformed.
+        """
+        raise NotImplementedError
+
+    def detect(self) -> bool:
+        """Whether the current process's variables show this environment."""
+        return self.matches(os.environ) is not None
+
+    @property
+    def creates_processes_externally(self) -> bool:
+        """Whether the scheduler starts the processes (so plait only joins them)."""
+        return True
+
+    def validate_settings(self, num_devices: int, num_nodes: int) -> None:
+        """Check that the scheduler launched ``num_devices`` x ``num_nodes`` processes.
+
+        Raises:
+            ConfigurationError: It launched another number, which would hang the
+                rendezvous waiting for processes that never come.
+        """
+        expected = num_devices * num_nodes
+        if self.world_size != expected:
+            raise ConfigurationError(
+                f"{self.name}: the scheduler launched {self.world_size} processes"
+                f"{self._from('world_size')}, but devices={num_devices} x "
+                f"num_nodes={num_nodes} needs {expected}",
+                value=self.world_size,
+                fix=f"launch {expected} processes, or set devices and num_nodes to match "
+                f"the {self.world_size} launched",
+            )
+
+    def _from(self, field: str) -> str:
+        variable = self.variables.get(field)
+        return f" (from {variable})" if variable else ""
+
+    def _error(self, problem: str) -> ConfigurationError:
+        return ConfigurationError(
+            f"{self.name}: {problem}",
+            fix="check the scheduler's variables; a rank counts from 0 and stays below "
+            "the world size",
+        )

@@ -1,0 +1,130 @@
+"""The environment of tasks started by SLURM (``srun``, ``sbatch``)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import ClassVar, Final
+
+import attrs
+from typing_extensions import Self, override
+
+from plait.core import ConfigurationError
+from plait.environments.base import BaseEnvironment
+from plait.environments.variables import expand_hostlist, read_int, read_port, require
+
+__all__ = ["SLURMEnvironment"]
+
+INTERACTIVE_JOB_NAMES: Final = frozenset({"bash", "interactive"})
+"""Job names of interactive allocations, where plait starts the processes itself."""
+
+
+def _tasks_per_node(text: str) -> int | None:
+    # SLURM_TASKS_PER_NODE reads like "4(x2),3": the count on this job's first nodes.
+    head = text.split(",", maxsplit=1)[0].split("(", maxsplit=1)[0].strip()
+    return int(head) if head.isdigit() else None
+
+
+@attrs.frozen(kw_only=True)
+class SLURMEnvironment(BaseEnvironment):
+    """Tasks started by SLURM, one process per device.
+
+    Detected by ``SLURM_NTASKS``, unless the job is an interactive allocation
+    (``SLURM_JOB_NAME`` is ``bash`` or ``interactive``), where plait starts the
+    processes. The rendezvous is rank 0's host, the first of ``SLURM_NODELIST``
+    (or ``MASTER_ADDR``), at ``MASTER_PORT`` or a port derived from the job id, which
+    every task computes alike.
+
+    Attributes:
+        num_nodes: Nodes in the allocation (``SLURM_NNODES``).
+        tasks_per_node: Tasks on this job's nodes (``SLURM_TASKS_PER_NODE``), if known.
+        job_id: ``SLURM_JOB_ID``.
+    """
+
+    name = "slurm"
+    variables: ClassVar[Mapping[str, str]] = {
+        "main_address": "SLURM_NODELIST",
+        "main_port": "SLURM_JOB_ID",
+        "world_size": "SLURM_NTASKS",
+        "global_rank": "SLURM_PROCID",
+        "local_rank": "SLURM_LOCALID",
+        "node_rank": "SLURM_NODEID",
+    }
+
+    num_nodes: int
+    tasks_per_node: int | None
+    job_id: int
+
+    @classmethod
+    @override
+    def matches(cls, environ: Mapping[str, str]) -> dict[str, str] | None:
+        """``SLURM_NTASKS``, in a job that is not an interactive allocation."""
+        if "SLURM_NTASKS" not in environ:
+            return None
+        job_name = environ.get("SLURM_JOB_NAME", "")
+        if job_name in INTERACTIVE_JOB_NAMES:
+            return None
+        return {"SLURM_NTASKS": environ["SLURM_NTASKS"], "SLURM_JOB_NAME": job_name}
+
+    @classmethod
+    @override
+    def from_environ(cls, environ: Mapping[str, str] | None = None) -> Self:
+        """Read SLURM's variables.
+
+        Raises:
+            ConfigurationError: One is missing or malformed.
+        """
+        environ = os.environ if environ is None else environ
+        env = cls.name
+        job_id = read_int(environ, "SLURM_JOB_ID", environment=env)
+        if "MASTER_ADDR" in environ:
+            address = environ["MASTER_ADDR"]
+        else:
+            nodelist = environ.get("SLURM_NODELIST") or require(
+                environ, "SLURM_JOB_NODELIST", environment=env
+            )
+            address = expand_hostlist(nodelist)[0]
+        port = (
+            read_port(environ, "MASTER_PORT", environment=env)
+            if "MASTER_PORT" in environ
+            else 15000 + job_id % 10000
+        )
+        nodes_variable = "SLURM_NNODES" if "SLURM_NNODES" in environ else "SLURM_JOB_NUM_NODES"
+        return cls(
+            main_address=address,
+            main_port=port,
+            world_size=read_int(environ, "SLURM_NTASKS", environment=env, minimum=1),
+            global_rank=read_int(environ, "SLURM_PROCID", environment=env),
+            local_rank=read_int(environ, "SLURM_LOCALID", environment=env),
+            node_rank=read_int(environ, "SLURM_NODEID", environment=env),
+            num_nodes=read_int(environ, nodes_variable, environment=env, minimum=1),
+            tasks_per_node=_tasks_per_node(environ.get("SLURM_TASKS_PER_NODE", "")),
+            job_id=job_id,
+        )
+
+    @override
+    def validate_settings(self, num_devices: int, num_nodes: int) -> None:
+        """Check SLURM's nodes and tasks against ``num_nodes`` and ``devices``.
+
+        Raises:
+            ConfigurationError: They differ; the message gives the ``srun``/``sbatch``
+                options or the settings that make them agree.
+        """
+        if self.num_nodes != num_nodes:
+            raise ConfigurationError(
+                f"SLURM allocated {self.num_nodes} node(s) (SLURM_NNODES), "
+                f"but num_nodes={num_nodes}",
+                value=self.num_nodes,
+                fix=f"submit with --nodes={num_nodes}, or set num_nodes={self.num_nodes}",
+            )
+        if self.tasks_per_node is not None and self.tasks_per_node != num_devices:
+            raise ConfigurationError(
+                f"SLURM started {self.tasks_per_node} task(s) per node "
+                f"(SLURM_TASKS_PER_NODE), but devices={num_devices}: plait needs one task "
+                "per device",
+                value=self.tasks_per_node,
+                fix=f"submit with --ntasks-per-node={num_devices}, set "
+                f"devices={self.tasks_per_node}, or let plait start the processes from one "
+                "task with PLAIT_CLUSTER_ENVIRONMENT=local",
+            )
+        super().validate_settings(num_devices, num_nodes)

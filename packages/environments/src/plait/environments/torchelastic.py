@@ -1,0 +1,84 @@
+"""The environment of processes started by torchrun (TorchElastic)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import ClassVar
+
+import attrs
+from typing_extensions import Self, override
+
+from plait.core import ConfigurationError
+from plait.environments.base import BaseEnvironment
+from plait.environments.variables import read_int, read_port, require
+
+__all__ = ["TorchElasticEnvironment"]
+
+
+@attrs.frozen(kw_only=True)
+class TorchElasticEnvironment(BaseEnvironment):
+    """Processes started by ``torchrun`` (detected by ``TORCHELASTIC_RUN_ID``).
+
+    Attributes:
+        local_world_size: The processes torchrun started on this node
+            (``LOCAL_WORLD_SIZE``).
+    """
+
+    name = "torchelastic"
+    variables: ClassVar[Mapping[str, str]] = {
+        "main_address": "MASTER_ADDR",
+        "main_port": "MASTER_PORT",
+        "world_size": "WORLD_SIZE",
+        "global_rank": "RANK",
+        "local_rank": "LOCAL_RANK",
+        "node_rank": "GROUP_RANK",
+        "local_world_size": "LOCAL_WORLD_SIZE",
+    }
+
+    local_world_size: int
+
+    @classmethod
+    @override
+    def matches(cls, environ: Mapping[str, str]) -> dict[str, str] | None:
+        """``TORCHELASTIC_RUN_ID``, which only torchrun sets."""
+        if "TORCHELASTIC_RUN_ID" not in environ:
+            return None
+        return {"TORCHELASTIC_RUN_ID": environ["TORCHELASTIC_RUN_ID"]}
+
+    @classmethod
+    @override
+    def from_environ(cls, environ: Mapping[str, str] | None = None) -> Self:
+        """Read torchrun's variables.
+
+        Raises:
+            ConfigurationError: One is missing or malformed.
+        """
+        environ = os.environ if environ is None else environ
+        env = cls.name
+        return cls(
+            main_address=require(environ, "MASTER_ADDR", environment=env),
+            main_port=read_port(environ, "MASTER_PORT", environment=env),
+            world_size=read_int(environ, "WORLD_SIZE", environment=env, minimum=1),
+            global_rank=read_int(environ, "RANK", environment=env),
+            local_rank=read_int(environ, "LOCAL_RANK", environment=env),
+            node_rank=read_int(environ, "GROUP_RANK", environment=env),
+            local_world_size=read_int(environ, "LOCAL_WORLD_SIZE", environment=env, minimum=1),
+        )
+
+    @override
+    def validate_settings(self, num_devices: int, num_nodes: int) -> None:
+        """Check ``--nproc-per-node`` against ``devices`` and the world against both.
+
+        Raises:
+            ConfigurationError: They differ.
+        """
+        if self.local_world_size != num_devices:
+            raise ConfigurationError(
+                f"torchrun started {self.local_world_size} processes on this node "
+                f"(LOCAL_WORLD_SIZE), but devices={num_devices}",
+                value=self.local_world_size,
+                fix=f"run torchrun --nproc-per-node={num_devices}, or set "
+                f"devices={self.local_world_size}",
+            )
+        super().validate_settings(num_devices, num_nodes)
