@@ -1,9 +1,12 @@
 """Precision plugins: the numeric formats of training.
 
-``"32-true"``, ``"64-true"``, ``"16-mixed"``, ``"bf16-mixed"``, ``"16-true"`` and
-``"bf16-true"``, each meeting the `plait.core.Precision` protocol and
-registered by name in `plait.core.PrecisionRegistry`.
-
-This distribution ships no plugin yet: it installs and imports on its own,
-and registers nothing.
+``"32-true"``, ``"64-true"``, ``"16-true"`` and ``"bf16-true"`` (`TruePrecision`),
+``"16-mixed"`` and ``"bf16-mixed"`` (`MixedPrecision`), each meeting the
+`plait.core.Precision` protocol and registered by name, with the aliases ``32``,
+``64``, ``16`` and ``"bf16"``, in `plait.core.PrecisionRegistry`.
 """
+
+from plait.precision.names import ALIASES, PRECISIONS, parse_precision
+from plait.precision.plugins import MixedPrecision, TruePrecision
+
+__all__ = ["ALIASES", "PRECISIONS", "MixedPrecision", "TruePrecision", "parse_precision"]

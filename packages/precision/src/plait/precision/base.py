@@ -1,0 +1,98 @@
+"""What the precision plugins share: casting nested data, clipping, the default dtype."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator, Mapping
+from typing import Final, TypeVar
+
+import torch
+
+from plait.core import ConfigurationError, GradientClipAlgorithm
+
+__all__ = ["clip_gradients", "convert_floats", "default_dtype"]
+
+T = TypeVar("T")
+
+_ALGORITHMS: Final = ("norm", "value")
+
+# Formats a device cannot run, with the reason, checked when a plugin is made.
+UNSUPPORTED: Final[Mapping[tuple[str, str], str]] = {
+    ("64-true", "mps"): "MPS has no float64",
+    ("64-true", "xla"): "TPUs have no float64",
+}
+
+
+def check_supported(name: str, device_type: str) -> None:
+    """Raise if ``device_type`` cannot run the format ``name``.
+
+    Raises:
+        ConfigurationError: It cannot; the message says why and what to use.
+    """
+    reason = UNSUPPORTED.get((name, device_type))
+    if reason is not None:
+        raise ConfigurationError(
+            f"precision {name!r} cannot run on {device_type}: {reason}",
+            value=name,
+            fix="use precision='32-true', or 'bf16-mixed' to save memory",
+        )
+
+
+def convert_floats(data: T, dtype: torch.dtype) -> T:
+    """Cast every floating tensor in ``data`` (nested dicts, lists, tuples) to ``dtype``."""
+    return _map_tensors(data, lambda t: t.to(dtype) if t.is_floating_point() else t)
+
+
+def _map_tensors(data: T, function: Callable[[torch.Tensor], torch.Tensor]) -> T:
+    result: object
+    if isinstance(data, torch.Tensor):
+        result = function(data)
+    elif isinstance(data, Mapping):
+        result = type(data)({k: _map_tensors(v, function) for k, v in data.items()})  # type: ignore[call-arg]
+    elif isinstance(data, tuple) and hasattr(data, "_fields"):  # a namedtuple
+        result = type(data)(*(_map_tensors(v, function) for v in data))
+    elif isinstance(data, list | tuple):
+        result = type(data)(_map_tensors(v, function) for v in data)
+    else:
+        return data
+    return result  # type: ignore[return-value]
+
+
+@contextlib.contextmanager
+def default_dtype(dtype: torch.dtype) -> Iterator[None]:
+    """Make ``dtype`` the default for new floating tensors inside the block."""
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(previous)
+
+
+def clip_gradients(
+    optimizer: torch.optim.Optimizer, clip_val: float, algorithm: GradientClipAlgorithm
+) -> None:
+    """Clip the gradients of ``optimizer``'s parameters by total norm or by value.
+
+    Raises:
+        ConfigurationError: ``clip_val`` is not positive, or ``algorithm`` is unknown.
+    """
+    if algorithm not in _ALGORITHMS:
+        raise ConfigurationError.invalid_choice("gradient_clip_algorithm", algorithm, _ALGORITHMS)
+    given: object = clip_val  # checked as the object it is: callers pass user input
+    if isinstance(given, bool) or not isinstance(given, int | float) or given <= 0:
+        raise ConfigurationError(
+            f"gradient_clip_val={clip_val!r} must be a positive number",
+            value=clip_val,
+            fix="pass e.g. gradient_clip_val=1.0, or do not clip",
+        )
+    parameters = [
+        parameter
+        for group in optimizer.param_groups
+        for parameter in group["params"]
+        if parameter.grad is not None
+    ]
+    if algorithm == "norm":
+        torch.nn.utils.clip_grad_norm_(parameters, clip_val)
+    else:
+        torch.nn.utils.clip_grad_value_(parameters, clip_val)

@@ -1,0 +1,224 @@
+"""The precision plugins: true (one dtype throughout) and mixed (autocast)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING, Final, TypeVar
+
+import torch
+from typing_extensions import override
+
+from plait.core import ConfigurationError, GradientClipAlgorithm, rank_zero_warn
+from plait.precision.base import check_supported, clip_gradients, convert_floats, default_dtype
+
+if TYPE_CHECKING:
+    from plait.core.typing import StateDict
+
+__all__ = ["MixedPrecision", "TruePrecision"]
+
+ModuleT = TypeVar("ModuleT", bound=torch.nn.Module)
+T = TypeVar("T")
+
+_TRUE_NAMES: Final = {
+    torch.float32: "32-true",
+    torch.float64: "64-true",
+    torch.float16: "16-true",
+    torch.bfloat16: "bf16-true",
+}
+_MIXED_NAMES: Final = {torch.float16: "16-mixed", torch.bfloat16: "bf16-mixed"}
+
+
+def _check_dtype(dtype: torch.dtype, allowed: dict[torch.dtype, str], kind: str) -> str:
+    name = allowed.get(dtype)
+    if name is None:
+        raise ConfigurationError(
+            f"{kind} precision has no format for {dtype}",
+            value=dtype,
+            choices=[str(choice) for choice in allowed],
+        )
+    return name
+
+
+class TruePrecision:
+    """Parameters, inputs and computation in one dtype.
+
+    The formats ``"32-true"``, ``"64-true"``, ``"16-true"`` and ``"bf16-true"``.
+    The module is cast to the dtype, floating inputs too, and new floating tensors
+    made during the forward pass default to it. Outputs come back in the default
+    dtype (float32) so that losses and metrics read the same everywhere.
+
+    Args:
+        dtype: The dtype of everything.
+        device_type: The device the model runs on, checked against the format.
+
+    Raises:
+        ConfigurationError: No such format, or the device cannot run it.
+    """
+
+    def __init__(self, dtype: torch.dtype = torch.float32, *, device_type: str = "cpu") -> None:
+        self.name = _check_dtype(dtype, _TRUE_NAMES, "true")
+        check_supported(self.name, device_type)
+        self.dtype = dtype
+        self.device_type = device_type
+
+    def convert_module(self, module: ModuleT) -> ModuleT:
+        """Cast the module's floating parameters and buffers to the dtype, in place."""
+        return module.to(self.dtype)
+
+    def forward_context(self) -> AbstractContextManager[object]:
+        """New floating tensors default to the dtype inside the block."""
+        return default_dtype(self.dtype)
+
+    def convert_input(self, data: T) -> T:
+        """Cast floating tensors in ``data`` to the dtype."""
+        return convert_floats(data, self.dtype)
+
+    def convert_output(self, data: T) -> T:
+        """Cast floating tensors in ``data`` to the default dtype."""
+        return convert_floats(data, torch.get_default_dtype())
+
+    def backward(self, tensor: torch.Tensor, module: torch.nn.Module | None) -> None:
+        """Compute gradients of ``tensor``."""
+        torch.autograd.backward(tensor)
+
+    def optimizer_step(
+        self, optimizer: torch.optim.Optimizer, closure: Callable[[], object] | None = None
+    ) -> object:
+        """Step ``optimizer``; returns what its ``step`` returned."""
+        return optimizer.step(closure)  # type: ignore[arg-type]
+
+    def clip_gradients(
+        self,
+        module: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        clip_val: float,
+        algorithm: GradientClipAlgorithm = "norm",
+    ) -> None:
+        """Clip by total norm or by value."""
+        clip_gradients(optimizer, clip_val, algorithm)
+
+    def state_dict(self) -> StateDict:
+        """Nothing to save: the format has no state."""
+        return {}
+
+    def load_state_dict(self, state_dict: StateDict) -> None:
+        """Nothing to restore."""
+
+    @override
+    def __repr__(self) -> str:
+        return f"TruePrecision({self.name!r}, device_type={self.device_type!r})"
+
+
+class MixedPrecision:
+    """Parameters in float32, computation autocast to float16 or bfloat16.
+
+    The formats ``"16-mixed"`` and ``"bf16-mixed"``.
+    With float16, a gradient scaler keeps small gradients from vanishing: the loss
+    is scaled before backward, gradients are unscaled before clipping and stepping,
+    and a step whose gradients hold inf or nan is skipped (the scale then shrinks).
+    bfloat16 has float32's range and needs no scaler.
+
+    Args:
+        dtype: ``torch.float16`` or ``torch.bfloat16``.
+        device_type: The device type autocast runs for (``"cuda"``, ``"cpu"``, ...).
+        scaler: The gradient scaler to use with float16; one for ``device_type`` by
+            default.
+
+    Raises:
+        ConfigurationError: No such format, the device cannot run it, or a scaler
+            was given for bfloat16.
+    """
+
+    def __init__(
+        self,
+        dtype: torch.dtype = torch.bfloat16,
+        *,
+        device_type: str = "cpu",
+        scaler: torch.amp.GradScaler | None = None,
+    ) -> None:
+        self.name = _check_dtype(dtype, _MIXED_NAMES, "mixed")
+        check_supported(self.name, device_type)
+        if dtype == torch.bfloat16 and scaler is not None:
+            raise ConfigurationError(
+                "bf16-mixed needs no gradient scaler: bfloat16 has the range of float32",
+                value=scaler,
+                fix="drop the scaler, or use precision='16-mixed'",
+            )
+        if dtype == torch.float16 and scaler is None:
+            scaler = torch.amp.GradScaler(device_type)
+        self.dtype = dtype
+        self.device_type = device_type
+        self.scaler = scaler
+
+    def convert_module(self, module: ModuleT) -> ModuleT:
+        """Leave the parameters in float32: autocast casts per operation."""
+        return module
+
+    def forward_context(self) -> AbstractContextManager[object]:
+        """Autocast to the dtype for ``device_type``."""
+        return torch.autocast(self.device_type, dtype=self.dtype)
+
+    def convert_input(self, data: T) -> T:
+        """Cast floating tensors to the default dtype; autocast casts from there."""
+        return convert_floats(data, torch.get_default_dtype())
+
+    def convert_output(self, data: T) -> T:
+        """Cast floating tensors to the default dtype."""
+        return convert_floats(data, torch.get_default_dtype())
+
+    def backward(self, tensor: torch.Tensor, module: torch.nn.Module | None) -> None:
+        """Compute gradients of ``tensor``, scaled first with float16."""
+        if self.scaler is not None:
+            tensor = self.scaler.scale(tensor)
+        torch.autograd.backward(tensor)
+
+    def optimizer_step(
+        self, optimizer: torch.optim.Optimizer, closure: Callable[[], object] | None = None
+    ) -> object:
+        """Step ``optimizer``: with float16, unscaled, and skipped on inf or nan.
+
+        Returns:
+            What ``optimizer.step`` returned, or ``None`` when the step was skipped.
+        """
+        if self.scaler is None:
+            return optimizer.step(closure)  # type: ignore[arg-type]
+        # The scaler cannot pass a closure to the optimizer: run it first, so that
+        # the gradients it computes are the ones the scaler checks.
+        if closure is not None:
+            closure()
+        result = self.scaler.step(optimizer)
+        self.scaler.update()
+        return result
+
+    def clip_gradients(
+        self,
+        module: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        clip_val: float,
+        algorithm: GradientClipAlgorithm = "norm",
+    ) -> None:
+        """Clip by total norm or value, on unscaled gradients."""
+        if self.scaler is not None:
+            self.scaler.unscale_(optimizer)
+        clip_gradients(optimizer, clip_val, algorithm)
+
+    def state_dict(self) -> StateDict:
+        """The gradient scaler's state, if there is a scaler."""
+        return {} if self.scaler is None else {"scaler": self.scaler.state_dict()}
+
+    def load_state_dict(self, state_dict: StateDict) -> None:
+        """Restore the gradient scaler's state."""
+        if "scaler" not in state_dict:
+            return
+        if self.scaler is None:
+            rank_zero_warn(
+                f"the checkpoint holds a gradient scaler's state, which {self.name} does not "
+                "use: it is ignored"
+            )
+            return
+        self.scaler.load_state_dict(state_dict["scaler"])
+
+    @override
+    def __repr__(self) -> str:
+        return f"MixedPrecision({self.name!r}, device_type={self.device_type!r})"
