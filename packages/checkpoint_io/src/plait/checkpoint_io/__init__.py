@@ -1,8 +1,14 @@
 """Checkpoint I/O: how checkpoints are written and read.
 
-Atomic torch checkpoints, asynchronous saving and distributed (sharded)
-checkpoints, each meeting the `plait.core.CheckpointIO` protocol.
-
-This distribution ships no implementation yet: it installs and imports on its
-own, and registers nothing.
+`TorchCheckpointIO` (atomic ``torch.save`` files at paths or fsspec URLs, loaded with
+``weights_only=True``), `AsyncCheckpointIO` (saves in a background thread on a
+snapshot) and `DistributedCheckpointIO` (sharded ``torch.distributed.checkpoint``
+directories), each meeting the `plait.core.CheckpointIO` protocol and registered in
+`plait.core.CheckpointIORegistry` as ``torch``, ``async`` and ``distributed``.
 """
+
+from plait.checkpoint_io.async_io import AsyncCheckpointIO, snapshot
+from plait.checkpoint_io.sharded import DistributedCheckpointIO
+from plait.checkpoint_io.torch_io import TorchCheckpointIO
+
+__all__ = ["AsyncCheckpointIO", "DistributedCheckpointIO", "TorchCheckpointIO", "snapshot"]

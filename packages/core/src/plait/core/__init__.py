@@ -33,6 +33,7 @@ from plait.core.protocols import (
     SupportsAsyncCheckpoint,
     SupportsDeviceStats,
     SupportsLauncher,
+    SupportsLoadInPlace,
     SupportsNoSync,
 )
 from plait.core.rank import (
@@ -84,6 +85,7 @@ __all__ = [
     "SupportsAsyncCheckpoint",
     "SupportsDeviceStats",
     "SupportsLauncher",
+    "SupportsLoadInPlace",
     "SupportsNoSync",
     "get_global_rank",
     "is_module_available",

@@ -5,7 +5,11 @@ are separate Protocols (``Supports*``), checked once where parts are composed.
 """
 
 from plait.core.protocols.accelerator import Accelerator, SupportsDeviceStats
-from plait.core.protocols.checkpoint_io import CheckpointIO, SupportsAsyncCheckpoint
+from plait.core.protocols.checkpoint_io import (
+    CheckpointIO,
+    SupportsAsyncCheckpoint,
+    SupportsLoadInPlace,
+)
 from plait.core.protocols.collectives import Collectives
 from plait.core.protocols.environment import ClusterEnvironment
 from plait.core.protocols.launcher import Launcher
@@ -24,5 +28,6 @@ __all__ = [
     "SupportsAsyncCheckpoint",
     "SupportsDeviceStats",
     "SupportsLauncher",
+    "SupportsLoadInPlace",
     "SupportsNoSync",
 ]

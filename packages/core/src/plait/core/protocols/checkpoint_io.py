@@ -9,9 +9,9 @@ if TYPE_CHECKING:
 
     import torch
 
-    from plait.core.typing import Checkpoint, PathLike
+    from plait.core.typing import Checkpoint, PathLike, StateDict
 
-__all__ = ["CheckpointIO", "SupportsAsyncCheckpoint"]
+__all__ = ["CheckpointIO", "SupportsAsyncCheckpoint", "SupportsLoadInPlace"]
 
 
 @runtime_checkable
@@ -60,5 +60,22 @@ class SupportsAsyncCheckpoint(Protocol):
 
         Raises:
             CheckpointError: A background save failed.
+        """
+        ...
+
+
+@runtime_checkable
+class SupportsLoadInPlace(Protocol):
+    """A checkpoint IO that loads into existing (possibly sharded) tensors.
+
+    Strategies whose state is sharded across ranks load this way: each rank reads
+    only the shards its tensors hold.
+    """
+
+    def load_checkpoint_into(self, path: PathLike, state_dict: StateDict) -> None:
+        """Fill the tensors of ``state_dict`` in place from the checkpoint at ``path``.
+
+        Raises:
+            CheckpointError: It is missing, incomplete or lacks a key of ``state_dict``.
         """
         ...

@@ -1,0 +1,131 @@
+"""Saving checkpoints in a background thread, on a snapshot taken at call time."""
+
+from __future__ import annotations
+
+import copy
+import os
+from collections.abc import Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import TYPE_CHECKING
+
+import torch
+from typing_extensions import override
+
+from plait.checkpoint_io.torch_io import TorchCheckpointIO
+from plait.core import CheckpointError, CheckpointIO
+
+if TYPE_CHECKING:
+    from plait.core.typing import Checkpoint, PathLike
+
+__all__ = ["AsyncCheckpointIO", "snapshot"]
+
+
+def snapshot(value: object) -> object:
+    """A copy of ``value`` that later changes to the original cannot reach.
+
+    Tensors are detached and copied to the CPU; dictionaries, lists and tuples are
+    rebuilt around copies of their items; anything else is deep-copied.
+    """
+    if isinstance(value, torch.Tensor):
+        return value.detach().to("cpu", copy=True)
+    if isinstance(value, Mapping):
+        return {key: snapshot(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [snapshot(item) for item in value]
+    if isinstance(value, tuple) and not hasattr(value, "_fields"):
+        return tuple(snapshot(item) for item in value)
+    return copy.deepcopy(value)
+
+
+class AsyncCheckpointIO:
+    """Wraps another checkpoint IO so that saves run in a background thread.
+
+    `save_checkpoint` returns once it has taken a snapshot of the checkpoint (tensors
+    copied to the CPU), so training can change its parameters in place at once
+    without the change reaching the file. Saves run one at a time, in order.
+
+    A save that fails in the background is never lost: its error is raised, as a
+    `CheckpointError`, by the next call (save, load, remove, `wait`) or at teardown.
+    Loading and removing wait for pending saves first, so they see every save made
+    before them.
+
+    Args:
+        checkpoint_io: The IO that writes; `TorchCheckpointIO` by default.
+    """
+
+    def __init__(self, checkpoint_io: CheckpointIO | None = None) -> None:
+        self.checkpoint_io: CheckpointIO = checkpoint_io or TorchCheckpointIO()
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="plait-checkpoint")
+        self._pending: list[tuple[str, Future[None]]] = []
+
+    def save_checkpoint(self, checkpoint: Mapping[str, object], path: PathLike) -> None:
+        """Snapshot ``checkpoint`` and save it in the background.
+
+        Raises:
+            CheckpointError: An earlier background save failed.
+        """
+        self._raise_failures(block=False)
+        copied = snapshot(checkpoint)
+        assert isinstance(copied, dict)
+        future = self._executor.submit(self.checkpoint_io.save_checkpoint, copied, path)
+        self._pending.append((os.fspath(path), future))
+
+    def load_checkpoint(
+        self, path: PathLike, map_location: torch.device | str | None = None
+    ) -> Checkpoint:
+        """Wait for pending saves, then load through the wrapped IO."""
+        self.wait()
+        return self.checkpoint_io.load_checkpoint(path, map_location)
+
+    def remove_checkpoint(self, path: PathLike) -> None:
+        """Wait for pending saves, then remove through the wrapped IO."""
+        self.wait()
+        self.checkpoint_io.remove_checkpoint(path)
+
+    def wait(self) -> None:
+        """Block until every save started so far is on storage.
+
+        Raises:
+            CheckpointError: A background save failed.
+        """
+        self._raise_failures(block=True)
+
+    def teardown(self) -> None:
+        """Finish every pending save, stop the thread, and tear down the wrapped IO.
+
+        Raises:
+            CheckpointError: A background save failed.
+        """
+        try:
+            self.wait()
+        finally:
+            self._executor.shutdown(wait=True)
+            self.checkpoint_io.teardown()
+
+    def _raise_failures(self, *, block: bool) -> None:
+        still_pending = []
+        failures: list[tuple[str, BaseException]] = []
+        for path, future in self._pending:
+            if not block and not future.done():
+                still_pending.append((path, future))
+                continue
+            error = future.exception()
+            if error is not None:
+                failures.append((path, error))
+        self._pending = still_pending
+        if not failures:
+            return
+        path, error = failures[0]
+        if isinstance(error, CheckpointError) and len(failures) == 1:
+            raise error
+        later = ""
+        if len(failures) > 1:
+            later = f" (and {len(failures) - 1} later save(s) failed too: "
+            later += ", ".join(other for other, _ in failures[1:]) + ")"
+        raise CheckpointError(
+            path, f"the background save failed: {type(error).__name__}: {error}{later}"
+        ) from error
+
+    @override
+    def __repr__(self) -> str:
+        return f"AsyncCheckpointIO({self.checkpoint_io!r})"

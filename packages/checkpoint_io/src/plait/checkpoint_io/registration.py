@@ -1,0 +1,25 @@
+"""Registers the built-in checkpoint IO plugins (entry point ``plait.checkpoint_io``)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from plait.checkpoint_io.async_io import AsyncCheckpointIO
+from plait.checkpoint_io.sharded import DistributedCheckpointIO
+from plait.checkpoint_io.torch_io import TorchCheckpointIO
+
+if TYPE_CHECKING:
+    from plait.core import CheckpointIO, Registry
+
+__all__ = ["register"]
+
+
+def register(registry: Registry[CheckpointIO]) -> None:
+    """Register ``torch``, ``async`` and ``distributed``."""
+    registry.register(
+        "torch", TorchCheckpointIO, description="torch.save files, written atomically"
+    )
+    registry.register("async", AsyncCheckpointIO, description="torch files saved in the background")
+    registry.register(
+        "distributed", DistributedCheckpointIO, description="sharded torch.distributed.checkpoint"
+    )

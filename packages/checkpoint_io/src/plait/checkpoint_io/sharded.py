@@ -1,0 +1,171 @@
+"""Sharded checkpoints with ``torch.distributed.checkpoint``: every rank writes its part."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+import warnings
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+import torch.distributed as dist
+from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
+from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
+from typing_extensions import override
+
+from plait.core import CheckpointError
+
+if TYPE_CHECKING:
+    from plait.core.typing import Checkpoint, PathLike, StateDict
+
+__all__ = ["DistributedCheckpointIO"]
+
+
+def _distributed() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
+@contextlib.contextmanager
+def _single_process_notice_silenced() -> Iterator[None]:
+    # DCP warns on every call without a process group, even when that is asked for;
+    # working in one process then is this class's documented behaviour.
+    with warnings.catch_warnings():
+        warnings.filterwarnings(
+            "ignore", message="torch.distributed is disabled, unavailable or uninitialized"
+        )
+        yield
+
+
+def _barrier() -> None:
+    if _distributed():
+        dist.barrier()
+
+
+def _is_rank_zero() -> bool:
+    return not _distributed() or dist.get_rank() == 0
+
+
+class DistributedCheckpointIO:
+    """Checkpoints as ``torch.distributed.checkpoint`` directories, for sharded state.
+
+    Saving and loading are collective: every rank of the process group calls them,
+    and each writes or reads only the shards it holds (tensors that are replicated are
+    written once). Without a process group, one process does all of it.
+
+    A checkpoint is a directory on a filesystem every rank sees. It is written under
+    ``<path>.partial`` and renamed into place by rank 0 once every rank has written
+    (DCP writes its ``.metadata`` last), so an interrupted save leaves the previous
+    checkpoint intact.
+
+    Strategies with sharded state load in place with `load_checkpoint_into`;
+    `load_checkpoint` reads a full, unsharded copy, for inspection and conversion.
+    """
+
+    def save_checkpoint(self, checkpoint: Mapping[str, object], path: PathLike) -> None:
+        """Write ``checkpoint`` (collectively) to the directory ``path``.
+
+        Raises:
+            CheckpointError: It cannot be written.
+        """
+        target = Path(path)
+        partial = target.with_name(target.name + ".partial")
+        try:
+            if _is_rank_zero():
+                shutil.rmtree(partial, ignore_errors=True)
+            _barrier()
+            with _single_process_notice_silenced():
+                dcp_save(dict(checkpoint), checkpoint_id=partial, no_dist=not _distributed())
+            if _is_rank_zero():
+                self._replace(partial, target)
+            _barrier()
+        # DCP gathers the ranks' failures into a CheckpointException, a BaseException.
+        except (OSError, RuntimeError, ValueError, CheckpointException) as error:
+            raise CheckpointError(
+                os.fspath(path),
+                f"cannot be written: {type(error).__name__}: {error}",
+                fix="check that every rank sees the directory and can write to it",
+            ) from error
+
+    @staticmethod
+    def _replace(partial: Path, target: Path) -> None:
+        previous = target.with_name(target.name + ".previous")
+        shutil.rmtree(previous, ignore_errors=True)
+        if target.exists():
+            target.rename(previous)
+        partial.rename(target)
+        shutil.rmtree(previous, ignore_errors=True)
+
+    def load_checkpoint_into(self, path: PathLike, state_dict: StateDict) -> None:
+        """Fill the tensors of ``state_dict`` in place (collectively) from ``path``.
+
+        Raises:
+            CheckpointError: The checkpoint is missing or incomplete, or lacks a key.
+        """
+        self._require_complete(path)
+        try:
+            with _single_process_notice_silenced():
+                dcp_load(state_dict, checkpoint_id=os.fspath(path), no_dist=not _distributed())
+        except (RuntimeError, KeyError, ValueError, CheckpointException) as error:
+            raise CheckpointError(
+                os.fspath(path),
+                f"cannot be loaded into the given state: {type(error).__name__}: {error}",
+                fix="load into a state dictionary with the keys and shapes that were saved",
+            ) from error
+
+    def load_checkpoint(
+        self, path: PathLike, map_location: torch.device | str | None = None
+    ) -> Checkpoint:
+        """Read a full, unsharded copy of the checkpoint into this process's memory.
+
+        Raises:
+            CheckpointError: It is missing or incomplete.
+        """
+        self._require_complete(path)
+        with tempfile.TemporaryDirectory(prefix="plait-dcp-") as scratch:
+            converted = Path(scratch) / "full.pt"
+            dcp_to_torch_save(os.fspath(path), converted)
+            loaded: Checkpoint = torch.load(converted, map_location=map_location, weights_only=True)
+        return loaded
+
+    def remove_checkpoint(self, path: PathLike) -> None:
+        """Delete the checkpoint directory (on rank 0; the others wait for it).
+
+        Raises:
+            CheckpointError: It does not exist.
+        """
+        target = Path(path)
+        if not target.is_dir():
+            raise CheckpointError(os.fspath(path), "cannot be removed: it does not exist")
+        _barrier()
+        if _is_rank_zero():
+            shutil.rmtree(target)
+        _barrier()
+
+    def teardown(self) -> None:
+        """Nothing to release: every save completes before it returns."""
+
+    @staticmethod
+    def _require_complete(path: PathLike) -> None:
+        target = Path(path)
+        if not target.is_dir():
+            raise CheckpointError(
+                os.fspath(path),
+                "does not exist" if not target.exists() else "is not a checkpoint directory",
+                fix="check the path; sharded checkpoints are directories",
+            )
+        if not (target / ".metadata").is_file():
+            raise CheckpointError(
+                os.fspath(path),
+                "is incomplete: it has no .metadata, which is written last",
+                fix="load an earlier checkpoint",
+            )
+
+    @override
+    def __repr__(self) -> str:
+        return "DistributedCheckpointIO()"

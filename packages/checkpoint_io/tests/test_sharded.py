@@ -1,0 +1,112 @@
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from plait.checkpoint_io import DistributedCheckpointIO
+from plait.core import CheckpointError, SupportsLoadInPlace
+
+HERE = Path(__file__).resolve().parent
+
+
+def test_one_process_saves_and_loads_in_place(tmp_path: Path) -> None:
+    io = DistributedCheckpointIO()
+    weight = torch.randn(4, 3)
+    io.save_checkpoint({"model": {"weight": weight}, "step": torch.tensor(7)}, tmp_path / "ckpt")
+    restored_weight, restored_step = torch.zeros(4, 3), torch.tensor(0)
+
+    io.load_checkpoint_into(
+        tmp_path / "ckpt", {"model": {"weight": restored_weight}, "step": restored_step}
+    )
+
+    assert torch.equal(restored_weight, weight)
+    assert torch.equal(restored_step, torch.tensor(7))
+    assert isinstance(io, SupportsLoadInPlace)
+
+
+def test_a_full_copy_can_be_read_without_a_template(tmp_path: Path) -> None:
+    io = DistributedCheckpointIO()
+    weight = torch.randn(4, 3)
+    io.save_checkpoint({"model": {"weight": weight}, "epoch": 3}, tmp_path / "ckpt")
+
+    loaded = io.load_checkpoint(tmp_path / "ckpt")
+
+    assert torch.equal(loaded["model"]["weight"], weight)
+    assert loaded["epoch"] == 3
+
+
+def test_a_new_save_replaces_the_previous_directory(tmp_path: Path) -> None:
+    io = DistributedCheckpointIO()
+    io.save_checkpoint({"step": torch.tensor(1)}, tmp_path / "ckpt")
+    io.save_checkpoint({"step": torch.tensor(2)}, tmp_path / "ckpt")
+
+    assert io.load_checkpoint(tmp_path / "ckpt")["step"] == torch.tensor(2)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]
+
+
+def test_an_incomplete_checkpoint_is_refused(tmp_path: Path) -> None:
+    io = DistributedCheckpointIO()
+    io.save_checkpoint({"step": torch.tensor(1)}, tmp_path / "ckpt")
+    (tmp_path / "ckpt" / ".metadata").unlink()
+
+    with pytest.raises(CheckpointError, match=r"is incomplete: it has no \.metadata"):
+        io.load_checkpoint_into(tmp_path / "ckpt", {"step": torch.tensor(0)})
+
+
+def test_missing_checkpoints_and_keys_are_named(tmp_path: Path) -> None:
+    io = DistributedCheckpointIO()
+    with pytest.raises(CheckpointError, match="does not exist"):
+        io.load_checkpoint(tmp_path / "nope")
+    io.save_checkpoint({"a": torch.ones(1)}, tmp_path / "ckpt")
+    with pytest.raises(CheckpointError, match="cannot be loaded into the given state"):
+        io.load_checkpoint_into(tmp_path / "ckpt", {"b": torch.zeros(1)})
+
+
+def test_remove_deletes_the_directory(tmp_path: Path) -> None:
+    io = DistributedCheckpointIO()
+    io.save_checkpoint({"a": torch.ones(1)}, tmp_path / "ckpt")
+
+    io.remove_checkpoint(tmp_path / "ckpt")
+
+    assert not (tmp_path / "ckpt").exists()
+    with pytest.raises(CheckpointError, match="does not exist"):
+        io.remove_checkpoint(tmp_path / "ckpt")
+
+
+@pytest.mark.slow
+def test_two_gloo_ranks_save_and_load_in_place(tmp_path: Path) -> None:
+    world_size = 2
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    ranks = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                str(HERE / "dcp_rank.py"),
+                str(rank),
+                str(world_size),
+                str(tmp_path / "store"),
+                str(tmp_path / "ckpt"),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=env,
+        )
+        for rank in range(world_size)
+    ]
+    try:
+        outputs = [process.communicate(timeout=90)[0] for process in ranks]
+    finally:
+        for process in ranks:
+            process.kill()
+            process.wait(timeout=30)
+            if process.stdout is not None:
+                process.stdout.close()
+
+    assert [process.returncode for process in ranks] == [0, 0], "\n".join(outputs)
+    full = DistributedCheckpointIO().load_checkpoint(tmp_path / "ckpt")
+    assert set(full) == {"shared", "rank0", "rank1"}
+    assert torch.equal(full["rank1"], torch.full((3,), 1.0))
