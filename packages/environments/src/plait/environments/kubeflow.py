@@ -11,7 +11,7 @@ from typing_extensions import Self, override
 
 from plait.core import ConfigurationError
 from plait.environments.base import BaseEnvironment
-from plait.environments.variables import read_int, read_port, require
+from plait.environments.variables import all_present, read_int, read_port, require
 
 __all__ = ["KubeflowEnvironment"]
 
@@ -38,9 +38,7 @@ class KubeflowEnvironment(BaseEnvironment):
     @override
     def matches(cls, environ: Mapping[str, str]) -> dict[str, str] | None:
         """Kubernetes' ``KUBERNETES_PORT`` with the operator's rendezvous variables."""
-        if not all(variable in environ for variable in _DETECTING):
-            return None
-        return {variable: environ[variable] for variable in _DETECTING}
+        return all_present(environ, _DETECTING)
 
     @classmethod
     @override

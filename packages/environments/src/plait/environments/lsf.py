@@ -13,7 +13,7 @@ from typing_extensions import Self, override
 
 from plait.core import ConfigurationError
 from plait.environments.base import BaseEnvironment
-from plait.environments.variables import read_int, read_port, require
+from plait.environments.variables import all_present, job_port, read_int, require
 
 __all__ = ["LSFEnvironment"]
 
@@ -65,9 +65,7 @@ class LSFEnvironment(BaseEnvironment):
     @override
     def matches(cls, environ: Mapping[str, str]) -> dict[str, str] | None:
         """``LSB_JOBID``, ``LSB_DJOB_RANKFILE`` and jsrun's ``JSM_NAMESPACE_*``."""
-        if not all(variable in environ for variable in _DETECTING):
-            return None
-        return {variable: environ[variable] for variable in _DETECTING}
+        return all_present(environ, _DETECTING)
 
     @classmethod
     @override
@@ -96,14 +94,9 @@ class LSFEnvironment(BaseEnvironment):
                 fix="run the training script through jsrun inside the job",
             )
         job_id = read_int(environ, "LSB_JOBID", environment=env)
-        port = (
-            read_port(environ, "MASTER_PORT", environment=env)
-            if "MASTER_PORT" in environ
-            else 15000 + job_id % 10000
-        )
         return cls(
             main_address=environ.get("MASTER_ADDR", hosts[0]),
-            main_port=port,
+            main_port=job_port(environ, job_id, environment=env),
             world_size=read_int(environ, "JSM_NAMESPACE_SIZE", environment=env, minimum=1),
             global_rank=read_int(environ, "JSM_NAMESPACE_RANK", environment=env),
             local_rank=read_int(environ, "JSM_NAMESPACE_LOCAL_RANK", environment=env),

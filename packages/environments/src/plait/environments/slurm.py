@@ -11,7 +11,7 @@ from typing_extensions import Self, override
 
 from plait.core import ConfigurationError
 from plait.environments.base import BaseEnvironment
-from plait.environments.variables import expand_hostlist, read_int, read_port, require
+from plait.environments.variables import expand_hostlist, job_port, read_int, require
 
 __all__ = ["SLURMEnvironment"]
 
@@ -84,15 +84,10 @@ class SLURMEnvironment(BaseEnvironment):
                 environ, "SLURM_JOB_NODELIST", environment=env
             )
             address = expand_hostlist(nodelist)[0]
-        port = (
-            read_port(environ, "MASTER_PORT", environment=env)
-            if "MASTER_PORT" in environ
-            else 15000 + job_id % 10000
-        )
         nodes_variable = "SLURM_NNODES" if "SLURM_NNODES" in environ else "SLURM_JOB_NUM_NODES"
         return cls(
             main_address=address,
-            main_port=port,
+            main_port=job_port(environ, job_id, environment=env),
             world_size=read_int(environ, "SLURM_NTASKS", environment=env, minimum=1),
             global_rank=read_int(environ, "SLURM_PROCID", environment=env),
             local_rank=read_int(environ, "SLURM_LOCALID", environment=env),

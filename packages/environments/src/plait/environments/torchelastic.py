@@ -11,7 +11,7 @@ from typing_extensions import Self, override
 
 from plait.core import ConfigurationError
 from plait.environments.base import BaseEnvironment
-from plait.environments.variables import read_int, read_port, require
+from plait.environments.variables import all_present, read_int, read_port, require
 
 __all__ = ["TorchElasticEnvironment"]
 
@@ -42,9 +42,7 @@ class TorchElasticEnvironment(BaseEnvironment):
     @override
     def matches(cls, environ: Mapping[str, str]) -> dict[str, str] | None:
         """``TORCHELASTIC_RUN_ID``, which only torchrun sets."""
-        if "TORCHELASTIC_RUN_ID" not in environ:
-            return None
-        return {"TORCHELASTIC_RUN_ID": environ["TORCHELASTIC_RUN_ID"]}
+        return all_present(environ, ("TORCHELASTIC_RUN_ID",))
 
     @classmethod
     @override

@@ -8,7 +8,22 @@ from collections.abc import Mapping
 
 from plait.core import ConfigurationError
 
-__all__ = ["expand_hostlist", "free_port", "read_int", "require"]
+__all__ = [
+    "all_present",
+    "expand_hostlist",
+    "free_port",
+    "job_port",
+    "read_int",
+    "read_port",
+    "require",
+]
+
+
+def all_present(environ: Mapping[str, str], variables: tuple[str, ...]) -> dict[str, str] | None:
+    """The values of ``variables`` if every one is set, else ``None``."""
+    if not all(variable in environ for variable in variables):
+        return None
+    return {variable: environ[variable] for variable in variables}
 
 
 def require(environ: Mapping[str, str], variable: str, *, environment: str) -> str:
@@ -76,6 +91,13 @@ def read_port(environ: Mapping[str, str], variable: str, *, environment: str) ->
             fix=f"set {variable} to a free port, e.g. 29500",
         )
     return port
+
+
+def job_port(environ: Mapping[str, str], job_id: int, *, environment: str) -> int:
+    """``MASTER_PORT`` if set, else a port every task of job ``job_id`` derives alike."""
+    if "MASTER_PORT" in environ:
+        return read_port(environ, "MASTER_PORT", environment=environment)
+    return 15000 + job_id % 10000
 
 
 def free_port(host: str = "127.0.0.1") -> int:

@@ -10,6 +10,7 @@ from typing_extensions import Self, override
 
 from plait.core import require_module
 from plait.environments.base import BaseEnvironment
+from plait.environments.variables import all_present
 
 __all__ = ["XLAEnvironment"]
 
@@ -29,9 +30,7 @@ class XLAEnvironment(BaseEnvironment):
     @override
     def matches(cls, environ: Mapping[str, str]) -> dict[str, str] | None:
         """``PJRT_DEVICE``, which selects torch_xla's device type."""
-        if "PJRT_DEVICE" not in environ:
-            return None
-        return {"PJRT_DEVICE": environ["PJRT_DEVICE"]}
+        return all_present(environ, ("PJRT_DEVICE",))
 
     @classmethod
     @override
