@@ -94,6 +94,7 @@ def test_an_unknown_name_lists_the_environments_and_suggests_one() -> None:
 
 def test_every_built_in_environment_is_registered_by_name() -> None:
     assert set(EnvironmentRegistry.available()) == {
+        "auto",
         "local",
         "torchelastic",
         "slurm",
@@ -103,3 +104,4 @@ def test_every_built_in_environment_is_registered_by_name() -> None:
         "xla",
     }
     assert isinstance(EnvironmentRegistry.get("local"), LocalEnvironment)
+    assert isinstance(EnvironmentRegistry.get("auto"), LocalEnvironment)  # nothing detected here

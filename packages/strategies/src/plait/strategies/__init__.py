@@ -1,9 +1,22 @@
 """Strategies: how a model is spread over processes and devices.
 
-Single device, the DDP family, FSDP, DeepSpeed and XLA, with their launchers, each
-meeting the `plait.core.Strategy` protocol and registered by name in
-`plait.core.StrategyRegistry`.
-
-This distribution ships no strategy yet: it installs and imports on its own,
-and registers nothing.
+`SingleDeviceStrategy` (one process), `ParallelStrategy` (processes in a
+torch.distributed group, with the collective contract checked) and `DDPStrategy`,
+each meeting the `plait.core.Strategy` protocol, usable with or without a trainer.
 """
+
+from plait.strategies.base import BaseStrategy
+from plait.strategies.collectives import DistributedCollectives, LocalCollectives
+from plait.strategies.ddp import DDPStrategy
+from plait.strategies.parallel import BACKENDS, ParallelStrategy
+from plait.strategies.single_device import SingleDeviceStrategy
+
+__all__ = [
+    "BACKENDS",
+    "BaseStrategy",
+    "DDPStrategy",
+    "DistributedCollectives",
+    "LocalCollectives",
+    "ParallelStrategy",
+    "SingleDeviceStrategy",
+]

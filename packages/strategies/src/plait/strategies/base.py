@@ -1,0 +1,233 @@
+"""What every strategy shares: its parts, the module's set-up, and checkpoints."""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING
+
+from plait.core import (
+    Accelerator,
+    AcceleratorRegistry,
+    CheckpointIO,
+    CheckpointIORegistry,
+    ConfigurationError,
+    Precision,
+    PrecisionRegistry,
+)
+
+if TYPE_CHECKING:
+    import torch
+
+    from plait.core.typing import Checkpoint, PathLike, StateDict
+
+__all__ = ["BaseStrategy"]
+
+
+def _require(part: object, protocol: type, what: str) -> None:
+    if not isinstance(part, protocol):
+        raise ConfigurationError(
+            f"{what}={part!r} is a {type(part).__name__}, which is not a {protocol.__name__}",
+            value=part,
+            fix=f"pass an object that implements plait.core.{protocol.__name__}, or a "
+            f"registered name",
+        )
+
+
+class BaseStrategy(abc.ABC):
+    """A strategy built from an accelerator, a precision and a checkpoint IO.
+
+    Each part is passed in, or made by name from the core registries: the
+    accelerator of the strategy's device, ``"32-true"`` precision and ``"torch"``
+    checkpoint IO. Subclasses say how many processes there are, which device is
+    this process's, how the module is wrapped, and how the collectives run.
+
+    A strategy works the same in the Trainer and in a loop of your own::
+
+        strategy.setup_environment()
+        model, [optimizer] = strategy.setup_module_and_optimizers(model, [optimizer])
+        strategy.backward(loss, model)
+        strategy.optimizer_step(optimizer)
+        strategy.teardown()
+    """
+
+    def __init__(
+        self,
+        *,
+        accelerator: Accelerator | str | None = None,
+        precision: Precision | str | None = None,
+        checkpoint_io: CheckpointIO | str | None = None,
+    ) -> None:
+        device_type = self.default_device_type()
+        built_accelerator = (
+            AcceleratorRegistry.get(accelerator or device_type)
+            if accelerator is None or isinstance(accelerator, str)
+            else accelerator
+        )
+        _require(built_accelerator, Accelerator, "accelerator")
+        built_precision = (
+            PrecisionRegistry.get(precision or "32-true", device_type=device_type)
+            if precision is None or isinstance(precision, str)
+            else precision
+        )
+        _require(built_precision, Precision, "precision")
+        built_io = (
+            CheckpointIORegistry.get(checkpoint_io or "torch")
+            if checkpoint_io is None or isinstance(checkpoint_io, str)
+            else checkpoint_io
+        )
+        _require(built_io, CheckpointIO, "checkpoint_io")
+        self._accelerator = built_accelerator
+        self._precision = built_precision
+        self._checkpoint_io = built_io
+
+    # The parts.
+
+    @property
+    def accelerator(self) -> Accelerator:
+        """The device kind the strategy runs on."""
+        return self._accelerator
+
+    @property
+    def precision(self) -> Precision:
+        """The numeric format of the model and its gradients."""
+        return self._precision
+
+    @property
+    def checkpoint_io(self) -> CheckpointIO:
+        """How checkpoints are written and read."""
+        return self._checkpoint_io
+
+    # Where this process is.
+
+    @abc.abstractmethod
+    def default_device_type(self) -> str:
+        """The device type used to choose default parts, e.g. ``"cpu"``."""
+
+    @property
+    @abc.abstractmethod
+    def root_device(self) -> torch.device:
+        """This process's device."""
+
+    @property
+    @abc.abstractmethod
+    def world_size(self) -> int:
+        """The number of processes in the job."""
+
+    @property
+    @abc.abstractmethod
+    def global_rank(self) -> int:
+        """This process's rank among all processes."""
+
+    @property
+    def is_global_zero(self) -> bool:
+        """Whether this is the process of global rank 0."""
+        return self.global_rank == 0
+
+    # Set-up.
+
+    def setup_environment(self) -> None:
+        """Make this process's device current (parallel strategies also join the group)."""
+        self.accelerator.setup_device(self.root_device)
+
+    def model_to_device(self, module: torch.nn.Module) -> torch.nn.Module:
+        """Move ``module``'s parameters and buffers to this process's device."""
+        return module.to(self.root_device)
+
+    def setup_module(self, module: torch.nn.Module) -> torch.nn.Module:
+        """Convert ``module`` for the precision, move it to the device, and wrap it.
+
+        Use the returned module for the forward pass; it may be a wrapper of yours.
+        """
+        module = self.precision.convert_module(module)
+        module = self.model_to_device(module)
+        return self.wrap_module(module)
+
+    def wrap_module(self, module: torch.nn.Module) -> torch.nn.Module:
+        """Wrap the module for this strategy (DDP, FSDP, ...); unwrapped by default."""
+        return module
+
+    def setup_optimizers(
+        self, optimizers: Sequence[torch.optim.Optimizer]
+    ) -> list[torch.optim.Optimizer]:
+        """Prepare ``optimizers`` (made over the set-up module's parameters)."""
+        return list(optimizers)
+
+    def setup_module_and_optimizers(
+        self, module: torch.nn.Module, optimizers: Sequence[torch.optim.Optimizer]
+    ) -> tuple[torch.nn.Module, list[torch.optim.Optimizer]]:
+        """`setup_module`, then `setup_optimizers`, with a check that they belong together.
+
+        Raises:
+            ConfigurationError: An optimizer holds parameters that are not the
+                module's (for instance, made from another copy of the model).
+        """
+        parameters = {id(parameter) for parameter in module.parameters()}
+        for index, optimizer in enumerate(optimizers):
+            for group in optimizer.param_groups:
+                if any(id(parameter) not in parameters for parameter in group["params"]):
+                    raise ConfigurationError(
+                        f"optimizer {index} holds parameters that are not the module's",
+                        value=optimizer,
+                        fix="make the optimizer from module.parameters() of this module",
+                    )
+        wrapped = self.setup_module(module)
+        return wrapped, self.setup_optimizers(optimizers)
+
+    @contextlib.contextmanager
+    def model_sharded_context(self) -> Iterator[None]:
+        """The context to create the model in (sharding strategies shard it at creation)."""
+        yield
+
+    # Steps.
+
+    def backward(self, loss: torch.Tensor, module: torch.nn.Module | None = None) -> None:
+        """Compute gradients of ``loss`` through the precision plugin."""
+        self.precision.backward(loss, module)
+
+    def optimizer_step(
+        self,
+        optimizer: torch.optim.Optimizer,
+        closure: Callable[[], object] | None = None,
+    ) -> object:
+        """Step ``optimizer`` through the precision plugin."""
+        return self.precision.optimizer_step(optimizer, closure)
+
+    # State.
+
+    def unwrap_module(self, module: torch.nn.Module) -> torch.nn.Module:
+        """The user's module inside any wrapper `wrap_module` added."""
+        return module
+
+    def module_state_dict(self, module: torch.nn.Module) -> StateDict:
+        """The state of the user's module, without wrapper prefixes."""
+        return self.unwrap_module(module).state_dict()
+
+    def optimizer_state_dict(self, optimizer: torch.optim.Optimizer) -> StateDict:
+        """The state of ``optimizer``."""
+        return optimizer.state_dict()
+
+    def save_checkpoint(self, checkpoint: Mapping[str, object], path: PathLike) -> None:
+        """Write ``checkpoint`` through the checkpoint IO, from global rank 0 only."""
+        if self.is_global_zero:
+            self.checkpoint_io.save_checkpoint(checkpoint, path)
+
+    def load_checkpoint(self, path: PathLike) -> Checkpoint:
+        """Read the checkpoint at ``path`` onto this process's device."""
+        return self.checkpoint_io.load_checkpoint(path, self.root_device)
+
+    def remove_checkpoint(self, path: PathLike) -> None:
+        """Delete the checkpoint at ``path``, from global rank 0 only."""
+        if self.is_global_zero:
+            self.checkpoint_io.remove_checkpoint(path)
+
+    # The end.
+
+    def on_exception(self, exception: BaseException) -> None:  # noqa: B027 (a default to extend)
+        """React to an exception in the user's code; nothing by default."""
+
+    def teardown(self) -> None:
+        """Finish pending checkpoint writes and release the device."""
+        self.checkpoint_io.teardown()
+        self.accelerator.teardown()

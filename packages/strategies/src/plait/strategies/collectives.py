@@ -1,0 +1,313 @@
+"""The collective contract of `plait.core`, for one process and over torch.distributed.
+
+Checked mode: before a control collective, every rank writes what it is about to
+call (a `CollectiveCall`) to the job's store under a sequence number, waits for
+every rank's entry, and compares. Ranks that disagree all raise
+`CollectiveMismatchError`; ranks that never come make the others raise
+`CollectiveTimeoutError` naming them. Nothing hangs on a mismatch.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+from typing import TYPE_CHECKING, Final, TypeVar, overload
+
+import torch
+import torch.distributed as dist
+
+from plait.core import (
+    CollectiveCall,
+    CollectiveMismatchError,
+    CollectiveTimeoutError,
+    ReduceOp,
+)
+
+if TYPE_CHECKING:
+    from plait.core.typing import ReduceOpLike
+
+__all__ = ["DistributedCollectives", "LocalCollectives", "as_timeout"]
+
+T = TypeVar("T")
+
+_TORCH_OPS: Final = {
+    ReduceOp.SUM: dist.ReduceOp.SUM,
+    ReduceOp.MEAN: dist.ReduceOp.SUM,  # then divided: gloo has no AVG
+    ReduceOp.MIN: dist.ReduceOp.MIN,
+    ReduceOp.MAX: dist.ReduceOp.MAX,
+    ReduceOp.PRODUCT: dist.ReduceOp.PRODUCT,
+}
+_MAX_FAST_DIMS: Final = 16
+_DTYPES: Final = (
+    torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32,
+    torch.int16, torch.int8, torch.uint8, torch.bool, torch.complex64, torch.complex128,
+)  # fmt: skip
+
+
+def as_timeout(timeout: timedelta | float | None, default: timedelta) -> timedelta:
+    """A timeout as a `timedelta`: seconds, a `timedelta`, or ``None`` for ``default``.
+
+    Raises:
+        ValueError: It is not positive.
+    """
+    if timeout is None:
+        return default
+    value = timeout if isinstance(timeout, timedelta) else timedelta(seconds=timeout)
+    if value <= timedelta(0):
+        raise ValueError(f"timeout={timeout!r} must be positive")
+    return value
+
+
+def _reducible(value: object) -> None:
+    if not isinstance(value, torch.Tensor | int | float):
+        raise TypeError(
+            f"reduce takes a tensor or a Python number, got {type(value).__name__}: "
+            "convert the value to a tensor first"
+        )
+
+
+def _reduce_dtype(tensor: torch.Tensor, op: ReduceOp) -> torch.dtype:
+    # The mean of integers or bools is floating (never truncated); other reductions of
+    # bools count or compare them as integers.
+    if op is ReduceOp.MEAN and not (tensor.is_floating_point() or tensor.is_complex()):
+        return torch.get_default_dtype()
+    if tensor.dtype == torch.bool:
+        return torch.int64
+    return tensor.dtype
+
+
+def _result_dtype(tensor: torch.Tensor, op: ReduceOp, reduced: torch.dtype) -> torch.dtype:
+    if tensor.dtype == torch.bool and op in (ReduceOp.MIN, ReduceOp.MAX):
+        return torch.bool
+    return reduced
+
+
+def _number_result(value: int | float, op: ReduceOp, reduced: torch.Tensor) -> int | float:
+    if op is ReduceOp.MEAN or isinstance(value, float):
+        return float(reduced.item())
+    return int(reduced.item())
+
+
+def _check_src(src: object, world_size: int) -> int:
+    if isinstance(src, bool) or not isinstance(src, int) or not 0 <= src < world_size:
+        raise ValueError(
+            f"broadcast src={src!r} is outside the ranks [0, {world_size}): "
+            f"pass the global rank that holds the value"
+        )
+    return src
+
+
+class LocalCollectives:
+    """The contract for a job of one process: every collective is a copy."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+
+    @overload
+    def reduce(self, value: torch.Tensor, reduce_op: ReduceOpLike = "mean") -> torch.Tensor: ...
+
+    @overload
+    def reduce(self, value: float, reduce_op: ReduceOpLike = "mean") -> float: ...
+
+    def reduce(
+        self, value: torch.Tensor | float, reduce_op: ReduceOpLike = "mean"
+    ) -> torch.Tensor | float:
+        """An equal copy of ``value``; the mean of integers is floating."""
+        _reducible(value)
+        op = ReduceOp.parse(reduce_op)
+        if isinstance(value, torch.Tensor):
+            dtype = _reduce_dtype(value, op)
+            return value.detach().to(_result_dtype(value, op, dtype), copy=True)
+        return float(value) if op is ReduceOp.MEAN else value
+
+    def broadcast(self, obj: T, src: int = 0) -> T:
+        """``obj`` itself; a tensor is copied to this process's device."""
+        _check_src(src, 1)
+        if isinstance(obj, torch.Tensor):
+            return obj.detach().to(self.device, copy=True)  # type: ignore[return-value]
+        return obj
+
+    def barrier(self, name: str | None = None, timeout: timedelta | float | None = None) -> None:
+        """Return at once: there is no other rank to wait for."""
+        as_timeout(timeout, timedelta(seconds=1))
+
+    def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
+        """``tensor`` with a leading dimension of 1."""
+        if not isinstance(tensor, torch.Tensor):
+            raise TypeError(f"all_gather takes a tensor, got {type(tensor).__name__}")
+        return tensor.detach().unsqueeze(0).clone()
+
+    def reduce_boolean_decision(self, decision: bool, all: bool = True) -> bool:  # noqa: A002
+        """``decision`` itself."""
+        return bool(decision)
+
+
+class DistributedCollectives:
+    """The contract over a torch.distributed process group, checked through its store.
+
+    Args:
+        group: The process group the collectives run on.
+        store: A store every rank of the group shares, for checks and barriers.
+        rank: This process's rank in the group.
+        world_size: The group's size.
+        device: This process's device, where results land.
+        checked: Compare every rank's call before running a collective.
+        timeout: How long a rank waits for the others (steady state).
+    """
+
+    def __init__(
+        self,
+        *,
+        group: dist.ProcessGroup,
+        store: dist.Store,
+        rank: int,
+        world_size: int,
+        device: torch.device,
+        checked: bool = True,
+        timeout: timedelta = timedelta(minutes=30),
+    ) -> None:
+        self.group = group
+        self.store = dist.PrefixStore("plait/collectives", store)
+        self.rank = rank
+        self.world_size = world_size
+        self.device = device
+        self.checked = checked
+        self.timeout = timeout
+        # gloo moves CPU tensors; NCCL moves tensors of this process's GPU.
+        backend = dist.get_backend(group)
+        self.comm_device = device if backend == "nccl" else torch.device("cpu")
+        self._sequence = 0
+
+    # The check: every rank's call, compared through the store.
+
+    def rendezvous(self, call: CollectiveCall, timeout: timedelta) -> None:
+        """Wait until every rank has announced its call, and compare the calls.
+
+        Raises:
+            CollectiveTimeoutError: Some ranks did not arrive within ``timeout``.
+            CollectiveMismatchError: The ranks' calls differ.
+        """
+        self._sequence += 1
+        prefix = f"{self._sequence}/"
+        keys = [f"{prefix}{rank}" for rank in range(self.world_size)]
+        self.store.set(keys[self.rank], json.dumps([call.collective, call.params]))
+        try:
+            self.store.wait(keys, timeout)
+        except (RuntimeError, dist.DistError) as error:
+            arrived = [rank for rank, key in enumerate(keys) if self.store.check([key])]
+            missing = [rank for rank in range(self.world_size) if rank not in arrived]
+            name = dict(call.params).get("name")
+            raise CollectiveTimeoutError(
+                call.collective,
+                name=None if name in (None, "None") else name,
+                timeout=timeout.total_seconds(),
+                missing_ranks=missing,
+                arrived_ranks=arrived,
+            ) from error
+        encoded = self.store.multi_get(keys)
+        if len(set(encoded)) > 1:
+            calls = {}
+            for rank, text in enumerate(encoded):
+                collective, params = json.loads(text)
+                calls[rank] = CollectiveCall(collective, dict(params))
+            raise CollectiveMismatchError(calls)
+        # Every rank has passed the previous check, so this rank's key of the one
+        # before it is read by nobody any more.
+        if self._sequence > 2:
+            self.store.delete_key(f"{self._sequence - 2}/{self.rank}")
+
+    def _check(self, collective: str, **params: object) -> None:
+        if self.checked and self.world_size > 1:
+            self.rendezvous(CollectiveCall(collective, params), self.timeout)
+
+    # The collectives.
+
+    @overload
+    def reduce(self, value: torch.Tensor, reduce_op: ReduceOpLike = "mean") -> torch.Tensor: ...
+
+    @overload
+    def reduce(self, value: float, reduce_op: ReduceOpLike = "mean") -> float: ...
+
+    def reduce(
+        self, value: torch.Tensor | float, reduce_op: ReduceOpLike = "mean"
+    ) -> torch.Tensor | float:
+        """Reduce over every rank, out of place; the mean of integers is floating."""
+        _reducible(value)
+        op = ReduceOp.parse(reduce_op)
+        tensor = value if isinstance(value, torch.Tensor) else torch.tensor(value)
+        self._check(
+            "reduce",
+            op=op.value,
+            kind="tensor" if isinstance(value, torch.Tensor) else "number",
+            shape=tuple(tensor.shape),
+            dtype=tensor.dtype,
+        )
+        dtype = _reduce_dtype(tensor, op)
+        work = tensor.detach().to(self.comm_device, dtype, copy=True)
+        dist.all_reduce(work, op=_TORCH_OPS[op], group=self.group)
+        if op is ReduceOp.MEAN:
+            work /= self.world_size
+        if isinstance(value, torch.Tensor):
+            return work.to(value.device, _result_dtype(value, op, dtype))
+        return _number_result(value, op, work)
+
+    def broadcast(self, obj: T, src: int = 0) -> T:
+        """Give every rank a value equal to ``src``'s; tensors travel without pickling."""
+        src = _check_src(src, self.world_size)
+        self._check("broadcast", src=src)
+        header = torch.zeros(2 + _MAX_FAST_DIMS, dtype=torch.int64, device=self.comm_device)
+        if self.rank == src:
+            fast = (
+                isinstance(obj, torch.Tensor)
+                and obj.dtype in _DTYPES
+                and obj.dim() <= _MAX_FAST_DIMS
+            )
+            if fast:
+                assert isinstance(obj, torch.Tensor)
+                header[0] = 1 + _DTYPES.index(obj.dtype)
+                header[1] = obj.dim()
+                header[2 : 2 + obj.dim()] = torch.tensor(obj.shape, dtype=torch.int64)
+        dist.broadcast(header, src=src, group=self.group)
+        kind, ndim = int(header[0]), int(header[1])
+        if kind == 0:
+            box = [obj if self.rank == src else None]
+            dist.broadcast_object_list(box, src=src, group=self.group)
+            return box[0]  # type: ignore[return-value]
+        if self.rank == src:
+            assert isinstance(obj, torch.Tensor)
+            buffer = obj.detach().to(self.comm_device).contiguous()
+        else:
+            shape = header[2 : 2 + ndim].tolist()
+            buffer = torch.empty(shape, dtype=_DTYPES[kind - 1], device=self.comm_device)
+        dist.broadcast(buffer, src=src, group=self.group)
+        return buffer.to(self.device, copy=True)  # type: ignore[return-value]
+
+    def barrier(self, name: str | None = None, timeout: timedelta | float | None = None) -> None:
+        """Wait until every rank has entered; name the missing ranks on timeout.
+
+        Raises:
+            CollectiveTimeoutError: ``timeout`` passed before every rank arrived.
+            CollectiveMismatchError: Ranks entered barriers of different names, or
+                other collectives (in checked mode).
+        """
+        self.rendezvous(
+            CollectiveCall("barrier", {"name": name}), as_timeout(timeout, self.timeout)
+        )
+
+    def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Stack every rank's ``tensor``: row ``i`` is rank ``i``'s."""
+        if not isinstance(tensor, torch.Tensor):
+            raise TypeError(f"all_gather takes a tensor, got {type(tensor).__name__}")
+        self._check("all_gather", shape=tuple(tensor.shape), dtype=tensor.dtype)
+        work = tensor.detach().to(self.comm_device).contiguous()
+        rows = [torch.empty_like(work) for _ in range(self.world_size)]
+        dist.all_gather(rows, work, group=self.group)
+        return torch.stack(rows).to(tensor.device)
+
+    def reduce_boolean_decision(self, decision: bool, all: bool = True) -> bool:  # noqa: A002
+        """Whether ``decision`` holds on every rank (``all``) or on any rank."""
+        self._check("reduce_boolean_decision", all=all)
+        votes = torch.tensor(int(bool(decision)), device=self.comm_device)
+        dist.all_reduce(votes, op=dist.ReduceOp.SUM, group=self.group)
+        count = int(votes.item())
+        return count == self.world_size if all else count > 0

@@ -1,0 +1,136 @@
+"""DistributedDataParallel: every rank holds the whole model and averages gradients."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
+from datetime import timedelta
+from typing import TYPE_CHECKING
+
+import torch
+from torch.nn.parallel import DistributedDataParallel
+from typing_extensions import override
+
+from plait.core import ConfigurationError
+from plait.strategies.parallel import DEFAULT_START_TIMEOUT, DEFAULT_TIMEOUT, ParallelStrategy
+
+if TYPE_CHECKING:
+    from plait.core import Accelerator, CheckpointIO, ClusterEnvironment, Precision
+
+__all__ = ["DDPStrategy"]
+
+CommHook = Callable[..., object]
+"""A DDP communication hook, e.g. ``default_hooks.fp16_compress_hook`` of
+``torch.distributed.algorithms.ddp_comm_hooks``."""
+
+
+class DDPStrategy(ParallelStrategy):
+    """Data parallel training with `torch.nn.parallel.DistributedDataParallel`.
+
+    Each rank holds a replica of the module; gradients are averaged across ranks
+    during backward. Subclass and override `configure_ddp` to wrap the module your
+    own way.
+
+    Args:
+        accelerator, parallel_devices, cluster_environment, precision, checkpoint_io,
+        process_group_backend, timeout, start_timeout, checked_collectives: As for
+            `ParallelStrategy`.
+        ddp_comm_state: The state passed to ``ddp_comm_hook`` (e.g. a PowerSGD state).
+        ddp_comm_hook: A communication hook that replaces DDP's gradient all-reduce,
+            e.g. fp16 or bf16 compression, or PowerSGD.
+        ddp_comm_wrapper: A wrapper applied to ``ddp_comm_hook``, e.g. ``fp16_compress_wrapper``.
+        **ddp_kwargs: Passed to `DistributedDataParallel`, e.g. ``static_graph=True``
+            or ``find_unused_parameters=True``.
+
+    Raises:
+        ConfigurationError: A wrapper or state without a hook, or a hook that is not
+            callable.
+    """
+
+    def __init__(
+        self,
+        *,
+        accelerator: Accelerator | str | None = None,
+        parallel_devices: Sequence[torch.device] | None = None,
+        cluster_environment: ClusterEnvironment | str | None = None,
+        precision: Precision | str | None = None,
+        checkpoint_io: CheckpointIO | str | None = None,
+        ddp_comm_state: object = None,
+        ddp_comm_hook: CommHook | None = None,
+        ddp_comm_wrapper: Callable[[CommHook], CommHook] | None = None,
+        process_group_backend: str | None = None,
+        timeout: timedelta = DEFAULT_TIMEOUT,
+        start_timeout: timedelta = DEFAULT_START_TIMEOUT,
+        checked_collectives: bool = True,
+        **ddp_kwargs: object,
+    ) -> None:
+        if ddp_comm_hook is None and (ddp_comm_wrapper is not None or ddp_comm_state is not None):
+            raise ConfigurationError(
+                "ddp_comm_wrapper and ddp_comm_state apply to a ddp_comm_hook, and none was given",
+                fix="pass ddp_comm_hook=..., e.g. default_hooks.allreduce_hook",
+            )
+        if ddp_comm_hook is not None and not callable(ddp_comm_hook):
+            raise ConfigurationError(
+                f"ddp_comm_hook={ddp_comm_hook!r} is not callable",
+                value=ddp_comm_hook,
+                fix="pass a hook function from torch.distributed.algorithms.ddp_comm_hooks",
+            )
+        super().__init__(
+            accelerator=accelerator,
+            parallel_devices=parallel_devices,
+            cluster_environment=cluster_environment,
+            precision=precision,
+            checkpoint_io=checkpoint_io,
+            process_group_backend=process_group_backend,
+            timeout=timeout,
+            start_timeout=start_timeout,
+            checked_collectives=checked_collectives,
+        )
+        self.ddp_comm_state = ddp_comm_state
+        self.ddp_comm_hook = ddp_comm_hook
+        self.ddp_comm_wrapper = ddp_comm_wrapper
+        self.ddp_kwargs = dict(ddp_kwargs)
+
+    @override
+    def wrap_module(self, module: torch.nn.Module) -> torch.nn.Module:
+        """Wrap ``module`` with `configure_ddp`, then register the communication hook."""
+        wrapped = self.configure_ddp(module)
+        if self.ddp_comm_hook is not None and isinstance(wrapped, DistributedDataParallel):
+            hook = self.ddp_comm_hook
+            if self.ddp_comm_wrapper is not None:
+                hook = self.ddp_comm_wrapper(hook)
+            wrapped.register_comm_hook(self.ddp_comm_state, hook)
+        return wrapped
+
+    def configure_ddp(self, module: torch.nn.Module) -> torch.nn.Module:
+        """Wrap ``module`` in `DistributedDataParallel`; override to wrap it your way."""
+        device_ids = [self.root_device.index] if self.root_device.type == "cuda" else None
+        return DistributedDataParallel(
+            module,
+            device_ids=device_ids,
+            process_group=self.process_group,
+            **self.ddp_kwargs,  # type: ignore[arg-type]
+        )
+
+    @override
+    def unwrap_module(self, module: torch.nn.Module) -> torch.nn.Module:
+        """The module inside the `DistributedDataParallel` wrapper."""
+        inner = module.module if isinstance(module, DistributedDataParallel) else module
+        assert isinstance(inner, torch.nn.Module)
+        return inner
+
+    @contextlib.contextmanager
+    def no_sync(self, module: torch.nn.Module) -> Iterator[None]:
+        """Accumulate gradients locally inside the block (no all-reduce)."""
+        if isinstance(module, DistributedDataParallel):
+            with module.no_sync():
+                yield
+        else:
+            yield
+
+    @override
+    def __repr__(self) -> str:
+        return (
+            f"DDPStrategy(backend={self.process_group_backend!r}, "
+            f"world_size={self.world_size}, device={str(self.root_device)!r})"
+        )

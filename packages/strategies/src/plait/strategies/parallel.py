@@ -1,0 +1,246 @@
+"""Strategies over several processes, joined in a torch.distributed process group."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import timedelta
+from typing import TYPE_CHECKING, Final, TypeVar, overload
+
+import torch
+import torch.distributed as dist
+from typing_extensions import override
+
+from plait.core import ClusterEnvironment, ConfigurationError, EnvironmentRegistry
+from plait.strategies.base import BaseStrategy
+from plait.strategies.collectives import DistributedCollectives
+
+if TYPE_CHECKING:
+    from plait.core import Accelerator, CheckpointIO, Precision
+    from plait.core.typing import ReduceOpLike
+
+__all__ = ["BACKENDS", "ParallelStrategy"]
+
+T = TypeVar("T")
+
+BACKENDS: Final = ("gloo", "nccl", "mpi", "ucc")
+"""The torch.distributed backends a parallel strategy can join with."""
+
+DEFAULT_START_TIMEOUT: Final = timedelta(minutes=10)
+DEFAULT_TIMEOUT: Final = timedelta(minutes=5)
+
+
+class ParallelStrategy(BaseStrategy):
+    """A strategy whose processes form one torch.distributed process group.
+
+    Two timeouts: a long one while the processes start and find each other
+    (``start_timeout``), and a shorter one for every collective afterwards
+    (``timeout``), so that a stuck rank is reported in minutes, not hours.
+
+    Args:
+        accelerator: The accelerator, or its name; CUDA when this machine has a GPU,
+            else the CPU.
+        parallel_devices: The device of each local rank; by default one per process
+            of the accelerator's type (the CPU for every rank, or GPU ``local_rank``).
+        cluster_environment: Where this process sits, or its name; detected by default.
+        precision: The precision plugin, or its name; ``"32-true"`` by default.
+        checkpoint_io: The checkpoint IO, or its name; ``"torch"`` by default.
+        process_group_backend: ``"gloo"``, ``"nccl"``, ...; NCCL on CUDA, gloo otherwise.
+        timeout: How long a collective waits for the other ranks.
+        start_timeout: How long start-up waits for the other ranks.
+        checked_collectives: Compare every rank's call before each control collective,
+            so that a mismatch raises instead of hanging.
+    """
+
+    def __init__(
+        self,
+        *,
+        accelerator: Accelerator | str | None = None,
+        parallel_devices: Sequence[torch.device] | None = None,
+        cluster_environment: ClusterEnvironment | str | None = None,
+        precision: Precision | str | None = None,
+        checkpoint_io: CheckpointIO | str | None = None,
+        process_group_backend: str | None = None,
+        timeout: timedelta = DEFAULT_TIMEOUT,
+        start_timeout: timedelta = DEFAULT_START_TIMEOUT,
+        checked_collectives: bool = True,
+    ) -> None:
+        self._parallel_devices = list(parallel_devices) if parallel_devices else None
+        super().__init__(accelerator=accelerator, precision=precision, checkpoint_io=checkpoint_io)
+        environment = (
+            EnvironmentRegistry.get(cluster_environment or "auto")
+            if cluster_environment is None or isinstance(cluster_environment, str)
+            else cluster_environment
+        )
+        if not isinstance(environment, ClusterEnvironment):
+            raise ConfigurationError(
+                f"cluster_environment={environment!r} is not a ClusterEnvironment",
+                value=environment,
+                fix="pass an object that implements plait.core.ClusterEnvironment, or a name",
+            )
+        self.cluster_environment = environment
+        self._root_device = self._choose_device()
+        backend = process_group_backend or ("nccl" if self._root_device.type == "cuda" else "gloo")
+        if backend not in BACKENDS:
+            raise ConfigurationError.invalid_choice("process_group_backend", backend, BACKENDS)
+        self.process_group_backend = backend
+        given: tuple[tuple[str, object], ...] = (
+            ("timeout", timeout),
+            ("start_timeout", start_timeout),
+        )
+        for name, value in given:  # checked as given: callers pass user input
+            if not isinstance(value, timedelta) or value <= timedelta(0):
+                raise ConfigurationError(
+                    f"{name}={value!r} must be a positive timedelta",
+                    value=value,
+                    fix=f"pass e.g. {name}=timedelta(minutes=5)",
+                )
+        self.timeout = timeout
+        self.start_timeout = start_timeout
+        self.checked_collectives = checked_collectives
+        self._collectives: DistributedCollectives | None = None
+        self._owns_process_group = False
+
+    @override
+    def default_device_type(self) -> str:
+        if self._parallel_devices:
+            return self._parallel_devices[0].type
+        return "cuda" if torch.cuda.device_count() > 0 else "cpu"
+
+    def _choose_device(self) -> torch.device:
+        local_rank = self.cluster_environment.local_rank
+        if self._parallel_devices is not None:
+            if local_rank >= len(self._parallel_devices):
+                raise ConfigurationError(
+                    f"local rank {local_rank} has no device: parallel_devices lists "
+                    f"{len(self._parallel_devices)}",
+                    value=self._parallel_devices,
+                    fix="list one device per process on this node",
+                )
+            return self._parallel_devices[local_rank]
+        if self.default_device_type() == "cuda":
+            return torch.device("cuda", local_rank)
+        return torch.device(self.default_device_type())
+
+    @property
+    @override
+    def root_device(self) -> torch.device:
+        return self._root_device
+
+    @property
+    @override
+    def world_size(self) -> int:
+        return self.cluster_environment.world_size
+
+    @property
+    @override
+    def global_rank(self) -> int:
+        return self.cluster_environment.global_rank
+
+    @property
+    def local_rank(self) -> int:
+        """This process's rank on its node."""
+        return self.cluster_environment.local_rank
+
+    @property
+    def process_group(self) -> dist.ProcessGroup:
+        """The group the collectives (and DDP's gradients) run on.
+
+        Raises:
+            ConfigurationError: `setup_environment` has not run yet.
+        """
+        return self.collectives.group
+
+    @property
+    def collectives(self) -> DistributedCollectives:
+        """The collectives of this process's group.
+
+        Raises:
+            ConfigurationError: `setup_environment` has not run yet.
+        """
+        if self._collectives is None:
+            raise ConfigurationError(
+                "the strategy has not joined its process group yet",
+                fix="call strategy.setup_environment() first",
+            )
+        return self._collectives
+
+    @override
+    def setup_environment(self) -> None:
+        """Make the device current and join the process group (once).
+
+        Raises:
+            ConfigurationError: torch.distributed was initialised by someone else,
+                so the strategy cannot own the group's store and timeouts.
+        """
+        super().setup_environment()
+        if self._collectives is not None:
+            return
+        if dist.is_initialized():
+            raise ConfigurationError(
+                "torch.distributed is already initialised: the strategy joins the process "
+                "group itself, with its own timeouts and store",
+                fix="remove the call to init_process_group and let setup_environment() do it",
+            )
+        environment = self.cluster_environment
+        store = dist.TCPStore(
+            environment.main_address,
+            environment.main_port,
+            environment.world_size,
+            is_master=environment.global_rank == 0,
+            timeout=self.start_timeout,
+        )
+        dist.init_process_group(
+            self.process_group_backend,
+            store=store,
+            rank=environment.global_rank,
+            world_size=environment.world_size,
+            timeout=self.start_timeout,
+        )
+        self._owns_process_group = True
+        group = dist.new_group(backend=self.process_group_backend, timeout=self.timeout)
+        self._collectives = DistributedCollectives(
+            group=group,
+            store=store,
+            rank=environment.global_rank,
+            world_size=environment.world_size,
+            device=self.root_device,
+            checked=self.checked_collectives,
+            timeout=self.timeout,
+        )
+
+    @override
+    def teardown(self) -> None:
+        """Leave the process group (if the strategy joined it) and release the parts."""
+        if self._owns_process_group and dist.is_initialized():
+            dist.destroy_process_group()
+        self._owns_process_group = False
+        self._collectives = None
+        super().teardown()
+
+    @overload
+    def reduce(self, value: torch.Tensor, reduce_op: ReduceOpLike = "mean") -> torch.Tensor: ...
+
+    @overload
+    def reduce(self, value: float, reduce_op: ReduceOpLike = "mean") -> float: ...
+
+    def reduce(
+        self, value: torch.Tensor | float, reduce_op: ReduceOpLike = "mean"
+    ) -> torch.Tensor | float:
+        """Reduce over every rank, out of place (the mean of integers is floating)."""
+        return self.collectives.reduce(value, reduce_op)
+
+    def broadcast(self, obj: T, src: int = 0) -> T:
+        """Give every rank a value equal to rank ``src``'s ``obj``."""
+        return self.collectives.broadcast(obj, src)
+
+    def barrier(self, name: str | None = None, timeout: timedelta | float | None = None) -> None:
+        """Wait until every rank has entered; on timeout, name the ranks missing."""
+        self.collectives.barrier(name, timeout)
+
+    def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Stack every rank's ``tensor``: row ``i`` is rank ``i``'s."""
+        return self.collectives.all_gather(tensor)
+
+    def reduce_boolean_decision(self, decision: bool, all: bool = True) -> bool:  # noqa: A002
+        """Whether ``decision`` holds on every rank (``all``) or on any rank."""
+        return self.collectives.reduce_boolean_decision(decision, all)

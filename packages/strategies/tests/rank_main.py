@@ -1,0 +1,174 @@
+"""One rank of the multi-process strategy tests.
+
+Usage: RANK=r WORLD_SIZE=n MASTER_ADDR=... MASTER_PORT=... python rank_main.py SCENARIO
+
+Each scenario checks its own results and raises on any difference; the test that
+started the ranks checks that every rank exited 0 and reads what they printed.
+"""
+
+import sys
+from collections.abc import Callable
+from datetime import timedelta
+
+import torch
+from torch import nn
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+from plait.core import CollectiveMismatchError, CollectiveTimeoutError, ConfigurationError
+from plait.strategies import DDPStrategy
+
+
+def expect(error: type[BaseException], action: Callable[[], object]) -> BaseException:
+    try:
+        action()
+    except error as caught:
+        return caught
+    raise AssertionError(f"expected {error.__name__}")
+
+
+def collectives(strategy: DDPStrategy) -> None:
+    rank, world = strategy.global_rank, strategy.world_size
+    ranks = torch.arange(world)
+
+    ints = torch.tensor([rank + 1, 2 * rank])
+    before = ints.clone()
+    all_ints = torch.stack([torch.tensor([r + 1, 2 * r]) for r in range(world)])
+    assert torch.equal(strategy.reduce(ints, "sum"), all_ints.sum(0))
+    assert torch.equal(strategy.reduce(ints, "max"), all_ints.max(0).values)
+    assert torch.equal(strategy.reduce(ints, "min"), all_ints.min(0).values)
+    assert torch.equal(strategy.reduce(ints, "product"), all_ints.prod(0))
+    mean = strategy.reduce(ints, "mean")
+    assert mean.dtype == torch.float32, mean.dtype  # never truncated
+    assert torch.allclose(mean, all_ints.float().mean(0))
+    assert torch.equal(ints, before)  # out of place
+
+    flags = torch.tensor([rank == 0, True])
+    assert torch.equal(strategy.reduce(flags, "sum"), torch.tensor([1, world]))
+    assert torch.equal(strategy.reduce(flags, "min"), torch.tensor([world == 1, True]))
+    assert strategy.reduce(flags, "mean").dtype == torch.float32
+
+    assert strategy.reduce(rank + 1, "sum") == sum(range(1, world + 1))
+    assert isinstance(strategy.reduce(rank, "max"), int)
+    assert strategy.reduce(rank, "mean") == ranks.float().mean().item()
+    assert isinstance(strategy.reduce(rank, "avg"), float)
+    assert strategy.reduce(0.5 * rank, "sum") == 0.5 * sum(range(world))
+
+    src = world - 1
+    sent = torch.arange(6.0).reshape(2, 3) * (rank + 1)
+    received = strategy.broadcast(sent if rank == src else None, src=src)
+    assert isinstance(received, torch.Tensor)
+    assert torch.equal(received, torch.arange(6.0).reshape(2, 3) * world)
+    config = strategy.broadcast({"lr": 0.1, "rank": rank}, src=0)
+    assert config == {"lr": 0.1, "rank": 0}, config
+
+    gathered = strategy.all_gather(torch.full((2,), float(rank)))
+    assert torch.equal(gathered, ranks.float().unsqueeze(1).expand(world, 2))
+    assert strategy.reduce_boolean_decision(rank == 0, all=False) is True
+    assert strategy.reduce_boolean_decision(rank == 0, all=True) is (world == 1)
+    strategy.barrier("end")
+
+    expect(ValueError, lambda: strategy.broadcast(1, src=world))
+    expect(TypeError, lambda: strategy.reduce("3", "sum"))  # type: ignore[call-overload]
+    expect(ConfigurationError, lambda: strategy.reduce(ints, "median"))
+    strategy.barrier("after errors")  # the bad calls left the ranks in step
+    print(f"rank {rank}: collectives ok")
+
+
+def mismatch(strategy: DDPStrategy) -> None:
+    rank = strategy.global_rank
+    error = expect(
+        CollectiveMismatchError,
+        lambda: strategy.reduce(torch.ones(2), "sum" if rank == 0 else "max"),
+    )
+    assert isinstance(error, CollectiveMismatchError)
+    print(f"rank {rank}: disagreeing {list(error.disagreeing_ranks)}")
+    shape = (2,) if rank == 0 else (3,)
+    error = expect(CollectiveMismatchError, lambda: strategy.all_gather(torch.ones(shape)))
+    if rank == 0:
+        expect(CollectiveMismatchError, lambda: strategy.barrier("sync"))
+    else:
+        expect(CollectiveMismatchError, lambda: strategy.reduce(1.0, "sum"))
+    # Mismatches are found before any data moves, so the ranks are still in step.
+    assert strategy.reduce(1, "sum") == strategy.world_size
+    print(f"rank {rank}: mismatch ok")
+
+
+def barrier_timeout(strategy: DDPStrategy) -> None:
+    rank, last = strategy.global_rank, strategy.world_size - 1
+    store = strategy.collectives.store
+    if rank == last:
+        store.wait(["released"], timedelta(seconds=60))  # absent from the barrier
+        return
+    error = expect(CollectiveTimeoutError, lambda: strategy.barrier("epoch", timeout=2.0))
+    assert isinstance(error, CollectiveTimeoutError)
+    print(f"rank {rank}: missing {list(error.missing_ranks)}: {error}")
+    store.set("released", "1")
+
+
+def train(strategy: DDPStrategy | None, steps: int = 5) -> list[torch.Tensor]:
+    torch.manual_seed(0)
+    model: nn.Module = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
+    inputs = torch.randn(12, 4, generator=torch.Generator().manual_seed(1))
+    targets = torch.randn(12, 1, generator=torch.Generator().manual_seed(2))
+    if strategy is not None:
+        world, rank = strategy.world_size, strategy.global_rank
+        inputs, targets = inputs.chunk(world)[rank], targets.chunk(world)[rank]
+        model = strategy.setup_module(model)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(steps):
+        optimizer.zero_grad()
+        loss = nn.functional.mse_loss(model(inputs), targets)
+        if strategy is None:
+            torch.autograd.backward(loss)
+            optimizer.step()
+        else:
+            strategy.backward(loss, model)
+            strategy.optimizer_step(optimizer)
+    return [parameter.detach().clone() for parameter in model.parameters()]
+
+
+def ddp_equivalence(strategy: DDPStrategy) -> None:
+    distributed = train(strategy)
+    single = train(None)
+    worst = max((d - s).abs().max().item() for d, s in zip(distributed, single, strict=True))
+    assert worst < 1e-6, worst
+    print(f"rank {strategy.global_rank}: ddp matches one process (max diff {worst:.1e})")
+
+
+def fp16_hook(strategy: DDPStrategy) -> None:
+    torch.manual_seed(0)
+    model = nn.Linear(3, 2)
+    reference = nn.Linear(3, 2)
+    reference.load_state_dict(model.state_dict())
+    wrapped = strategy.setup_module(model)
+    inputs = torch.randn(4, 3, generator=torch.Generator().manual_seed(10 + strategy.global_rank))
+    strategy.backward(wrapped(inputs).pow(3).sum() * 1e-3, wrapped)
+    reference(inputs).pow(3).sum().mul(1e-3).backward()
+    assert reference.weight.grad is not None
+    assert model.weight.grad is not None
+    local = strategy.all_gather(reference.weight.grad)
+    world = strategy.world_size
+    expected = (local[0].half() / world + local[1].half() / world).float()
+    exact = local.mean(0)
+    assert torch.equal(model.weight.grad, expected), (model.weight.grad, expected)
+    assert not torch.equal(model.weight.grad, exact)  # the compression really happened
+    print(f"rank {strategy.global_rank}: fp16 compression applied")
+
+
+SCENARIOS: dict[str, tuple[Callable[[DDPStrategy], None], dict[str, object]]] = {
+    "collectives": (collectives, {}),
+    "mismatch": (mismatch, {}),
+    "barrier_timeout": (barrier_timeout, {}),
+    "ddp_equivalence": (ddp_equivalence, {}),
+    "fp16_hook": (fp16_hook, {"ddp_comm_hook": default_hooks.fp16_compress_hook}),
+}
+
+
+if __name__ == "__main__":
+    scenario, options = SCENARIOS[sys.argv[1]]
+    strategy = DDPStrategy(accelerator="cpu", timeout=timedelta(seconds=60), **options)  # type: ignore[arg-type]
+    strategy.setup_environment()
+    try:
+        scenario(strategy)
+    finally:
+        strategy.teardown()

@@ -1,0 +1,120 @@
+"""Real ranks on gloo: the collective contract, mismatches, timeouts and DDP.
+
+Each rank is a process running ``rank_main.py`` with the variables a launcher sets.
+"""
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from plait.environments import free_port
+
+RunRanks = Callable[..., list[str]]
+
+RANK_SCRIPT = Path(__file__).resolve().parent / "rank_main.py"
+
+
+@pytest.fixture
+def run_ranks() -> RunRanks:
+    """Run ``rank_main.py SCENARIO`` as ``world_size`` ranks; return their outputs.
+
+    Every rank must exit 0 within ``timeout`` seconds; all are killed at the end,
+    whatever happens.
+    """
+
+    def run(scenario: str, world_size: int, timeout: float = 120) -> list[str]:
+        base = {key: value for key, value in os.environ.items() if not key.startswith("SLURM_")}
+        base |= {
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(free_port()),
+            "WORLD_SIZE": str(world_size),
+            "OMP_NUM_THREADS": "1",
+        }
+        ranks = [
+            subprocess.Popen(
+                [sys.executable, str(RANK_SCRIPT), scenario],
+                env={**base, "RANK": str(rank), "LOCAL_RANK": str(rank)},
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+            for rank in range(world_size)
+        ]
+        deadline = time.monotonic() + timeout
+        try:
+            outputs = [
+                process.communicate(timeout=max(1.0, deadline - time.monotonic()))[0]
+                for process in ranks
+            ]
+        finally:
+            for process in ranks:
+                process.kill()
+                process.wait(timeout=30)
+                if process.stdout is not None:
+                    process.stdout.close()
+        codes = [process.returncode for process in ranks]
+        assert codes == [0] * world_size, "\n".join(
+            f"--- rank {rank} exited {code}:\n{output}"
+            for rank, (code, output) in enumerate(zip(codes, outputs, strict=True))
+        )
+        return outputs
+
+    return run
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("world_size", [1, 2, 3])
+def test_the_collective_contract_holds_on_every_rank(run_ranks: RunRanks, world_size: int) -> None:
+    outputs = run_ranks("collectives", world_size)
+
+    assert all("collectives ok" in output for output in outputs)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_mismatched_calls_raise_on_every_rank_and_leave_the_ranks_in_step(
+    run_ranks: RunRanks, world_size: int
+) -> None:
+    outputs = run_ranks("mismatch", world_size)
+
+    for output in outputs:
+        assert "mismatch ok" in output
+        if world_size > 2:  # rank 0 alone called sum: the others agree on max
+            assert "disagreeing [0]" in output
+        else:  # a tie goes to the call of the lowest rank
+            assert "disagreeing [1]" in output
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_a_barrier_timeout_names_the_rank_that_did_not_come(
+    run_ranks: RunRanks, world_size: int
+) -> None:
+    outputs = run_ranks("barrier_timeout", world_size)
+
+    last = world_size - 1
+    for output in outputs[:last]:
+        assert f"missing [{last}]" in output
+        assert f"barrier 'epoch' timed out after 2 s: ranks {last} did not arrive" in output
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_ddp_on_shards_matches_one_process_on_the_whole_batch(
+    run_ranks: RunRanks, world_size: int
+) -> None:
+    outputs = run_ranks("ddp_equivalence", world_size)
+
+    assert all("ddp matches one process" in output for output in outputs)
+
+
+@pytest.mark.slow
+def test_a_compression_hook_is_really_applied(run_ranks: RunRanks) -> None:
+    outputs = run_ranks("fp16_hook", 2)
+
+    assert all("fp16 compression applied" in output for output in outputs)

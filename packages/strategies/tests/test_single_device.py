@@ -1,0 +1,145 @@
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from plait.checkpoint_io import AsyncCheckpointIO
+from plait.core import ConfigurationError, Strategy, StrategyRegistry
+from plait.precision import MixedPrecision
+from plait.strategies import DDPStrategy, SingleDeviceStrategy
+
+
+def test_it_is_registered_and_meets_the_protocol() -> None:
+    strategy = StrategyRegistry.get("single_device")
+
+    assert isinstance(strategy, SingleDeviceStrategy)
+    assert isinstance(strategy, Strategy)
+    assert (strategy.world_size, strategy.global_rank, strategy.is_global_zero) == (1, 0, True)
+    assert strategy.root_device == torch.device("cpu")
+
+
+def test_parts_default_by_name_and_can_be_given() -> None:
+    default = SingleDeviceStrategy()
+    assert type(default.accelerator).__name__ == "CPUAccelerator"
+    assert type(default.precision).__name__ == "TruePrecision"
+    assert type(default.checkpoint_io).__name__ == "TorchCheckpointIO"
+
+    chosen = SingleDeviceStrategy(precision="bf16-mixed", checkpoint_io=AsyncCheckpointIO())
+    assert isinstance(chosen.precision, MixedPrecision)
+    assert isinstance(chosen.checkpoint_io, AsyncCheckpointIO)
+    chosen.teardown()
+
+
+@pytest.mark.parametrize(
+    ("part", "value", "message"),
+    [
+        ("accelerator", object(), "is not a Accelerator"),
+        ("precision", 3.5, "is not a Precision"),
+        ("checkpoint_io", "pickle", "no checkpoint IO named 'pickle'"),
+        ("precision", "16-mix", "did you mean '16-mixed'"),
+    ],
+)
+def test_a_bad_part_is_refused_naming_it(part: str, value: object, message: str) -> None:
+    with pytest.raises(ConfigurationError, match=message):
+        SingleDeviceStrategy(**{part: value})  # type: ignore[arg-type]
+
+
+def test_the_collectives_are_copies_that_keep_the_contract() -> None:
+    strategy = SingleDeviceStrategy()
+    ints = torch.tensor([1, 2, 4])
+
+    mean = strategy.reduce(ints, "mean")
+    assert mean.dtype == torch.float32
+    assert torch.equal(mean, ints.float())
+    summed = strategy.reduce(ints, "sum")
+    assert torch.equal(summed, ints)
+    assert summed is not ints
+    assert strategy.reduce(3, "mean") == 3.0
+    assert isinstance(strategy.reduce(3, "mean"), float)
+    assert strategy.reduce(3, "sum") == 3
+    assert strategy.all_gather(ints).shape == (1, 3)
+    assert strategy.broadcast({"a": 1}) == {"a": 1}
+    assert strategy.reduce_boolean_decision(decision=True) is True
+    strategy.barrier("now", timeout=timedelta(seconds=1))
+
+
+@pytest.mark.parametrize(
+    ("call", "error", "message"),
+    [
+        (
+            lambda s: s.reduce("1", "sum"),
+            TypeError,
+            "reduce takes a tensor or a Python number, got str",
+        ),
+        (lambda s: s.reduce([1], "sum"), TypeError, "got list"),
+        (lambda s: s.reduce(torch.ones(1), "median"), ConfigurationError, "invalid reduce_op"),
+        (lambda s: s.broadcast(1, src=1), ValueError, r"src=1 is outside the ranks \[0, 1\)"),
+        (lambda s: s.barrier(timeout=0), ValueError, "timeout=0 must be positive"),
+        (lambda s: s.all_gather(3), TypeError, "all_gather takes a tensor, got int"),
+    ],
+)
+def test_bad_arguments_raise_the_documented_errors(call, error, message) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(error, match=message):
+        call(SingleDeviceStrategy())
+
+
+def test_a_standalone_loop_trains_and_checkpoints(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    strategy = SingleDeviceStrategy()
+    strategy.setup_environment()
+    layer = nn.Linear(3, 1)
+    model, [optimizer] = strategy.setup_module_and_optimizers(
+        layer, [torch.optim.SGD(layer.parameters(), lr=0.1)]
+    )
+    inputs, targets = torch.randn(16, 3), torch.randn(16, 1)
+    losses = []
+    for _ in range(10):
+        optimizer.zero_grad()
+        with strategy.precision.forward_context():
+            loss = nn.functional.mse_loss(model(inputs), targets)
+        strategy.backward(loss, model)
+        strategy.optimizer_step(optimizer)
+        losses.append(loss.item())
+    strategy.save_checkpoint({"model": strategy.module_state_dict(model)}, tmp_path / "last.pt")
+    restored = strategy.load_checkpoint(tmp_path / "last.pt")
+    strategy.teardown()
+
+    assert losses[-1] < losses[0]
+    assert torch.equal(restored["model"]["weight"], model.state_dict()["weight"])
+
+
+def test_optimizers_of_another_model_are_refused() -> None:
+    strategy = SingleDeviceStrategy()
+    other = nn.Linear(2, 2)
+
+    with pytest.raises(
+        ConfigurationError, match="optimizer 0 holds parameters that are not the module's"
+    ):
+        strategy.setup_module_and_optimizers(
+            nn.Linear(2, 2), [torch.optim.SGD(other.parameters(), lr=0.1)]
+        )
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"process_group_backend": "glooo"}, "did you mean 'gloo'"),
+        ({"timeout": 30}, "timeout=30 must be a positive timedelta"),
+        ({"start_timeout": timedelta(0)}, "must be a positive timedelta"),
+        ({"ddp_comm_wrapper": lambda hook: hook}, "apply to a ddp_comm_hook, and none was given"),
+        ({"ddp_comm_hook": "fp16"}, "is not callable"),
+        ({"cluster_environment": 5}, "is not a ClusterEnvironment"),
+    ],
+)
+def test_bad_ddp_settings_are_refused_before_anything_starts(
+    options: dict[str, object], message: str
+) -> None:
+    with pytest.raises(ConfigurationError, match=message):
+        DDPStrategy(accelerator="cpu", **options)  # type: ignore[arg-type]
+
+
+def test_collectives_before_setup_say_what_to_do() -> None:
+    with pytest.raises(ConfigurationError, match=r"call strategy.setup_environment\(\) first"):
+        DDPStrategy(accelerator="cpu").reduce(1, "sum")
