@@ -4,8 +4,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from plait.core import ConfigurationError
-from plait.environments import expand_hostlist, free_port
+from plait.core import ConfigurationError, free_port
+from plait.environments import expand_hostlist
 
 
 @pytest.mark.parametrize(

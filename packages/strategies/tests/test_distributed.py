@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from plait.environments import free_port
+from plait.core import free_port
 
 RunRanks = Callable[..., list[str]]
 

@@ -21,6 +21,7 @@ from plait.core.errors import (
 from plait.core.fingerprint import CollectiveCall
 from plait.core.imports import is_module_available, require_module
 from plait.core.layout import ProcessLayout, RankInfo
+from plait.core.network import free_port
 from plait.core.protocols import (
     Accelerator,
     CheckpointIO,
@@ -87,6 +88,7 @@ __all__ = [
     "SupportsLauncher",
     "SupportsLoadInPlace",
     "SupportsNoSync",
+    "free_port",
     "get_global_rank",
     "is_module_available",
     "rank_zero_debug",

@@ -18,7 +18,7 @@ from plait.environments.lsf import LSFEnvironment
 from plait.environments.mpi import MPIEnvironment
 from plait.environments.slurm import SLURMEnvironment
 from plait.environments.torchelastic import TorchElasticEnvironment
-from plait.environments.variables import expand_hostlist, free_port
+from plait.environments.variables import expand_hostlist
 from plait.environments.xla import XLAEnvironment
 
 __all__ = [
@@ -35,5 +35,4 @@ __all__ = [
     "XLAEnvironment",
     "detect_environment",
     "expand_hostlist",
-    "free_port",
 ]

@@ -9,9 +9,9 @@ from typing import ClassVar
 import attrs
 from typing_extensions import Self, override
 
-from plait.core import ConfigurationError
+from plait.core import ConfigurationError, free_port
 from plait.environments.base import BaseEnvironment
-from plait.environments.variables import free_port, read_int, read_port
+from plait.environments.variables import read_int, read_port
 
 __all__ = ["LocalEnvironment"]
 

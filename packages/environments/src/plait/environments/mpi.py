@@ -9,9 +9,9 @@ from collections.abc import Mapping
 import attrs
 from typing_extensions import Self, override
 
-from plait.core import require_module
+from plait.core import free_port, require_module
 from plait.environments.base import BaseEnvironment
-from plait.environments.variables import free_port, read_int, read_port
+from plait.environments.variables import read_int, read_port
 
 __all__ = ["MPIEnvironment"]
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-import socket
 from collections.abc import Mapping
 
 from plait.core import ConfigurationError
@@ -11,7 +10,6 @@ from plait.core import ConfigurationError
 __all__ = [
     "all_present",
     "expand_hostlist",
-    "free_port",
     "job_port",
     "read_int",
     "read_port",
@@ -98,14 +96,6 @@ def job_port(environ: Mapping[str, str], job_id: int, *, environment: str) -> in
     if "MASTER_PORT" in environ:
         return read_port(environ, "MASTER_PORT", environment=environment)
     return 15000 + job_id % 10000
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that is free on ``host`` now, chosen by the operating system."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind((host, 0))
-        port: int = probe.getsockname()[1]
-        return port
 
 
 _GROUP = re.compile(r"([^,\[]*)(?:\[([^\]]*)\])?([^,]*)")

@@ -1,0 +1,130 @@
+"""Watching child processes: the first failure stops all of them, and is reported."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from multiprocessing.connection import wait
+from typing import Final, Protocol, cast
+
+import attrs
+
+from plait.core import PeerFailedError
+
+__all__ = ["GRACE_PERIOD", "Child", "die_with_parent", "launch_variables", "stop", "watch"]
+
+GRACE_PERIOD: Final = 5.0
+"""Seconds between SIGTERM and SIGKILL when the other children are stopped."""
+
+_PR_SET_PDEATHSIG: Final = 1
+
+
+class Handle(Protocol):
+    """What is needed of a child process: its pid, its exit code, and a sentinel."""
+
+    @property
+    def pid(self) -> int | None: ...
+
+    @property
+    def sentinel(self) -> int: ...
+
+    @property
+    def exitcode(self) -> int | None: ...
+
+    def join(self, timeout: float | None = None) -> None: ...
+
+
+@attrs.frozen
+class Child:
+    """One launched rank.
+
+    Attributes:
+        rank: Its global rank.
+        handle: The process.
+        traceback: Reads the tail of what it reported on failure (may be empty).
+    """
+
+    rank: int
+    handle: Handle
+    traceback: Callable[[], str]
+
+
+def launch_variables(
+    *, rank: int, world_size: int, main_address: str, main_port: int
+) -> dict[str, str]:
+    """The variables a launched rank reads its place from (as torchrun's children do)."""
+    return {
+        "MASTER_ADDR": main_address,
+        "MASTER_PORT": str(main_port),
+        "WORLD_SIZE": str(world_size),
+        "RANK": str(rank),
+        "LOCAL_RANK": str(rank),
+        "LOCAL_WORLD_SIZE": str(world_size),
+        "NODE_RANK": "0",
+    }
+
+
+def die_with_parent() -> None:
+    """Ask the kernel to SIGTERM this process when its parent dies (Linux).
+
+    A launcher killed with SIGKILL can run no clean-up; this leaves no orphan.
+    """
+    if not sys.platform.startswith("linux"):
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    if os.getppid() == 1:  # the parent died before prctl took effect
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+def stop(children: Sequence[Child], grace: float = GRACE_PERIOD) -> None:
+    """Send SIGTERM to the children still running, SIGKILL after ``grace`` seconds; reap all."""
+    alive = [child for child in children if child.handle.exitcode is None]
+    for child in alive:
+        if child.handle.pid is not None:
+            _signal(child.handle.pid, signal.SIGTERM)
+    remaining = {child.handle.sentinel: child for child in alive}
+    for sentinel in _ready(list(remaining), grace) if remaining else []:
+        remaining.pop(sentinel)
+    for child in remaining.values():
+        if child.handle.pid is not None:
+            _signal(child.handle.pid, signal.SIGKILL)
+    for child in children:
+        child.handle.join()
+
+
+def _ready(sentinels: list[int], timeout: float | None) -> list[int]:
+    # wait() hands back the very objects it was given: here, the sentinels.
+    return [cast("int", ready) for ready in wait(sentinels, timeout=timeout)]
+
+
+def _signal(pid: int, signum: int) -> None:
+    with contextlib.suppress(ProcessLookupError):  # it has exited already
+        os.kill(pid, signum)
+
+
+def watch(children: Sequence[Child], *, grace: float = GRACE_PERIOD) -> None:
+    """Wait until every child has exited; stop all of them at the first failure.
+
+    Raises:
+        PeerFailedError: A child exited with a non-zero code (or was killed); the
+            others were sent SIGTERM, then SIGKILL after ``grace`` seconds.
+    """
+    running: Mapping[int, Child] = {child.handle.sentinel: child for child in children}
+    pending = dict(running)
+    try:
+        while pending:
+            for sentinel in _ready(list(pending), None):
+                child = pending.pop(sentinel)
+                child.handle.join()
+                code = child.handle.exitcode
+                if code != 0:
+                    stop(children, grace)
+                    raise PeerFailedError(child.rank, code, child.traceback())
+    except BaseException:
+        stop(children, grace)  # interrupted, or a failure: leave nothing behind
+        raise

@@ -1,0 +1,195 @@
+"""Starting ranks with torch.multiprocessing: ``spawn``, ``fork`` or ``forkserver``."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import pickle
+import threading
+import traceback
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Final, ParamSpec, TypeVar
+
+import torch.multiprocessing  # noqa: F401 (registers the reductions that share tensors)
+from typing_extensions import override
+
+from plait.core import ConfigurationError, free_port
+from plait.strategies.launchers.children import (
+    GRACE_PERIOD,
+    Child,
+    die_with_parent,
+    launch_variables,
+    stop,
+    watch,
+)
+
+if TYPE_CHECKING:
+    from multiprocessing.connection import Connection
+    from multiprocessing.context import ForkContext, ForkServerContext, SpawnContext
+
+__all__ = ["START_METHODS", "MultiprocessingLauncher"]
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+START_METHODS: Final = ("spawn", "fork", "forkserver")
+
+
+def _context(method: str) -> SpawnContext | ForkContext | ForkServerContext:
+    if method == "fork":
+        return multiprocessing.get_context("fork")
+    if method == "forkserver":
+        return multiprocessing.get_context("forkserver")
+    return multiprocessing.get_context("spawn")
+
+
+def _run_rank(
+    results: Connection,
+    variables: dict[str, str],
+    function: Callable[..., object],
+    args: tuple[object, ...],
+    kwargs: dict[str, object],
+) -> None:
+    # The body of each child: learn its place, run, report the result or the error.
+    die_with_parent()
+    os.environ.update(variables)
+    try:
+        result = function(*args, **kwargs)
+    except BaseException:  # noqa: BLE001 (every failure is reported, then exits 1)
+        results.send_bytes(pickle.dumps(("error", traceback.format_exc())))
+        raise SystemExit(1) from None
+    # Plain pickling copies tensors into the message: torch's shared-memory reductions
+    # would leave the parent a handle to fetch from a process that has exited.
+    results.send_bytes(pickle.dumps(("result", result if variables["RANK"] == "0" else None)))
+
+
+class _Inbox:
+    """Reads one child's messages as they come, so a large result never blocks it."""
+
+    def __init__(self, connection: Connection) -> None:
+        self.messages: list[tuple[str, object]] = []
+        self.failure: BaseException | None = None
+        self._connection = connection
+        self._thread = threading.Thread(target=self._drain, daemon=True)
+        self._thread.start()
+
+    def _drain(self) -> None:
+        try:
+            while True:
+                self.messages.append(pickle.loads(self._connection.recv_bytes()))
+        except (EOFError, OSError):
+            pass  # the child closed its end: it has exited
+        except Exception as error:  # noqa: BLE001 (kept, and raised by read())
+            self.failure = error
+
+    def read(self, kind: str) -> object:
+        self._thread.join()
+        if self.failure is not None:
+            raise RuntimeError(f"a rank's message could not be read: {self.failure}") from (
+                self.failure
+            )
+        return next((body for got, body in self.messages if got == kind), None)
+
+    def traceback(self) -> str:
+        text = self.read("error")
+        return text if isinstance(text, str) else ""
+
+
+class MultiprocessingLauncher:
+    """Runs a function in ``num_processes`` new processes, one per rank, on this machine.
+
+    Each process gets the variables a launched rank reads (``RANK``, ``LOCAL_RANK``,
+    ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``) before the function runs, so a
+    strategy made inside it finds its place. Rank 0's return value comes back to
+    the caller. When a rank fails, the others get SIGTERM, then SIGKILL after a grace
+    period, and the caller gets `PeerFailedError` with the failed rank, its exit code
+    and the tail of its traceback. Ranks die with the launcher, whatever kills it.
+
+    ``spawn`` and ``forkserver`` pickle the function and its arguments; ``fork``
+    does not, and so also works in notebooks (before CUDA is initialised).
+
+    Args:
+        num_processes: How many ranks to start.
+        start_method: ``"spawn"``, ``"fork"`` or ``"forkserver"``.
+        main_address: The rendezvous host; loopback by default.
+        main_port: The rendezvous port; a free one by default.
+        grace_period: Seconds between SIGTERM and SIGKILL when ranks are stopped.
+
+    Raises:
+        ConfigurationError: Fewer than one process, or a start method this platform
+            lacks.
+    """
+
+    def __init__(
+        self,
+        num_processes: int,
+        *,
+        start_method: str = "spawn",
+        main_address: str = "127.0.0.1",
+        main_port: int | None = None,
+        grace_period: float = GRACE_PERIOD,
+    ) -> None:
+        given: object = num_processes  # checked as given: callers pass user input
+        if isinstance(given, bool) or not isinstance(given, int) or given < 1:
+            raise ConfigurationError(
+                f"num_processes={num_processes!r} must be an int of at least 1",
+                value=num_processes,
+                fix="pass the number of ranks to start, e.g. num_processes=2",
+            )
+        available = [
+            method for method in START_METHODS if method in multiprocessing.get_all_start_methods()
+        ]
+        if start_method not in available:
+            raise ConfigurationError.invalid_choice("start_method", start_method, available)
+        self.num_processes = num_processes
+        self.start_method = start_method
+        self.main_address = main_address
+        self.main_port = main_port
+        self.grace_period = grace_period
+
+    @property
+    def is_interactive_compatible(self) -> bool:
+        """Only ``fork`` works where ``__main__`` cannot be re-imported (notebooks)."""
+        return self.start_method == "fork"
+
+    def launch(self, function: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
+        """Run ``function(*args, **kwargs)`` on every rank; return rank 0's result.
+
+        Raises:
+            PeerFailedError: A rank failed; every rank was stopped.
+        """
+        context = _context(self.start_method)
+        port = self.main_port or free_port(self.main_address)
+        children: list[Child] = []
+        inboxes: list[_Inbox] = []
+        try:
+            for rank in range(self.num_processes):
+                receive, send = context.Pipe(duplex=False)
+                variables = launch_variables(
+                    rank=rank,
+                    world_size=self.num_processes,
+                    main_address=self.main_address,
+                    main_port=port,
+                )
+                process = context.Process(
+                    target=_run_rank,
+                    args=(send, variables, function, args, kwargs),
+                    name=f"plait-rank-{rank}",
+                )
+                process.start()
+                send.close()
+                inbox = _Inbox(receive)
+                inboxes.append(inbox)
+                children.append(Child(rank=rank, handle=process, traceback=inbox.traceback))
+        except BaseException:
+            stop(children, self.grace_period)
+            raise
+        watch(children, grace=self.grace_period)
+        return inboxes[0].read("result")  # type: ignore[return-value]
+
+    @override
+    def __repr__(self) -> str:
+        return (
+            f"MultiprocessingLauncher(num_processes={self.num_processes}, "
+            f"start_method={self.start_method!r})"
+        )

@@ -1,0 +1,81 @@
+"""Launching real ranks: results come back, failures stop every rank and are named."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from plait.core import ConfigurationError
+from plait.strategies.launchers import MultiprocessingLauncher
+
+PROGRAM = Path(__file__).resolve().parent / "launch_main.py"
+
+
+def launch(scenario: str, start_method: str, num_processes: int) -> str:
+    result = subprocess.run(
+        [sys.executable, str(PROGRAM), scenario, start_method, str(num_processes)],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    return result.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("start_method", ["spawn", "fork", "forkserver"])
+def test_every_rank_runs_and_rank_zeros_result_comes_back(start_method: str) -> None:
+    output = launch("sum", start_method, 3)
+
+    assert "result=33" in output  # (10 + 11 + 12), reduced across the three ranks
+    assert "children left=0" in output
+
+
+@pytest.mark.slow
+def test_a_result_larger_than_a_pipe_comes_back() -> None:
+    output = launch("big", "fork", 2)
+
+    assert "result numel=1048576 rank=0" in output
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("start_method", ["spawn", "fork"])
+def test_a_failing_rank_stops_every_rank_and_is_named_with_its_traceback(
+    start_method: str,
+) -> None:
+    output = launch("fail", start_method, 3)
+
+    assert "failed rank=1 exit=1" in output
+    assert "tail=ValueError: boom on rank 1" in output
+    assert "children left=0" in output
+
+
+@pytest.mark.slow
+def test_a_rank_killed_by_a_signal_is_named_with_the_signal() -> None:
+    output = launch("kill", "fork", 2)
+
+    assert "failed rank=1 exit=-9" in output
+    assert "children left=0" in output
+
+
+@pytest.mark.parametrize(
+    ("num_processes", "start_method", "message"),
+    [
+        (0, "spawn", "num_processes=0 must be an int of at least 1"),
+        (True, "spawn", "num_processes=True must be an int"),
+        (2, "threads", "invalid start_method: 'threads'"),
+        (2, "spwan", "did you mean 'spawn'"),
+    ],
+)
+def test_bad_launcher_settings_are_refused(
+    num_processes: int, start_method: str, message: str
+) -> None:
+    with pytest.raises(ConfigurationError, match=message):
+        MultiprocessingLauncher(num_processes, start_method=start_method)
+
+
+def test_only_fork_works_where_main_cannot_be_imported_again() -> None:
+    assert MultiprocessingLauncher(2, start_method="fork").is_interactive_compatible
+    assert not MultiprocessingLauncher(2, start_method="spawn").is_interactive_compatible
