@@ -123,6 +123,37 @@ def check_package(package: str, dist: Path, base_site: Path, workdir: Path) -> N
         print("  plait-core alone: a strategy lookup names plait-strategies to install")
 
 
+WITHOUT_TRAINER = (
+    "plait-strategies",
+    "plait-accelerators",
+    "plait-precision",
+    "plait-checkpoint-io",
+    "plait-environments",
+)
+
+
+def check_example_without_trainer(dist: Path, base_site: Path, workdir: Path) -> None:
+    """Run the standalone DDP example where every part is installed but the trainer."""
+    env_dir = workdir / "without-trainer"
+    venv.create(env_dir, with_pip=False)
+    python = env_dir / "bin" / "python"
+    site = next((env_dir / "lib").glob("python3.*/site-packages"))
+    (site / "plait-base.pth").write_text(f"{base_site}\n")
+    run(
+        sys.executable, "-m", "pip", "--python", python, "install", "--quiet",
+        "--no-index", "--find-links", dist, *WITHOUT_TRAINER,
+    )  # fmt: skip
+    run(python, "-c", "import importlib.util as u; assert u.find_spec('plait.trainer') is None")
+    output = run(
+        python, REPO / "examples" / "ddp_standalone.py",
+        "--processes", "2", "--epochs", "1", "--checkpoint", workdir / "example.pt",
+        cwd=workdir,
+    )  # fmt: skip
+    if "final loss" not in output:
+        sys.exit(f"the example did not report its final loss:\n{output}")
+    print("  examples/ddp_standalone.py trains with DDP on 2 processes without plait-trainer")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dist", type=Path, default=REPO / "dist", help="where wheels go")
@@ -140,6 +171,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="plait-wheel-check-") as workdir:
         for package in packages():
             check_package(package, args.dist, base_site, Path(workdir))
+        check_example_without_trainer(args.dist, base_site, Path(workdir))
     print(
         f"wheels: every package installs and imports on its own ({time.monotonic() - start:.0f} s)"
     )
