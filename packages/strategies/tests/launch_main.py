@@ -1,6 +1,7 @@
 """A program that launches ranks, for the launcher tests.
 
 Usage: python launch_main.py SCENARIO START_METHOD NUM_PROCESSES
+       python launch_main.py strategy|strategy_fail REGISTERED_NAME NUM_PROCESSES
 
 Prints what the launcher returned or raised, and how many child processes are left.
 """
@@ -13,7 +14,7 @@ from datetime import timedelta
 
 import torch
 
-from plait.core import PeerFailedError
+from plait.core import PeerFailedError, StrategyRegistry
 from plait.strategies import DDPStrategy
 from plait.strategies.launchers import MultiprocessingLauncher
 
@@ -51,9 +52,35 @@ def rank_one_is_killed() -> None:
     strategy.barrier("never complete")
 
 
-def main(scenario: str, start_method: str, num_processes: int) -> None:
-    launcher = MultiprocessingLauncher(num_processes, start_method=start_method)
+def place_and_sum(strategy: DDPStrategy, fail_on: int | None) -> tuple[int, int, int]:
+    # The strategy arrives in each rank made anew, knowing that rank's place.
+    strategy.setup_environment()
     try:
+        if strategy.global_rank == fail_on:
+            raise ValueError(f"boom on rank {fail_on}")
+        total = int(strategy.reduce(strategy.global_rank, "sum"))
+        return strategy.global_rank, strategy.world_size, total
+    except PeerFailedError as failure:
+        print(f"rank {strategy.global_rank} saw rank {failure.rank} fail", flush=True)
+        raise
+    finally:
+        strategy.teardown()
+
+
+def main(scenario: str, start_method: str, num_processes: int) -> None:
+    try:
+        if scenario.startswith("strategy"):
+            strategy = StrategyRegistry.get(
+                start_method,  # here, a registered name
+                accelerator="cpu",
+                parallel_devices=[torch.device("cpu")] * num_processes,
+                timeout=timedelta(seconds=60),
+            )
+            assert isinstance(strategy, DDPStrategy)
+            fail_on = 1 if scenario == "strategy_fail" else None
+            print(f"result={strategy.launcher.launch(place_and_sum, strategy, fail_on)}")
+            return
+        launcher = MultiprocessingLauncher(num_processes, start_method=start_method)
         if scenario == "sum":
             print(f"result={launcher.launch(sum_of_ranks, 10)}")
         elif scenario == "big":
@@ -66,7 +93,8 @@ def main(scenario: str, start_method: str, num_processes: int) -> None:
     except PeerFailedError as error:
         print(f"failed rank={error.rank} exit={error.exit_code}")
         print(f"tail={error.traceback_tail.splitlines()[-1] if error.traceback_tail else ''}")
-    print(f"children left={len(multiprocessing.active_children())}")
+    finally:
+        print(f"children left={len(multiprocessing.active_children())}")
 
 
 if __name__ == "__main__":

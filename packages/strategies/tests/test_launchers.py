@@ -79,3 +79,25 @@ def test_bad_launcher_settings_are_refused(
 def test_only_fork_works_where_main_cannot_be_imported_again() -> None:
     assert MultiprocessingLauncher(2, start_method="fork").is_interactive_compatible
     assert not MultiprocessingLauncher(2, start_method="spawn").is_interactive_compatible
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["ddp", "ddp_spawn", "ddp_fork", "ddp_notebook"])
+def test_a_registered_ddp_strategy_launches_its_ranks_each_knowing_its_place(name: str) -> None:
+    output = launch("strategy", name, 3)
+
+    assert "result=(0, 3, 3)" in output  # rank 0 of 3; the ranks sum to 0 + 1 + 2
+    assert "children left=0" in output
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["ddp", "ddp_spawn"])
+def test_a_registered_ddp_strategy_stops_every_rank_when_one_fails(name: str) -> None:
+    output = launch("strategy_fail", name, 3)
+
+    assert "failed rank=1 exit=1" in output
+    tail = next(line for line in output.splitlines() if line.startswith("tail="))
+    assert tail.endswith("ValueError: boom on rank 1")  # popen: torch may prefix "[rank1]: "
+    # The surviving ranks raised PeerFailedError themselves, before being stopped.
+    assert "rank 0 saw rank 1 fail" in output
+    assert "rank 2 saw rank 1 fail" in output

@@ -20,13 +20,40 @@ from plait.core import (
     CollectiveCall,
     CollectiveMismatchError,
     CollectiveTimeoutError,
+    PeerFailedError,
     ReduceOp,
 )
 
 if TYPE_CHECKING:
     from plait.core.typing import ReduceOpLike
 
-__all__ = ["DistributedCollectives", "LocalCollectives", "as_timeout"]
+__all__ = [
+    "ABORT_KEY",
+    "STORE_PREFIX",
+    "DistributedCollectives",
+    "LocalCollectives",
+    "as_timeout",
+    "encode_failure",
+]
+
+STORE_PREFIX: Final = "plait/collectives"
+"""Where the collectives keep their keys in the job's store."""
+
+ABORT_KEY: Final = "abort"
+"""Set by a launcher when a rank failed: every rank waiting in a check raises."""
+
+_WAIT_SLICE: Final = timedelta(seconds=0.5)
+
+
+def encode_failure(failure: PeerFailedError) -> str:
+    """A failure as text for the store, read back by `DistributedCollectives`."""
+    return json.dumps([failure.rank, failure.exit_code, failure.traceback_tail])
+
+
+def _decode_failure(text: bytes) -> PeerFailedError:
+    rank, exit_code, tail = json.loads(text)
+    return PeerFailedError(int(rank), exit_code, str(tail))
+
 
 T = TypeVar("T")
 
@@ -167,7 +194,7 @@ class DistributedCollectives:
         timeout: timedelta = timedelta(minutes=30),
     ) -> None:
         self.group = group
-        self.store = dist.PrefixStore("plait/collectives", store)
+        self.store = dist.PrefixStore(STORE_PREFIX, store)
         self.rank = rank
         self.world_size = world_size
         self.device = device
@@ -186,13 +213,14 @@ class DistributedCollectives:
         Raises:
             CollectiveTimeoutError: Some ranks did not arrive within ``timeout``.
             CollectiveMismatchError: The ranks' calls differ.
+            PeerFailedError: A rank failed meanwhile (its launcher said so).
         """
         self._sequence += 1
         prefix = f"{self._sequence}/"
         keys = [f"{prefix}{rank}" for rank in range(self.world_size)]
         self.store.set(keys[self.rank], json.dumps([call.collective, call.params]))
         try:
-            self.store.wait(keys, timeout)
+            self._wait(keys, timeout)
         except (RuntimeError, dist.DistError) as error:
             arrived = [rank for rank, key in enumerate(keys) if self.store.check([key])]
             missing = [rank for rank in range(self.world_size) if rank not in arrived]
@@ -215,6 +243,23 @@ class DistributedCollectives:
         # before it is read by nobody any more.
         if self._sequence > 2:
             self.store.delete_key(f"{self._sequence - 2}/{self.rank}")
+
+    def _wait(self, keys: list[str], timeout: timedelta) -> None:
+        # Waited for in slices: between them, a failure a launcher posted is noticed,
+        # so that a rank waiting for a dead peer raises now, not at its timeout.
+        waited = timedelta(0)
+        while True:
+            step = min(_WAIT_SLICE, timeout - waited)
+            try:
+                self.store.wait(keys, step)
+            except (RuntimeError, dist.DistError):
+                if self.store.check([ABORT_KEY]):
+                    raise _decode_failure(self.store.get(ABORT_KEY)) from None
+                waited += step
+                if waited >= timeout:
+                    raise
+                continue
+            return
 
     def _check(self, collective: str, **params: object) -> None:
         if self.checked and self.world_size > 1:

@@ -12,12 +12,20 @@ from torch.nn.parallel import DistributedDataParallel
 from typing_extensions import override
 
 from plait.core import ConfigurationError
+from plait.strategies.launchers import (
+    ExternalLauncher,
+    MultiprocessingLauncher,
+    SubprocessScriptLauncher,
+)
 from plait.strategies.parallel import DEFAULT_START_TIMEOUT, DEFAULT_TIMEOUT, ParallelStrategy
 
 if TYPE_CHECKING:
-    from plait.core import Accelerator, CheckpointIO, ClusterEnvironment, Precision
+    from plait.core import Accelerator, CheckpointIO, ClusterEnvironment, Launcher, Precision
 
-__all__ = ["DDPStrategy"]
+__all__ = ["START_METHODS", "DDPStrategy"]
+
+START_METHODS = ("popen", "spawn", "fork", "forkserver")
+"""How DDP starts its processes: run the program again, or torch.multiprocessing."""
 
 CommHook = Callable[..., object]
 """A DDP communication hook, e.g. ``default_hooks.fp16_compress_hook`` of
@@ -39,6 +47,9 @@ class DDPStrategy(ParallelStrategy):
         ddp_comm_hook: A communication hook that replaces DDP's gradient all-reduce,
             e.g. fp16 or bf16 compression, or PowerSGD.
         ddp_comm_wrapper: A wrapper applied to ``ddp_comm_hook``, e.g. ``fp16_compress_wrapper``.
+        start_method: How `launcher` starts the processes when no scheduler did:
+            ``"popen"`` (run the program again), ``"spawn"``, ``"fork"`` or
+            ``"forkserver"``.
         **ddp_kwargs: Passed to `DistributedDataParallel`, e.g. ``static_graph=True``
             or ``find_unused_parameters=True``.
 
@@ -58,6 +69,7 @@ class DDPStrategy(ParallelStrategy):
         ddp_comm_state: object = None,
         ddp_comm_hook: CommHook | None = None,
         ddp_comm_wrapper: Callable[[CommHook], CommHook] | None = None,
+        start_method: str = "popen",
         process_group_backend: str | None = None,
         timeout: timedelta = DEFAULT_TIMEOUT,
         start_timeout: timedelta = DEFAULT_START_TIMEOUT,
@@ -69,6 +81,8 @@ class DDPStrategy(ParallelStrategy):
                 "ddp_comm_wrapper and ddp_comm_state apply to a ddp_comm_hook, and none was given",
                 fix="pass ddp_comm_hook=..., e.g. default_hooks.allreduce_hook",
             )
+        if start_method not in START_METHODS:
+            raise ConfigurationError.invalid_choice("start_method", start_method, START_METHODS)
         if ddp_comm_hook is not None and not callable(ddp_comm_hook):
             raise ConfigurationError(
                 f"ddp_comm_hook={ddp_comm_hook!r} is not callable",
@@ -86,10 +100,33 @@ class DDPStrategy(ParallelStrategy):
             start_timeout=start_timeout,
             checked_collectives=checked_collectives,
         )
+        self.start_method = start_method
         self.ddp_comm_state = ddp_comm_state
         self.ddp_comm_hook = ddp_comm_hook
         self.ddp_comm_wrapper = ddp_comm_wrapper
         self.ddp_kwargs = dict(ddp_kwargs)
+
+    @property
+    def num_processes(self) -> int:
+        """How many processes the launcher starts: one per parallel device."""
+        if self._parallel_devices is not None:
+            return len(self._parallel_devices)
+        return max(torch.cuda.device_count(), 1) if self.root_device.type == "cuda" else 1
+
+    @property
+    def launcher(self) -> Launcher:
+        """What starts the ranks: nothing, when a scheduler or launcher already did."""
+        environment = self.cluster_environment
+        if environment.creates_processes_externally:
+            return ExternalLauncher()
+        address, port = environment.main_address, environment.main_port
+        if self.start_method == "popen":
+            return SubprocessScriptLauncher(
+                self.num_processes, main_address=address, main_port=port
+            )
+        return MultiprocessingLauncher(
+            self.num_processes, start_method=self.start_method, main_address=address, main_port=port
+        )
 
     @override
     def wrap_module(self, module: torch.nn.Module) -> torch.nn.Module:

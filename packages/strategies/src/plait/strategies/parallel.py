@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Final, TypeVar, overload
 
 import torch
 import torch.distributed as dist
-from typing_extensions import override
+from typing_extensions import Self, override
 
 from plait.core import ClusterEnvironment, ConfigurationError, EnvironmentRegistry
 from plait.strategies.base import BaseStrategy
@@ -19,6 +19,13 @@ if TYPE_CHECKING:
     from plait.core.typing import ReduceOpLike
 
 __all__ = ["BACKENDS", "ParallelStrategy"]
+
+
+def _rebuild(
+    factory: Callable[..., ParallelStrategy], args: tuple[object, ...], kwargs: dict[str, object]
+) -> ParallelStrategy:
+    return factory(*args, **kwargs)
+
 
 T = TypeVar("T")
 
@@ -36,6 +43,10 @@ class ParallelStrategy(BaseStrategy):
     (``start_timeout``), and a shorter one for every collective afterwards
     (``timeout``), so that a stuck rank is reported in minutes, not hours.
 
+    A parallel strategy travels as the arguments it was made with: unpickled in
+    another process (a rank a launcher started), it is made anew there and finds that
+    process's place.
+
     Args:
         accelerator: The accelerator, or its name; CUDA when this machine has a GPU,
             else the CPU.
@@ -50,6 +61,19 @@ class ParallelStrategy(BaseStrategy):
         checked_collectives: Compare every rank's call before each control collective,
             so that a mismatch raises instead of hanging.
     """
+
+    _arguments: tuple[tuple[object, ...], dict[str, object]]
+
+    def __new__(cls, *args: object, **kwargs: object) -> Self:
+        """Record the arguments as given, whatever the subclass's signature."""
+        instance = super().__new__(cls)
+        instance._arguments = (args, dict(kwargs))
+        return instance
+
+    @override
+    def __reduce__(self) -> tuple[object, ...]:
+        args, kwargs = self._arguments
+        return (_rebuild, (type(self), args, kwargs))
 
     def __init__(
         self,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from plait.strategies.ddp import DDPStrategy
 from plait.strategies.single_device import SingleDeviceStrategy
 
 if TYPE_CHECKING:
@@ -13,7 +14,28 @@ __all__ = ["register"]
 
 
 def register(registry: Registry[Strategy]) -> None:
-    """Register the strategies that run without a launcher of plait's own."""
+    """Register ``single_device`` and the DDP family."""
     registry.register(
         "single_device", SingleDeviceStrategy, description="one process on one device"
     )
+    registry.register(
+        "ddp", DDPStrategy, description="DDP, running the program again per rank",
+        start_method="popen",
+    )  # fmt: skip
+    registry.register(
+        "ddp_spawn", DDPStrategy, description="DDP, ranks spawned by torch.multiprocessing",
+        start_method="spawn",
+    )  # fmt: skip
+    registry.register(
+        "ddp_fork", DDPStrategy, description="DDP, ranks forked from this process",
+        start_method="fork",
+    )  # fmt: skip
+    registry.register(
+        "ddp_notebook", DDPStrategy, description="DDP from a notebook (ranks forked)",
+        start_method="fork",
+    )  # fmt: skip
+    registry.register(
+        "ddp_find_unused_parameters_true", DDPStrategy,
+        description="DDP that tolerates parameters unused in a step",
+        start_method="popen", find_unused_parameters=True,
+    )  # fmt: skip

@@ -7,15 +7,27 @@ import ctypes
 import os
 import signal
 import sys
-from collections.abc import Callable, Mapping, Sequence
+import time
+from collections.abc import Callable, Sequence
+from datetime import timedelta
 from multiprocessing.connection import wait
 from typing import Final, Protocol, cast
 
 import attrs
+import torch.distributed as dist
 
 from plait.core import PeerFailedError
+from plait.strategies.collectives import ABORT_KEY, STORE_PREFIX, encode_failure
 
-__all__ = ["GRACE_PERIOD", "Child", "die_with_parent", "launch_variables", "stop", "watch"]
+__all__ = [
+    "GRACE_PERIOD",
+    "Child",
+    "announce_failure",
+    "die_with_parent",
+    "launch_variables",
+    "stop",
+    "watch",
+]
 
 GRACE_PERIOD: Final = 5.0
 """Seconds between SIGTERM and SIGKILL when the other children are stopped."""
@@ -68,6 +80,20 @@ def launch_variables(
     }
 
 
+def announce_failure(main_address: str, main_port: int, failure: PeerFailedError) -> None:
+    """Post ``failure`` to the job's store, so that the surviving ranks raise it.
+
+    Nothing happens when the store is gone (rank 0, which holds it, has died).
+    """
+    try:
+        store = dist.TCPStore(
+            main_address, main_port, is_master=False, timeout=timedelta(seconds=5)
+        )
+        dist.PrefixStore(STORE_PREFIX, store).set(ABORT_KEY, encode_failure(failure))
+    except (RuntimeError, dist.DistError):
+        pass  # no store to tell: the ranks see the dead peer in their next collective
+
+
 def die_with_parent() -> None:
     """Ask the kernel to SIGTERM this process when its parent dies (Linux).
 
@@ -97,6 +123,14 @@ def stop(children: Sequence[Child], grace: float = GRACE_PERIOD) -> None:
         child.handle.join()
 
 
+def _exits(pending: dict[int, Child], grace: float) -> None:
+    # The survivors were told: wait (up to ``grace``) for them to exit by themselves.
+    deadline = time.monotonic() + grace
+    while pending and (left := deadline - time.monotonic()) > 0:
+        for sentinel in _ready(list(pending), left):
+            pending.pop(sentinel).handle.join()
+
+
 def _ready(sentinels: list[int], timeout: float | None) -> list[int]:
     # wait() hands back the very objects it was given: here, the sentinels.
     return [cast("int", ready) for ready in wait(sentinels, timeout=timeout)]
@@ -107,15 +141,23 @@ def _signal(pid: int, signum: int) -> None:
         os.kill(pid, signum)
 
 
-def watch(children: Sequence[Child], *, grace: float = GRACE_PERIOD) -> None:
+def watch(
+    children: Sequence[Child],
+    *,
+    grace: float = GRACE_PERIOD,
+    on_failure: Callable[[PeerFailedError], None] | None = None,
+) -> None:
     """Wait until every child has exited; stop all of them at the first failure.
+
+    ``on_failure`` is called with the failure first (to tell the surviving ranks,
+    which then raise it themselves); the others get up to ``grace`` seconds to exit
+    on their own before they are stopped.
 
     Raises:
         PeerFailedError: A child exited with a non-zero code (or was killed); the
             others were sent SIGTERM, then SIGKILL after ``grace`` seconds.
     """
-    running: Mapping[int, Child] = {child.handle.sentinel: child for child in children}
-    pending = dict(running)
+    pending = {child.handle.sentinel: child for child in children}
     try:
         while pending:
             for sentinel in _ready(list(pending), None):
@@ -123,8 +165,12 @@ def watch(children: Sequence[Child], *, grace: float = GRACE_PERIOD) -> None:
                 child.handle.join()
                 code = child.handle.exitcode
                 if code != 0:
+                    failure = PeerFailedError(child.rank, code, child.traceback())
+                    if on_failure is not None:
+                        on_failure(failure)
+                        _exits(pending, grace)
                     stop(children, grace)
-                    raise PeerFailedError(child.rank, code, child.traceback())
+                    raise failure
     except BaseException:
         stop(children, grace)  # interrupted, or a failure: leave nothing behind
         raise

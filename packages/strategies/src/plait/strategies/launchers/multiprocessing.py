@@ -17,6 +17,7 @@ from plait.core import ConfigurationError, free_port
 from plait.strategies.launchers.children import (
     GRACE_PERIOD,
     Child,
+    announce_failure,
     die_with_parent,
     launch_variables,
     stop,
@@ -35,6 +36,26 @@ R = TypeVar("R")
 START_METHODS: Final = ("spawn", "fork", "forkserver")
 
 
+def pickled_work(
+    function: Callable[..., object], args: tuple[object, ...], kwargs: dict[str, object]
+) -> bytes:
+    """The function and its arguments, pickled to reach the ranks.
+
+    Raises:
+        ConfigurationError: They cannot be pickled.
+    """
+    try:
+        return pickle.dumps((function, args, kwargs))
+    except (pickle.PicklingError, TypeError, AttributeError) as error:
+        raise ConfigurationError(
+            f"the function {getattr(function, '__qualname__', function)!r} and its arguments "
+            f"cannot be sent to the ranks: {error}",
+            value=function,
+            fix="define the function at the top level of a module and pass picklable "
+            "arguments (no lambdas, local functions or open files)",
+        ) from error
+
+
 def _context(method: str) -> SpawnContext | ForkContext | ForkServerContext:
     if method == "fork":
         return multiprocessing.get_context("fork")
@@ -43,17 +64,13 @@ def _context(method: str) -> SpawnContext | ForkContext | ForkServerContext:
     return multiprocessing.get_context("spawn")
 
 
-def _run_rank(
-    results: Connection,
-    variables: dict[str, str],
-    function: Callable[..., object],
-    args: tuple[object, ...],
-    kwargs: dict[str, object],
-) -> None:
-    # The body of each child: learn its place, run, report the result or the error.
+def _run_rank(results: Connection, variables: dict[str, str], payload: bytes) -> None:
+    # The body of each child: learn its place, then unpickle the work (so strategies
+    # in it are made anew for this rank), run, report the result or the error.
     die_with_parent()
     os.environ.update(variables)
     try:
+        function, args, kwargs = pickle.loads(payload)
         result = function(*args, **kwargs)
     except BaseException:  # noqa: BLE001 (every failure is reported, then exits 1)
         results.send_bytes(pickle.dumps(("error", traceback.format_exc())))
@@ -105,8 +122,9 @@ class MultiprocessingLauncher:
     period, and the caller gets `PeerFailedError` with the failed rank, its exit code
     and the tail of its traceback. Ranks die with the launcher, whatever kills it.
 
-    ``spawn`` and ``forkserver`` pickle the function and its arguments; ``fork``
-    does not, and so also works in notebooks (before CUDA is initialised).
+    The function and its arguments are pickled for every start method, before any
+    process starts: a strategy among them is made anew in each rank (see
+    `ParallelStrategy`). ``fork`` also works in notebooks, before CUDA is initialised.
 
     Args:
         num_processes: How many ranks to start.
@@ -156,8 +174,10 @@ class MultiprocessingLauncher:
         """Run ``function(*args, **kwargs)`` on every rank; return rank 0's result.
 
         Raises:
+            ConfigurationError: The function or its arguments cannot be pickled.
             PeerFailedError: A rank failed; every rank was stopped.
         """
+        payload = pickled_work(function, args, kwargs)
         context = _context(self.start_method)
         port = self.main_port or free_port(self.main_address)
         children: list[Child] = []
@@ -173,7 +193,7 @@ class MultiprocessingLauncher:
                 )
                 process = context.Process(
                     target=_run_rank,
-                    args=(send, variables, function, args, kwargs),
+                    args=(send, variables, payload),
                     name=f"plait-rank-{rank}",
                 )
                 process.start()
@@ -184,7 +204,11 @@ class MultiprocessingLauncher:
         except BaseException:
             stop(children, self.grace_period)
             raise
-        watch(children, grace=self.grace_period)
+        watch(
+            children,
+            grace=self.grace_period,
+            on_failure=lambda failure: announce_failure(self.main_address, port, failure),
+        )
         return inboxes[0].read("result")  # type: ignore[return-value]
 
     @override
