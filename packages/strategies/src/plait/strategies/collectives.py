@@ -29,20 +29,27 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ABORT_KEY",
+    "START_PREFIX",
     "STORE_PREFIX",
     "DistributedCollectives",
     "LocalCollectives",
+    "Rendezvous",
     "as_timeout",
     "encode_failure",
+    "post_failure",
 ]
 
 STORE_PREFIX: Final = "plait/collectives"
 """Where the collectives keep their keys in the job's store."""
 
+START_PREFIX: Final = "plait/start"
+"""Where the ranks meet at start-up, before the process group exists."""
+
 ABORT_KEY: Final = "abort"
 """Set by a launcher when a rank failed: every rank waiting in a check raises."""
 
-_WAIT_SLICE: Final = timedelta(seconds=0.5)
+_AT: Final = "at/"  # a rank's latest meeting, under each rendezvous prefix
+_ABORTED: Final = '["aborted", []]'  # what fills a dead rank's entry
 
 
 def encode_failure(failure: PeerFailedError) -> str:
@@ -169,6 +176,87 @@ class LocalCollectives:
         return bool(decision)
 
 
+class Rendezvous:
+    """Ranks meeting through a store: each posts a call, all wait, all compare.
+
+    Args:
+        store: A store every rank shares.
+        rank: This process's rank.
+        world_size: The number of ranks.
+        prefix: Where in the store this rendezvous keeps its keys.
+    """
+
+    def __init__(self, store: dist.Store, *, rank: int, world_size: int, prefix: str) -> None:
+        self.store = dist.PrefixStore(prefix, store)
+        self._aborts = dist.PrefixStore(STORE_PREFIX, store)  # where launchers post failures
+        self.rank = rank
+        self.world_size = world_size
+        self._sequence = 0
+
+    def meet(self, call: CollectiveCall, timeout: timedelta) -> None:
+        """Wait until every rank has posted its call, and compare the calls.
+
+        Raises:
+            CollectiveTimeoutError: Some ranks did not arrive within ``timeout``.
+            CollectiveMismatchError: The ranks' calls differ.
+            PeerFailedError: A rank failed meanwhile (its launcher said so).
+        """
+        self._sequence += 1
+        prefix = f"{self._sequence}/"
+        keys = [f"{prefix}{rank}" for rank in range(self.world_size)]
+        # The call, and where this rank is: a launcher that sees a rank die fills in
+        # the dead rank's entry here, which ends this wait at once.
+        # multi_set is one round trip; torch's type stubs omit it, which it has.
+        self.store.multi_set(  # type: ignore[attr-defined]
+            [keys[self.rank], f"{_AT}{self.rank}"],
+            [json.dumps([call.collective, call.params]), str(self._sequence)],
+        )
+        try:
+            self.store.wait(keys, timeout)
+        except (RuntimeError, dist.DistError) as error:
+            arrived = [rank for rank, key in enumerate(keys) if self.store.check([key])]
+            missing = [rank for rank in range(self.world_size) if rank not in arrived]
+            name = dict(call.params).get("name")
+            raise CollectiveTimeoutError(
+                call.collective,
+                name=None if name in (None, "None") else name,
+                timeout=timeout.total_seconds(),
+                missing_ranks=missing,
+                arrived_ranks=arrived,
+            ) from error
+        encoded = self.store.multi_get(keys)
+        if _ABORTED.encode() in encoded:
+            raise _decode_failure(self._aborts.get(ABORT_KEY))
+        if len(set(encoded)) > 1:
+            calls = {}
+            for rank, text in enumerate(encoded):
+                collective, params = json.loads(text)
+                calls[rank] = CollectiveCall(collective, dict(params))
+            raise CollectiveMismatchError(calls)
+        # Every rank has passed the previous meeting, so this rank's key of the one
+        # before it is read by nobody any more.
+        if self._sequence > 2:
+            self.store.delete_key(f"{self._sequence - 2}/{self.rank}")
+
+
+def post_failure(
+    store: dist.Store, failure: PeerFailedError, *, world_size: int, prefixes: tuple[str, ...]
+) -> None:
+    """Tell every rank waiting in a rendezvous that ``failure`` happened.
+
+    The failure goes under `ABORT_KEY`; then, for each rendezvous prefix and each
+    rank, the failed rank's entry at that rank's current meeting is filled with a
+    marker, so that the wait ends and the rank raises `PeerFailedError`.
+    """
+    dist.PrefixStore(STORE_PREFIX, store).set(ABORT_KEY, encode_failure(failure))
+    for prefix in prefixes:
+        meetings = dist.PrefixStore(prefix, store)
+        for rank in range(world_size):
+            if rank != failure.rank and meetings.check([f"{_AT}{rank}"]):
+                sequence = meetings.get(f"{_AT}{rank}").decode()
+                meetings.set(f"{sequence}/{failure.rank}", _ABORTED)
+
+
 class DistributedCollectives:
     """The contract over a torch.distributed process group, checked through its store.
 
@@ -194,7 +282,8 @@ class DistributedCollectives:
         timeout: timedelta = timedelta(minutes=30),
     ) -> None:
         self.group = group
-        self.store = dist.PrefixStore(STORE_PREFIX, store)
+        self._rendezvous = Rendezvous(store, rank=rank, world_size=world_size, prefix=STORE_PREFIX)
+        self.store = self._rendezvous.store
         self.rank = rank
         self.world_size = world_size
         self.device = device
@@ -203,63 +292,10 @@ class DistributedCollectives:
         # gloo moves CPU tensors; NCCL moves tensors of this process's GPU.
         backend = dist.get_backend(group)
         self.comm_device = device if backend == "nccl" else torch.device("cpu")
-        self._sequence = 0
-
-    # The check: every rank's call, compared through the store.
 
     def rendezvous(self, call: CollectiveCall, timeout: timedelta) -> None:
-        """Wait until every rank has announced its call, and compare the calls.
-
-        Raises:
-            CollectiveTimeoutError: Some ranks did not arrive within ``timeout``.
-            CollectiveMismatchError: The ranks' calls differ.
-            PeerFailedError: A rank failed meanwhile (its launcher said so).
-        """
-        self._sequence += 1
-        prefix = f"{self._sequence}/"
-        keys = [f"{prefix}{rank}" for rank in range(self.world_size)]
-        self.store.set(keys[self.rank], json.dumps([call.collective, call.params]))
-        try:
-            self._wait(keys, timeout)
-        except (RuntimeError, dist.DistError) as error:
-            arrived = [rank for rank, key in enumerate(keys) if self.store.check([key])]
-            missing = [rank for rank in range(self.world_size) if rank not in arrived]
-            name = dict(call.params).get("name")
-            raise CollectiveTimeoutError(
-                call.collective,
-                name=None if name in (None, "None") else name,
-                timeout=timeout.total_seconds(),
-                missing_ranks=missing,
-                arrived_ranks=arrived,
-            ) from error
-        encoded = self.store.multi_get(keys)
-        if len(set(encoded)) > 1:
-            calls = {}
-            for rank, text in enumerate(encoded):
-                collective, params = json.loads(text)
-                calls[rank] = CollectiveCall(collective, dict(params))
-            raise CollectiveMismatchError(calls)
-        # Every rank has passed the previous check, so this rank's key of the one
-        # before it is read by nobody any more.
-        if self._sequence > 2:
-            self.store.delete_key(f"{self._sequence - 2}/{self.rank}")
-
-    def _wait(self, keys: list[str], timeout: timedelta) -> None:
-        # Waited for in slices: between them, a failure a launcher posted is noticed,
-        # so that a rank waiting for a dead peer raises now, not at its timeout.
-        waited = timedelta(0)
-        while True:
-            step = min(_WAIT_SLICE, timeout - waited)
-            try:
-                self.store.wait(keys, step)
-            except (RuntimeError, dist.DistError):
-                if self.store.check([ABORT_KEY]):
-                    raise _decode_failure(self.store.get(ABORT_KEY)) from None
-                waited += step
-                if waited >= timeout:
-                    raise
-                continue
-            return
+        """Meet every rank through the store and compare calls (see `Rendezvous.meet`)."""
+        self._rendezvous.meet(call, timeout)
 
     def _check(self, collective: str, **params: object) -> None:
         if self.checked and self.world_size > 1:

@@ -10,9 +10,15 @@ import torch
 import torch.distributed as dist
 from typing_extensions import Self, override
 
-from plait.core import ClusterEnvironment, ConfigurationError, EnvironmentRegistry
+from plait.core import (
+    ClusterEnvironment,
+    CollectiveCall,
+    CollectiveTimeoutError,
+    ConfigurationError,
+    EnvironmentRegistry,
+)
 from plait.strategies.base import BaseStrategy
-from plait.strategies.collectives import DistributedCollectives
+from plait.strategies.collectives import START_PREFIX, DistributedCollectives, Rendezvous
 
 if TYPE_CHECKING:
     from plait.core import Accelerator, CheckpointIO, Precision
@@ -195,6 +201,8 @@ class ParallelStrategy(BaseStrategy):
         Raises:
             ConfigurationError: torch.distributed was initialised by someone else,
                 so the strategy cannot own the group's store and timeouts.
+            CollectiveTimeoutError: Ranks did not all arrive within ``start_timeout``
+                (they are named), or rank 0's rendezvous could not be reached.
         """
         super().setup_environment()
         if self._collectives is not None:
@@ -206,13 +214,14 @@ class ParallelStrategy(BaseStrategy):
                 fix="remove the call to init_process_group and let setup_environment() do it",
             )
         environment = self.cluster_environment
-        store = dist.TCPStore(
-            environment.main_address,
-            environment.main_port,
-            environment.world_size,
-            is_master=environment.global_rank == 0,
-            timeout=self.start_timeout,
-        )
+        store = self._connect()
+        # Every rank posts its arrival: a rank that never comes is named, not waited on.
+        Rendezvous(
+            store,
+            rank=environment.global_rank,
+            world_size=environment.world_size,
+            prefix=START_PREFIX,
+        ).meet(CollectiveCall("start-up"), self.start_timeout)
         dist.init_process_group(
             self.process_group_backend,
             store=store,
@@ -231,6 +240,26 @@ class ParallelStrategy(BaseStrategy):
             checked=self.checked_collectives,
             timeout=self.timeout,
         )
+
+    def _connect(self) -> dist.TCPStore:
+        environment = self.cluster_environment
+        try:
+            return dist.TCPStore(
+                environment.main_address,
+                environment.main_port,
+                environment.world_size,
+                is_master=environment.global_rank == 0,
+                timeout=self.start_timeout,
+                wait_for_workers=False,
+            )
+        except (RuntimeError, dist.DistError) as error:
+            raise CollectiveTimeoutError(
+                "start-up",
+                name=f"{environment.main_address}:{environment.main_port}",
+                timeout=self.start_timeout.total_seconds(),
+                missing_ranks=[0],
+                arrived_ranks=[environment.global_rank],
+            ) from error
 
     @override
     def teardown(self) -> None:

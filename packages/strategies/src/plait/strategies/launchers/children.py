@@ -17,7 +17,7 @@ import attrs
 import torch.distributed as dist
 
 from plait.core import PeerFailedError
-from plait.strategies.collectives import ABORT_KEY, STORE_PREFIX, encode_failure
+from plait.strategies.collectives import START_PREFIX, STORE_PREFIX, post_failure
 
 __all__ = [
     "GRACE_PERIOD",
@@ -80,7 +80,9 @@ def launch_variables(
     }
 
 
-def announce_failure(main_address: str, main_port: int, failure: PeerFailedError) -> None:
+def announce_failure(
+    main_address: str, main_port: int, world_size: int, failure: PeerFailedError
+) -> None:
     """Post ``failure`` to the job's store, so that the surviving ranks raise it.
 
     Nothing happens when the store is gone (rank 0, which holds it, has died).
@@ -89,7 +91,7 @@ def announce_failure(main_address: str, main_port: int, failure: PeerFailedError
         store = dist.TCPStore(
             main_address, main_port, is_master=False, timeout=timedelta(seconds=5)
         )
-        dist.PrefixStore(STORE_PREFIX, store).set(ABORT_KEY, encode_failure(failure))
+        post_failure(store, failure, world_size=world_size, prefixes=(STORE_PREFIX, START_PREFIX))
     except (RuntimeError, dist.DistError):
         pass  # no store to tell: the ranks see the dead peer in their next collective
 

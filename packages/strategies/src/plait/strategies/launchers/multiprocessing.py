@@ -207,7 +207,9 @@ class MultiprocessingLauncher:
         watch(
             children,
             grace=self.grace_period,
-            on_failure=lambda failure: announce_failure(self.main_address, port, failure),
+            on_failure=lambda failure: announce_failure(
+                self.main_address, port, self.num_processes, failure
+            ),
         )
         return inboxes[0].read("result")  # type: ignore[return-value]
 

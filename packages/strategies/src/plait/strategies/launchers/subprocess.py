@@ -185,7 +185,9 @@ class SubprocessScriptLauncher:
                 watch(
                     children,
                     grace=self.grace_period,
-                    on_failure=lambda failure: announce_failure(self.main_address, port, failure),
+                    on_failure=lambda failure: announce_failure(
+                        self.main_address, port, self.num_processes, failure
+                    ),
                 )
             except PeerFailedError as failure:
                 with lock:

@@ -1,0 +1,198 @@
+"""DDPStrategy in this process: start-up, overriding, registration, and its launcher."""
+
+from collections.abc import Mapping
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+from typing_extensions import override
+
+from plait.checkpoint_io import TorchCheckpointIO
+from plait.core import (
+    CollectiveTimeoutError,
+    ConfigurationError,
+    StrategyRegistry,
+    SupportsLauncher,
+    SupportsNoSync,
+    free_port,
+)
+from plait.core.typing import PathLike
+from plait.strategies import DDPStrategy
+from plait.strategies.launchers import (
+    ExternalLauncher,
+    MultiprocessingLauncher,
+    SubprocessScriptLauncher,
+)
+
+
+def as_rank(monkeypatch: pytest.MonkeyPatch, rank: int, world_size: int, port: int) -> None:
+    for variable, value in {
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+        "WORLD_SIZE": str(world_size),
+        "RANK": str(rank),
+        "LOCAL_RANK": str(rank),
+    }.items():
+        monkeypatch.setenv(variable, value)
+
+
+def test_start_up_names_the_ranks_that_never_joined(monkeypatch: pytest.MonkeyPatch) -> None:
+    as_rank(monkeypatch, 0, 3, free_port())
+    strategy = DDPStrategy(accelerator="cpu", start_timeout=timedelta(seconds=1))
+
+    with pytest.raises(CollectiveTimeoutError) as caught:
+        strategy.setup_environment()
+
+    assert caught.value.missing_ranks == (1, 2)
+    assert str(caught.value) == (
+        "start-up timed out after 1 s: ranks 1, 2 did not arrive (arrived: 0)"
+    )
+
+
+def test_start_up_without_a_reachable_rank_zero_names_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    port = free_port()  # nobody listens there
+    as_rank(monkeypatch, 1, 2, port)
+    strategy = DDPStrategy(accelerator="cpu", start_timeout=timedelta(seconds=1))
+
+    with pytest.raises(CollectiveTimeoutError, match=f"start-up '127.0.0.1:{port}'") as caught:
+        strategy.setup_environment()
+
+    assert caught.value.missing_ranks == (0,)
+
+
+class RecordingCheckpointIO(TorchCheckpointIO):
+    def __init__(self) -> None:
+        super().__init__()
+        self.saved: list[str] = []
+
+    @override
+    def save_checkpoint(self, checkpoint: Mapping[str, object], path: PathLike) -> None:
+        self.saved.append(str(path))
+        super().save_checkpoint(checkpoint, path)
+
+
+class WrapTwiceDDP(DDPStrategy):
+    """Overrides configure_ddp, as users do to wrap the module their own way."""
+
+    @override
+    def configure_ddp(self, module: nn.Module) -> nn.Module:
+        return DistributedDataParallel(
+            nn.Sequential(module), process_group=self.process_group, gradient_as_bucket_view=True
+        )
+
+
+def test_a_registered_variant_with_its_own_checkpoint_io_saves_through_it(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    io = RecordingCheckpointIO()
+    StrategyRegistry.register(
+        "ddp_custom_checkpoint_io",
+        DDPStrategy,
+        description="DDP that records its saves",
+        checkpoint_io=io,
+        accelerator="cpu",
+    )
+    try:
+        as_rank(monkeypatch, 0, 1, free_port())
+        strategy = StrategyRegistry.get("ddp_custom_checkpoint_io")
+        assert isinstance(strategy, DDPStrategy)
+        strategy.setup_environment()
+        model = strategy.setup_module(nn.Linear(2, 2))
+        strategy.save_checkpoint({"model": strategy.module_state_dict(model)}, tmp_path / "a.pt")
+        strategy.teardown()
+    finally:
+        StrategyRegistry.remove("ddp_custom_checkpoint_io")
+
+    assert strategy.checkpoint_io is io
+    assert io.saved == [str(tmp_path / "a.pt")]
+
+
+def test_configure_ddp_can_be_overridden(monkeypatch: pytest.MonkeyPatch) -> None:
+    as_rank(monkeypatch, 0, 1, free_port())
+    strategy = WrapTwiceDDP(accelerator="cpu")
+    strategy.setup_environment()
+    try:
+        wrapped = strategy.setup_module(nn.Linear(2, 2))
+        assert isinstance(wrapped, DistributedDataParallel)
+        assert isinstance(wrapped.module, nn.Sequential)
+        assert wrapped.gradient_as_bucket_view
+        assert set(strategy.module_state_dict(wrapped)) == {"0.weight", "0.bias"}
+        assert isinstance(strategy, SupportsNoSync)
+        with strategy.no_sync(wrapped):
+            wrapped(torch.ones(1, 2)).sum().backward()
+    finally:
+        strategy.teardown()
+
+
+def test_a_second_setup_environment_is_harmless(monkeypatch: pytest.MonkeyPatch) -> None:
+    as_rank(monkeypatch, 0, 1, free_port())
+    strategy = DDPStrategy(accelerator="cpu")
+    strategy.setup_environment()
+    try:
+        strategy.setup_environment()
+        assert strategy.reduce(2, "sum") == 2
+    finally:
+        strategy.teardown()
+        strategy.teardown()  # safe to call more than once
+
+
+def test_an_existing_process_group_is_refused(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    as_rank(monkeypatch, 0, 1, free_port())
+    torch.distributed.init_process_group(
+        "gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1
+    )
+    try:
+        with pytest.raises(ConfigurationError, match="already initialised"):
+            DDPStrategy(accelerator="cpu").setup_environment()
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+@pytest.mark.parametrize(
+    ("start_method", "launcher"),
+    [
+        ("popen", SubprocessScriptLauncher),
+        ("spawn", MultiprocessingLauncher),
+        ("fork", MultiprocessingLauncher),
+    ],
+)
+def test_the_launcher_follows_the_start_method(start_method: str, launcher: type) -> None:
+    strategy = DDPStrategy(
+        accelerator="cpu", start_method=start_method, parallel_devices=[torch.device("cpu")] * 3
+    )
+
+    assert isinstance(strategy, SupportsLauncher)
+    assert type(strategy.launcher) is launcher
+    assert strategy.num_processes == 3
+
+
+def test_processes_started_by_a_scheduler_need_no_launcher(monkeypatch: pytest.MonkeyPatch) -> None:
+    as_rank(monkeypatch, 1, 2, free_port())  # LOCAL_RANK set: started by someone else
+
+    assert type(DDPStrategy(accelerator="cpu").launcher) is ExternalLauncher
+
+
+def test_an_unknown_start_method_is_refused() -> None:
+    with pytest.raises(ConfigurationError, match="did you mean 'spawn'"):
+        DDPStrategy(accelerator="cpu", start_method="spwan")
+
+
+def test_every_ddp_name_is_registered() -> None:
+    names = set(StrategyRegistry.available_strategies())
+
+    assert {
+        "ddp",
+        "ddp_spawn",
+        "ddp_fork",
+        "ddp_notebook",
+        "ddp_find_unused_parameters_true",
+        "single_device",
+    } <= names
+    unused = StrategyRegistry.get("ddp_find_unused_parameters_true", accelerator="cpu")
+    assert isinstance(unused, DDPStrategy)
+    assert unused.ddp_kwargs == {"find_unused_parameters": True}
