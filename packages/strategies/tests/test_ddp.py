@@ -196,3 +196,46 @@ def test_every_ddp_name_is_registered() -> None:
     unused = StrategyRegistry.get("ddp_find_unused_parameters_true", accelerator="cpu")
     assert isinstance(unused, DDPStrategy)
     assert unused.ddp_kwargs == {"find_unused_parameters": True}
+
+
+class WithSpare(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.used = nn.Linear(2, 1)
+        self.spare = nn.Linear(2, 1)
+
+    @override
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        output: torch.Tensor = self.used(inputs)
+        return output
+
+
+def test_parameters_no_loss_used_are_named_with_the_fix(monkeypatch: pytest.MonkeyPatch) -> None:
+    as_rank(monkeypatch, 0, 1, free_port())
+    strategy = DDPStrategy(accelerator="cpu")
+    strategy.setup_environment()
+    try:
+        model = strategy.setup_module(WithSpare())
+        strategy.backward(model(torch.ones(1, 2)).sum(), model)
+        with pytest.raises(ConfigurationError) as caught:
+            model(torch.ones(1, 2))  # DDP notices on the next step
+    finally:
+        strategy.teardown()
+
+    assert caught.value.value == ["spare.weight", "spare.bias"]
+    assert "the parameters spare.weight, spare.bias took no part" in str(caught.value)
+    assert caught.value.fix is not None
+    assert "ddp_find_unused_parameters_true" in caught.value.fix
+
+
+def test_with_find_unused_parameters_the_same_model_trains(monkeypatch: pytest.MonkeyPatch) -> None:
+    as_rank(monkeypatch, 0, 1, free_port())
+    strategy = StrategyRegistry.get("ddp_find_unused_parameters_true", accelerator="cpu")
+    assert isinstance(strategy, DDPStrategy)
+    strategy.setup_environment()
+    try:
+        model = strategy.setup_module(WithSpare())
+        for _ in range(2):
+            strategy.backward(model(torch.ones(1, 2)).sum(), model)
+    finally:
+        strategy.teardown()

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import re
 from collections.abc import Callable, Iterator, Sequence
 from datetime import timedelta
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.nn.parallel import DistributedDataParallel
@@ -22,7 +23,7 @@ from plait.strategies.parallel import DEFAULT_START_TIMEOUT, DEFAULT_TIMEOUT, Pa
 if TYPE_CHECKING:
     from plait.core import Accelerator, CheckpointIO, ClusterEnvironment, Launcher, Precision
 
-__all__ = ["START_METHODS", "DDPStrategy"]
+__all__ = ["START_METHODS", "DDPStrategy", "NamingDistributedDataParallel"]
 
 START_METHODS = ("popen", "spawn", "fork", "forkserver")
 """How DDP starts its processes: run the program again, or torch.multiprocessing."""
@@ -30,6 +31,37 @@ START_METHODS = ("popen", "spawn", "fork", "forkserver")
 CommHook = Callable[..., object]
 """A DDP communication hook, e.g. ``default_hooks.fp16_compress_hook`` of
 ``torch.distributed.algorithms.ddp_comm_hooks``."""
+
+
+_UNUSED = re.compile(r"Parameter indices which did not receive grad for rank \d+: ([\d ]+)")
+
+
+class NamingDistributedDataParallel(DistributedDataParallel):
+    """`DistributedDataParallel` that names the parameters a step left without gradients.
+
+    DDP reports such parameters by index, a step late; this names them and says how
+    to fix it.
+    """
+
+    @override
+    def forward(self, *inputs: Any, **kwargs: Any) -> Any:
+        """Run the wrapped module; a report of unused parameters names them."""
+        try:
+            # DDP's forward takes and returns whatever the module does, unannotated.
+            return super().forward(*inputs, **kwargs)  # type: ignore[no-untyped-call]
+        except RuntimeError as error:
+            found = _UNUSED.search(str(error))
+            if found is None:
+                raise
+            trainable = [name for name, p in self.module.named_parameters() if p.requires_grad]
+            names = [trainable[int(index)] for index in found.group(1).split()]
+            raise ConfigurationError(
+                f"the parameters {', '.join(names)} took no part in the previous step's loss, "
+                "and DDP was told every parameter would",
+                value=names,
+                fix="pass find_unused_parameters=True (strategy='ddp_find_unused_parameters_true'),"
+                " freeze them (requires_grad=False), or use them in the loss",
+            ) from error
 
 
 class DDPStrategy(ParallelStrategy):
@@ -142,7 +174,7 @@ class DDPStrategy(ParallelStrategy):
     def configure_ddp(self, module: torch.nn.Module) -> torch.nn.Module:
         """Wrap ``module`` in `DistributedDataParallel`; override to wrap it your way."""
         device_ids = [self.root_device.index] if self.root_device.type == "cuda" else None
-        return DistributedDataParallel(
+        return NamingDistributedDataParallel(
             module,
             device_ids=device_ids,
             process_group=self.process_group,
