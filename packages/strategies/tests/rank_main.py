@@ -15,7 +15,7 @@ from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
 from plait.core import CollectiveMismatchError, CollectiveTimeoutError, ConfigurationError
-from plait.strategies import DDPStrategy
+from plait.strategies import DDPShardedStrategy, DDPStrategy
 
 
 def expect(error: type[BaseException], action: Callable[[], object]) -> BaseException:
@@ -105,7 +105,9 @@ def barrier_timeout(strategy: DDPStrategy) -> None:
     store.set("released", "1")
 
 
-def train(strategy: DDPStrategy | None, steps: int = 5) -> list[torch.Tensor]:
+def train(
+    strategy: DDPStrategy | None, steps: int = 5, optimizer_class: type = torch.optim.SGD
+) -> list[torch.Tensor]:
     torch.manual_seed(0)
     model: nn.Module = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
     inputs = torch.randn(12, 4, generator=torch.Generator().manual_seed(1))
@@ -114,7 +116,9 @@ def train(strategy: DDPStrategy | None, steps: int = 5) -> list[torch.Tensor]:
         world, rank = strategy.world_size, strategy.global_rank
         inputs, targets = inputs.chunk(world)[rank], targets.chunk(world)[rank]
         model = strategy.setup_module(model)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    optimizer = optimizer_class(model.parameters(), lr=0.1)
+    if strategy is not None:
+        [optimizer] = strategy.setup_optimizers([optimizer])
     for _ in range(steps):
         optimizer.zero_grad()
         loss = nn.functional.mse_loss(model(inputs), targets)
@@ -155,18 +159,38 @@ def fp16_hook(strategy: DDPStrategy) -> None:
     print(f"rank {strategy.global_rank}: fp16 compression applied")
 
 
+def sharded_equivalence(strategy: DDPStrategy) -> None:
+    assert isinstance(strategy, DDPShardedStrategy)
+    sharded = train(strategy, optimizer_class=torch.optim.Adam)
+    single = train(None, optimizer_class=torch.optim.Adam)
+    worst = max((d - s).abs().max().item() for d, s in zip(sharded, single, strict=True))
+    assert worst < 1e-6, worst
+    model = strategy.setup_module(nn.Linear(4, 4))
+    [optimizer] = strategy.setup_optimizers([torch.optim.Adam(model.parameters(), lr=0.1)])
+    strategy.backward(model(torch.ones(2, 4)).sum(), model)
+    strategy.optimizer_step(optimizer)
+    local = optimizer.optim.state  # type: ignore[attr-defined]
+    full = strategy.optimizer_state_dict(optimizer)
+    if strategy.is_global_zero:
+        assert len(full["state"]) == 2, full  # weight and bias, gathered from every rank
+    assert len(local) < 2  # each rank holds only its share
+    print(f"rank {strategy.global_rank}: sharded matches one process, holds {len(local)} of 2")
+
+
 SCENARIOS: dict[str, tuple[Callable[[DDPStrategy], None], dict[str, object]]] = {
     "collectives": (collectives, {}),
     "mismatch": (mismatch, {}),
     "barrier_timeout": (barrier_timeout, {}),
     "ddp_equivalence": (ddp_equivalence, {}),
     "fp16_hook": (fp16_hook, {"ddp_comm_hook": default_hooks.fp16_compress_hook}),
+    "sharded_equivalence": (sharded_equivalence, {}),
 }
 
 
 if __name__ == "__main__":
     scenario, options = SCENARIOS[sys.argv[1]]
-    strategy = DDPStrategy(accelerator="cpu", timeout=timedelta(seconds=60), **options)  # type: ignore[arg-type]
+    kind = DDPShardedStrategy if sys.argv[1].startswith("sharded") else DDPStrategy
+    strategy = kind(accelerator="cpu", timeout=timedelta(seconds=60), **options)  # type: ignore[arg-type]
     strategy.setup_environment()
     try:
         scenario(strategy)

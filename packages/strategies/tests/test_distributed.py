@@ -118,3 +118,10 @@ def test_a_compression_hook_is_really_applied(run_ranks: RunRanks) -> None:
     outputs = run_ranks("fp16_hook", 2)
 
     assert all("fp16 compression applied" in output for output in outputs)
+
+
+@pytest.mark.slow
+def test_sharded_optimizer_state_trains_like_one_process_and_is_split(run_ranks: RunRanks) -> None:
+    outputs = run_ranks("sharded_equivalence", 2)
+
+    assert all("sharded matches one process, holds 1 of 2" in output for output in outputs)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from plait.strategies.ddp import DDPStrategy
+from plait.strategies.sharded import DDPShardedStrategy
 from plait.strategies.single_device import SingleDeviceStrategy
 
 if TYPE_CHECKING:
@@ -14,7 +15,7 @@ __all__ = ["register"]
 
 
 def register(registry: Registry[Strategy]) -> None:
-    """Register ``single_device`` and the DDP family."""
+    """Register ``single_device``, the DDP family and ``ddp_sharded``."""
     registry.register(
         "single_device", SingleDeviceStrategy, description="one process on one device"
     )
@@ -38,4 +39,9 @@ def register(registry: Registry[Strategy]) -> None:
         "ddp_find_unused_parameters_true", DDPStrategy,
         description="DDP that tolerates parameters unused in a step",
         start_method="popen", find_unused_parameters=True,
+    )  # fmt: skip
+    registry.register(
+        "ddp_sharded", DDPShardedStrategy,
+        description="DDP with optimizer state sharded across ranks (ZeRO stage 1)",
+        start_method="popen",
     )  # fmt: skip

@@ -1,0 +1,62 @@
+"""DDP with the optimizer's state sharded across ranks (ZeRO stage 1)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from torch.distributed.optim import ZeroRedundancyOptimizer
+from typing_extensions import override
+
+from plait.strategies.ddp import DDPStrategy
+
+if TYPE_CHECKING:
+    import torch
+
+    from plait.core.typing import StateDict
+
+__all__ = ["DDPShardedStrategy"]
+
+
+class DDPShardedStrategy(DDPStrategy):
+    """DDP whose optimizers keep only this rank's share of their state.
+
+    Each optimizer is replaced by a `torch.distributed.optim.ZeroRedundancyOptimizer`
+    of the same class, hyper-parameters and parameter groups: every rank updates
+    its share of the parameters and broadcasts them, so optimizer memory per rank
+    falls by the world size while training gives the same result as DDP.
+
+    Takes the arguments of `DDPStrategy`.
+    """
+
+    @override
+    def setup_optimizers(
+        self, optimizers: Sequence[torch.optim.Optimizer]
+    ) -> list[torch.optim.Optimizer]:
+        """Replace each optimizer by its sharded twin (made over the same parameters)."""
+        return [self._shard(optimizer) for optimizer in optimizers]
+
+    def _shard(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+        if isinstance(optimizer, ZeroRedundancyOptimizer):
+            return optimizer
+        groups = [
+            {key: value for key, value in group.items() if key != "initial_lr"}
+            for group in optimizer.param_groups
+        ]
+        return ZeroRedundancyOptimizer(
+            groups,
+            optimizer_class=type(optimizer),
+            process_group=self.process_group,
+            **optimizer.defaults,
+        )
+
+    @override
+    def optimizer_state_dict(self, optimizer: torch.optim.Optimizer) -> StateDict:
+        """The whole optimizer state on rank 0 (gathered from every rank); empty elsewhere.
+
+        Every rank must call it: gathering the shards is collective.
+        """
+        if not isinstance(optimizer, ZeroRedundancyOptimizer):
+            return optimizer.state_dict()
+        optimizer.consolidate_state_dict(to=0)
+        return optimizer.state_dict() if self.is_global_zero else {}
