@@ -5,17 +5,25 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from torch.distributed.optim import ZeroRedundancyOptimizer
 from typing_extensions import override
 
 from plait.strategies.ddp import DDPStrategy
 
 if TYPE_CHECKING:
     import torch
+    from torch.distributed.optim import ZeroRedundancyOptimizer
 
     from plait.core.typing import StateDict
 
 __all__ = ["DDPShardedStrategy"]
+
+
+def _zero_redundancy_optimizer() -> type[ZeroRedundancyOptimizer]:
+    # Imported on first use: torch.distributed.optim is slow to import and warns
+    # about torch.jit on import, which every user of plait.strategies would see.
+    from torch.distributed.optim import ZeroRedundancyOptimizer  # noqa: PLC0415
+
+    return ZeroRedundancyOptimizer
 
 
 class DDPShardedStrategy(DDPStrategy):
@@ -37,13 +45,14 @@ class DDPShardedStrategy(DDPStrategy):
         return [self._shard(optimizer) for optimizer in optimizers]
 
     def _shard(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
-        if isinstance(optimizer, ZeroRedundancyOptimizer):
+        zero = _zero_redundancy_optimizer()
+        if isinstance(optimizer, zero):
             return optimizer
         groups = [
             {key: value for key, value in group.items() if key != "initial_lr"}
             for group in optimizer.param_groups
         ]
-        return ZeroRedundancyOptimizer(
+        return zero(
             groups,
             optimizer_class=type(optimizer),
             process_group=self.process_group,
@@ -56,7 +65,7 @@ class DDPShardedStrategy(DDPStrategy):
 
         Every rank must call it: gathering the shards is collective.
         """
-        if not isinstance(optimizer, ZeroRedundancyOptimizer):
+        if not isinstance(optimizer, _zero_redundancy_optimizer()):
             return optimizer.state_dict()
         optimizer.consolidate_state_dict(to=0)
         return optimizer.state_dict() if self.is_global_zero else {}
