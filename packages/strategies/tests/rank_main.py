@@ -13,6 +13,10 @@ from datetime import timedelta
 import torch
 from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from torch.distributed.algorithms.ddp_comm_hooks.post_localSGD_hook import (
+    PostLocalSGDState,
+    post_localSGD_hook,
+)
 
 from plait.core import CollectiveMismatchError, CollectiveTimeoutError, ConfigurationError
 from plait.strategies import DDPShardedStrategy, DDPStrategy
@@ -177,6 +181,29 @@ def sharded_equivalence(strategy: DDPStrategy) -> None:
     print(f"rank {strategy.global_rank}: sharded matches one process, holds {len(local)} of 2")
 
 
+def model_averaging(strategy: DDPStrategy) -> None:
+    # Warm-up step 0 all-reduces gradients; afterwards each rank steps on its own
+    # data, and every second step (1, 3, ...) the replicas are averaged.
+    # A subgroup of one rank each: between averagings, the replicas really diverge.
+    state = strategy.ddp_comm_state
+    assert isinstance(state, PostLocalSGDState)
+    state.subgroup, _ = torch.distributed.new_subgroups(group_size=1)  # type: ignore[no-untyped-call]
+    torch.manual_seed(0)
+    model = strategy.setup_module(nn.Linear(3, 1))
+    [optimizer] = strategy.setup_optimizers([torch.optim.SGD(model.parameters(), lr=0.1)])
+    inputs = torch.randn(4, 3, generator=torch.Generator().manual_seed(strategy.global_rank))
+    same = []
+    for _ in range(5):
+        optimizer.zero_grad()
+        strategy.backward(model(inputs).pow(2).mean(), model)
+        strategy.optimizer_step(optimizer)
+        flat = torch.cat([p.detach().flatten() for p in model.parameters()])
+        rows = strategy.all_gather(flat)
+        same.append(bool(torch.allclose(rows[0], rows[1])))
+    assert same == [True, True, False, True, False], same
+    print(f"rank {strategy.global_rank}: replicas averaged every 2 steps {same}")
+
+
 SCENARIOS: dict[str, tuple[Callable[[DDPStrategy], None], dict[str, object]]] = {
     "collectives": (collectives, {}),
     "mismatch": (mismatch, {}),
@@ -184,6 +211,15 @@ SCENARIOS: dict[str, tuple[Callable[[DDPStrategy], None], dict[str, object]]] = 
     "ddp_equivalence": (ddp_equivalence, {}),
     "fp16_hook": (fp16_hook, {"ddp_comm_hook": default_hooks.fp16_compress_hook}),
     "sharded_equivalence": (sharded_equivalence, {}),
+    "model_averaging": (
+        model_averaging,
+        {
+            # torch's PostLocalSGDState is unannotated.
+            "ddp_comm_state": PostLocalSGDState(None, None, start_localSGD_iter=1),  # type: ignore[no-untyped-call]
+            "ddp_comm_hook": post_localSGD_hook,
+            "model_averaging_period": 2,
+        },
+    ),
 }
 
 

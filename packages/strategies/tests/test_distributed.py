@@ -125,3 +125,10 @@ def test_sharded_optimizer_state_trains_like_one_process_and_is_split(run_ranks:
     outputs = run_ranks("sharded_equivalence", 2)
 
     assert all("sharded matches one process, holds 1 of 2" in output for output in outputs)
+
+
+@pytest.mark.slow
+def test_model_averaging_really_averages_the_replicas(run_ranks: RunRanks) -> None:
+    outputs = run_ranks("model_averaging", 2)
+
+    assert all("replicas averaged every 2 steps" in output for output in outputs)

@@ -131,6 +131,8 @@ def test_optimizers_of_another_model_are_refused() -> None:
         ({"ddp_comm_wrapper": lambda hook: hook}, "apply to a ddp_comm_hook, and none was given"),
         ({"ddp_comm_hook": "fp16"}, "is not callable"),
         ({"cluster_environment": 5}, "is not a ClusterEnvironment"),
+        ({"model_averaging_period": 0}, "must be an int of at least 1"),
+        ({"model_averaging_period": 4}, "ddp_comm_state is NoneType, not a PostLocalSGDState"),
     ],
 )
 def test_bad_ddp_settings_are_refused_before_anything_starts(

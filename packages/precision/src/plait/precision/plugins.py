@@ -29,6 +29,13 @@ _TRUE_NAMES: Final = {
 _MIXED_NAMES: Final = {torch.float16: "16-mixed", torch.bfloat16: "bf16-mixed"}
 
 
+def _step(optimizer: torch.optim.Optimizer, closure: Callable[[], object] | None) -> object:
+    # Some optimizers (PostLocalSGDOptimizer, for one) take no closure at all.
+    if closure is None:
+        return optimizer.step()
+    return optimizer.step(closure)  # type: ignore[arg-type]
+
+
 def _check_dtype(dtype: torch.dtype, allowed: dict[torch.dtype, str], kind: str) -> str:
     name = allowed.get(dtype)
     if name is None:
@@ -86,7 +93,7 @@ class TruePrecision:
         self, optimizer: torch.optim.Optimizer, closure: Callable[[], object] | None = None
     ) -> object:
         """Step ``optimizer``; returns what its ``step`` returned."""
-        return optimizer.step(closure)  # type: ignore[arg-type]
+        return _step(optimizer, closure)
 
     def clip_gradients(
         self,
@@ -182,7 +189,7 @@ class MixedPrecision:
             What ``optimizer.step`` returned, or ``None`` when the step was skipped.
         """
         if self.scaler is None:
-            return optimizer.step(closure)  # type: ignore[arg-type]
+            return _step(optimizer, closure)
         # The scaler cannot pass a closure to the optimizer: run it first, so that
         # the gradients it computes are the ones the scaler checks.
         if closure is not None:

@@ -64,6 +64,27 @@ class NamingDistributedDataParallel(DistributedDataParallel):
             ) from error
 
 
+def _check_model_averaging(period: object, state: object) -> None:
+    if isinstance(period, bool) or not isinstance(period, int) or period < 1:
+        raise ConfigurationError(
+            f"model_averaging_period={period!r} must be an int of at least 1",
+            value=period,
+            fix="average every few steps, e.g. model_averaging_period=4",
+        )
+    from torch.distributed.algorithms.ddp_comm_hooks.post_localSGD_hook import (  # noqa: PLC0415
+        PostLocalSGDState,
+    )
+
+    if not isinstance(state, PostLocalSGDState):
+        raise ConfigurationError(
+            "model_averaging_period works with post-local SGD, but ddp_comm_state is "
+            f"{type(state).__name__}, not a PostLocalSGDState",
+            value=state,
+            fix="pass ddp_comm_state=PostLocalSGDState(process_group=None, subgroup=None, "
+            "start_localSGD_iter=8) and ddp_comm_hook=post_localSGD_hook",
+        )
+
+
 class DDPStrategy(ParallelStrategy):
     """Data parallel training with `torch.nn.parallel.DistributedDataParallel`.
 
@@ -79,6 +100,9 @@ class DDPStrategy(ParallelStrategy):
         ddp_comm_hook: A communication hook that replaces DDP's gradient all-reduce,
             e.g. fp16 or bf16 compression, or PowerSGD.
         ddp_comm_wrapper: A wrapper applied to ``ddp_comm_hook``, e.g. ``fp16_compress_wrapper``.
+        model_averaging_period: With post-local SGD (``ddp_comm_state`` a
+            ``PostLocalSGDState``, ``ddp_comm_hook`` its ``post_localSGD_hook``), average
+            the replicas' parameters every this many optimizer steps.
         start_method: How `launcher` starts the processes when no scheduler did:
             ``"popen"`` (run the program again), ``"spawn"``, ``"fork"`` or
             ``"forkserver"``.
@@ -101,6 +125,7 @@ class DDPStrategy(ParallelStrategy):
         ddp_comm_state: object = None,
         ddp_comm_hook: CommHook | None = None,
         ddp_comm_wrapper: Callable[[CommHook], CommHook] | None = None,
+        model_averaging_period: int | None = None,
         start_method: str = "popen",
         process_group_backend: str | None = None,
         timeout: timedelta = DEFAULT_TIMEOUT,
@@ -113,6 +138,8 @@ class DDPStrategy(ParallelStrategy):
                 "ddp_comm_wrapper and ddp_comm_state apply to a ddp_comm_hook, and none was given",
                 fix="pass ddp_comm_hook=..., e.g. default_hooks.allreduce_hook",
             )
+        if model_averaging_period is not None:
+            _check_model_averaging(model_averaging_period, ddp_comm_state)
         if start_method not in START_METHODS:
             raise ConfigurationError.invalid_choice("start_method", start_method, START_METHODS)
         if ddp_comm_hook is not None and not callable(ddp_comm_hook):
@@ -133,6 +160,7 @@ class DDPStrategy(ParallelStrategy):
             checked_collectives=checked_collectives,
         )
         self.start_method = start_method
+        self.model_averaging_period = model_averaging_period
         self.ddp_comm_state = ddp_comm_state
         self.ddp_comm_hook = ddp_comm_hook
         self.ddp_comm_wrapper = ddp_comm_wrapper
@@ -164,6 +192,8 @@ class DDPStrategy(ParallelStrategy):
     def wrap_module(self, module: torch.nn.Module) -> torch.nn.Module:
         """Wrap ``module`` with `configure_ddp`, then register the communication hook."""
         wrapped = self.configure_ddp(module)
+        if self.model_averaging_period is not None:
+            self._default_local_sgd_subgroup()
         if self.ddp_comm_hook is not None and isinstance(wrapped, DistributedDataParallel):
             hook = self.ddp_comm_hook
             if self.ddp_comm_wrapper is not None:
@@ -180,6 +210,53 @@ class DDPStrategy(ParallelStrategy):
             process_group=self.process_group,
             **self.ddp_kwargs,  # type: ignore[arg-type]
         )
+
+    def _default_local_sgd_subgroup(self) -> None:
+        # torch's post-local SGD hook makes its default subgroup (the processes of a
+        # node) from the CUDA device count, which fails elsewhere: make it here, now
+        # that the process group exists, from this node's processes.
+        from torch.distributed.algorithms.ddp_comm_hooks.post_localSGD_hook import (  # noqa: PLC0415
+            PostLocalSGDState,
+        )
+
+        state = self.ddp_comm_state
+        on_cuda = self.root_device.type == "cuda"
+        if isinstance(state, PostLocalSGDState) and state.subgroup is None and not on_cuda:
+            per_node = len(self._parallel_devices or ()) or self.world_size
+            # new_subgroups is unannotated in torch.
+            state.subgroup, _ = torch.distributed.new_subgroups(group_size=per_node)  # type: ignore[no-untyped-call]
+
+    @override
+    def setup_optimizers(
+        self, optimizers: Sequence[torch.optim.Optimizer]
+    ) -> list[torch.optim.Optimizer]:
+        """With model averaging, wrap each optimizer so that it averages the replicas."""
+        if self.model_averaging_period is None:
+            return list(optimizers)
+        # Imported here: torch.distributed.optim warns about torch.jit on import.
+        from torch.distributed.algorithms.ddp_comm_hooks.post_localSGD_hook import (  # noqa: PLC0415
+            PostLocalSGDState,
+        )
+        from torch.distributed.algorithms.model_averaging.averagers import (  # noqa: PLC0415
+            PeriodicModelAverager,
+        )
+        from torch.distributed.optim.post_localSGD_optimizer import (  # noqa: PLC0415
+            PostLocalSGDOptimizer,
+        )
+
+        assert isinstance(self.ddp_comm_state, PostLocalSGDState)  # checked when made
+        warmup = self.ddp_comm_state.start_localSGD_iter
+        return [
+            PostLocalSGDOptimizer(
+                optim=optimizer,
+                averager=PeriodicModelAverager(
+                    period=self.model_averaging_period,
+                    warmup_steps=warmup,
+                    process_group=self.process_group,
+                ),
+            )
+            for optimizer in optimizers
+        ]
 
     @override
     def unwrap_module(self, module: torch.nn.Module) -> torch.nn.Module:
