@@ -145,3 +145,22 @@ def test_bad_ddp_settings_are_refused_before_anything_starts(
 def test_collectives_before_setup_say_what_to_do() -> None:
     with pytest.raises(ConfigurationError, match=r"call strategy.setup_environment\(\) first"):
         DDPStrategy(accelerator="cpu").reduce(1, "sum")
+
+
+def test_steps_run_the_module_in_the_precision_context() -> None:
+    strategy = SingleDeviceStrategy(precision="bf16-mixed")
+    model = strategy.setup_module(nn.Linear(3, 2))
+    inputs = torch.randn(4, 3, dtype=torch.float64)
+
+    trained = strategy.training_step(model, inputs)
+    validated = strategy.validation_step(model, inputs)
+    predicted = strategy.predict_step(model, input=inputs)
+
+    assert isinstance(trained, torch.Tensor)
+    assert trained.dtype == torch.bfloat16  # autocast ran
+    assert trained.requires_grad
+    assert isinstance(validated, torch.Tensor)
+    assert not validated.requires_grad
+    assert isinstance(predicted, torch.Tensor)
+    assert predicted.dtype == torch.float32  # converted back for the caller
+    assert torch.equal(strategy.test_step(model, inputs), validated)  # type: ignore[arg-type]

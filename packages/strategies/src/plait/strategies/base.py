@@ -7,6 +7,8 @@ import contextlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING
 
+import torch
+
 from plait.core import (
     Accelerator,
     AcceleratorRegistry,
@@ -18,8 +20,6 @@ from plait.core import (
 )
 
 if TYPE_CHECKING:
-    import torch
-
     from plait.core.typing import Checkpoint, PathLike, StateDict
 
 __all__ = ["BaseStrategy"]
@@ -181,6 +181,36 @@ class BaseStrategy(abc.ABC):
         yield
 
     # Steps.
+
+    def training_step(self, module: torch.nn.Module, *args: object, **kwargs: object) -> object:
+        """Run ``module`` (as `setup_module` returned it) on inputs, for training.
+
+        Inputs are converted for the precision and the forward pass runs in its
+        context; through a DDP wrapper, this is what makes the backward pass sync.
+        """
+        return self._forward(module, args, kwargs)
+
+    def validation_step(self, module: torch.nn.Module, *args: object, **kwargs: object) -> object:
+        """Run ``module`` on inputs without recording gradients."""
+        with torch.no_grad():
+            return self._forward(module, args, kwargs)
+
+    def test_step(self, module: torch.nn.Module, *args: object, **kwargs: object) -> object:
+        """Run ``module`` on inputs without recording gradients."""
+        with torch.no_grad():
+            return self._forward(module, args, kwargs)
+
+    def predict_step(self, module: torch.nn.Module, *args: object, **kwargs: object) -> object:
+        """Run ``module`` on inputs without recording gradients; outputs in the default dtype."""
+        with torch.no_grad():
+            return self.precision.convert_output(self._forward(module, args, kwargs))
+
+    def _forward(
+        self, module: torch.nn.Module, args: tuple[object, ...], kwargs: dict[str, object]
+    ) -> object:
+        args, kwargs = self.precision.convert_input((args, kwargs))
+        with self.precision.forward_context():
+            return module(*args, **kwargs)
 
     def backward(self, loss: torch.Tensor, module: torch.nn.Module | None = None) -> None:
         """Compute gradients of ``loss`` through the precision plugin."""
