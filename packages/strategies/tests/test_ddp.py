@@ -192,6 +192,7 @@ def test_every_ddp_name_is_registered() -> None:
         "ddp_notebook",
         "ddp_find_unused_parameters_true",
         "ddp_sharded",
+        "dp",
         "single_device",
     } <= names
     unused = StrategyRegistry.get("ddp_find_unused_parameters_true", accelerator="cpu")

@@ -8,7 +8,7 @@ from torch import nn
 from plait.checkpoint_io import AsyncCheckpointIO
 from plait.core import ConfigurationError, Strategy, StrategyRegistry
 from plait.precision import MixedPrecision
-from plait.strategies import DDPStrategy, SingleDeviceStrategy
+from plait.strategies import DataParallelStrategy, DDPStrategy, SingleDeviceStrategy
 
 
 def test_it_is_registered_and_meets_the_protocol() -> None:
@@ -164,3 +164,29 @@ def test_steps_run_the_module_in_the_precision_context() -> None:
     assert isinstance(predicted, torch.Tensor)
     assert predicted.dtype == torch.float32  # converted back for the caller
     assert torch.equal(strategy.test_step(model, inputs), validated)  # type: ignore[arg-type]
+
+
+@pytest.mark.skipif(torch.cuda.device_count() > 0, reason="this machine has a CUDA device")
+def test_dp_without_cuda_points_to_ddp() -> None:
+    with pytest.raises(ConfigurationError, match="splits batches across CUDA GPUs") as caught:
+        StrategyRegistry.get("dp")
+
+    assert caught.value.fix is not None
+    assert "strategy='ddp'" in caught.value.fix
+
+
+def test_dp_refuses_devices_that_are_not_cuda() -> None:
+    with pytest.raises(ConfigurationError, match="the devices are: cpu, cpu"):
+        DataParallelStrategy([torch.device("cpu")] * 2)
+
+
+@pytest.mark.cuda
+def test_dp_splits_a_batch_across_the_gpus() -> None:
+    strategy = DataParallelStrategy()
+    model = strategy.setup_module(nn.Linear(3, 2))
+    output = strategy.training_step(model, torch.randn(8, 3, device=strategy.root_device))
+
+    assert isinstance(output, torch.Tensor)
+    assert output.shape == (8, 2)
+    assert output.device == strategy.root_device
+    assert set(strategy.module_state_dict(model)) == {"weight", "bias"}

@@ -9,6 +9,7 @@ each meeting the `plait.core.Strategy` protocol, usable with or without a traine
 from plait.strategies.base import BaseStrategy
 from plait.strategies.collectives import DistributedCollectives, LocalCollectives
 from plait.strategies.ddp import DDPStrategy
+from plait.strategies.dp import DataParallelStrategy
 from plait.strategies.parallel import BACKENDS, ParallelStrategy
 from plait.strategies.sharded import DDPShardedStrategy
 from plait.strategies.single_device import SingleDeviceStrategy
@@ -18,6 +19,7 @@ __all__ = [
     "BaseStrategy",
     "DDPShardedStrategy",
     "DDPStrategy",
+    "DataParallelStrategy",
     "DistributedCollectives",
     "LocalCollectives",
     "ParallelStrategy",

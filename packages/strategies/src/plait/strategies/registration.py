@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from plait.strategies.ddp import DDPStrategy
+from plait.strategies.dp import DataParallelStrategy
 from plait.strategies.sharded import DDPShardedStrategy
 from plait.strategies.single_device import SingleDeviceStrategy
 
@@ -15,7 +16,7 @@ __all__ = ["register"]
 
 
 def register(registry: Registry[Strategy]) -> None:
-    """Register ``single_device``, the DDP family and ``ddp_sharded``."""
+    """Register ``single_device``, the DDP family, ``ddp_sharded`` and ``dp``."""
     registry.register(
         "single_device", SingleDeviceStrategy, description="one process on one device"
     )
@@ -45,3 +46,6 @@ def register(registry: Registry[Strategy]) -> None:
         description="DDP with optimizer state sharded across ranks (ZeRO stage 1)",
         start_method="popen",
     )  # fmt: skip
+    registry.register(
+        "dp", DataParallelStrategy, description="DataParallel over this machine's CUDA GPUs"
+    )

@@ -15,12 +15,46 @@ if TYPE_CHECKING:
     from plait.core import Accelerator, CheckpointIO, Precision
     from plait.core.typing import ReduceOpLike
 
-__all__ = ["SingleDeviceStrategy"]
+__all__ = ["OneProcessCollectives", "SingleDeviceStrategy"]
 
 T = TypeVar("T")
 
 
-class SingleDeviceStrategy(BaseStrategy):
+class OneProcessCollectives:
+    """The collectives of a strategy that runs in one process: copies (see `LocalCollectives`)."""
+
+    _collectives: LocalCollectives
+
+    @overload
+    def reduce(self, value: torch.Tensor, reduce_op: ReduceOpLike = "mean") -> torch.Tensor: ...
+
+    @overload
+    def reduce(self, value: float, reduce_op: ReduceOpLike = "mean") -> float: ...
+
+    def reduce(
+        self, value: torch.Tensor | float, reduce_op: ReduceOpLike = "mean"
+    ) -> torch.Tensor | float:
+        """An equal copy of ``value`` (the mean of integers is floating)."""
+        return self._collectives.reduce(value, reduce_op)
+
+    def broadcast(self, obj: T, src: int = 0) -> T:
+        """``obj`` itself (a tensor is copied to the device); ``src`` must be 0."""
+        return self._collectives.broadcast(obj, src)
+
+    def barrier(self, name: str | None = None, timeout: timedelta | float | None = None) -> None:
+        """Return at once."""
+        self._collectives.barrier(name, timeout)
+
+    def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
+        """``tensor`` with a leading dimension of 1."""
+        return self._collectives.all_gather(tensor)
+
+    def reduce_boolean_decision(self, decision: bool, all: bool = True) -> bool:  # noqa: A002
+        """``decision`` itself."""
+        return self._collectives.reduce_boolean_decision(decision, all)
+
+
+class SingleDeviceStrategy(OneProcessCollectives, BaseStrategy):
     """Train in this process on one device; every collective is a copy.
 
     Args:
@@ -60,34 +94,6 @@ class SingleDeviceStrategy(BaseStrategy):
     @override
     def global_rank(self) -> int:
         return 0
-
-    @overload
-    def reduce(self, value: torch.Tensor, reduce_op: ReduceOpLike = "mean") -> torch.Tensor: ...
-
-    @overload
-    def reduce(self, value: float, reduce_op: ReduceOpLike = "mean") -> float: ...
-
-    def reduce(
-        self, value: torch.Tensor | float, reduce_op: ReduceOpLike = "mean"
-    ) -> torch.Tensor | float:
-        """An equal copy of ``value`` (the mean of integers is floating)."""
-        return self._collectives.reduce(value, reduce_op)
-
-    def broadcast(self, obj: T, src: int = 0) -> T:
-        """``obj`` itself (a tensor is copied to the device); ``src`` must be 0."""
-        return self._collectives.broadcast(obj, src)
-
-    def barrier(self, name: str | None = None, timeout: timedelta | float | None = None) -> None:
-        """Return at once."""
-        self._collectives.barrier(name, timeout)
-
-    def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
-        """``tensor`` with a leading dimension of 1."""
-        return self._collectives.all_gather(tensor)
-
-    def reduce_boolean_decision(self, decision: bool, all: bool = True) -> bool:  # noqa: A002
-        """``decision`` itself."""
-        return self._collectives.reduce_boolean_decision(decision, all)
 
     @override
     def __repr__(self) -> str:
