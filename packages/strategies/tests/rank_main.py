@@ -210,6 +210,15 @@ SCENARIOS: dict[str, tuple[Callable[[DDPStrategy], None], dict[str, object]]] = 
     "barrier_timeout": (barrier_timeout, {}),
     "ddp_equivalence": (ddp_equivalence, {}),
     "fp16_hook": (fp16_hook, {"ddp_comm_hook": default_hooks.fp16_compress_hook}),
+    # The same compression, as a wrapper around the plain all-reduce hook.
+    "fp16_wrapper": (
+        fp16_hook,
+        {
+            "ddp_comm_hook": default_hooks.allreduce_hook,
+            "ddp_comm_wrapper": default_hooks.fp16_compress_wrapper,
+        },
+    ),
+    "static_graph": (ddp_equivalence, {"static_graph": True}),
     "sharded_equivalence": (sharded_equivalence, {}),
     "model_averaging": (
         model_averaging,

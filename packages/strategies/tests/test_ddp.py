@@ -10,6 +10,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from typing_extensions import override
 
+from plait.accelerators import CPUAccelerator
 from plait.checkpoint_io import TorchCheckpointIO
 from plait.core import (
     CollectiveTimeoutError,
@@ -20,6 +21,7 @@ from plait.core import (
     free_port,
 )
 from plait.core.typing import PathLike
+from plait.precision import TruePrecision
 from plait.strategies import DDPStrategy
 from plait.strategies.launchers import (
     ExternalLauncher,
@@ -241,3 +243,15 @@ def test_with_find_unused_parameters_the_same_model_trains(monkeypatch: pytest.M
             strategy.backward(model(torch.ones(1, 2)).sum(), model)
     finally:
         strategy.teardown()
+
+
+def test_parts_given_as_objects_are_the_ones_used() -> None:
+    accelerator = CPUAccelerator()
+    precision = TruePrecision(torch.float64)
+    io = TorchCheckpointIO(weights_only=False)
+
+    strategy = DDPStrategy(accelerator=accelerator, precision=precision, checkpoint_io=io)
+
+    assert strategy.accelerator is accelerator
+    assert strategy.precision is precision
+    assert strategy.checkpoint_io is io

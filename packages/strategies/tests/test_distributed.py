@@ -114,8 +114,9 @@ def test_ddp_on_shards_matches_one_process_on_the_whole_batch(
 
 
 @pytest.mark.slow
-def test_a_compression_hook_is_really_applied(run_ranks: RunRanks) -> None:
-    outputs = run_ranks("fp16_hook", 2)
+@pytest.mark.parametrize("scenario", ["fp16_hook", "fp16_wrapper"])
+def test_a_compression_hook_is_really_applied(run_ranks: RunRanks, scenario: str) -> None:
+    outputs = run_ranks(scenario, 2)
 
     assert all("fp16 compression applied" in output for output in outputs)
 
@@ -132,3 +133,10 @@ def test_model_averaging_really_averages_the_replicas(run_ranks: RunRanks) -> No
     outputs = run_ranks("model_averaging", 2)
 
     assert all("replicas averaged every 2 steps" in output for output in outputs)
+
+
+@pytest.mark.slow
+def test_static_graph_ddp_matches_one_process(run_ranks: RunRanks) -> None:
+    outputs = run_ranks("static_graph", 2)
+
+    assert all("ddp matches one process" in output for output in outputs)
