@@ -5,7 +5,8 @@ from __future__ import annotations
 import abc
 import contextlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING
+from datetime import timedelta
+from typing import TYPE_CHECKING, TypeVar, overload
 
 import torch
 
@@ -14,15 +15,18 @@ from plait.core import (
     AcceleratorRegistry,
     CheckpointIO,
     CheckpointIORegistry,
+    Collectives,
     ConfigurationError,
     Precision,
     PrecisionRegistry,
 )
 
 if TYPE_CHECKING:
-    from plait.core.typing import Checkpoint, PathLike, StateDict
+    from plait.core.typing import Checkpoint, PathLike, ReduceOpLike, StateDict
 
 __all__ = ["BaseStrategy"]
+
+T = TypeVar("T")
 
 
 def _require(part: object, protocol: type, what: str) -> None:
@@ -121,9 +125,44 @@ class BaseStrategy(abc.ABC):
         """This process's rank among all processes."""
 
     @property
+    @abc.abstractmethod
+    def collectives(self) -> Collectives:
+        """The collectives of this process's job (the contract of `plait.core`)."""
+
+    @property
     def is_global_zero(self) -> bool:
         """Whether this is the process of global rank 0."""
         return self.global_rank == 0
+
+    # The collective contract, kept by `collectives`.
+
+    @overload
+    def reduce(self, value: torch.Tensor, reduce_op: ReduceOpLike = "mean") -> torch.Tensor: ...
+
+    @overload
+    def reduce(self, value: float, reduce_op: ReduceOpLike = "mean") -> float: ...
+
+    def reduce(
+        self, value: torch.Tensor | float, reduce_op: ReduceOpLike = "mean"
+    ) -> torch.Tensor | float:
+        """Reduce over every rank, out of place (the mean of integers is floating)."""
+        return self.collectives.reduce(value, reduce_op)
+
+    def broadcast(self, obj: T, src: int = 0) -> T:
+        """Give every rank a value equal to rank ``src``'s ``obj``."""
+        return self.collectives.broadcast(obj, src)
+
+    def barrier(self, name: str | None = None, timeout: timedelta | float | None = None) -> None:
+        """Wait until every rank has entered; on timeout, name the ranks missing."""
+        self.collectives.barrier(name, timeout)
+
+    def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Stack every rank's ``tensor``: row ``i`` is rank ``i``'s."""
+        return self.collectives.all_gather(tensor)
+
+    def reduce_boolean_decision(self, decision: bool, all: bool = True) -> bool:  # noqa: A002
+        """Whether ``decision`` holds on every rank (``all``) or on any rank."""
+        return self.collectives.reduce_boolean_decision(decision, all)
 
     # Set-up.
 

@@ -10,9 +10,7 @@ from torch.nn import DataParallel
 from typing_extensions import override
 
 from plait.core import ConfigurationError
-from plait.strategies.base import BaseStrategy
-from plait.strategies.collectives import LocalCollectives
-from plait.strategies.single_device import OneProcessCollectives
+from plait.strategies.single_device import OneProcessStrategy
 
 if TYPE_CHECKING:
     from plait.core import Accelerator, CheckpointIO, Precision
@@ -20,7 +18,7 @@ if TYPE_CHECKING:
 __all__ = ["DataParallelStrategy"]
 
 
-class DataParallelStrategy(OneProcessCollectives, BaseStrategy):
+class DataParallelStrategy(OneProcessStrategy):
     """`torch.nn.DataParallel` over this machine's CUDA GPUs, in one process.
 
     Each batch is split across the GPUs and the outputs gathered on the first. DDP is
@@ -57,7 +55,6 @@ class DataParallelStrategy(OneProcessCollectives, BaseStrategy):
             )
         self._devices = devices
         super().__init__(accelerator=accelerator, precision=precision, checkpoint_io=checkpoint_io)
-        self._collectives = LocalCollectives(self.root_device)
 
     @override
     def default_device_type(self) -> str:
@@ -67,16 +64,6 @@ class DataParallelStrategy(OneProcessCollectives, BaseStrategy):
     @override
     def root_device(self) -> torch.device:
         return self._devices[0]
-
-    @property
-    @override
-    def world_size(self) -> int:
-        return 1
-
-    @property
-    @override
-    def global_rank(self) -> int:
-        return 0
 
     @override
     def wrap_module(self, module: torch.nn.Module) -> torch.nn.Module:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from datetime import timedelta
-from typing import TYPE_CHECKING, Final, TypeVar, overload
+from typing import TYPE_CHECKING, Final
 
 import torch
 import torch.distributed as dist
@@ -22,7 +22,6 @@ from plait.strategies.collectives import START_PREFIX, DistributedCollectives, R
 
 if TYPE_CHECKING:
     from plait.core import Accelerator, CheckpointIO, Precision
-    from plait.core.typing import ReduceOpLike
 
 __all__ = ["BACKENDS", "ParallelStrategy"]
 
@@ -32,8 +31,6 @@ def _rebuild(
 ) -> ParallelStrategy:
     return factory(*args, **kwargs)
 
-
-T = TypeVar("T")
 
 BACKENDS: Final = ("gloo", "nccl", "mpi", "ucc")
 """The torch.distributed backends a parallel strategy can join with."""
@@ -181,6 +178,7 @@ class ParallelStrategy(BaseStrategy):
         return self.collectives.group
 
     @property
+    @override
     def collectives(self) -> DistributedCollectives:
         """The collectives of this process's group.
 
@@ -269,31 +267,3 @@ class ParallelStrategy(BaseStrategy):
         self._owns_process_group = False
         self._collectives = None
         super().teardown()
-
-    @overload
-    def reduce(self, value: torch.Tensor, reduce_op: ReduceOpLike = "mean") -> torch.Tensor: ...
-
-    @overload
-    def reduce(self, value: float, reduce_op: ReduceOpLike = "mean") -> float: ...
-
-    def reduce(
-        self, value: torch.Tensor | float, reduce_op: ReduceOpLike = "mean"
-    ) -> torch.Tensor | float:
-        """Reduce over every rank, out of place (the mean of integers is floating)."""
-        return self.collectives.reduce(value, reduce_op)
-
-    def broadcast(self, obj: T, src: int = 0) -> T:
-        """Give every rank a value equal to rank ``src``'s ``obj``."""
-        return self.collectives.broadcast(obj, src)
-
-    def barrier(self, name: str | None = None, timeout: timedelta | float | None = None) -> None:
-        """Wait until every rank has entered; on timeout, name the ranks missing."""
-        self.collectives.barrier(name, timeout)
-
-    def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
-        """Stack every rank's ``tensor``: row ``i`` is rank ``i``'s."""
-        return self.collectives.all_gather(tensor)
-
-    def reduce_boolean_decision(self, decision: bool, all: bool = True) -> bool:  # noqa: A002
-        """Whether ``decision`` holds on every rank (``all``) or on any rank."""
-        return self.collectives.reduce_boolean_decision(decision, all)

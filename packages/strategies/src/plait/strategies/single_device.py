@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
-from typing import TYPE_CHECKING, TypeVar, overload
+from typing import TYPE_CHECKING
 
 import torch
 from typing_extensions import override
@@ -13,48 +12,30 @@ from plait.strategies.collectives import LocalCollectives
 
 if TYPE_CHECKING:
     from plait.core import Accelerator, CheckpointIO, Precision
-    from plait.core.typing import ReduceOpLike
 
-__all__ = ["OneProcessCollectives", "SingleDeviceStrategy"]
-
-T = TypeVar("T")
+__all__ = ["OneProcessStrategy", "SingleDeviceStrategy"]
 
 
-class OneProcessCollectives:
-    """The collectives of a strategy that runs in one process: copies (see `LocalCollectives`)."""
+class OneProcessStrategy(BaseStrategy):
+    """A strategy that runs in this process alone: its collectives are copies."""
 
-    _collectives: LocalCollectives
+    @property
+    @override
+    def collectives(self) -> LocalCollectives:
+        return LocalCollectives(self.root_device)
 
-    @overload
-    def reduce(self, value: torch.Tensor, reduce_op: ReduceOpLike = "mean") -> torch.Tensor: ...
+    @property
+    @override
+    def world_size(self) -> int:
+        return 1
 
-    @overload
-    def reduce(self, value: float, reduce_op: ReduceOpLike = "mean") -> float: ...
-
-    def reduce(
-        self, value: torch.Tensor | float, reduce_op: ReduceOpLike = "mean"
-    ) -> torch.Tensor | float:
-        """An equal copy of ``value`` (the mean of integers is floating)."""
-        return self._collectives.reduce(value, reduce_op)
-
-    def broadcast(self, obj: T, src: int = 0) -> T:
-        """``obj`` itself (a tensor is copied to the device); ``src`` must be 0."""
-        return self._collectives.broadcast(obj, src)
-
-    def barrier(self, name: str | None = None, timeout: timedelta | float | None = None) -> None:
-        """Return at once."""
-        self._collectives.barrier(name, timeout)
-
-    def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
-        """``tensor`` with a leading dimension of 1."""
-        return self._collectives.all_gather(tensor)
-
-    def reduce_boolean_decision(self, decision: bool, all: bool = True) -> bool:  # noqa: A002
-        """``decision`` itself."""
-        return self._collectives.reduce_boolean_decision(decision, all)
+    @property
+    @override
+    def global_rank(self) -> int:
+        return 0
 
 
-class SingleDeviceStrategy(OneProcessCollectives, BaseStrategy):
+class SingleDeviceStrategy(OneProcessStrategy):
     """Train in this process on one device; every collective is a copy.
 
     Args:
@@ -74,7 +55,6 @@ class SingleDeviceStrategy(OneProcessCollectives, BaseStrategy):
     ) -> None:
         self._device = torch.device(device)
         super().__init__(accelerator=accelerator, precision=precision, checkpoint_io=checkpoint_io)
-        self._collectives = LocalCollectives(self._device)
 
     @override
     def default_device_type(self) -> str:
@@ -84,16 +64,6 @@ class SingleDeviceStrategy(OneProcessCollectives, BaseStrategy):
     @override
     def root_device(self) -> torch.device:
         return self._device
-
-    @property
-    @override
-    def world_size(self) -> int:
-        return 1
-
-    @property
-    @override
-    def global_rank(self) -> int:
-        return 0
 
     @override
     def __repr__(self) -> str:

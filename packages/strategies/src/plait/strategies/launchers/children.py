@@ -16,13 +16,14 @@ from typing import Final, Protocol, cast
 import attrs
 import torch.distributed as dist
 
-from plait.core import PeerFailedError
+from plait.core import ConfigurationError, PeerFailedError
 from plait.strategies.collectives import START_PREFIX, STORE_PREFIX, post_failure
 
 __all__ = [
     "GRACE_PERIOD",
     "Child",
     "announce_failure",
+    "check_num_processes",
     "die_with_parent",
     "launch_variables",
     "stop",
@@ -63,6 +64,21 @@ class Child:
     rank: int
     handle: Handle
     traceback: Callable[[], str]
+
+
+def check_num_processes(num_processes: object) -> int:
+    """``num_processes`` if it is an int of at least 1.
+
+    Raises:
+        ConfigurationError: It is not.
+    """
+    if isinstance(num_processes, bool) or not isinstance(num_processes, int) or num_processes < 1:
+        raise ConfigurationError(
+            f"num_processes={num_processes!r} must be an int of at least 1",
+            value=num_processes,
+            fix="pass the number of ranks to start, e.g. num_processes=2",
+        )
+    return num_processes
 
 
 def launch_variables(

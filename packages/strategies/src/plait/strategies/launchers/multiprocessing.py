@@ -18,6 +18,7 @@ from plait.strategies.launchers.children import (
     GRACE_PERIOD,
     Child,
     announce_failure,
+    check_num_processes,
     die_with_parent,
     launch_variables,
     stop,
@@ -147,19 +148,12 @@ class MultiprocessingLauncher:
         main_port: int | None = None,
         grace_period: float = GRACE_PERIOD,
     ) -> None:
-        given: object = num_processes  # checked as given: callers pass user input
-        if isinstance(given, bool) or not isinstance(given, int) or given < 1:
-            raise ConfigurationError(
-                f"num_processes={num_processes!r} must be an int of at least 1",
-                value=num_processes,
-                fix="pass the number of ranks to start, e.g. num_processes=2",
-            )
         available = [
             method for method in START_METHODS if method in multiprocessing.get_all_start_methods()
         ]
         if start_method not in available:
             raise ConfigurationError.invalid_choice("start_method", start_method, available)
-        self.num_processes = num_processes
+        self.num_processes = check_num_processes(num_processes)
         self.start_method = start_method
         self.main_address = main_address
         self.main_port = main_port

@@ -14,11 +14,12 @@ from typing import IO, Final, ParamSpec, TypeVar
 
 from typing_extensions import override
 
-from plait.core import ConfigurationError, PeerFailedError, free_port
+from plait.core import PeerFailedError, free_port
 from plait.strategies.launchers.children import (
     GRACE_PERIOD,
     Child,
     announce_failure,
+    check_num_processes,
     launch_variables,
     stop,
     watch,
@@ -112,14 +113,7 @@ class SubprocessScriptLauncher:
         main_port: int | None = None,
         grace_period: float = GRACE_PERIOD,
     ) -> None:
-        given: object = num_processes  # checked as given: callers pass user input
-        if isinstance(given, bool) or not isinstance(given, int) or given < 1:
-            raise ConfigurationError(
-                f"num_processes={num_processes!r} must be an int of at least 1",
-                value=num_processes,
-                fix="pass the number of ranks, e.g. num_processes=2",
-            )
-        self.num_processes = num_processes
+        self.num_processes = check_num_processes(num_processes)
         self.main_address = main_address
         self.main_port = main_port
         self.grace_period = grace_period
