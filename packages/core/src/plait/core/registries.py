@@ -81,7 +81,11 @@ PrecisionRegistry: Final = _PrecisionRegistry(
     entry_point_group="plait.precision",
     distribution="plait-precision",
 )
-"""Precision plugins by name: ``"32-true"``, ``"bf16-mixed"``, yours."""
+"""Precision plugins by name: ``"32-true"``, ``"bf16-mixed"``, yours.
+
+Factories are called with ``device_type=`` (``"cpu"``, ``"cuda"``, ...), the device the
+model runs on, which mixed precision autocasts for: accept it in yours.
+"""
 
 CheckpointIORegistry: Final = Registry[CheckpointIO](
     "checkpoint IO",
