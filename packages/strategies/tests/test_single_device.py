@@ -190,3 +190,14 @@ def test_dp_splits_a_batch_across_the_gpus() -> None:
     assert output.shape == (8, 2)
     assert output.device == strategy.root_device
     assert set(strategy.module_state_dict(model)) == {"weight", "bias"}
+
+
+def test_setup_does_everything_in_one_call() -> None:
+    strategy = SingleDeviceStrategy(precision="64-true")
+    layer = nn.Linear(2, 2)
+
+    model, [optimizer] = strategy.setup(layer, [torch.optim.SGD(layer.parameters(), lr=0.1)])
+
+    assert next(model.parameters()).dtype == torch.float64
+    assert optimizer.param_groups[0]["params"][0] is next(model.parameters())
+    strategy.teardown()

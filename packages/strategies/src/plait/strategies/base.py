@@ -214,6 +214,13 @@ class BaseStrategy(abc.ABC):
         wrapped = self.setup_module(module)
         return wrapped, self.setup_optimizers(optimizers)
 
+    def setup(
+        self, module: torch.nn.Module, optimizers: Sequence[torch.optim.Optimizer] = ()
+    ) -> tuple[torch.nn.Module, list[torch.optim.Optimizer]]:
+        """Everything in one call: `setup_environment`, then `setup_module_and_optimizers`."""
+        self.setup_environment()
+        return self.setup_module_and_optimizers(module, optimizers)
+
     @contextlib.contextmanager
     def model_sharded_context(self) -> Iterator[None]:
         """The context to create the model in (sharding strategies shard it at creation)."""
