@@ -10,6 +10,7 @@ import attrs
 from typing_extensions import Self
 
 from plait.core import ConfigurationError
+from plait.environments.variables import all_present
 
 __all__ = ["BaseEnvironment"]
 
@@ -34,6 +35,8 @@ class BaseEnvironment:
     name: ClassVar[str]
     variables: ClassVar[Mapping[str, str]] = {}
     """For messages: the variable each field is read from."""
+    detected_by: ClassVar[tuple[str, ...]] = ()
+    """The variables whose presence, all together, shows this environment."""
 
     main_address: str
     main_port: int
@@ -58,8 +61,13 @@ class BaseEnvironment:
 
     @classmethod
     def matches(cls, environ: Mapping[str, str]) -> dict[str, str] | None:
-        """The variables that show this environment, or ``None`` if they are absent."""
-        raise NotImplementedError
+        """The variables that show this environment, or ``None`` if they are absent.
+
+        By default, every variable of `detected_by`, when all are set.
+        """
+        if not cls.detected_by:
+            raise NotImplementedError(f"{cls.__name__} declares no detected_by variables")
+        return all_present(environ, cls.detected_by)
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str] | None = None) -> Self:

@@ -11,11 +11,9 @@ from typing_extensions import Self, override
 
 from plait.core import ConfigurationError
 from plait.environments.base import BaseEnvironment
-from plait.environments.variables import all_present, read_int, read_port, require
+from plait.environments.variables import read_int, read_port, require
 
 __all__ = ["KubeflowEnvironment"]
-
-_DETECTING = ("KUBERNETES_PORT", "MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK")
 
 
 @attrs.frozen(kw_only=True)
@@ -26,6 +24,8 @@ class KubeflowEnvironment(BaseEnvironment):
     """
 
     name = "kubeflow"
+    detected_by = ("KUBERNETES_PORT", "MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK")
+    """Kubernetes' ``KUBERNETES_PORT`` with the operator's rendezvous variables."""
     variables: ClassVar[Mapping[str, str]] = {
         "main_address": "MASTER_ADDR",
         "main_port": "MASTER_PORT",
@@ -33,12 +33,6 @@ class KubeflowEnvironment(BaseEnvironment):
         "global_rank": "RANK",
         "node_rank": "RANK",
     }
-
-    @classmethod
-    @override
-    def matches(cls, environ: Mapping[str, str]) -> dict[str, str] | None:
-        """Kubernetes' ``KUBERNETES_PORT`` with the operator's rendezvous variables."""
-        return all_present(environ, _DETECTING)
 
     @classmethod
     @override

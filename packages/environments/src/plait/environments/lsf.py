@@ -13,11 +13,9 @@ from typing_extensions import Self, override
 
 from plait.core import ConfigurationError
 from plait.environments.base import BaseEnvironment
-from plait.environments.variables import all_present, job_port, read_int, require
+from plait.environments.variables import job_port, read_int, require
 
 __all__ = ["LSFEnvironment"]
-
-_DETECTING = ("LSB_JOBID", "LSB_DJOB_RANKFILE", "JSM_NAMESPACE_SIZE", "JSM_NAMESPACE_RANK")
 
 
 def _compute_hosts(rankfile: str) -> list[str]:
@@ -52,6 +50,8 @@ class LSFEnvironment(BaseEnvironment):
     """
 
     name = "lsf"
+    detected_by = ("LSB_JOBID", "LSB_DJOB_RANKFILE", "JSM_NAMESPACE_SIZE", "JSM_NAMESPACE_RANK")
+    """``LSB_JOBID``, ``LSB_DJOB_RANKFILE`` and jsrun's ``JSM_NAMESPACE_*``."""
     variables: ClassVar[Mapping[str, str]] = {
         "main_address": "LSB_DJOB_RANKFILE",
         "main_port": "LSB_JOBID",
@@ -60,12 +60,6 @@ class LSFEnvironment(BaseEnvironment):
         "local_rank": "JSM_NAMESPACE_LOCAL_RANK",
         "node_rank": "LSB_DJOB_RANKFILE",
     }
-
-    @classmethod
-    @override
-    def matches(cls, environ: Mapping[str, str]) -> dict[str, str] | None:
-        """``LSB_JOBID``, ``LSB_DJOB_RANKFILE`` and jsrun's ``JSM_NAMESPACE_*``."""
-        return all_present(environ, _DETECTING)
 
     @classmethod
     @override

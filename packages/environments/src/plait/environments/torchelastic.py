@@ -11,7 +11,7 @@ from typing_extensions import Self, override
 
 from plait.core import ConfigurationError
 from plait.environments.base import BaseEnvironment
-from plait.environments.variables import all_present, read_int, read_port, require
+from plait.environments.variables import read_int, read_port, require
 
 __all__ = ["TorchElasticEnvironment"]
 
@@ -26,6 +26,8 @@ class TorchElasticEnvironment(BaseEnvironment):
     """
 
     name = "torchelastic"
+    detected_by = ("TORCHELASTIC_RUN_ID",)
+    """``TORCHELASTIC_RUN_ID``, which only torchrun sets."""
     variables: ClassVar[Mapping[str, str]] = {
         "main_address": "MASTER_ADDR",
         "main_port": "MASTER_PORT",
@@ -37,12 +39,6 @@ class TorchElasticEnvironment(BaseEnvironment):
     }
 
     local_world_size: int
-
-    @classmethod
-    @override
-    def matches(cls, environ: Mapping[str, str]) -> dict[str, str] | None:
-        """``TORCHELASTIC_RUN_ID``, which only torchrun sets."""
-        return all_present(environ, ("TORCHELASTIC_RUN_ID",))
 
     @classmethod
     @override

@@ -10,7 +10,6 @@ from typing_extensions import Self, override
 
 from plait.core import require_module
 from plait.environments.base import BaseEnvironment
-from plait.environments.variables import all_present
 
 __all__ = ["XLAEnvironment"]
 
@@ -25,12 +24,8 @@ class XLAEnvironment(BaseEnvironment):
     """
 
     name = "xla"
-
-    @classmethod
-    @override
-    def matches(cls, environ: Mapping[str, str]) -> dict[str, str] | None:
-        """``PJRT_DEVICE``, which selects torch_xla's device type."""
-        return all_present(environ, ("PJRT_DEVICE",))
+    detected_by = ("PJRT_DEVICE",)
+    """``PJRT_DEVICE``, which selects torch_xla's device type."""
 
     @classmethod
     @override
