@@ -71,6 +71,20 @@ def collectives(strategy: DDPStrategy) -> None:
     assert strategy.reduce_boolean_decision(rank == 0, all=True) is (world == 1)
     strategy.barrier("end")
 
+    # Found by the conformance suite: element i is element i whatever each rank's
+    # strides; int16, which gloo cannot move, still works; Python floats keep digits.
+    laid_out = torch.arange(4.0).reshape(2, 2)
+    mine = laid_out.t().contiguous().t() if rank % 2 else laid_out
+    assert torch.equal(strategy.reduce(mine, "sum"), laid_out * world)
+    shorts = torch.tensor([rank, -rank], dtype=torch.int16)
+    short_sum = strategy.reduce(shorts, "sum")
+    assert short_sum.dtype == torch.int16
+    assert short_sum.tolist() == [sum(range(world)), -sum(range(world))]
+    assert strategy.all_gather(shorts).dtype == torch.int16
+    assert strategy.broadcast(shorts, src=0).tolist() == [0, 0]
+    assert strategy.reduce(16777217.0 if rank == 0 else 0.0, "sum") == 16777217.0
+    assert strategy.reduce(16777217 if rank == 0 else 0, "mean") == 16777217 / world
+
     expect(ValueError, lambda: strategy.broadcast(1, src=world))
     expect(TypeError, lambda: strategy.reduce("3", "sum"))  # type: ignore[call-overload]
     expect(ConfigurationError, lambda: strategy.reduce(ints, "median"))

@@ -78,6 +78,14 @@ _DTYPES: Final = (
 )  # fmt: skip
 
 
+_WIRE_DTYPES: Final = {torch.int16: torch.int32}
+"""Dtypes that gloo and NCCL cannot move, and the wider dtype each travels as."""
+
+
+def _wire(dtype: torch.dtype) -> torch.dtype:
+    return _WIRE_DTYPES.get(dtype, dtype)
+
+
 def as_timeout(timeout: timedelta | float | None, default: timedelta) -> timedelta:
     """A timeout as a `timedelta`: seconds, a `timedelta`, or ``None`` for ``default``.
 
@@ -107,12 +115,14 @@ def _reduce_dtype(tensor: torch.Tensor, op: ReduceOp) -> torch.dtype:
         return torch.get_default_dtype()
     if tensor.dtype == torch.bool:
         return torch.int64
-    return tensor.dtype
+    return _wire(tensor.dtype)
 
 
 def _result_dtype(tensor: torch.Tensor, op: ReduceOp, reduced: torch.dtype) -> torch.dtype:
     if tensor.dtype == torch.bool and op in (ReduceOp.MIN, ReduceOp.MAX):
         return torch.bool
+    if reduced == _wire(tensor.dtype):
+        return tensor.dtype
     return reduced
 
 
@@ -315,7 +325,12 @@ class DistributedCollectives:
         """Reduce over every rank, out of place; the mean of integers is floating."""
         _reducible(value)
         op = ReduceOp.parse(reduce_op)
-        tensor = value if isinstance(value, torch.Tensor) else torch.tensor(value)
+        # A Python float is a double: reduced as float32 it would lose digits.
+        tensor = (
+            value
+            if isinstance(value, torch.Tensor)
+            else torch.tensor(value, dtype=torch.float64 if isinstance(value, float) else None)
+        )
         self._check(
             "reduce",
             op=op.value,
@@ -323,8 +338,17 @@ class DistributedCollectives:
             shape=tuple(tensor.shape),
             dtype=tensor.dtype,
         )
-        dtype = _reduce_dtype(tensor, op)
-        work = tensor.detach().to(self.comm_device, dtype, copy=True)
+        # A Python number's mean is a Python float, a double.
+        dtype = (
+            _reduce_dtype(tensor, op)
+            if isinstance(value, torch.Tensor) or op is not ReduceOp.MEAN
+            else torch.float64
+        )
+        # Contiguous, so that element i is element i on every rank whatever the
+        # caller's strides (a collective runs over the memory as laid out).
+        work = tensor.detach().to(
+            self.comm_device, dtype, copy=True, memory_format=torch.contiguous_format
+        )
         dist.all_reduce(work, op=_TORCH_OPS[op], group=self.group)
         if op is ReduceOp.MEAN:
             work /= self.world_size
@@ -356,12 +380,12 @@ class DistributedCollectives:
             return box[0]  # type: ignore[return-value]
         if self.rank == src:
             assert isinstance(obj, torch.Tensor)
-            buffer = obj.detach().to(self.comm_device).contiguous()
+            buffer = obj.detach().to(self.comm_device, _wire(obj.dtype)).contiguous()
         else:
             shape = header[2 : 2 + ndim].tolist()
-            buffer = torch.empty(shape, dtype=_DTYPES[kind - 1], device=self.comm_device)
+            buffer = torch.empty(shape, dtype=_wire(_DTYPES[kind - 1]), device=self.comm_device)
         dist.broadcast(buffer, src=src, group=self.group)
-        return buffer.to(self.device, copy=True)  # type: ignore[return-value]
+        return buffer.to(self.device, _DTYPES[kind - 1], copy=True)  # type: ignore[return-value]
 
     def barrier(self, name: str | None = None, timeout: timedelta | float | None = None) -> None:
         """Wait until every rank has entered; name the missing ranks on timeout.
@@ -380,10 +404,10 @@ class DistributedCollectives:
         if not isinstance(tensor, torch.Tensor):
             raise TypeError(f"all_gather takes a tensor, got {type(tensor).__name__}")
         self._check("all_gather", shape=tuple(tensor.shape), dtype=tensor.dtype)
-        work = tensor.detach().to(self.comm_device).contiguous()
+        work = tensor.detach().to(self.comm_device, _wire(tensor.dtype)).contiguous()
         rows = [torch.empty_like(work) for _ in range(self.world_size)]
         dist.all_gather(rows, work, group=self.group)
-        return torch.stack(rows).to(tensor.device)
+        return torch.stack(rows).to(tensor.device, tensor.dtype)
 
     def reduce_boolean_decision(self, decision: bool, all: bool = True) -> bool:  # noqa: A002
         """Whether ``decision`` holds on every rank (``all``) or on any rank."""
