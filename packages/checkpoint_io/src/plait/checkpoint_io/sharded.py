@@ -13,10 +13,6 @@ from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
-from torch.distributed.checkpoint.api import CheckpointException
-from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
-from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
-from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 from typing_extensions import override
 
 from plait.core import CheckpointError
@@ -25,6 +21,10 @@ if TYPE_CHECKING:
     from plait.core.typing import Checkpoint, PathLike, StateDict
 
 __all__ = ["DistributedCheckpointIO"]
+
+
+# torch.distributed.checkpoint is imported where it is used: it takes about a second
+# to import, which every process that builds a strategy would otherwise pay.
 
 
 def _distributed() -> bool:
@@ -73,6 +73,9 @@ class DistributedCheckpointIO:
         Raises:
             CheckpointError: It cannot be written.
         """
+        from torch.distributed.checkpoint.api import CheckpointException  # noqa: PLC0415
+        from torch.distributed.checkpoint.state_dict_saver import save as dcp_save  # noqa: PLC0415
+
         target = Path(path)
         partial = target.with_name(target.name + ".partial")
         try:
@@ -107,6 +110,9 @@ class DistributedCheckpointIO:
         Raises:
             CheckpointError: The checkpoint is missing or incomplete, or lacks a key.
         """
+        from torch.distributed.checkpoint.api import CheckpointException  # noqa: PLC0415
+        from torch.distributed.checkpoint.state_dict_loader import load as dcp_load  # noqa: PLC0415
+
         self._require_complete(path)
         try:
             with _single_process_notice_silenced():
@@ -126,6 +132,8 @@ class DistributedCheckpointIO:
         Raises:
             CheckpointError: It is missing or incomplete.
         """
+        from torch.distributed.checkpoint.format_utils import dcp_to_torch_save  # noqa: PLC0415
+
         self._require_complete(path)
         with tempfile.TemporaryDirectory(prefix="plait-dcp-") as scratch:
             converted = Path(scratch) / "full.pt"
