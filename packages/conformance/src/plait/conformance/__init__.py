@@ -1,7 +1,77 @@
 """The conformance suite: the collective contract, proved for any strategy.
 
 The contract of `plait.core` as Hypothesis properties, run on a persistent
-multi-process rank pool against any strategy, ours or a third party's.
+multi-process rank pool against any strategy, ours or a third party's:
 
-This distribution ships no property yet: it installs and imports on its own.
+- `ConformanceSuite`: subclass it in a test module and name your strategy; the
+  pytest plugin runs every property at each world size and backend you choose.
+- `RankPool` and `prove`: the same, from Python.
+- `reproduce`: rerun one example, as a failure report prints it.
 """
+
+from plait.conformance.cases import (
+    AllGatherCase,
+    BadArgumentCase,
+    BarrierCase,
+    BarrierTimeoutCase,
+    BroadcastCase,
+    Call,
+    Case,
+    DecisionCase,
+    MismatchCase,
+    ReduceCase,
+    TensorSpec,
+)
+from plait.conformance.pool import (
+    BACKENDS,
+    PoolError,
+    PoolStartError,
+    RankCrashError,
+    RankHangError,
+    RankPool,
+    backend_unavailable,
+)
+from plait.conformance.properties import (
+    PROPERTIES,
+    ContractViolation,
+    Property,
+    property_of,
+    prove,
+    reproduce,
+    run_example,
+)
+from plait.conformance.spec import check
+from plait.conformance.suite import ConformanceSuite
+from plait.conformance.target import StrategyFactory, StrategyTarget
+
+__all__ = [
+    "BACKENDS",
+    "PROPERTIES",
+    "AllGatherCase",
+    "BadArgumentCase",
+    "BarrierCase",
+    "BarrierTimeoutCase",
+    "BroadcastCase",
+    "Call",
+    "Case",
+    "ConformanceSuite",
+    "ContractViolation",
+    "DecisionCase",
+    "MismatchCase",
+    "PoolError",
+    "PoolStartError",
+    "Property",
+    "RankCrashError",
+    "RankHangError",
+    "RankPool",
+    "ReduceCase",
+    "StrategyFactory",
+    "StrategyTarget",
+    "TensorSpec",
+    "backend_unavailable",
+    "check",
+    "property_of",
+    "prove",
+    "reproduce",
+    "run_example",
+]

@@ -1,0 +1,196 @@
+"""The inputs of one example: what every rank passes to a collective.
+
+Cases are plain frozen values (tuples, numbers, strings): they pickle cheaply to
+the ranks, and their ``repr`` is the Python that rebuilds them, which is what a
+reproduction snippet prints.
+"""
+
+from __future__ import annotations
+
+from typing import Final, Literal, TypeAlias
+
+import attrs
+from typing_extensions import override
+
+__all__ = [
+    "COMPLEX_DTYPES",
+    "DTYPES",
+    "FLOAT_DTYPES",
+    "INT_DTYPES",
+    "LAYOUTS",
+    "OPS",
+    "AllGatherCase",
+    "BadArgumentCase",
+    "BarrierCase",
+    "BarrierTimeoutCase",
+    "BroadcastCase",
+    "Call",
+    "Case",
+    "DecisionCase",
+    "MismatchCase",
+    "Number",
+    "ReduceCase",
+    "TensorSpec",
+    "Value",
+]
+
+FLOAT_DTYPES: Final = ("float16", "bfloat16", "float32", "float64")
+COMPLEX_DTYPES: Final = ("complex64", "complex128")
+INT_DTYPES: Final = ("uint8", "int8", "int16", "int32", "int64")
+DTYPES: Final = (*FLOAT_DTYPES, *COMPLEX_DTYPES, *INT_DTYPES, "bool")
+"""Every dtype the contract covers, by its name in ``torch``."""
+
+OPS: Final = ("sum", "mean", "min", "max", "product")
+"""The reductions of the contract."""
+
+LAYOUTS: Final = ("contiguous", "transposed", "strided")
+"""How a tensor sits in memory: ``transposed`` and ``strided`` are not contiguous."""
+
+Number: TypeAlias = int | float | complex | bool
+Layout: TypeAlias = Literal["contiguous", "transposed", "strided"]
+
+
+@attrs.frozen
+class TensorSpec:
+    """A tensor as data: its dtype, shape, values in row-major order, and layout.
+
+    Example:
+        >>> TensorSpec("int64", (2,), (1, 2))
+        TensorSpec('int64', (2,), (1, 2))
+    """
+
+    dtype: str = attrs.field(validator=attrs.validators.in_(DTYPES))
+    shape: tuple[int, ...]
+    values: tuple[Number, ...]
+    layout: Layout = attrs.field(default="contiguous", validator=attrs.validators.in_(LAYOUTS))
+
+    def __attrs_post_init__(self) -> None:
+        size = 1
+        for dim in self.shape:
+            size *= dim
+        if size != len(self.values):
+            raise ValueError(f"shape {self.shape} holds {size} values, not {len(self.values)}")
+        if self.layout == "transposed" and len(self.shape) < 2:
+            raise ValueError("a transposed tensor needs two dimensions or more")
+        if self.layout == "strided" and not self.shape:
+            raise ValueError("a strided tensor needs one dimension or more")
+
+    @override
+    def __repr__(self) -> str:
+        layout = "" if self.layout == "contiguous" else f", {self.layout!r}"
+        return f"TensorSpec({self.dtype!r}, {self.shape!r}, {self.values!r}{layout})"
+
+    @property
+    def is_floating(self) -> bool:
+        """Whether the dtype is a real floating type."""
+        return self.dtype in FLOAT_DTYPES
+
+
+Value: TypeAlias = TensorSpec | int | float
+"""What a rank reduces: a tensor, or a Python number."""
+
+
+@attrs.frozen
+class ReduceCase:
+    """Every rank calls ``reduce(inputs[rank], op)``."""
+
+    op: str = attrs.field(validator=attrs.validators.in_(OPS))
+    inputs: tuple[Value, ...]
+
+
+@attrs.frozen
+class BroadcastCase:
+    """Every rank calls ``broadcast(objects[rank], src)``; a tensor is a `TensorSpec`."""
+
+    src: int
+    objects: tuple[object, ...]
+
+
+@attrs.frozen
+class AllGatherCase:
+    """Every rank calls ``all_gather(inputs[rank])``."""
+
+    inputs: tuple[TensorSpec, ...]
+
+
+@attrs.frozen
+class DecisionCase:
+    """Every rank calls ``reduce_boolean_decision(decisions[rank], all=all)``."""
+
+    decisions: tuple[bool, ...]
+    all: bool = True
+
+
+@attrs.frozen
+class BarrierCase:
+    """Every rank calls ``barrier(name, timeout)``; ``late_rank`` arrives ``delay_ms`` late.
+
+    Each rank records in a store shared with the harness that it entered, and reads,
+    on leaving, how many ranks had entered: a barrier that lets a rank out early is
+    seen as a count below the world size.
+    """
+
+    name: str | None
+    timeout: float | None
+    late_rank: int
+    delay_ms: int
+
+
+@attrs.frozen
+class BarrierTimeoutCase:
+    """Every rank but ``absent_rank`` calls ``barrier(timeout=timeout)``, which must time out."""
+
+    absent_rank: int
+    timeout: float
+
+
+@attrs.frozen
+class Call:
+    """One rank's call in a `MismatchCase`: a collective and its arguments.
+
+    ``tensor`` is the tensor argument (``reduce``, ``all_gather``, ``broadcast``);
+    ``arg`` the other one: the op of ``reduce``, the ``src`` of ``broadcast``, the
+    name of ``barrier``, ``all`` of ``reduce_boolean_decision``.
+    """
+
+    collective: str = attrs.field(
+        validator=attrs.validators.in_(
+            ("reduce", "broadcast", "barrier", "all_gather", "reduce_boolean_decision")
+        )
+    )
+    tensor: TensorSpec | None = None
+    arg: object = None
+
+
+@attrs.frozen
+class MismatchCase:
+    """The ranks make calls that do not match: every rank must raise, none may hang."""
+
+    calls: tuple[Call, ...]
+
+
+@attrs.frozen
+class BadArgumentCase:
+    """Every rank calls ``collective`` with the same bad argument ``value``.
+
+    ``expected`` is the documented error: ``"TypeError"``, ``"ValueError"`` or
+    ``"ConfigurationError"``.
+    """
+
+    collective: str
+    argument: str
+    value: object
+    expected: str
+
+
+Case: TypeAlias = (
+    ReduceCase
+    | BroadcastCase
+    | AllGatherCase
+    | DecisionCase
+    | BarrierCase
+    | BarrierTimeoutCase
+    | MismatchCase
+    | BadArgumentCase
+)
+"""Any example the ranks can run."""

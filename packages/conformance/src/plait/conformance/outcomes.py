@@ -1,0 +1,70 @@
+"""What a rank sends back after an example: its result as data, or the error it raised."""
+
+from __future__ import annotations
+
+import attrs
+
+__all__ = ["Outcome", "RaisedError", "TensorData"]
+
+
+@attrs.frozen
+class TensorData:
+    """A result tensor as data: dtype, shape, device and values in row-major order."""
+
+    dtype: str
+    shape: tuple[int, ...]
+    device: str
+    values: tuple[object, ...]
+
+    def describe(self) -> str:
+        """A short rendering for error messages."""
+        shown = self.values if len(self.values) <= 8 else (*self.values[:8], "...")
+        return (
+            f"tensor({list(shown)}, dtype={self.dtype}, shape={self.shape}, device={self.device})"
+        )
+
+
+@attrs.frozen
+class RaisedError:
+    """An exception a rank raised, with what the checks need to know about it.
+
+    Attributes:
+        type_name: The exception's class name.
+        kinds: The contract's error classes it is an instance of, e.g.
+            ``{"CollectiveMismatchError", "ValueError"}``.
+        message: ``str(exception)``.
+        traceback: The formatted traceback, for the failure report.
+        calls: For a `CollectiveMismatchError`, each rank's call as text.
+        missing_ranks: For a `CollectiveTimeoutError`, the ranks it names.
+    """
+
+    type_name: str
+    kinds: frozenset[str]
+    message: str
+    traceback: str
+    calls: tuple[tuple[int, str], ...] | None = None
+    missing_ranks: tuple[int, ...] | None = None
+
+    def describe(self) -> str:
+        """``Type: message`` on one line."""
+        first = self.message.splitlines()[0] if self.message else ""
+        return f"{self.type_name}: {first}"
+
+
+@attrs.frozen
+class Outcome:
+    """One rank's report of one example.
+
+    Attributes:
+        rank: The rank.
+        result: What the collective returned (a tensor as `TensorData`).
+        error: What it raised instead, if it raised.
+        mutated: How the rank's input changed, if the collective changed it.
+        entered: For a barrier, how many ranks had entered when this rank left.
+    """
+
+    rank: int
+    result: object = None
+    error: RaisedError | None = None
+    mutated: str | None = None
+    entered: int | None = None

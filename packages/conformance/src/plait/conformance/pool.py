@@ -1,0 +1,430 @@
+"""A persistent pool of rank processes that runs one example at a time on every rank.
+
+The ranks start once per (strategy, backend, world size): each builds the strategy
+and joins its process group once, then runs every example it is sent. An example
+that does not finish by its deadline, or a rank that dies, fails that example with
+every rank's stack, and the pool starts afresh for the next one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import multiprocessing.connection
+import time
+import uuid
+from datetime import timedelta
+from typing import TYPE_CHECKING, Final
+
+import torch
+import torch.distributed as dist
+from typing_extensions import Self, override
+
+from plait.conformance import worker
+from plait.conformance.outcomes import Outcome, RaisedError
+from plait.conformance.target import StrategyFactory, StrategyTarget
+from plait.core import ConfigurationError
+from plait.core.network import free_port
+
+if TYPE_CHECKING:
+    from multiprocessing.connection import Connection
+    from multiprocessing.process import BaseProcess
+    from types import TracebackType
+
+    from plait.conformance.cases import Case
+
+__all__ = [
+    "BACKENDS",
+    "PoolError",
+    "PoolStartError",
+    "RankCrashError",
+    "RankHangError",
+    "RankPool",
+    "backend_unavailable",
+]
+
+BACKENDS: Final = {"gloo": "cpu", "nccl": "cuda", "xla": "xla"}
+"""Each backend lane and the device type its ranks must run on."""
+
+_STACK_WAIT: Final = 5.0  # seconds a stuck rank has to answer for its stack
+
+
+_GONE: Final = object()
+
+
+def _positive_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+def _wait(connections: list[Connection], timeout: float) -> list[Connection]:
+    """The connections with a message (or closed by their rank) within ``timeout``."""
+    ready = multiprocessing.connection.wait(connections, timeout=timeout)
+    return [item for item in connections if item in ready]
+
+
+def _receive(connection: Connection) -> object:
+    """The next message, or `_GONE` when the rank has closed its end (it died)."""
+    try:
+        return connection.recv()
+    except (EOFError, OSError):
+        return _GONE
+
+
+class PoolError(AssertionError):
+    """An example did not complete on every rank: a hang or a crash."""
+
+
+class RankHangError(PoolError):
+    """Some ranks did not finish an example by its deadline."""
+
+
+class RankCrashError(PoolError):
+    """A rank process died during an example."""
+
+
+class PoolStartError(RuntimeError):
+    """The ranks could not build the strategy or join its process group."""
+
+
+def backend_unavailable(backend: str, world_size: int) -> str | None:
+    """Why the ``backend`` lane cannot run ``world_size`` ranks here, or ``None`` if it can.
+
+    Raises:
+        ConfigurationError: ``backend`` is not a lane.
+    """
+    if backend not in BACKENDS:
+        raise ConfigurationError.invalid_choice("backend", backend, tuple(BACKENDS))
+    if backend == "nccl":
+        count = torch.cuda.device_count()
+        if count < world_size:
+            return f"the nccl lane needs {world_size} CUDA devices: this machine has {count}"
+    if backend == "xla":
+        import importlib.util  # noqa: PLC0415 - only the XLA lane asks
+
+        if importlib.util.find_spec("torch_xla") is None:
+            return "the xla lane needs torch_xla, which is not installed"
+    return None
+
+
+def _rank_environ(
+    rank: int, world_size: int, backend: str, port: int, run_id: str
+) -> dict[str, str]:
+    environ = {
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+        "RANK": str(rank),
+        "WORLD_SIZE": str(world_size),
+        "LOCAL_RANK": str(rank),
+        "LOCAL_WORLD_SIZE": str(world_size),
+        "GROUP_RANK": "0",
+        "GROUP_WORLD_SIZE": "1",
+        "ROLE_RANK": str(rank),
+        "ROLE_WORLD_SIZE": str(world_size),
+        "TORCHELASTIC_RUN_ID": run_id,
+        "PLAIT_CLUSTER_ENVIRONMENT": "torchelastic",
+        "PLAIT_CONFORMANCE_BACKEND": backend,
+        "OMP_NUM_THREADS": "1",
+    }
+    if backend == "gloo":
+        environ["CUDA_VISIBLE_DEVICES"] = ""
+    return environ
+
+
+class RankPool:
+    """``world_size`` rank processes running ``target``'s strategy on ``backend``.
+
+    Use it as a context manager, or call `close`; `run` starts it when needed.
+
+    Args:
+        target: The strategy: a registered name, ``"module:factory"``, or a factory.
+        world_size: The number of ranks.
+        backend: The lane: ``"gloo"`` (CPU), ``"nccl"`` (CUDA) or ``"xla"``.
+        deadline: Seconds an example may take on every rank before it counts as a hang.
+        start_timeout: Seconds the ranks may take to build the strategy and join.
+
+    Raises:
+        ConfigurationError: ``world_size`` or a timeout is not positive, or
+            ``backend`` is not a lane.
+    """
+
+    def __init__(
+        self,
+        target: str | StrategyFactory | StrategyTarget,
+        *,
+        world_size: int,
+        backend: str = "gloo",
+        deadline: float = 30.0,
+        start_timeout: float = 120.0,
+    ) -> None:
+        if not _positive_int(world_size):
+            raise ConfigurationError(
+                f"world_size={world_size!r} must be a positive int",
+                value=world_size,
+                fix="pass the number of ranks, e.g. world_size=2",
+            )
+        if backend not in BACKENDS:
+            raise ConfigurationError.invalid_choice("backend", backend, tuple(BACKENDS))
+        for name, value in (("deadline", deadline), ("start_timeout", start_timeout)):
+            if not value > 0:
+                raise ConfigurationError(
+                    f"{name}={value!r} must be a positive number of seconds",
+                    value=value,
+                    fix=f"pass e.g. {name}=30",
+                )
+        self.target = StrategyTarget.of(target)
+        self.world_size = world_size
+        self.backend = backend
+        self.deadline = float(deadline)
+        self.start_timeout = float(start_timeout)
+        self.devices: tuple[str, ...] = ()
+        self.starts = 0
+        self._processes: list[BaseProcess] = []
+        self._tasks: list[Connection] = []
+        self._controls: list[Connection] = []
+        self._sequence = 0
+        self._evidence: dist.TCPStore | None = None
+
+    @property
+    def running(self) -> bool:
+        """Whether the ranks are up."""
+        return bool(self._processes)
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    @override
+    def __repr__(self) -> str:
+        return (
+            f"RankPool({self.target.name!r}, world_size={self.world_size}, "
+            f"backend={self.backend!r})"
+        )
+
+    # Starting and stopping.
+
+    def start(self) -> None:
+        """Start the ranks and wait until each has joined the process group.
+
+        Raises:
+            PoolStartError: A rank could not build the strategy or join, or the
+                strategy's ranks do not match the pool (a one-process strategy in a
+                pool of several, a device of another type than the lane's).
+        """
+        if self.running:
+            return
+        for attempt in range(3):
+            try:
+                self._start()
+                return
+            except PoolStartError as error:  # noqa: PERF203 - at most three tries
+                # Another process may take the rendezvous port between choosing it
+                # and binding it; only that is worth another try.
+                if attempt == 2 or "address already in use" not in str(error).lower():
+                    raise
+
+    def _start(self) -> None:
+        if self._evidence is None:
+            self._evidence = dist.TCPStore(
+                "127.0.0.1", 0, is_master=True, wait_for_workers=False,
+                timeout=timedelta(seconds=60),
+            )  # fmt: skip
+        context = multiprocessing.get_context("forkserver")
+        # Ranks fork from a server that has imported these once; it starts with the
+        # first pool of the process, whose strategy's modules it keeps.
+        context.set_forkserver_preload(["plait.conformance.worker", *self.target.modules()])
+        port = free_port()
+        run_id = f"plait-conformance-{uuid.uuid4().hex[:8]}"
+        for rank in range(self.world_size):
+            tasks, their_tasks = context.Pipe()
+            control, their_control = context.Pipe()
+            process = context.Process(
+                target=worker.main,
+                kwargs={
+                    "rank": rank,
+                    "environ": _rank_environ(rank, self.world_size, self.backend, port, run_id),
+                    "target": self.target,
+                    "tasks": their_tasks,
+                    "control": their_control,
+                    "evidence_address": ("127.0.0.1", self._evidence.port),
+                },
+                name=f"plait-conformance-rank-{rank}",
+                daemon=True,
+            )
+            process.start()
+            their_tasks.close()
+            their_control.close()
+            self._processes.append(process)
+            self._tasks.append(tasks)
+            self._controls.append(control)
+        self.starts += 1
+        try:
+            infos = self._gather_start()
+        except BaseException:
+            self._kill()
+            raise
+        self.devices = tuple(info.root_device for info in infos)
+
+    def _gather_start(self) -> list[worker.RankInfo]:
+        pending: dict[Connection, int] = dict(zip(self._tasks, range(self.world_size), strict=True))
+        infos: dict[int, worker.RankInfo] = {}
+        failures: dict[int, str] = {}
+        limit = time.monotonic() + self.start_timeout
+        while pending and not failures:
+            ready = _wait(list(pending), timeout=max(0.0, limit - time.monotonic()))
+            if not ready:
+                raise PoolStartError(
+                    f"{self!r}: ranks {sorted(pending.values())} did not join within "
+                    f"{self.start_timeout:.0f} s\n"
+                    + "\n".join(self._stacks(sorted(pending.values())))
+                )
+            for connection in ready:
+                rank = pending.pop(connection)
+                message = _receive(connection)
+                if message is _GONE:
+                    code = self._processes[rank].exitcode
+                    failures[rank] = f"the process exited with code {code} while starting"
+                elif isinstance(message, RaisedError):
+                    failures[rank] = message.traceback
+                elif isinstance(message, worker.RankInfo):
+                    infos[rank] = message
+                else:
+                    failures[rank] = f"the rank sent {message!r} instead of its place"
+        if failures:
+            details = "\n".join(f"rank {rank}:\n{text}" for rank, text in sorted(failures.items()))
+            raise PoolStartError(f"{self!r} could not start:\n{details}")
+        ordered = [infos[rank] for rank in range(self.world_size)]
+        self._check_ranks(ordered)
+        return ordered
+
+    def _check_ranks(self, infos: list[worker.RankInfo]) -> None:
+        for info in infos:
+            if info.world_size != self.world_size or info.global_rank != info.rank:
+                raise PoolStartError(
+                    f"{self!r}: rank {info.rank} reports world_size={info.world_size} and "
+                    f"global_rank={info.global_rank}; a strategy of one process cannot be "
+                    f"tested at world size {self.world_size}"
+                )
+            device_type = info.root_device.split(":")[0]
+            if device_type != BACKENDS[self.backend]:
+                raise PoolStartError(
+                    f"{self!r}: rank {info.rank} runs on {info.root_device}, but the "
+                    f"{self.backend} lane tests strategies on {BACKENDS[self.backend]} devices"
+                )
+
+    def close(self) -> None:
+        """Ask the ranks to leave their process group and exit; kill any that do not."""
+        for connection in self._tasks:
+            with contextlib.suppress(OSError):
+                connection.send(None)
+        for process in self._processes:
+            process.join(timeout=10)
+        self._kill()
+
+    def _kill(self) -> None:
+        for process in self._processes:
+            if process.is_alive():
+                process.kill()
+        for process in self._processes:
+            process.join(timeout=10)
+            process.close()
+        for connection in (*self._tasks, *self._controls):
+            connection.close()
+        self._processes = []
+        self._tasks = []
+        self._controls = []
+        self.devices = ()
+
+    # Running examples.
+
+    def run(self, case: Case, *, deadline: float | None = None) -> list[Outcome]:
+        """Run ``case`` on every rank and return each rank's outcome, in rank order.
+
+        Raises:
+            RankHangError: Some ranks did not finish within the deadline; the message
+                holds every rank's stack. The pool restarts on the next call.
+            RankCrashError: A rank died; the message holds its exit code and the
+                other ranks' stacks.
+            PoolStartError: The pool was down and could not start.
+        """
+        self.start()
+        self._sequence += 1
+        for connection in self._tasks:
+            connection.send((self._sequence, case))
+        pending: dict[Connection, int] = dict(zip(self._tasks, range(self.world_size), strict=True))
+        outcomes: dict[int, Outcome] = {}
+        allowed = self.deadline if deadline is None else deadline
+        limit = time.monotonic() + allowed
+        while pending:
+            ready = _wait(list(pending), timeout=max(0.0, limit - time.monotonic()))
+            if not ready:
+                stuck = sorted(pending.values())
+                report = self._report(outcomes, stuck)
+                self._kill()
+                raise RankHangError(
+                    f"ranks {stuck} did not finish within {allowed:g} s (a hang); "
+                    f"every rank:\n{report}"
+                )
+            for connection in ready:
+                rank = pending.pop(connection)
+                outcome = _receive(connection)
+                if isinstance(outcome, Outcome):
+                    outcomes[rank] = outcome
+                else:
+                    self._processes[rank].join(timeout=_STACK_WAIT)
+                    code = self._processes[rank].exitcode
+                    others = [other for other in pending.values() if other != rank]
+                    report = self._report(outcomes, others)
+                    self._kill()
+                    raise RankCrashError(
+                        f"rank {rank} died (exit code {code}) during the example; "
+                        f"every other rank:\n{report}"
+                    ) from None
+        return [outcomes[rank] for rank in range(self.world_size)]
+
+    def restart(self) -> None:
+        """Stop the ranks and start them again, with a fresh process group."""
+        self._kill()
+        self.start()
+
+    def _report(self, outcomes: dict[int, Outcome], stuck: list[int]) -> str:
+        stacks = self._stacks(stuck)
+        lines = []
+        for rank, outcome in sorted(outcomes.items()):
+            done = outcome.error.describe() if outcome.error else "returned"
+            lines.append(f"rank {rank}: finished ({done})")
+        lines += stacks
+        return "\n".join(lines)
+
+    def _stacks(self, ranks: list[int]) -> list[str]:
+        asked: dict[Connection, int] = {}
+        for rank in ranks:
+            with contextlib.suppress(OSError):
+                self._controls[rank].send("stack")
+                asked[self._controls[rank]] = rank
+        answers: dict[int, str] = {}
+        limit = time.monotonic() + _STACK_WAIT
+        while asked:
+            ready = _wait(list(asked), timeout=max(0.0, limit - time.monotonic()))
+            if not ready:
+                break
+            for connection in ready:
+                rank = asked.pop(connection)
+                answer = _receive(connection)
+                answers[rank] = (
+                    answer if isinstance(answer, str) else "(the rank exited before it answered)"
+                )
+        return [
+            f"rank {rank} (pid {self._pid(rank)}) is stuck here:\n"
+            + answers.get(rank, "(no answer: the rank does not release the interpreter)")
+            for rank in ranks
+        ]
+
+    def _pid(self, rank: int) -> int | None:
+        return self._processes[rank].pid if rank < len(self._processes) else None

@@ -1,0 +1,186 @@
+"""The strategy under test: a registered name, a reference to a factory, or the factory."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import inspect
+import re
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import TypeAlias
+
+import attrs
+
+from plait.core import ConfigurationError, Strategy, StrategyRegistry
+
+__all__ = ["StrategyFactory", "StrategyTarget"]
+
+StrategyFactory: TypeAlias = Callable[[], Strategy]
+"""What builds the strategy in each rank, called with no arguments."""
+
+
+_MISSING = object()
+
+
+def _load_file(path: Path) -> object:
+    name = "_plait_conformance_target_" + re.sub(r"\W", "_", str(path))
+    module = sys.modules.get(name)
+    if module is None:
+        spec = importlib.util.spec_from_file_location(name, path)
+        if spec is None or spec.loader is None:
+            raise ConfigurationError(
+                f"cannot load {str(path)!r} as a Python module",
+                value=str(path),
+                fix="point at a .py file",
+            )
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return module
+
+
+def _resolve(owner: object, qualname: str, reference: str) -> object:
+    found = owner
+    for part in qualname.split("."):
+        found = getattr(found, part, _MISSING)
+        if found is _MISSING:
+            raise ConfigurationError(
+                f"{reference!r}: {part!r} not found",
+                value=reference,
+                fix="write the reference as 'package.module:factory' or 'path/file.py:factory'",
+            )
+    return found
+
+
+@attrs.frozen
+class StrategyTarget:
+    """The strategy a rank pool builds: how to find its factory, and what to call it.
+
+    ``spec`` is one of:
+
+    - a name in `plait.core.StrategyRegistry`, e.g. ``"ddp"`` (built with
+      ``StrategyRegistry.get(name)``);
+    - ``"package.module:factory"``, the form of an entry point;
+    - ``"path/to/file.py:factory"``.
+
+    The factory is called with no arguments in every rank, after the variables of
+    ``torchrun`` (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``,
+    ``MASTER_PORT``, ...) and ``PLAIT_CONFORMANCE_BACKEND`` are set.
+
+    Example:
+        >>> StrategyTarget.of("my_pkg.strategies:make_strategy").name
+        'my_pkg.strategies:make_strategy'
+    """
+
+    spec: str = attrs.field(validator=attrs.validators.instance_of(str))
+
+    def __attrs_post_init__(self) -> None:
+        if not self.spec.strip():
+            raise ConfigurationError(
+                "the strategy to test is empty",
+                value=self.spec,
+                fix="pass a registered name such as 'ddp', or 'package.module:factory'",
+            )
+
+    @classmethod
+    def of(cls, value: str | StrategyFactory | StrategyTarget) -> StrategyTarget:
+        """The target of a name, a reference, or a module-level factory function or class.
+
+        Raises:
+            ConfigurationError: ``value`` is a lambda or a nested function, which a
+                rank process cannot find, or not a string or callable at all.
+        """
+        if isinstance(value, StrategyTarget):
+            return value
+        if isinstance(value, str):
+            return cls(value)
+        if not callable(value):
+            raise ConfigurationError(
+                f"the strategy to test is {value!r}, a {type(value).__name__}",
+                value=value,
+                fix="pass a registered name, 'package.module:factory', or the factory itself",
+            )
+        qualname = getattr(value, "__qualname__", "")
+        if not qualname or "<" in qualname:
+            raise ConfigurationError(
+                f"the factory {value!r} is not defined at module level, so a rank process "
+                "cannot import it",
+                value=value,
+                fix="define the factory with def at the top level of a module",
+            )
+        return cls(f"{inspect.getfile(value)}:{qualname}")
+
+    @property
+    def name(self) -> str:
+        """The spec, shortened to the file's name for a path."""
+        if ":" in self.spec:
+            where, _, qualname = self.spec.rpartition(":")
+            if where.endswith(".py"):
+                return f"{Path(where).stem}:{qualname}"
+        return self.spec
+
+    def modules(self) -> list[str]:
+        """The modules the factory lives in, worth importing once before ranks start."""
+        if ":" not in self.spec:
+            if self.spec not in StrategyRegistry:
+                return []
+            module = getattr(StrategyRegistry.entry(self.spec).factory, "__module__", None)
+            return [module] if isinstance(module, str) else []
+        where = self.spec.rpartition(":")[0]
+        return [] if where.endswith(".py") or "/" in where else [where]
+
+    def factory(self) -> StrategyFactory:
+        """The callable that builds the strategy (importing what it names).
+
+        Raises:
+            ConfigurationError: The name is not registered, or the reference cannot
+                be found or is not callable.
+        """
+        if ":" not in self.spec:
+            name = self.spec
+            StrategyRegistry.entry(name)  # raises with the registered names
+            return lambda: StrategyRegistry.get(name)
+        where, _, qualname = self.spec.rpartition(":")
+        if where.endswith(".py") or "/" in where:
+            path = Path(where)
+            if not path.is_file():
+                raise ConfigurationError(
+                    f"{self.spec!r}: no file {where!r}",
+                    value=self.spec,
+                    fix="give the path of an existing .py file, relative to where pytest runs",
+                )
+            owner = _load_file(path.resolve())
+        else:
+            try:
+                owner = importlib.import_module(where)
+            except ImportError as error:
+                raise ConfigurationError(
+                    f"{self.spec!r}: cannot import {where!r}: {error}",
+                    value=self.spec,
+                    fix="install the package that provides it, or fix the module path",
+                ) from error
+        found = _resolve(owner, qualname, self.spec)
+        if not callable(found):
+            raise ConfigurationError(
+                f"{self.spec!r} is a {type(found).__name__}, not a callable",
+                value=self.spec,
+                fix="point at a function or class that builds the strategy",
+            )
+        return found
+
+    def build(self) -> Strategy:
+        """Build the strategy and check that it is a `plait.core.Strategy`.
+
+        Raises:
+            ConfigurationError: The factory returned something else.
+        """
+        strategy = self.factory()()
+        if not isinstance(strategy, Strategy):
+            raise ConfigurationError(
+                f"{self.spec!r} built {strategy!r}, which is not a plait.core.Strategy",
+                value=strategy,
+                fix="return an object that implements the Strategy protocol of plait.core",
+            )
+        return strategy

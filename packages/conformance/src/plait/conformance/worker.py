@@ -1,0 +1,307 @@
+"""One rank of a pool: builds the strategy once, then runs every example it is sent.
+
+The rank reads its place from the variables torchrun sets, builds the strategy,
+joins the process group, and answers each ``(sequence, case)`` message with an
+`Outcome`. A second thread answers requests for the stacks of every thread, so
+that a rank stuck in a collective can still say where it is.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import pickle
+import signal
+import sys
+import threading
+import time
+import traceback
+from datetime import timedelta
+from typing import TYPE_CHECKING, Final
+
+import attrs
+import torch
+import torch.distributed as dist
+
+from plait.conformance.cases import (
+    AllGatherCase,
+    BadArgumentCase,
+    BarrierCase,
+    BarrierTimeoutCase,
+    BroadcastCase,
+    Call,
+    Case,
+    DecisionCase,
+    MismatchCase,
+    ReduceCase,
+    TensorSpec,
+)
+from plait.conformance.outcomes import Outcome, RaisedError, TensorData
+from plait.core import (
+    CollectiveError,
+    CollectiveMismatchError,
+    CollectiveTimeoutError,
+    ConfigurationError,
+    PeerFailedError,
+    PlaitError,
+)
+
+if TYPE_CHECKING:
+    from multiprocessing.connection import Connection
+
+    from plait.conformance.target import StrategyTarget
+    from plait.core import Strategy
+
+__all__ = ["RankInfo", "describe_tensor", "main", "materialize", "raised", "run_case"]
+
+_KINDS: Final[tuple[type[BaseException], ...]] = (
+    CollectiveMismatchError,
+    CollectiveTimeoutError,
+    PeerFailedError,
+    CollectiveError,
+    ConfigurationError,
+    PlaitError,
+    TypeError,
+    ValueError,
+)
+
+_PR_SET_PDEATHSIG: Final = 1
+
+
+@attrs.frozen
+class RankInfo:
+    """What a rank reports once its strategy has joined the process group."""
+
+    rank: int
+    world_size: int
+    global_rank: int
+    root_device: str
+    pid: int
+
+
+def materialize(spec: TensorSpec, device: torch.device) -> torch.Tensor:
+    """Build the tensor ``spec`` describes on ``device``, in its layout."""
+    dtype: torch.dtype = getattr(torch, spec.dtype)
+    logical = torch.tensor(spec.values, dtype=dtype, device=device).reshape(spec.shape)
+    if spec.layout == "transposed":
+        return logical.transpose(-1, -2).contiguous().transpose(-1, -2)
+    if spec.layout == "strided":
+        wide = torch.zeros((*spec.shape[:-1], 2 * spec.shape[-1]), dtype=dtype, device=device)
+        wide[..., ::2] = logical
+        return wide[..., ::2]
+    return logical
+
+
+def describe_tensor(tensor: torch.Tensor) -> TensorData:
+    """A tensor as data, to send back to the harness."""
+    values = tensor.detach().cpu().reshape(-1).tolist()
+    return TensorData(
+        dtype=str(tensor.dtype).removeprefix("torch."),
+        shape=tuple(tensor.shape),
+        device=str(tensor.device),
+        values=tuple(values),
+    )
+
+
+def raised(error: BaseException) -> RaisedError:
+    """An exception as data, with the contract's error kinds it belongs to."""
+    calls = None
+    missing = None
+    if isinstance(error, CollectiveMismatchError):
+        calls = tuple((rank, call.describe()) for rank, call in error.calls.items())
+    if isinstance(error, CollectiveTimeoutError):
+        missing = tuple(error.missing_ranks)
+    return RaisedError(
+        type_name=type(error).__name__,
+        kinds=frozenset(kind.__name__ for kind in _KINDS if isinstance(error, kind)),
+        message=str(error),
+        traceback="".join(traceback.format_exception(error)),
+        calls=calls,
+        missing_ranks=missing,
+    )
+
+
+@attrs.define
+class _Context:
+    strategy: Strategy
+    rank: int
+    device: torch.device
+    evidence: dist.Store
+    sequence: int = 0
+
+
+def _argument(value: object, device: torch.device) -> object:
+    return materialize(value, device) if isinstance(value, TensorSpec) else value
+
+
+def _snapshot(value: object) -> object:
+    if isinstance(value, torch.Tensor):
+        return value.clone()
+    return pickle.dumps(value)
+
+
+def _changed(before: object, after: object) -> str | None:
+    if isinstance(after, torch.Tensor):
+        assert isinstance(before, torch.Tensor)
+        if not torch.equal(before, after):
+            return f"{before.tolist()} became {after.tolist()}"
+        return None
+    if pickle.dumps(after) != before:
+        return f"the object became {after!r}"
+    return None
+
+
+def _result(value: object) -> object:
+    return describe_tensor(value) if isinstance(value, torch.Tensor) else value
+
+
+def _call(context: _Context, call: Call) -> object:
+    strategy = context.strategy
+    tensor = materialize(call.tensor, context.device) if call.tensor is not None else None
+    if call.collective == "reduce":
+        assert tensor is not None
+        return strategy.reduce(tensor, str(call.arg))
+    if call.collective == "all_gather":
+        assert tensor is not None
+        return strategy.all_gather(tensor)
+    if call.collective == "broadcast":
+        return strategy.broadcast(tensor, src=int(call.arg))  # type: ignore[call-overload]
+    if call.collective == "barrier":
+        strategy.barrier(None if call.arg is None else str(call.arg))
+        return None
+    return strategy.reduce_boolean_decision(decision=True, all=bool(call.arg))
+
+
+def _bad_argument(context: _Context, case: BadArgumentCase) -> object:
+    strategy = context.strategy
+    good = torch.ones(2, device=context.device)
+    if case.collective == "reduce" and case.argument == "value":
+        return strategy.reduce(case.value, "sum")  # type: ignore[call-overload]
+    if case.collective == "reduce":
+        return strategy.reduce(good, case.value)  # type: ignore[call-overload]
+    if case.collective == "broadcast":
+        return strategy.broadcast(good, src=case.value)  # type: ignore[arg-type]
+    if case.collective == "all_gather":
+        return strategy.all_gather(case.value)  # type: ignore[arg-type]
+    strategy.barrier(timeout=case.value)  # type: ignore[arg-type]
+    return None
+
+
+def _invoke(  # noqa: PLR0911 - one return per kind of case
+    context: _Context, case: Case, argument: object
+) -> tuple[object, int | None]:
+    rank = context.rank
+    strategy = context.strategy
+    if isinstance(case, ReduceCase):
+        return strategy.reduce(argument, case.op), None  # type: ignore[call-overload]
+    if isinstance(case, BroadcastCase):
+        return strategy.broadcast(argument, src=case.src), None
+    if isinstance(case, AllGatherCase):
+        assert isinstance(argument, torch.Tensor)
+        return strategy.all_gather(argument), None
+    if isinstance(case, DecisionCase):
+        return strategy.reduce_boolean_decision(case.decisions[rank], all=case.all), None
+    if isinstance(case, BarrierCase):
+        key = f"barrier/{context.sequence}"
+        if rank == case.late_rank:
+            time.sleep(case.delay_ms / 1000)  # the drawn late arrival, not a wait
+        context.evidence.add(key, 1)
+        strategy.barrier(case.name, timeout=case.timeout)
+        return None, context.evidence.add(key, 0)
+    if isinstance(case, BarrierTimeoutCase):
+        strategy.barrier(timeout=case.timeout)
+        return None, None
+    if isinstance(case, MismatchCase):
+        return _call(context, case.calls[rank]), None
+    return _bad_argument(context, case), None
+
+
+def run_case(context: _Context, case: Case) -> Outcome:
+    """Run this rank's part of ``case`` and report what happened."""
+    rank = context.rank
+    if isinstance(case, BarrierTimeoutCase) and case.absent_rank == rank:
+        return Outcome(rank)
+    argument: object = None
+    if isinstance(case, ReduceCase | AllGatherCase):
+        argument = _argument(case.inputs[rank], context.device)
+    elif isinstance(case, BroadcastCase):
+        argument = _argument(case.objects[rank], context.device)
+    before = _snapshot(argument)
+    try:
+        result, entered = _invoke(context, case, argument)
+    except Exception as error:  # noqa: BLE001 - every error is reported, not raised
+        return Outcome(rank, error=raised(error), mutated=_changed(before, argument))
+    return Outcome(
+        rank, result=_result(result), mutated=_changed(before, argument), entered=entered
+    )
+
+
+def _die_with_parent() -> None:
+    # The pool's process may be killed without running its clean-up; its ranks must
+    # not outlive it.
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def _answer_stack_requests(control: Connection) -> None:
+    main_id = threading.main_thread().ident
+    while True:
+        try:
+            control.recv()
+        except (EOFError, OSError):
+            return
+        frames = sys._current_frames()
+        parts = []
+        for ident, frame in frames.items():
+            if ident == threading.get_ident():
+                continue
+            title = "main thread" if ident == main_id else f"thread {ident}"
+            parts.append(f"--- {title} ---\n" + "".join(traceback.format_stack(frame)))
+        control.send("\n".join(parts))
+
+
+def main(
+    *,
+    rank: int,
+    environ: dict[str, str],
+    target: StrategyTarget,
+    tasks: Connection,
+    control: Connection,
+    evidence_address: tuple[str, int],
+) -> None:
+    """Run rank ``rank`` until the pool closes ``tasks``."""
+    _die_with_parent()
+    os.environ.update(environ)
+    threading.Thread(target=_answer_stack_requests, args=(control,), daemon=True).start()
+    try:
+        strategy = target.build()
+        strategy.setup_environment()
+        evidence = dist.TCPStore(*evidence_address, is_master=False, timeout=timedelta(seconds=60))
+        tasks.send(
+            RankInfo(
+                rank=rank,
+                world_size=strategy.world_size,
+                global_rank=strategy.global_rank,
+                root_device=str(strategy.root_device),
+                pid=os.getpid(),
+            )
+        )
+    except BaseException as error:  # noqa: BLE001 - reported to the pool, which fails
+        with contextlib.suppress(OSError):
+            tasks.send(raised(error))
+        return
+    context = _Context(strategy, rank, strategy.root_device, evidence)
+    while True:
+        try:
+            message = tasks.recv()
+        except (EOFError, OSError):
+            break
+        if message is None:
+            break
+        context.sequence, case = message
+        tasks.send(run_case(context, case))
+    with contextlib.suppress(Exception):
+        strategy.teardown()

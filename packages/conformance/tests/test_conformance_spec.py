@@ -1,0 +1,239 @@
+"""The reference semantics, the drawn examples, and the harness's checks of its input."""
+
+from __future__ import annotations
+
+import importlib.metadata
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+import plait.conformance
+from plait.conformance import (
+    BadArgumentCase,
+    BarrierCase,
+    BroadcastCase,
+    Call,
+    MismatchCase,
+    RankPool,
+    ReduceCase,
+    StrategyTarget,
+    TensorSpec,
+    backend_unavailable,
+    check,
+    generate,
+)
+from plait.conformance.outcomes import Outcome, RaisedError, TensorData
+from plait.conformance.spec import reference_reduce, same_object, tolerance
+from plait.conformance.worker import describe_tensor, materialize
+from plait.core import ConfigurationError
+
+
+def _tensor(values: tuple[object, ...], dtype: str = "float32") -> TensorData:
+    return TensorData(dtype, (len(values),), "cpu", values)
+
+
+def _ints(*values: int) -> TensorSpec:
+    return TensorSpec("int64", (len(values),), values)
+
+
+def test_the_distribution_registers_its_pytest_plugin() -> None:
+    plugins = importlib.metadata.entry_points(group="pytest11")
+
+    assert [p.value for p in plugins if p.name == "plait-conformance"] == [
+        "plait.conformance.plugin"
+    ]
+    assert plait.conformance.__doc__
+
+
+def test_the_reference_is_exact_for_integers_and_never_truncates_a_mean() -> None:
+    assert reference_reduce("sum", [2**62, 2**62], exact=True) == 2**63
+    assert reference_reduce("mean", [1, 2], exact=True) == 1.5
+    assert reference_reduce("sum", [True, True, False], exact=True) == 2
+    assert reference_reduce("product", [-3, 3], exact=True) == -9
+    assert reference_reduce("min", [0.5, -0.25], exact=False) == -0.25
+    assert reference_reduce("sum", [1e16, 1.0, -1e16], exact=False) == 1.0  # fsum
+
+
+def test_the_tolerance_follows_the_op_and_dtype() -> None:
+    assert tolerance("sum", [1, 2], "int64", 2) == 0.0
+    assert tolerance("max", [1.0, 2.0], "float32", 2) == 0.0
+    assert tolerance("sum", [1.0, -1.0], "float16", 2) > tolerance("sum", [1.0, -1.0], "float32", 2)
+    assert tolerance("sum", [100.0, 100.0], "float32", 2) > tolerance(
+        "sum", [1.0, 1.0], "float32", 2
+    )
+
+
+def test_a_mean_that_sums_is_a_violation_on_every_rank() -> None:
+    case = ReduceCase(
+        "mean", (TensorSpec("float32", (1,), (1.0,)), TensorSpec("float32", (1,), (3.0,)))
+    )
+    right = [Outcome(rank, result=_tensor((2.0,))) for rank in range(2)]
+    wrong = [Outcome(rank, result=_tensor((4.0,))) for rank in range(2)]
+
+    assert check(case, right, ("cpu", "cpu")) == []
+    problems = check(case, wrong, ("cpu", "cpu"))
+    assert len(problems) == 2
+    assert "element 0 is 4.0, expected 2.0" in problems[0]
+
+
+def test_integer_means_must_be_floating_and_bool_sums_must_count() -> None:
+    mean = ReduceCase("mean", (_ints(1), _ints(2)))
+    truncated = [Outcome(rank, result=_tensor((1,), "int64")) for rank in range(2)]
+    flags = ReduceCase("sum", (TensorSpec("bool", (1,), (True,)),) * 2)
+    saturated = [Outcome(rank, result=_tensor((True,), "bool")) for rank in range(2)]
+
+    assert "must be floating, got int64" in check(mean, truncated, ("cpu", "cpu"))[0]
+    assert "must count" in check(flags, saturated, ("cpu", "cpu"))[0]
+
+
+def test_ranks_must_agree_bit_for_bit_and_keep_their_inputs() -> None:
+    case = ReduceCase(
+        "sum", (TensorSpec("float32", (1,), (0.1,)), TensorSpec("float32", (1,), (0.2,)))
+    )
+    near = 0.30000001192092896
+    outcomes = [
+        Outcome(0, result=_tensor((near,))),
+        Outcome(1, result=_tensor((near + 2**-25,)), mutated="0.2 became 0.3"),
+    ]
+
+    problems = check(case, outcomes, ("cpu", "cpu"))
+
+    assert any("rank 1 changed its input" in p for p in problems)
+    outcomes[1] = Outcome(1, result=_tensor((near + 2**-25,)))
+    assert any("different result from rank 0" in p for p in check(case, outcomes, ("cpu", "cpu")))
+
+
+def test_python_numbers_come_back_as_python_numbers_of_the_right_type() -> None:
+    case = ReduceCase("sum", (2, 3))
+
+    assert check(case, [Outcome(r, result=5) for r in range(2)], ("cpu", "cpu")) == []
+    assert (
+        "must return a Python int"
+        in check(case, [Outcome(r, result=5.0) for r in range(2)], ("cpu", "cpu"))[0]
+    )
+
+
+def test_broadcast_results_must_be_the_same_object_all_the_way_down() -> None:
+    assert same_object({"a": [1, (2.0, "x")]}, {"a": [1, (2.0, "x")]})
+    assert not same_object([1], (1,))
+    assert not same_object(1, True)  # noqa: FBT003 - a bool is not the int it equals
+    assert not same_object({"a": 1.0}, {"a": 1})
+    case = BroadcastCase(1, ({"lr": 0.1}, {"lr": 0.2}))
+    assert check(case, [Outcome(r, result={"lr": 0.2}) for r in range(2)], ("cpu", "cpu")) == []
+    assert (
+        "expected src=1's"
+        in check(case, [Outcome(r, result={"lr": 0.1}) for r in range(2)], ("cpu", "cpu"))[0]
+    )
+
+
+def test_a_barrier_that_lets_a_rank_out_early_is_seen_in_the_evidence() -> None:
+    case = BarrierCase(None, None, late_rank=1, delay_ms=3)
+    early = [Outcome(0, entered=1), Outcome(1, entered=2)]
+
+    assert check(case, early, ("cpu", "cpu")) == [
+        "rank 0 left the barrier when only 1 of 2 ranks had entered (rank 1 came 3 ms late)"
+    ]
+
+
+def test_a_mismatch_error_must_group_the_ranks_as_they_called() -> None:
+    reduce_sum = Call("reduce", _ints(0), "sum")
+    case = MismatchCase((reduce_sum, reduce_sum, Call("barrier")))
+
+    def error(groups: tuple[tuple[int, str], ...]) -> RaisedError:
+        return RaisedError(
+            "CollectiveMismatchError", frozenset({"CollectiveMismatchError"}), "", "", calls=groups
+        )
+
+    right = error(((0, "reduce(op=sum)"), (1, "reduce(op=sum)"), (2, "barrier()")))
+    wrong = error(((0, "reduce(op=sum)"), (1, "barrier()"), (2, "barrier()")))
+    assert check(case, [Outcome(r, error=right) for r in range(3)], ("cpu",) * 3) == []
+    assert (
+        "groups the ranks"
+        in check(case, [Outcome(r, error=wrong) for r in range(3)], ("cpu",) * 3)[0]
+    )
+    hung = check(case, [Outcome(r, result=None) for r in range(3)], ("cpu",) * 3)
+    assert "must raise CollectiveMismatchError" in hung[0]
+
+
+def test_a_bad_argument_error_must_name_what_was_wrong() -> None:
+    case = BadArgumentCase("broadcast", "src", 5, "ValueError")
+    vague = RaisedError("ValueError", frozenset({"ValueError"}), "bad src", "")
+
+    assert "does not name '5'" in check(case, [Outcome(0, error=vague)], ("cpu",))[0]
+
+
+@given(st.data())
+def test_every_drawn_case_repr_is_the_python_that_rebuilds_it(data: st.DataObject) -> None:
+    world_size = data.draw(st.integers(2, 4))
+    strategy = data.draw(
+        st.sampled_from(
+            [
+                generate.reduce_cases(world_size),
+                generate.reduce_cases(world_size, numbers=True),
+                generate.broadcast_cases(world_size),
+                generate.all_gather_cases(world_size),
+                generate.barrier_cases(world_size),
+                generate.mismatch_cases(world_size),
+                generate.bad_argument_cases(world_size),
+            ]
+        )
+    )
+    case = data.draw(strategy)
+
+    assert eval(repr(case), vars(plait.conformance)) == case  # the reproduction snippet's promise
+
+
+@given(st.sampled_from(["float16", "bfloat16", "int16", "complex64", "bool"]), st.data())
+def test_a_spec_materialises_in_its_layout_with_its_values(dtype: str, data: st.DataObject) -> None:
+    spec = data.draw(generate.tensor_specs(dtype, data.draw(generate.shapes())))
+
+    tensor = materialize(spec, torch.device("cpu"))
+
+    if spec.layout == "strided" and tensor.numel() and tensor.shape[-1] > 1:
+        assert not tensor.is_contiguous()
+    if spec.layout == "transposed" and min(tensor.shape[-2:]) > 1:
+        assert not tensor.is_contiguous()
+    described = describe_tensor(tensor)
+    assert (described.dtype, described.shape, described.values) == (dtype, spec.shape, spec.values)
+
+
+def test_a_spec_rejects_values_that_do_not_fill_its_shape() -> None:
+    with pytest.raises(ValueError, match=r"shape \(2, 2\) holds 4 values, not 3"):
+        TensorSpec("float32", (2, 2), (1.0, 2.0, 3.0))
+    with pytest.raises(ValueError, match="transposed tensor needs two dimensions"):
+        TensorSpec("float32", (3,), (1.0, 2.0, 3.0), "transposed")
+
+
+def test_targets_name_what_they_cannot_find() -> None:
+    with pytest.raises(ConfigurationError, match="did you mean 'ddp'"):
+        StrategyTarget.of("ddpp").factory()
+    with pytest.raises(ConfigurationError, match=r"cannot import 'no_such_package\.mod'"):
+        StrategyTarget.of("no_such_package.mod:make").factory()
+    with pytest.raises(ConfigurationError, match="'nothing_here' not found"):
+        StrategyTarget.of("plait.conformance:nothing_here").factory()
+    with pytest.raises(ConfigurationError, match="no file"):
+        StrategyTarget.of("missing/strategy.py:make").factory()
+    with pytest.raises(ConfigurationError, match="not defined at module level"):
+        StrategyTarget.of(lambda: None)  # type: ignore[arg-type, return-value]
+    with pytest.raises(ConfigurationError, match="not a callable"):
+        StrategyTarget.of("plait.conformance:BACKENDS").factory()
+    assert StrategyTarget.of(materialize).name == "worker:materialize"  # type: ignore[arg-type]
+
+
+def test_a_pool_checks_its_arguments_before_starting_anything() -> None:
+    with pytest.raises(ConfigurationError, match="world_size=0 must be a positive int"):
+        RankPool("ddp", world_size=0)
+    with pytest.raises(ConfigurationError, match="did you mean 'nccl'"):
+        RankPool("ddp", world_size=2, backend="ncl")
+    with pytest.raises(ConfigurationError, match="deadline=0 must be a positive"):
+        RankPool("ddp", world_size=2, deadline=0)
+
+
+def test_a_lane_this_machine_lacks_says_why() -> None:
+    assert backend_unavailable("gloo", 4) is None
+    if torch.cuda.device_count() < 2:
+        assert backend_unavailable("nccl", 2) == (
+            f"the nccl lane needs 2 CUDA devices: this machine has {torch.cuda.device_count()}"
+        )

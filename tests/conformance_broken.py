@@ -1,0 +1,143 @@
+"""Strategies that each break one clause of the collective contract, on purpose.
+
+The conformance suite must catch every one of them, naming the property broken
+(``test_conformance_catches.py``). Each is DDP with one collective changed the
+way a real implementation might get it wrong.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import TYPE_CHECKING, ClassVar, TypeVar, overload
+
+import torch
+from typing_extensions import override
+
+from plait.strategies import DDPStrategy
+from plait.strategies.collectives import DistributedCollectives
+
+if TYPE_CHECKING:
+    from plait.core.typing import ReduceOpLike
+
+T = TypeVar("T")
+
+
+class _Flawed(DistributedCollectives):
+    """The collectives of a DDP strategy, sharing its group, store and rendezvous."""
+
+    def __init__(self, inner: DistributedCollectives) -> None:
+        # A copy of the working collectives' state, not a second group.
+        self.__dict__.update(vars(inner))
+
+    @overload
+    def reduce(self, value: torch.Tensor, reduce_op: ReduceOpLike = "mean") -> torch.Tensor: ...
+
+    @overload
+    def reduce(self, value: float, reduce_op: ReduceOpLike = "mean") -> float: ...
+
+    @override
+    def reduce(
+        self, value: torch.Tensor | float, reduce_op: ReduceOpLike = "mean"
+    ) -> torch.Tensor | float:
+        return self.flawed_reduce(value, str(reduce_op))
+
+    def flawed_reduce(self, value: torch.Tensor | float, op: str) -> torch.Tensor | float:
+        """The reduction as this flaw computes it; correct unless overridden."""
+        return super().reduce(value, op)
+
+
+class MeanThatSumsCollectives(_Flawed):
+    @override
+    def flawed_reduce(self, value: torch.Tensor | float, op: str) -> torch.Tensor | float:
+        return super().flawed_reduce(value, "sum" if op == "mean" else op)
+
+
+class TruncatingMeanCollectives(_Flawed):
+    @override
+    def flawed_reduce(self, value: torch.Tensor | float, op: str) -> torch.Tensor | float:
+        integral = isinstance(value, torch.Tensor) and not value.is_floating_point()
+        if op != "mean" or not integral or value.is_complex():  # type: ignore[union-attr]
+            return super().flawed_reduce(value, op)
+        total = super().flawed_reduce(value, "sum")
+        assert isinstance(total, torch.Tensor)
+        return torch.div(total, self.world_size, rounding_mode="trunc").to(total.dtype)
+
+
+class MutatingReduceCollectives(_Flawed):
+    @override
+    def flawed_reduce(self, value: torch.Tensor | float, op: str) -> torch.Tensor | float:
+        result = super().flawed_reduce(value, op)
+        if not (isinstance(result, torch.Tensor) and isinstance(value, torch.Tensor)):
+            return result
+        if result.dtype == value.dtype and value.numel():
+            value.copy_(result)  # in place, as a raw all_reduce would
+            return value
+        return result
+
+
+class IgnoresSrcCollectives(_Flawed):
+    @override
+    def broadcast(self, obj: T, src: int = 0) -> T:
+        return super().broadcast(obj, 0)
+
+
+class ImpatientBarrierCollectives(_Flawed):
+    @override
+    def barrier(self, name: str | None = None, timeout: timedelta | float | None = None) -> None:
+        return
+
+
+class ReversedGatherCollectives(_Flawed):
+    @override
+    def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
+        return super().all_gather(tensor).flip(0)
+
+
+class _BrokenDDP(DDPStrategy):
+    flaw: ClassVar[type[_Flawed]]
+
+    @override
+    def setup_environment(self) -> None:
+        super().setup_environment()
+        self._collectives = self.flaw(self.collectives)
+
+
+class MeanThatSums(_BrokenDDP):
+    """``reduce(x, "mean")`` returns the sum."""
+
+    flaw = MeanThatSumsCollectives
+
+
+class TruncatingIntegerMean(_BrokenDDP):
+    """The mean of integers is an integer, truncated."""
+
+    flaw = TruncatingMeanCollectives
+
+
+class MutatingReduce(_BrokenDDP):
+    """``reduce`` writes the result into the caller's tensor."""
+
+    flaw = MutatingReduceCollectives
+
+
+class BroadcastIgnoresSrc(_BrokenDDP):
+    """``broadcast`` always sends rank 0's value."""
+
+    flaw = IgnoresSrcCollectives
+
+
+class ImpatientBarrier(_BrokenDDP):
+    """``barrier`` returns at once."""
+
+    flaw = ImpatientBarrierCollectives
+
+
+class ReversedAllGather(_BrokenDDP):
+    """``all_gather`` stacks the rows last rank first."""
+
+    flaw = ReversedGatherCollectives
+
+
+def unchecked_ddp() -> DDPStrategy:
+    """DDP with the mismatch check turned off: mismatched calls reach gloo as they are."""
+    return DDPStrategy(checked_collectives=False, timeout=timedelta(seconds=20))

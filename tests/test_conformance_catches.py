@@ -1,0 +1,78 @@
+"""The conformance suite can fail: each deliberately broken strategy is caught.
+
+Every strategy in ``conformance_broken.py`` breaks one clause of the contract; the
+property that proves that clause must fail on it, shrink the failure to a small
+example, and print a snippet that reproduces it alone.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from plait.conformance import PROPERTIES, ContractViolation, RankPool, prove
+
+BROKEN = Path(__file__).resolve().with_name("conformance_broken.py")
+BY_NAME = {prop.name: prop for prop in PROPERTIES}
+
+CAUGHT = [
+    ("MeanThatSums", "reduce_tensors", "expected"),
+    ("TruncatingIntegerMean", "reduce_tensors", "must be floating"),
+    ("MutatingReduce", "reduce_tensors", "changed its input"),
+    ("BroadcastIgnoresSrc", "broadcast", "src=1"),
+    ("ImpatientBarrier", "barrier", "left the barrier when only"),
+    ("ReversedAllGather", "all_gather", "row i must be rank i's tensor"),
+    ("unchecked_ddp", "mismatch", "must raise CollectiveMismatchError"),
+]
+
+
+def _violation(flaw: str, property_name: str, *, shrink: bool = True) -> ContractViolation:
+    with (
+        RankPool(f"{BROKEN}:{flaw}", world_size=2, deadline=5) as pool,
+        pytest.raises(ContractViolation) as caught,
+    ):
+        prove(pool, BY_NAME[property_name], max_examples=300, shrink=shrink)
+    return caught.value
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("flaw", "property_name", "problem"), CAUGHT)
+def test_each_broken_strategy_is_caught_by_the_property_it_breaks(
+    flaw: str, property_name: str, problem: str
+) -> None:
+    # Mismatched calls reach gloo unchecked and may hang there: shrinking a hang
+    # costs a deadline per attempt, so that one is reported as first found.
+    violation = _violation(flaw, property_name, shrink=flaw != "unchecked_ddp")
+
+    assert violation.property == property_name
+    message = str(violation)
+    assert problem in message or (flaw == "unchecked_ddp" and "a hang" in message), message
+    assert f"reproduce('{BROKEN}:{flaw}', " in message
+    assert "world_size=2, backend='gloo')" in message
+
+
+@pytest.mark.slow
+def test_a_failure_shrinks_to_a_minimal_example_whose_snippet_reproduces_it(
+    tmp_path: Path,
+) -> None:
+    violation = _violation("MeanThatSums", "reduce_tensors")
+
+    # Shrunk: two ranks, one element each, the smallest values that tell a mean from
+    # a sum (one zero and one non-zero).
+    case = violation.case
+    assert repr(case).startswith("ReduceCase(op='mean'")
+    assert all(spec.shape == () for spec in case.inputs), case  # type: ignore[union-attr]
+    snippet = str(violation).split("Run this example alone:\n", 1)[1]
+    script = tmp_path / "reproduce_it.py"
+    script.write_text(textwrap.dedent(snippet), encoding="utf-8")
+
+    rerun = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=120, check=False
+    )
+
+    assert rerun.returncode == 1, rerun.stderr
+    assert "ContractViolation: reduce_tensors failed" in rerun.stderr

@@ -1,0 +1,44 @@
+"""Every strategy registered here that runs on CPU keeps the collective contract.
+
+The conformance suite runs on each at world sizes 1 to 4 over gloo; ``tools/check``
+selects the thorough profile when CI is set. Strategies that need other hardware
+are listed with the reason, so that a new registration cannot be left out silently.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from plait.conformance import ConformanceSuite
+from plait.core import StrategyRegistry
+
+NOT_ON_CPU: Final = {"dp": "DataParallel runs over CUDA GPUs"}
+"""Registered strategies that cannot run on this lane, and why."""
+
+ONE_PROCESS: Final = ("example_strategy", "single_device")
+"""Strategies of one process: world size 1 is the only one they have."""
+
+MULTI_PROCESS: Final = tuple(
+    name
+    for name in StrategyRegistry.available_strategies()
+    if name not in NOT_ON_CPU and name not in ONE_PROCESS
+)
+
+
+class TestMultiProcessStrategies(ConformanceSuite):
+    strategies = MULTI_PROCESS
+    world_sizes = (1, 2, 3, 4)
+
+
+class TestOneProcessStrategies(ConformanceSuite):
+    strategies = ONE_PROCESS
+    world_sizes = (1,)
+
+
+def test_every_registered_strategy_is_run_or_excused() -> None:
+    registered = set(StrategyRegistry.available_strategies())
+
+    assert set(ONE_PROCESS) <= registered
+    assert set(NOT_ON_CPU) <= registered
+    assert {"ddp", "ddp_spawn", "ddp_fork", "ddp_sharded"} <= set(MULTI_PROCESS)
+    assert registered == set(MULTI_PROCESS) | set(ONE_PROCESS) | set(NOT_ON_CPU)
