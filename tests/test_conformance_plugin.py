@@ -36,7 +36,7 @@ def test_a_third_party_keeps_known_failures_in_an_expectations_file(tmp_path: Pa
             from plait.conformance import ConformanceSuite
 
             class TestMyStrategy(ConformanceSuite):
-                strategies = ({f"{BROKEN}:MeanThatSums"!r},)
+                strategies = ({f"{BROKEN}:ReversedAllGather"!r},)
                 world_sizes = (2,)
             """
         ),
@@ -44,32 +44,31 @@ def test_a_third_party_keeps_known_failures_in_an_expectations_file(tmp_path: Pa
     )
     (tmp_path / "expectations.txt").write_text(
         "# known failures\n"
-        "reduce_tensors[*-gloo-*]  # our mean sums; fixed in 2.0\n"
-        "reduce_numbers[*]  # the same\n"
+        "all_gather[*-gloo-*]  # our rows come last rank first; fixed in 2.0\n"
         "no_such_property[*]  # a stale entry\n",
         encoding="utf-8",
     )
 
     run = _pytest(
         tmp_path,
-        "--plait-examples=10",
+        "--plait-examples=100",
         "--plait-expectations=expectations.txt",
         "--plait-report-dir=reports",
     )
 
     assert run.returncode == 0, run.stdout + run.stderr
-    assert "7 passed, 2 xfailed" in run.stdout
-    assert "expectation 'no_such_property[*]' (line 4) matched no test" in run.stdout
+    assert "8 passed, 1 xfailed" in run.stdout
+    assert "expectation 'no_such_property[*]' (line 3) matched no test" in run.stdout
     report = json.loads(
-        (tmp_path / "reports" / "conformance_broken_MeanThatSums-gloo-2.json").read_text()
+        (tmp_path / "reports" / "conformance_broken_ReversedAllGather-gloo-2.json").read_text()
     )
     assert report["world_size"] == 2
     assert report["backend"] == "gloo"
     assert report["passed"] is True
-    assert report["properties"]["reduce_tensors"]["outcome"] == "xfailed"
+    assert report["properties"]["all_gather"]["outcome"] == "xfailed"
     assert report["properties"]["broadcast"] == {
         "outcome": "passed",
-        "examples": 10,
+        "examples": 100,
         "seconds": report["properties"]["broadcast"]["seconds"],
         "message": "",
     }

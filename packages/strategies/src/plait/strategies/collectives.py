@@ -329,7 +329,7 @@ class DistributedCollectives:
         tensor = (
             value
             if isinstance(value, torch.Tensor)
-            else torch.tensor(value, dtype=torch.float64 if isinstance(value, float) else None)
+            else torch.tensor(value, dtype=torch.int64 if isinstance(value, int) else torch.float64)
         )
         self._check(
             "reduce",
