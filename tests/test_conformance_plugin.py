@@ -28,6 +28,11 @@ def _pytest(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+def _suite(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """Run the suite as it ships, as ``pytest --pyargs plait.conformance.suite ARGS``."""
+    return _pytest(cwd, "--pyargs", "plait.conformance.suite", *args)
+
+
 @pytest.mark.slow
 def test_a_third_party_keeps_known_failures_in_an_expectations_file(tmp_path: Path) -> None:
     (tmp_path / "test_my_strategy.py").write_text(
@@ -76,10 +81,8 @@ def test_a_third_party_keeps_known_failures_in_an_expectations_file(tmp_path: Pa
 
 @pytest.mark.slow
 def test_the_shipped_suite_runs_a_registered_strategy_on_xdist_workers(tmp_path: Path) -> None:
-    run = _pytest(
+    run = _suite(
         tmp_path,
-        "--pyargs",
-        "plait.conformance.suite",
         "--plait-strategy=ddp",
         "--plait-world-sizes=1,2",
         "--plait-examples=5",
@@ -102,10 +105,8 @@ def test_the_shipped_suite_runs_a_registered_strategy_on_xdist_workers(tmp_path:
 
 @pytest.mark.slow
 def test_a_hang_is_reported_once_with_every_ranks_stack(tmp_path: Path) -> None:
-    run = _pytest(
+    run = _suite(
         tmp_path,
-        "--pyargs",
-        "plait.conformance.suite",
         f"--plait-strategy={BROKEN}:unchecked_ddp",
         "--plait-world-sizes=2",
         "--plait-examples=50",
@@ -124,10 +125,8 @@ def test_a_hang_is_reported_once_with_every_ranks_stack(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_a_failure_names_the_property_and_prints_how_to_rerun_it(tmp_path: Path) -> None:
-    run = _pytest(
+    run = _suite(
         tmp_path,
-        "--pyargs",
-        "plait.conformance.suite",
         f"--plait-strategy={BROKEN}:ImpatientBarrier",
         "--plait-world-sizes=2",
         "--plait-examples=50",
@@ -160,7 +159,7 @@ def test_a_failure_names_the_property_and_prints_how_to_rerun_it(tmp_path: Path)
 def test_bad_options_stop_the_run_with_a_clear_message(
     tmp_path: Path, args: tuple[str, ...], message: str
 ) -> None:
-    run = _pytest(tmp_path, "--pyargs", "plait.conformance.suite", *args)
+    run = _suite(tmp_path, *args)
 
     assert run.returncode in (2, 4), run.stdout + run.stderr  # collection or usage error
     assert message in run.stdout + run.stderr
@@ -169,10 +168,8 @@ def test_bad_options_stop_the_run_with_a_clear_message(
 def test_an_expectation_without_a_reason_is_refused(tmp_path: Path) -> None:
     (tmp_path / "expectations.txt").write_text("broadcast[*]\n", encoding="utf-8")
 
-    run = _pytest(
+    run = _suite(
         tmp_path,
-        "--pyargs",
-        "plait.conformance.suite",
         "--plait-strategy=ddp",
         "--plait-expectations=expectations.txt",
     )
@@ -182,10 +179,8 @@ def test_an_expectation_without_a_reason_is_refused(tmp_path: Path) -> None:
 
 
 def test_a_lane_without_its_hardware_is_skipped_with_the_reason(tmp_path: Path) -> None:
-    run = _pytest(
+    run = _suite(
         tmp_path,
-        "--pyargs",
-        "plait.conformance.suite",
         "--plait-strategy=ddp",
         "--plait-backend=xla",
         "--plait-world-sizes=2",

@@ -105,6 +105,19 @@ def test_ranks_must_agree_bit_for_bit_and_keep_their_inputs() -> None:
     assert any("different result from rank 0" in p for p in check(case, outcomes, ("cpu", "cpu")))
 
 
+def test_each_rank_may_hold_its_result_on_its_own_device() -> None:
+    case = ReduceCase("sum", (_ints(1), _ints(2)))
+    outcomes = [
+        Outcome(rank, result=TensorData("int64", (1,), f"cuda:{rank}", (3,))) for rank in range(2)
+    ]
+
+    assert check(case, outcomes, ("cuda:0", "cuda:1")) == []
+    assert (
+        "result on cuda:1, expected the input's device cuda:0"
+        in check(case, outcomes, ("cuda:0", "cuda:0"))[0]
+    )
+
+
 def test_python_numbers_come_back_as_python_numbers_of_the_right_type() -> None:
     case = ReduceCase("sum", (2, 3))
 

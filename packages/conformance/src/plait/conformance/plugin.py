@@ -180,6 +180,10 @@ def _read_expectations(path: str) -> list[_Expectation]:
     return entries
 
 
+_sizes_key = pytest.StashKey[tuple[int, ...] | None]()
+_expectations_key = pytest.StashKey[list[_Expectation]]()
+
+
 def pytest_configure(config: pytest.Config) -> None:
     """Check the options early and read the expectations file."""
     option = config.getoption("--plait-world-sizes")
@@ -198,10 +202,6 @@ def pytest_configure(config: pytest.Config) -> None:
     path = config.getoption("--plait-expectations")
     config.stash[_expectations_key] = _read_expectations(path) if path else []
     config.pluginmanager.register(Reporter(config), "plait-conformance-reporter")
-
-
-_sizes_key = pytest.StashKey[tuple[int, ...] | None]()
-_expectations_key = pytest.StashKey[list[_Expectation]]()
 
 
 def _targets(config: pytest.Config, cls: type[ConformanceSuite]) -> list[StrategyTarget]:

@@ -201,13 +201,20 @@ def _check_number_reduce(
     return problems
 
 
+def _value(result: object) -> object:
+    # What must agree across ranks: not the device, which is each rank's own.
+    if isinstance(result, TensorData):
+        return (result.dtype, result.shape, result.values)
+    return result
+
+
 def _same_everywhere(outcomes: Sequence[Outcome], what: str) -> list[str]:
     first = outcomes[0].result
     return [
         f"rank {outcome.rank} got a different {what} from rank 0: "
         f"{_show(outcome.result)} != {_show(first)}"
         for outcome in outcomes[1:]
-        if outcome.result != first
+        if _value(outcome.result) != _value(first)
     ]
 
 
