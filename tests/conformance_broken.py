@@ -7,6 +7,7 @@ way a real implementation might get it wrong.
 
 from __future__ import annotations
 
+import os
 from datetime import timedelta
 from typing import TYPE_CHECKING, ClassVar, TypeVar, overload
 
@@ -93,6 +94,14 @@ class ReversedGatherCollectives(_Flawed):
         return super().all_gather(tensor).flip(0)
 
 
+class DyingGatherCollectives(_Flawed):
+    @override
+    def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
+        if self.rank == self.world_size - 1:
+            os._exit(3)  # a crash: no exception, no clean-up
+        return super().all_gather(tensor)
+
+
 class _BrokenDDP(DDPStrategy):
     flaw: ClassVar[type[_Flawed]]
 
@@ -136,6 +145,12 @@ class ReversedAllGather(_BrokenDDP):
     """``all_gather`` stacks the rows last rank first."""
 
     flaw = ReversedGatherCollectives
+
+
+class DyingAllGather(_BrokenDDP):
+    """The last rank's process exits in the middle of ``all_gather``."""
+
+    flaw = DyingGatherCollectives
 
 
 def unchecked_ddp() -> DDPStrategy:

@@ -14,7 +14,19 @@ from pathlib import Path
 
 import pytest
 
-from plait.conformance import PROPERTIES, ContractViolation, RankPool, prove
+from plait.conformance import (
+    PROPERTIES,
+    AllGatherCase,
+    ContractViolation,
+    RankCrashError,
+    RankHangError,
+    RankPool,
+    ReduceCase,
+    TensorSpec,
+    check,
+    prove,
+)
+from plait.conformance.cases import Call, MismatchCase
 
 BROKEN = Path(__file__).resolve().with_name("conformance_broken.py")
 BY_NAME = {prop.name: prop for prop in PROPERTIES}
@@ -76,3 +88,43 @@ def test_a_failure_shrinks_to_a_minimal_example_whose_snippet_reproduces_it(
 
     assert rerun.returncode == 1, rerun.stderr
     assert "ContractViolation: reduce_tensors failed" in rerun.stderr
+
+
+def _gather(world_size: int) -> AllGatherCase:
+    return AllGatherCase(tuple(TensorSpec("int64", (1,), (rank,)) for rank in range(world_size)))
+
+
+def _healthy_run(pool: RankPool) -> None:
+    case = ReduceCase("sum", tuple(TensorSpec("int64", (1,), (rank,)) for rank in range(3)))
+    assert check(case, pool.run(case), pool.devices) == []
+
+
+@pytest.mark.slow
+def test_a_rank_that_dies_fails_the_example_with_its_exit_code_and_the_pool_restarts() -> None:
+    with RankPool(f"{BROKEN}:DyingAllGather", world_size=3, deadline=10) as pool:
+        with pytest.raises(RankCrashError) as crashed:
+            pool.run(_gather(3))
+        assert not pool.running  # every rank was stopped, none left behind
+
+        _healthy_run(pool)  # a fresh pool, started on demand
+
+    message = str(crashed.value)
+    assert "rank 2 died (exit code 3) during the example" in message
+    assert pool.starts == 2
+
+
+@pytest.mark.slow
+def test_a_hang_fails_the_example_with_every_stuck_ranks_stack_and_the_pool_restarts() -> None:
+    barrier, reduce_sum = Call("barrier"), Call("reduce", TensorSpec("int64", (1,), (0,)), "sum")
+    with RankPool(f"{BROKEN}:unchecked_ddp", world_size=3, deadline=3) as pool:
+        with pytest.raises(RankHangError) as hung:
+            pool.run(MismatchCase((reduce_sum, reduce_sum, barrier)))
+        assert not pool.running
+
+        _healthy_run(pool)
+
+    message = str(hung.value)
+    assert "did not finish within 3 s (a hang)" in message
+    for rank in (0, 1):  # the two ranks inside the unchecked all_reduce
+        assert f"rank {rank} (pid" in message
+    assert "in _invoke" in message  # where each stuck rank is, from its own stack
