@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.metadata
+import math
 
 import pytest
 import torch
@@ -210,6 +211,24 @@ def test_a_spec_materialises_in_its_layout_with_its_values(dtype: str, data: st.
         assert not tensor.is_contiguous()
     described = describe_tensor(tensor)
     assert (described.dtype, described.shape, described.values) == (dtype, spec.shape, spec.values)
+
+
+_SMALLEST_NORMAL = {"float16": 2.0**-14, "bfloat16": 2.0**-126, "float32": 2.0**-126}
+
+
+@given(st.integers(1, 4), st.data())
+def test_products_never_pass_through_the_subnormals_in_any_order(
+    world_size: int, data: st.DataObject
+) -> None:
+    case = data.draw(generate.reduce_cases(world_size))
+    specs = [spec for spec in case.inputs if isinstance(spec, TensorSpec)]
+    if case.op != "product" or not specs or specs[0].dtype not in _SMALLEST_NORMAL:
+        return
+    for column in zip(*(spec.values for spec in specs), strict=True):
+        magnitudes = [abs(float(value)) for value in column if value]
+        # The smallest partial product of any order multiplies every factor below 1.
+        smallest = math.prod(value for value in magnitudes if value < 1)
+        assert smallest >= _SMALLEST_NORMAL[specs[0].dtype], column
 
 
 def test_a_spec_rejects_values_that_do_not_fill_its_shape() -> None:
