@@ -385,7 +385,8 @@ class DistributedCollectives:
             shape = header[2 : 2 + ndim].tolist()
             buffer = torch.empty(shape, dtype=_wire(_DTYPES[kind - 1]), device=self.comm_device)
         dist.broadcast(buffer, src=src, group=self.group)
-        return buffer.to(self.device, _DTYPES[kind - 1], copy=True)  # type: ignore[return-value]
+        # A receiver's buffer is its own already; src's may be the caller's tensor.
+        return buffer.to(self.device, _DTYPES[kind - 1], copy=self.rank == src)  # type: ignore[return-value]
 
     def barrier(self, name: str | None = None, timeout: timedelta | float | None = None) -> None:
         """Wait until every rank has entered; name the missing ranks on timeout.
