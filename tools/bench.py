@@ -201,10 +201,12 @@ def _collectives_rank(rank: int, world_size: int, port: int, rounds: int, out: s
         "LOCAL_WORLD_SIZE": str(world_size), "GROUP_RANK": "0",
         "TORCHELASTIC_RUN_ID": "plait-bench", "PLAIT_CLUSTER_ENVIRONMENT": "torchelastic",
     })  # fmt: skip
+    import torch  # noqa: PLC0415
     import torch.distributed as dist  # noqa: PLC0415
 
     from plait.strategies import DDPStrategy  # noqa: PLC0415
 
+    torch.set_num_threads(1)  # two ranks on a machine of few cores: one thread each
     strategy = DDPStrategy(accelerator="cpu", timeout=timedelta(minutes=2))
     strategy.setup_environment()
     cases = _collective_cases(strategy, world_size)
