@@ -326,6 +326,7 @@ def main(argv: list[str] | None = None) -> int:
 
     rows: list[Row] = []
     scratch = args.json.resolve().parent
+    scratch.mkdir(parents=True, exist_ok=True)
     if "imports" in sections:
         rows += bench_imports(rounds)
     if "collectives" in sections:
