@@ -108,11 +108,13 @@ def _reducible(value: object) -> None:
         )
 
 
-def _reduce_dtype(tensor: torch.Tensor, op: ReduceOp) -> torch.dtype:
-    # The mean of integers or bools is floating (never truncated); other reductions of
-    # bools count or compare them as integers.
+def _reduce_dtype(
+    tensor: torch.Tensor, op: ReduceOp, floating: torch.dtype | None = None
+) -> torch.dtype:
+    # The mean of integers or bools is floating (never truncated): ``floating``, or
+    # the default dtype; other reductions of bools count or compare them as integers.
     if op is ReduceOp.MEAN and not (tensor.is_floating_point() or tensor.is_complex()):
-        return torch.get_default_dtype()
+        return floating or torch.get_default_dtype()
     if tensor.dtype == torch.bool:
         return torch.int64
     return _wire(tensor.dtype)
@@ -339,10 +341,8 @@ class DistributedCollectives:
             dtype=tensor.dtype,
         )
         # A Python number's mean is a Python float, a double.
-        dtype = (
-            _reduce_dtype(tensor, op)
-            if isinstance(value, torch.Tensor) or op is not ReduceOp.MEAN
-            else torch.float64
+        dtype = _reduce_dtype(
+            tensor, op, None if isinstance(value, torch.Tensor) else torch.float64
         )
         # Contiguous, so that element i is element i on every rank whatever the
         # caller's strides (a collective runs over the memory as laid out).
