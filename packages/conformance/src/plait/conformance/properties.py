@@ -133,6 +133,15 @@ PROPERTIES: Final = (
 """Every property of the contract, in the order the suite runs them."""
 
 _BY_NAME: Final = {prop.name: prop for prop in PROPERTIES}
+_NAMES: Final[dict[type, str]] = {
+    BroadcastCase: "broadcast",
+    AllGatherCase: "all_gather",
+    DecisionCase: "reduce_boolean_decision",
+    BarrierCase: "barrier",
+    BarrierTimeoutCase: "barrier_timeout",
+    MismatchCase: "mismatch",
+    BadArgumentCase: "bad_arguments",
+}
 
 
 def property_of(case: Case) -> Property:
@@ -140,16 +149,7 @@ def property_of(case: Case) -> Property:
     if isinstance(case, ReduceCase):
         tensors = isinstance(case.inputs[0], TensorSpec)
         return _BY_NAME["reduce_tensors" if tensors else "reduce_numbers"]
-    names: dict[type, str] = {
-        BroadcastCase: "broadcast",
-        AllGatherCase: "all_gather",
-        DecisionCase: "reduce_boolean_decision",
-        BarrierCase: "barrier",
-        BarrierTimeoutCase: "barrier_timeout",
-        MismatchCase: "mismatch",
-        BadArgumentCase: "bad_arguments",
-    }
-    return _BY_NAME[names[type(case)]]
+    return _BY_NAME[_NAMES[type(case)]]
 
 
 class ContractViolation(AssertionError):  # noqa: N818 - a failed property, as pytest shows it
