@@ -36,6 +36,7 @@ from plait.core.protocols import (
     SupportsLauncher,
     SupportsLoadInPlace,
     SupportsNoSync,
+    SupportsReplace,
 )
 from plait.core.rank import (
     get_global_rank,
@@ -88,6 +89,7 @@ __all__ = [
     "SupportsLauncher",
     "SupportsLoadInPlace",
     "SupportsNoSync",
+    "SupportsReplace",
     "free_port",
     "get_global_rank",
     "is_module_available",

@@ -14,7 +14,12 @@ from plait.core.protocols.collectives import Collectives
 from plait.core.protocols.environment import ClusterEnvironment
 from plait.core.protocols.launcher import Launcher
 from plait.core.protocols.precision import GradientClipAlgorithm, Precision
-from plait.core.protocols.strategy import Strategy, SupportsLauncher, SupportsNoSync
+from plait.core.protocols.strategy import (
+    Strategy,
+    SupportsLauncher,
+    SupportsNoSync,
+    SupportsReplace,
+)
 
 __all__ = [
     "Accelerator",
@@ -30,4 +35,5 @@ __all__ = [
     "SupportsLauncher",
     "SupportsLoadInPlace",
     "SupportsNoSync",
+    "SupportsReplace",
 ]

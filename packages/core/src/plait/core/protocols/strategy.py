@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
+from typing_extensions import Self
+
 from plait.core.protocols.collectives import Collectives
 
 if TYPE_CHECKING:
@@ -18,7 +20,7 @@ if TYPE_CHECKING:
     from plait.core.protocols.precision import Precision
     from plait.core.typing import Checkpoint, PathLike
 
-__all__ = ["Strategy", "SupportsLauncher", "SupportsNoSync"]
+__all__ = ["Strategy", "SupportsLauncher", "SupportsNoSync", "SupportsReplace"]
 
 
 @runtime_checkable
@@ -130,4 +132,26 @@ class SupportsLauncher(Protocol):
     @property
     def launcher(self) -> Launcher:
         """The launcher that runs the job's function on every rank."""
+        ...
+
+
+@runtime_checkable
+class SupportsReplace(Protocol):
+    """A strategy that can be made again with some of its constructor arguments changed.
+
+    Strategies are not changed after construction: a trainer that must give one a
+    precision, a device list or a cluster environment makes a new one with `replace`.
+    """
+
+    @property
+    def arguments(self) -> Mapping[str, object]:
+        """The keyword arguments it was made with (positional ones by their name)."""
+        ...
+
+    def accepts(self, argument: str) -> bool:
+        """Whether its constructor takes the keyword ``argument``."""
+        ...
+
+    def replace(self, **changes: object) -> Self:
+        """A new strategy made with `arguments`, ``changes`` replacing or adding to them."""
         ...
