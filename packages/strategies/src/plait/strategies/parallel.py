@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import time
+from collections.abc import Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Final
 
 import torch
 import torch.distributed as dist
-from typing_extensions import Self, override
+from typing_extensions import override
 
 from plait.core import (
     ClusterEnvironment,
@@ -16,6 +17,7 @@ from plait.core import (
     CollectiveTimeoutError,
     ConfigurationError,
     EnvironmentRegistry,
+    free_port,
 )
 from plait.strategies.base import BaseStrategy
 from plait.strategies.collectives import START_PREFIX, DistributedCollectives, Rendezvous
@@ -26,17 +28,13 @@ if TYPE_CHECKING:
 __all__ = ["BACKENDS", "ParallelStrategy"]
 
 
-def _rebuild(
-    factory: Callable[..., ParallelStrategy], args: tuple[object, ...], kwargs: dict[str, object]
-) -> ParallelStrategy:
-    return factory(*args, **kwargs)
-
-
 BACKENDS: Final = ("gloo", "nccl", "mpi", "ucc")
 """The torch.distributed backends a parallel strategy can join with."""
 
 DEFAULT_START_TIMEOUT: Final = timedelta(minutes=10)
 DEFAULT_TIMEOUT: Final = timedelta(minutes=5)
+_BIND_RETRY_INTERVAL: Final = 0.05
+_GROUP_STORE_KEY: Final = "plait/process-group-store-port"
 
 
 class ParallelStrategy(BaseStrategy):
@@ -46,9 +44,9 @@ class ParallelStrategy(BaseStrategy):
     (``start_timeout``), and a shorter one for every collective afterwards
     (``timeout``), so that a stuck rank is reported in minutes, not hours.
 
-    A parallel strategy travels as the arguments it was made with: unpickled in
-    another process (a rank a launcher started), it is made anew there and finds that
-    process's place.
+    Like every `BaseStrategy`, it travels as the arguments it was made with: unpickled
+    in another process (a rank a launcher started), it is made anew there and finds
+    that process's place.
 
     Args:
         accelerator: The accelerator, or its name; CUDA when this machine has a GPU,
@@ -64,19 +62,6 @@ class ParallelStrategy(BaseStrategy):
         checked_collectives: Compare every rank's call before each control collective,
             so that a mismatch raises instead of hanging.
     """
-
-    _arguments: tuple[tuple[object, ...], dict[str, object]]
-
-    def __new__(cls, *args: object, **kwargs: object) -> Self:
-        """Record the arguments as given, whatever the subclass's signature."""
-        instance = super().__new__(cls)
-        instance._arguments = (args, dict(kwargs))
-        return instance
-
-    @override
-    def __reduce__(self) -> tuple[object, ...]:
-        args, kwargs = self._arguments
-        return (_rebuild, (type(self), args, kwargs))
 
     def __init__(
         self,
@@ -222,7 +207,7 @@ class ParallelStrategy(BaseStrategy):
         ).meet(CollectiveCall("start-up"), self.start_timeout)
         dist.init_process_group(
             self.process_group_backend,
-            store=store,
+            store=self._group_store(store),
             rank=environment.global_rank,
             world_size=environment.world_size,
             timeout=self.start_timeout,
@@ -239,25 +224,55 @@ class ParallelStrategy(BaseStrategy):
             timeout=self.timeout,
         )
 
+    def _group_store(self, store: dist.Store) -> dist.TCPStore:
+        # The process group gets a store of its own, on a port rank 0 picks and
+        # shares: a DDP wrapper keeps its group, and the group's store, alive for
+        # the life of the process, and the job's port must be free for the next run
+        # in the same program (a test after a fit).
+        environment = self.cluster_environment
+        if environment.global_rank == 0:
+            group_store = self._tcp_store(free_port(environment.main_address))
+            store.set(_GROUP_STORE_KEY, str(group_store.port))
+            return group_store
+        store.wait([_GROUP_STORE_KEY], self.start_timeout)
+        return self._tcp_store(int(store.get(_GROUP_STORE_KEY)))
+
+    def _tcp_store(self, port: int) -> dist.TCPStore:
+        environment = self.cluster_environment
+        return dist.TCPStore(
+            environment.main_address,
+            port,
+            environment.world_size,
+            is_master=environment.global_rank == 0,
+            timeout=self.start_timeout,
+            wait_for_workers=False,
+        )
+
     def _connect(self) -> dist.TCPStore:
         environment = self.cluster_environment
-        try:
-            return dist.TCPStore(
-                environment.main_address,
-                environment.main_port,
-                environment.world_size,
-                is_master=environment.global_rank == 0,
-                timeout=self.start_timeout,
-                wait_for_workers=False,
-            )
-        except (RuntimeError, dist.DistError) as error:
-            raise CollectiveTimeoutError(
-                "start-up",
-                name=f"{environment.main_address}:{environment.main_port}",
-                timeout=self.start_timeout.total_seconds(),
-                missing_ranks=[0],
-                arrived_ranks=[environment.global_rank],
-            ) from error
+        deadline = time.monotonic() + self.start_timeout.total_seconds()
+        while True:
+            try:
+                return self._tcp_store(environment.main_port)
+            except dist.DistNetworkError as error:  # noqa: PERF203 (a retry: the error is the signal)
+                # Rank 0 of a second run in one program (a test after a fit) binds the
+                # port of the first run's store, which may still be closing: wait for
+                # the port, as the other ranks wait to connect.
+                if "EADDRINUSE" not in str(error) or time.monotonic() > deadline:
+                    raise self._start_up_failed() from error
+                time.sleep(_BIND_RETRY_INTERVAL)
+            except (RuntimeError, dist.DistError) as error:
+                raise self._start_up_failed() from error
+
+    def _start_up_failed(self) -> CollectiveTimeoutError:
+        environment = self.cluster_environment
+        return CollectiveTimeoutError(
+            "start-up",
+            name=f"{environment.main_address}:{environment.main_port}",
+            timeout=self.start_timeout.total_seconds(),
+            missing_ranks=[0],
+            arrived_ranks=[environment.global_rank],
+        )
 
     @override
     def teardown(self) -> None:

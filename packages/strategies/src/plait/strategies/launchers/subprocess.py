@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import _thread
+import atexit
 import collections
 import os
 import pickle
@@ -14,7 +15,7 @@ from typing import IO, Final, ParamSpec, TypeVar
 
 from typing_extensions import override
 
-from plait.core import PeerFailedError, free_port
+from plait.core import ConfigurationError, PeerFailedError, free_port
 from plait.strategies.launchers.children import (
     GRACE_PERIOD,
     Child,
@@ -86,14 +87,116 @@ class _Process:
         return "".join(self.tail)
 
 
+class _Job:
+    """The ranks this process started: they run the program alongside it, to its end.
+
+    The program runs once per rank, so every ``fit`` (or ``test``, ...) in it is
+    met by the same ranks: the first launch starts them, later launches reuse them.
+    A watcher thread stops them all when one fails; at exit this process waits for
+    them to finish the program too.
+    """
+
+    def __init__(
+        self,
+        children: list[Child],
+        *,
+        num_processes: int,
+        main_address: str,
+        port: int,
+        grace: float,
+    ) -> None:
+        self.children = children
+        self.num_processes = num_processes
+        self.grace = grace
+        self.failures: list[PeerFailedError] = []
+        self._delivered = False  # a failure was raised to rank 0's caller
+        self._lock = threading.Lock()
+        self._running = False
+        self._watcher = threading.Thread(
+            target=self._watch, args=(main_address, port), name="plait-rank-watcher", daemon=True
+        )
+        self._watcher.start()
+
+    @property
+    def alive(self) -> bool:
+        """Whether the ranks are still running the program (none has failed)."""
+        return self._watcher.is_alive() and not self.failures
+
+    def _watch(self, main_address: str, port: int) -> None:
+        try:
+            watch(
+                self.children,
+                grace=self.grace,
+                on_failure=lambda failure: announce_failure(
+                    main_address, port, self.num_processes, failure
+                ),
+            )
+        except PeerFailedError as failure:
+            with self._lock:
+                self.failures.append(failure)
+                if self._running:
+                    _thread.interrupt_main()  # rank 0 may be computing: stop it now
+
+    def run(
+        self, function: Callable[..., R], args: tuple[object, ...], kwargs: dict[str, object]
+    ) -> R:
+        """Run ``function`` as rank 0 while the others run it in their copy of the program."""
+        if self.failures:
+            self._delivered = True
+            raise self.failures[0]
+        try:
+            with self._lock:
+                self._running = True
+            try:
+                result = function(*args, **kwargs)
+            finally:
+                with self._lock:
+                    self._running = False
+        except BaseException as error:
+            self.stop()
+            if self.failures:
+                self._delivered = True
+                raise self.failures[0] from error
+            raise
+        if self.failures:
+            self._delivered = True
+            raise self.failures[0]
+        return result
+
+    def stop(self) -> None:
+        """Stop every rank (SIGTERM, then SIGKILL after the grace period)."""
+        stop(self.children, self.grace)
+        self._watcher.join()
+
+    def finish(self) -> None:
+        """At exit: wait for the ranks to end the program; report a failure not yet raised."""
+        self._watcher.join()
+        if self.failures and not self._delivered:
+            sys.stderr.write(f"plait: {self.failures[0]}\n")
+            sys.stderr.flush()
+            sys.stdout.flush()
+            os._exit(1)  # the job failed, whatever this process's own status
+
+
+_job: _Job | None = None
+
+
+def _finish_job() -> None:
+    if _job is not None:
+        _job.finish()
+
+
 class SubprocessScriptLauncher:
     """Runs the user's program again for ranks 1 to n-1; this process is rank 0.
 
     This is the ``popen`` way of launching: no pickling, the program simply runs
     once per rank, and each copy finds its place from the variables it was given
-    (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ...). When a rank fails, every other
-    one is stopped (SIGTERM, then SIGKILL after a grace period) and rank 0 raises
-    `PeerFailedError`; if rank 0 fails, the other ranks are stopped too.
+    (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ...). The ranks started by the first
+    launch live as long as the program: a later launch (the ``test`` after a
+    ``fit``) runs with the same ranks, which reach it in their own copy of the
+    program. When a rank fails, every other one is stopped (SIGTERM, then SIGKILL
+    after a grace period) and rank 0 raises `PeerFailedError`; if rank 0 fails,
+    the other ranks are stopped too. At exit, rank 0 waits for the others to end.
 
     Args:
         num_processes: How many ranks the job has, this process included.
@@ -124,15 +227,39 @@ class SubprocessScriptLauncher:
         return False
 
     def launch(self, function: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
-        """Start the other ranks, run ``function`` as rank 0, and return its result.
+        """Start the other ranks (once), run ``function`` as rank 0, and return its result.
 
         In a rank this launcher started, run ``function`` and nothing else.
 
         Raises:
+            ConfigurationError: Ranks started earlier in this program form a job of
+                another size.
             PeerFailedError: Another rank failed; every rank was stopped.
         """
+        global _job  # noqa: PLW0603 (one job per program: its ranks run the whole program)
         if os.environ.get(LAUNCHED_VARIABLE) == "1":
             return function(*args, **kwargs)
+        payload = pickled_work(function, args, kwargs)
+        if _job is not None and _job.alive:
+            if _job.num_processes != self.num_processes:
+                raise ConfigurationError(
+                    f"this program already runs a job of {_job.num_processes} processes, "
+                    f"and a launch of {self.num_processes} was asked for",
+                    value=self.num_processes,
+                    fix="use the same number of devices for every run in one program",
+                )
+            job = _job
+        else:
+            job = self._start()
+            if _job is None:
+                atexit.register(_finish_job)
+            _job = job
+        # As in every other rank, the work is made anew once this process knows its
+        # place: a strategy in it finds rank 0 of the whole job.
+        function, args, kwargs = pickle.loads(payload)
+        return job.run(function, args, kwargs)
+
+    def _start(self) -> _Job:
         port = self.main_port or free_port(self.main_address)
 
         def variables(rank: int) -> dict[str, str]:
@@ -143,7 +270,6 @@ class SubprocessScriptLauncher:
                 main_port=port,
             )
 
-        payload = pickled_work(function, args, kwargs)
         children: list[Child] = []
         try:
             for rank in range(1, self.num_processes):
@@ -157,56 +283,13 @@ class SubprocessScriptLauncher:
             stop(children, self.grace_period)
             raise
         os.environ.update(variables(0))
-        # As in every other rank, the work is made anew once this process knows its
-        # place: a strategy in it finds rank 0 of the whole job.
-        function, args, kwargs = pickle.loads(payload)
-        return self._run_as_rank_zero(children, port, function, args, kwargs)
-
-    def _run_as_rank_zero(
-        self,
-        children: list[Child],
-        port: int,
-        function: Callable[..., R],
-        args: tuple[object, ...],
-        kwargs: dict[str, object],
-    ) -> R:
-        failures: list[PeerFailedError] = []
-        lock = threading.Lock()
-        running = [True]
-
-        def watch_children() -> None:
-            try:
-                watch(
-                    children,
-                    grace=self.grace_period,
-                    on_failure=lambda failure: announce_failure(
-                        self.main_address, port, self.num_processes, failure
-                    ),
-                )
-            except PeerFailedError as failure:
-                with lock:
-                    failures.append(failure)
-                    if running[0]:
-                        _thread.interrupt_main()  # rank 0 may be computing: stop it now
-
-        watcher = threading.Thread(target=watch_children, daemon=True)
-        watcher.start()
-        try:
-            try:
-                result = function(*args, **kwargs)
-            finally:
-                with lock:
-                    running[0] = False
-            watcher.join()  # the other ranks finish too
-        except BaseException as error:
-            stop(children, self.grace_period)
-            watcher.join()
-            if failures:
-                raise failures[0] from error
-            raise
-        if failures:
-            raise failures[0]
-        return result
+        return _Job(
+            children,
+            num_processes=self.num_processes,
+            main_address=self.main_address,
+            port=port,
+            grace=self.grace_period,
+        )
 
     @override
     def __repr__(self) -> str:
