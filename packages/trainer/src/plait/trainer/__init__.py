@@ -1,7 +1,39 @@
-"""The Trainer: the composition root that runs the loops.
+"""plait.trainer: the Trainer, the one place where plait's parts are composed.
 
-It resolves an accelerator, precision, checkpoint I/O, cluster environment and
-strategy by name or instance, and runs the fit, validate, test and predict loops.
-
-This distribution ships no trainer yet: it installs and imports on its own.
+`Trainer` resolves an accelerator, devices, precision, plugins and a strategy
+(by name or instance, in one step) and runs ``fit``, ``validate``, ``test`` and
+``predict`` on a `Module`, with callbacks (`ModelCheckpoint`, `EarlyStopping`,
+`LearningRateMonitor`, `RichProgressBar`) and loggers (`CSVLogger`,
+`TensorBoardLogger`). ``plait fit --example digits`` runs the bundled example.
 """
+
+from plait.trainer.callbacks import (
+    Callback,
+    EarlyStopping,
+    LearningRateMonitor,
+    ModelCheckpoint,
+    RichProgressBar,
+)
+from plait.trainer.connector import Connection, connect
+from plait.trainer.loggers import CSVLogger, Logger, TensorBoardLogger
+from plait.trainer.module import DataModule, Module
+from plait.trainer.optim import SchedulerConfig
+from plait.trainer.trainer import Outcome, Trainer
+
+__all__ = [
+    "CSVLogger",
+    "Callback",
+    "Connection",
+    "DataModule",
+    "EarlyStopping",
+    "LearningRateMonitor",
+    "Logger",
+    "ModelCheckpoint",
+    "Module",
+    "Outcome",
+    "RichProgressBar",
+    "SchedulerConfig",
+    "TensorBoardLogger",
+    "Trainer",
+    "connect",
+]

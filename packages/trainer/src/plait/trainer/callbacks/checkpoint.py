@@ -1,0 +1,259 @@
+"""`ModelCheckpoint`: save the run every epoch (or every n steps), keep the best k."""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from typing import TYPE_CHECKING, Final, Literal
+
+from typing_extensions import override
+
+from plait.core import ConfigurationError
+from plait.core.errors import suggest
+from plait.trainer.callbacks.base import Callback
+from plait.trainer.checks import check_count
+
+if TYPE_CHECKING:
+    from plait.core.typing import StateDict
+    from plait.trainer.metrics import Number
+    from plait.trainer.module import Module, StepOutput
+    from plait.trainer.trainer import Trainer
+
+__all__ = ["LAST_NAME", "ModelCheckpoint"]
+
+LAST_NAME: Final = "last"
+"""The file name (without suffix) of the checkpoint `ModelCheckpoint` keeps as the latest."""
+
+_FIELD = re.compile(r"{([^{}:!]+)[^{}]*}")
+
+
+class ModelCheckpoint(Callback):
+    """Save checkpoints during `Trainer.fit`: the best ``save_top_k`` and the last.
+
+    By default it saves at the end of every training epoch (after that epoch's
+    validation) into ``<default_root_dir>/checkpoints``, keeps the newest
+    checkpoint (or, with ``monitor``, the ``save_top_k`` best by that metric) and,
+    with ``save_last``, a copy named ``last.ckpt`` that ``fit(ckpt_path="last")``
+    resumes from. Decisions are taken on global rank 0 and shared, so every rank
+    saves together even when the monitored value differs between ranks.
+
+    Args:
+        dirpath: The directory (or fsspec URL) to save into.
+        filename: A `str.format` template with ``{epoch}``, ``{step}`` and logged
+            metric names, e.g. ``"{epoch}-{val_loss:.3f}"``; each field is written
+            as ``name=value``. By default ``epoch={epoch}-step={step}``, and the
+            monitored metric after them.
+        monitor: The logged metric that ranks checkpoints; ``None`` keeps the newest.
+        mode: ``"min"`` or ``"max"``: which values of ``monitor`` are better.
+        save_top_k: How many of the best to keep; ``-1`` keeps all, ``0`` none
+            (only ``last.ckpt``, if ``save_last``).
+        save_last: Also keep ``last.ckpt``, the latest state, for resuming.
+        every_n_epochs: Save at the end of every n-th epoch.
+        every_n_train_steps: Save every n optimizer steps instead of per epoch.
+
+    Raises:
+        ConfigurationError: An argument is out of range, or ``save_top_k`` above 1
+            without ``monitor`` (there would be no way to rank them).
+    """
+
+    FILE_EXTENSION: Final = ".ckpt"
+
+    def __init__(
+        self,
+        dirpath: str | os.PathLike[str] | None = None,
+        filename: str | None = None,
+        *,
+        monitor: str | None = None,
+        mode: Literal["min", "max"] = "min",
+        save_top_k: int = 1,
+        save_last: bool = True,
+        every_n_epochs: int = 1,
+        every_n_train_steps: int | None = None,
+    ) -> None:
+        if mode not in ("min", "max"):
+            raise ConfigurationError.invalid_choice("mode", mode, ("min", "max"))
+        check_count("save_top_k", save_top_k, minimum=-1, example="save_top_k=1 (or -1: all)")
+        if monitor is None and save_top_k not in (-1, 0, 1):
+            raise ConfigurationError(
+                f"save_top_k={save_top_k} needs a metric to rank checkpoints by, and "
+                "monitor is None",
+                value=save_top_k,
+                fix="pass monitor='val_loss' (a metric you log), or save_top_k=1 "
+                "(the newest) or -1 (all)",
+            )
+        check_count("every_n_epochs", every_n_epochs, minimum=1, example="every_n_epochs=1")
+        if every_n_train_steps is not None:
+            check_count(
+                "every_n_train_steps",
+                every_n_train_steps,
+                minimum=1,
+                example="every_n_train_steps=100",
+            )
+        self.dirpath = os.fspath(dirpath) if dirpath is not None else None
+        self.filename = filename
+        self.monitor = monitor
+        self.mode = mode
+        self.save_top_k = save_top_k
+        self.save_last = save_last
+        self.every_n_epochs = every_n_epochs
+        self.every_n_train_steps = every_n_train_steps
+        self.best_k_models: dict[str, float] = {}
+        self.best_model_path = ""
+        self.best_model_score: float | None = None
+        self.last_model_path = ""
+        self._last_saved_step = -1
+
+    @property
+    @override
+    def state_key(self) -> str:
+        return f"ModelCheckpoint{{monitor={self.monitor!r}, mode={self.mode!r}}}"
+
+    @override
+    def state_dict(self) -> StateDict:
+        return {
+            "dirpath": self.dirpath,
+            "best_k_models": dict(self.best_k_models),
+            "best_model_path": self.best_model_path,
+            "best_model_score": self.best_model_score,
+            "last_model_path": self.last_model_path,
+        }
+
+    @override
+    def load_state_dict(self, state_dict: StateDict) -> None:
+        if self.dirpath is None:
+            self.dirpath = state_dict.get("dirpath")
+        elif state_dict.get("dirpath") != self.dirpath:
+            return  # another directory: its files are not this callback's to manage
+        self.best_k_models = dict(state_dict["best_k_models"])
+        self.best_model_path = state_dict["best_model_path"]
+        self.best_model_score = state_dict["best_model_score"]
+        self.last_model_path = state_dict["last_model_path"]
+
+    @override
+    def setup(self, trainer: Trainer, module: Module, stage: str) -> None:
+        if self.dirpath is None:
+            self.dirpath = os.path.join(trainer.default_root_dir, "checkpoints")
+
+    def last_path(self) -> str:
+        """Where ``last.ckpt`` is (or will be) written."""
+        assert self.dirpath is not None  # set in setup
+        return os.path.join(self.dirpath, LAST_NAME + self.FILE_EXTENSION)
+
+    @override
+    def on_train_batch_end(
+        self, trainer: Trainer, module: Module, outputs: StepOutput, batch: object, batch_idx: int
+    ) -> None:
+        every = self.every_n_train_steps
+        step = trainer.global_step
+        if every is not None and step > 0 and step % every == 0 and step != self._last_saved_step:
+            self._save(trainer)
+
+    @override
+    def on_train_epoch_end(self, trainer: Trainer, module: Module) -> None:
+        if (
+            self.every_n_train_steps is None
+            and (trainer.current_epoch + 1) % self.every_n_epochs == 0
+        ):
+            self._save(trainer)
+
+    def _score(self, trainer: Trainer) -> float | None:
+        if self.monitor is None:
+            return None
+        metrics = trainer.callback_metrics
+        if self.monitor not in metrics:
+            raise ConfigurationError(
+                f"ModelCheckpoint(monitor={self.monitor!r}) found no such metric; "
+                f"logged: {', '.join(sorted(metrics)) or 'nothing'}",
+                value=self.monitor,
+                suggestion=suggest(self.monitor, metrics),
+                fix="log it with self.log(name, value) in training_step or validation_step, "
+                "or monitor one of the logged names",
+            )
+        return float(metrics[self.monitor])
+
+    def _is_better(self, score: float, than: float) -> bool:
+        return score < than if self.mode == "min" else score > than
+
+    def _format(self, trainer: Trainer, score: float | None) -> str:
+        values: dict[str, Number] = {
+            **trainer.callback_metrics,
+            "epoch": trainer.current_epoch,
+            "step": trainer.global_step,
+        }
+        if self.filename is None:
+            name = f"epoch={trainer.current_epoch}-step={trainer.global_step}"
+            if self.monitor is not None and score is not None:
+                name += f"-{self.monitor}={score:.4g}"
+        else:
+            template = _FIELD.sub(lambda match: f"{match.group(1)}={match.group(0)}", self.filename)
+            try:
+                name = template.format(**values)
+            except KeyError as error:
+                raise ConfigurationError(
+                    f"ModelCheckpoint(filename={self.filename!r}) names {error.args[0]!r}, "
+                    f"which is neither epoch, step nor a logged metric",
+                    value=self.filename,
+                    fix="use {epoch}, {step} or the name of a metric you log",
+                ) from None
+        assert self.dirpath is not None
+        return os.path.join(self.dirpath, name.replace(os.sep, "_") + self.FILE_EXTENSION)
+
+    def _save(self, trainer: Trainer) -> None:
+        self._last_saved_step = trainer.global_step
+        # Rank 0 decides: the monitored value may differ between ranks that do not
+        # sync it, and every rank must take part in the same saves.
+        plan = self._plan(trainer) if trainer.is_global_zero else None
+        keep, remove, score = trainer.strategy.broadcast(plan, src=0) or (None, [], None)
+        if keep is not None:
+            trainer.save_checkpoint(keep)
+        if self.save_last:
+            trainer.save_checkpoint(self.last_path())
+            self.last_model_path = self.last_path()
+        if trainer.is_global_zero:
+            for path in remove:
+                trainer.strategy.checkpoint_io.remove_checkpoint(path)
+        self._apply(keep, remove, score)
+
+    def _plan(self, trainer: Trainer) -> tuple[str | None, list[str], float | None]:
+        score = self._score(trainer)
+        if self.save_top_k == 0:
+            return None, [], score
+        path = self._format(trainer, score)
+        if score is None:
+            stale = [p for p in self.best_k_models if p != path] if self.save_top_k == 1 else []
+            return path, stale, score
+        if math.isnan(score):
+            return None, [], score  # a nan never ranks among the best
+        if self.save_top_k == -1 or len(self.best_k_models) < self.save_top_k:
+            return path, [], score
+        worst = self._worst()
+        if not self._is_better(score, self.best_k_models[worst]):
+            return None, [], score
+        return path, [worst] if worst != path else [], score
+
+    def _worst(self) -> str:
+        pick = max if self.mode == "min" else min
+        return pick(self.best_k_models, key=self.best_k_models.__getitem__)
+
+    def _apply(self, keep: str | None, remove: list[str], score: float | None) -> None:
+        for path in remove:
+            self.best_k_models.pop(path, None)
+        if keep is None:
+            return
+        self.best_k_models[keep] = score if score is not None else math.nan
+        if score is None:
+            self.best_model_path = keep
+            return
+        best = (min if self.mode == "min" else max)(
+            self.best_k_models, key=self.best_k_models.__getitem__
+        )
+        self.best_model_path = best
+        self.best_model_score = self.best_k_models[best]
+
+    @override
+    def __repr__(self) -> str:
+        return (
+            f"ModelCheckpoint(dirpath={self.dirpath!r}, monitor={self.monitor!r}, "
+            f"mode={self.mode!r}, save_top_k={self.save_top_k}, save_last={self.save_last})"
+        )

@@ -1,0 +1,243 @@
+"""The ``plait`` command: train a bundled example, or list what is registered.
+
+plait fit --example digits --strategy ddp --accelerator cpu --devices 2 --max-epochs 5
+plait validate --example digits --ckpt-path plait_runs/checkpoints/last.ckpt
+plait list strategies
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Final
+
+from plait.core import (
+    AcceleratorRegistry,
+    CheckpointError,
+    ConfigurationError,
+    MissingDependencyError,
+    PeerFailedError,
+    PrecisionRegistry,
+    Registry,
+    StrategyRegistry,
+    seed_everything,
+)
+from plait.trainer.examples import EXAMPLES
+from plait.trainer.loggers import CSVLogger, Logger, TensorBoardLogger
+from plait.trainer.trainer import Trainer
+
+if TYPE_CHECKING:
+    from plait.core.typing import DeviceSpec
+
+__all__ = ["build_parser", "main"]
+
+_LOGGERS: Final = ("csv", "tensorboard", "none")
+_LISTS: Final = ("strategies", "accelerators", "precisions", "examples")
+
+
+def _devices(text: str) -> DeviceSpec:
+    text = text.strip()
+    if text.lstrip("-").isdigit():
+        return int(text)
+    return text
+
+
+def _add_run_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--example", required=True, choices=sorted(EXAMPLES),
+        help="the bundled example to run: "
+        + "; ".join(f"{e.name}: {e.description}" for e in EXAMPLES.values()),
+    )  # fmt: skip
+    parts = parser.add_argument_group("where it runs")
+    parts.add_argument(
+        "--strategy",
+        default="auto",
+        help="a registered strategy name, e.g. ddp, ddp_spawn, single_device (default: auto)",
+    )
+    parts.add_argument(
+        "--accelerator", default="auto", help="cpu, cuda, mps, xla or auto (default: auto)"
+    )
+    parts.add_argument(
+        "--devices",
+        type=_devices,
+        default="auto",
+        help="how many devices (processes on the CPU), indices such as 0,2, -1 for all, or auto",
+    )
+    parts.add_argument(
+        "--num-nodes",
+        type=int,
+        default=1,
+        help="machines in the job, started by torchrun or a scheduler (default: 1)",
+    )
+    parts.add_argument(
+        "--precision", default=None, help="32-true (default), bf16-mixed, 16-mixed, 64-true, ..."
+    )
+    output = parser.add_argument_group("output")
+    output.add_argument(
+        "--default-root-dir",
+        default="plait_runs",
+        help="where checkpoints and logs go (default: plait_runs)",
+    )
+    output.add_argument(
+        "--logger", choices=_LOGGERS, default="csv", help="where metrics go (default: csv)"
+    )
+    output.add_argument(
+        "--no-progress-bar", action="store_true", help="do not draw the progress bar"
+    )
+    output.add_argument(
+        "--ckpt-path", default=None, help="a checkpoint to start from: a path, last or best"
+    )
+    parser.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="seeds every random generator on every rank (default: 0)",
+    )
+    parser.add_argument(
+        "--batch-size", type=int, default=64, help="examples per batch on each rank (default: 64)"
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``plait`` command line."""
+    parser = argparse.ArgumentParser(
+        prog="plait",
+        description="Train plait's bundled examples with any registered strategy, or list "
+        "what is registered.",
+        epilog="example: plait fit --example digits --strategy ddp --accelerator cpu "
+        "--devices 2 --max-epochs 5",
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    fit = commands.add_parser(
+        "fit", help="train an example, then report its validation metrics and checkpoint",
+        description="Train an example with a strategy, show progress, and report the final "
+        "validation metrics and where the checkpoint went.",
+    )  # fmt: skip
+    _add_run_options(fit)
+    training = fit.add_argument_group("training")
+    training.add_argument(
+        "--max-epochs", type=int, default=10, help="epochs to train (default: 10)"
+    )
+    training.add_argument(
+        "--max-steps",
+        type=int,
+        default=-1,
+        help="stop after this many optimizer steps (default: no limit)",
+    )
+    training.add_argument(
+        "--lr", type=float, default=None, help="the learning rate (default: the example's)"
+    )
+    training.add_argument(
+        "--accumulate-grad-batches",
+        type=int,
+        default=1,
+        help="batches per optimizer step (default: 1)",
+    )
+    training.add_argument(
+        "--gradient-clip-val", type=float, default=None, help="clip gradients to this norm"
+    )
+    validate = commands.add_parser(
+        "validate", help="evaluate an example (from a checkpoint) on its validation data",
+        description="Run the validation loop of an example once and print its metrics.",
+    )  # fmt: skip
+    _add_run_options(validate)
+    listing = commands.add_parser(
+        "list", help="list registered names", description="List registered names."
+    )
+    listing.add_argument("what", choices=_LISTS, help="what to list")
+    return parser
+
+
+def _logger(name: str, root: str) -> list[Logger]:
+    if name == "none":
+        return []
+    if name == "tensorboard":
+        return [TensorBoardLogger(root)]
+    return [CSVLogger(root)]
+
+
+def _say(line: str, *, error: bool = False) -> None:
+    stream = sys.stderr if error else sys.stdout
+    stream.write(line + "\n")
+    stream.flush()
+
+
+def _list(what: str) -> None:
+    if what == "examples":
+        for example in EXAMPLES.values():
+            _say(f"{example.name:<36} {example.description}")
+        return
+    registries: dict[str, Registry[Any]] = {
+        "strategies": StrategyRegistry,
+        "accelerators": AcceleratorRegistry,
+        "precisions": PrecisionRegistry,
+    }
+    for entry in registries[what].entries():
+        _say(f"{entry.name:<36} {entry.description}")
+
+
+def _run(arguments: argparse.Namespace) -> None:
+    seed_everything(arguments.seed)
+    example = EXAMPLES[arguments.example]
+    module, data = example.build(lr=getattr(arguments, "lr", None), batch_size=arguments.batch_size)
+    fitting = arguments.command == "fit"
+    trainer = Trainer(
+        accelerator=arguments.accelerator,
+        strategy=arguments.strategy,
+        devices=arguments.devices,
+        num_nodes=arguments.num_nodes,
+        precision=arguments.precision,
+        logger=_logger(arguments.logger, arguments.default_root_dir),
+        max_epochs=arguments.max_epochs if fitting else 1,
+        max_steps=arguments.max_steps if fitting else -1,
+        accumulate_grad_batches=arguments.accumulate_grad_batches if fitting else 1,
+        gradient_clip_val=arguments.gradient_clip_val if fitting else None,
+        default_root_dir=arguments.default_root_dir,
+        enable_progress_bar=not arguments.no_progress_bar,
+    )
+    if fitting:
+        trainer.fit(module, datamodule=data, ckpt_path=arguments.ckpt_path)
+        metrics = trainer.callback_metrics
+    else:
+        [metrics] = trainer.validate(module, datamodule=data, ckpt_path=arguments.ckpt_path)
+    if not trainer.is_global_zero:
+        return  # a rank the launcher started: rank 0 reports
+    if fitting:
+        _say(
+            f"trained {example.name} with {arguments.strategy} on {trainer.num_processes} "
+            f"process(es) ({trainer.strategy.root_device.type}) for {trainer.current_epoch} "
+            f"epoch(s), {trainer.global_step} optimizer steps"
+        )
+    validation = {k: v for k, v in metrics.items() if k.startswith("val_")}
+    _say("final validation: " + "  ".join(f"{k}={v:.4f}" for k, v in sorted(validation.items())))
+    if example.metric in metrics:
+        _say(f"{example.metric} = {metrics[example.metric]:.4f}")
+    checkpoint = trainer.checkpoint_callback
+    if fitting and checkpoint is not None and checkpoint.last_model_path:
+        _say(f"checkpoint: {checkpoint.last_model_path}")
+    if trainer.log_dir:
+        _say(f"logs: {trainer.log_dir}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the ``plait`` command; returns the exit status."""
+    arguments = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    if arguments.command == "list":
+        _list(arguments.what)
+        return 0
+    try:
+        _run(arguments)
+    except (ConfigurationError, MissingDependencyError, CheckpointError) as error:
+        _say(f"plait: error: {error}", error=True)
+        return 2
+    except PeerFailedError as error:
+        _say(f"plait: a rank failed: {error}", error=True)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,394 @@
+"""The connector: accelerator, devices, precision, plugins and strategy, resolved in one step.
+
+Every part is taken as a registered name or an instance; compatibility is judged
+only from what each part declares (the Protocols it meets, the arguments its
+constructor takes, the devices its accelerator reports), so a strategy of yours is
+treated exactly as a built-in one. Anything that cannot work together raises
+`ConfigurationError` here, before any process starts.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from collections.abc import Callable, Mapping, Sequence, Sized
+from typing import TYPE_CHECKING, Final
+
+import attrs
+
+from plait.core import (
+    Accelerator,
+    AcceleratorRegistry,
+    CheckpointIO,
+    CheckpointIORegistry,
+    ClusterEnvironment,
+    ConfigurationError,
+    Precision,
+    PrecisionRegistry,
+    Strategy,
+    StrategyRegistry,
+    SupportsLauncher,
+    SupportsReplace,
+)
+from plait.environments import detect_environment
+from plait.trainer.checks import check_count
+
+if TYPE_CHECKING:
+    import torch
+
+    from plait.core.typing import DeviceSpec
+
+__all__ = ["Connection", "Plugin", "connect"]
+
+log = logging.getLogger("plait.trainer")
+
+Plugin = Precision | CheckpointIO | ClusterEnvironment | str
+"""What ``plugins=[...]`` holds: part instances, or names from the part registries."""
+
+_PART_ARGUMENTS: Final = ("accelerator", "precision", "checkpoint_io", "cluster_environment")
+
+
+@attrs.frozen
+class Connection:
+    """The resolved parts of a run.
+
+    Attributes:
+        strategy: The strategy, made with every part.
+        devices: The device indices the job uses on each node.
+        num_nodes: How many nodes the job spans.
+        reasons: One line per choice: what was chosen and why.
+    """
+
+    strategy: Strategy
+    devices: tuple[int, ...]
+    num_nodes: int
+    reasons: tuple[str, ...]
+
+    @property
+    def num_processes(self) -> int:
+        """Processes in the whole job."""
+        return len(self.devices) * self.num_nodes
+
+
+def _accepts(factory: Callable[..., object], argument: str) -> bool:
+    try:
+        parameters = inspect.signature(factory).parameters
+    except (TypeError, ValueError):
+        return False
+    parameter = parameters.get(argument)
+    if parameter is not None:
+        return parameter.kind is not inspect.Parameter.POSITIONAL_ONLY
+    return any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
+
+
+def _kind_of(plugin: object) -> str | None:
+    for kind, protocol in (
+        ("precision", Precision),
+        ("checkpoint_io", CheckpointIO),
+        ("cluster_environment", ClusterEnvironment),
+    ):
+        if isinstance(plugin, protocol):
+            return kind
+    return None
+
+
+def _named_kind(name: str) -> str:
+    kinds = [
+        kind
+        for kind, registry in (
+            ("precision", PrecisionRegistry),
+            ("checkpoint_io", CheckpointIORegistry),
+        )
+        if name in registry
+    ]
+    if len(kinds) == 1:
+        return kinds[0]
+    choices = [*PrecisionRegistry.available(), *CheckpointIORegistry.available()]
+    raise ConfigurationError.invalid_choice(
+        "plugin name" if not kinds else f"plugin name (it names a {' and a '.join(kinds)})",
+        name,
+        choices,
+        fix="pass a precision or checkpoint IO by its registered name, or pass an instance",
+    )
+
+
+def _sort_plugins(plugins: Sequence[Plugin] | Plugin | None) -> dict[str, object]:
+    if plugins is None:
+        return {}
+    listed: Sequence[object] = (
+        [plugins] if isinstance(plugins, str) or not isinstance(plugins, Sequence) else plugins
+    )
+    found: dict[str, object] = {}
+    for plugin in listed:
+        kind = _named_kind(plugin) if isinstance(plugin, str) else _kind_of(plugin)
+        if kind is None:
+            raise ConfigurationError(
+                f"the plugin {plugin!r} is a {type(plugin).__name__}, which is neither a "
+                "Precision, a CheckpointIO nor a ClusterEnvironment",
+                value=plugin,
+                fix="implement one of those protocols of plait.core, or pass the object "
+                "where it belongs (strategy=..., accelerator=...)",
+            )
+        if kind in found:
+            raise ConfigurationError(
+                f"two {kind} plugins were given: {found[kind]!r} and {plugin!r}",
+                value=plugin,
+                fix=f"pass one {kind} plugin",
+            )
+        found[kind] = plugin
+    return found
+
+
+def _precision_name(precision: object) -> object:
+    if isinstance(precision, int) and not isinstance(precision, bool):
+        return str(precision)
+    return precision
+
+
+def _accelerator(
+    value: Accelerator | str, strategy: Strategy | None, reasons: list[str]
+) -> Accelerator:
+    given_by_strategy = (
+        strategy is not None
+        and isinstance(strategy, SupportsReplace)
+        and strategy.arguments.get("accelerator") is not None
+    )
+    if strategy is not None and (given_by_strategy or not isinstance(strategy, SupportsReplace)):
+        if value != "auto" and not _same_accelerator(value, strategy.accelerator):
+            raise ConfigurationError(
+                f"two accelerators were given: {value!r} to the Trainer and "
+                f"{strategy.accelerator!r} to the strategy",
+                value=value,
+                fix="give the accelerator in one place: Trainer(accelerator=...) or the "
+                "strategy's constructor",
+            )
+        reasons.append(f"accelerator {strategy.accelerator.name!r}: the strategy's own")
+        return strategy.accelerator
+    if isinstance(value, str):
+        built = AcceleratorRegistry.get(value)
+        why = "the best available here" if value.strip().lower() == "auto" else "by name"
+    else:
+        if not isinstance(value, Accelerator):
+            raise ConfigurationError(
+                f"accelerator={value!r} is a {type(value).__name__}, not an Accelerator",
+                value=value,
+                choices=AcceleratorRegistry.available(),
+                fix="pass a registered name or an object implementing plait.core.Accelerator",
+            )
+        built, why = value, "given as an instance"
+    if not built.is_available():
+        raise ConfigurationError(
+            f"the accelerator {built.name!r} is not available on this machine",
+            value=built.name,
+            fix="use accelerator='auto' (the best available) or accelerator='cpu'",
+        )
+    reasons.append(f"accelerator {built.name!r}: {why}")
+    return built
+
+
+def _same_accelerator(value: Accelerator | str, accelerator: Accelerator) -> bool:
+    if isinstance(value, str):
+        return value.strip().lower() == accelerator.name
+    return value is accelerator
+
+
+def _strategy_name(strategy: str, processes: int, externally: bool) -> tuple[str, str]:
+    key = strategy.strip().lower()
+    if key != "auto":
+        return key, "by name"
+    if processes > 1 or externally:
+        return "ddp", f"'auto' with {processes} processes"
+    return "single_device", "'auto' with one process"
+
+
+def connect(
+    *,
+    accelerator: Accelerator | str = "auto",
+    strategy: Strategy | str = "auto",
+    devices: DeviceSpec = "auto",
+    num_nodes: int = 1,
+    precision: Precision | str | int | None = None,
+    plugins: Sequence[Plugin] | Plugin | None = None,
+) -> Connection:
+    """Resolve every part of a run into one strategy.
+
+    Raises:
+        ConfigurationError: A part is unknown (the closest name is suggested), given
+            twice, unavailable here, or incompatible with another (e.g. more devices
+            than exist, a precision the device cannot run, several devices for a
+            one-process strategy).
+    """
+    check_count("num_nodes", num_nodes, minimum=1, example="num_nodes=1 on one machine")
+    reasons: list[str] = []
+    parts = _sort_plugins(plugins)
+    if precision is not None:
+        if "precision" in parts:
+            raise ConfigurationError(
+                f"two precisions were given: precision={precision!r} and the plugin "
+                f"{parts['precision']!r}",
+                value=precision,
+                fix="pass the precision once, either as precision= or in plugins",
+            )
+        parts["precision"] = _precision_name(precision)
+    instance: Strategy | None = None
+    if not isinstance(strategy, str):
+        if not isinstance(strategy, Strategy):
+            raise ConfigurationError(
+                f"strategy={strategy!r} is a {type(strategy).__name__}, not a Strategy",
+                value=strategy,
+                choices=StrategyRegistry.available(),
+                fix="pass a registered name or an object implementing plait.core.Strategy",
+            )
+        instance = strategy
+    built_accelerator = _accelerator(accelerator, instance, reasons)
+    detection = detect_environment()
+    environment = parts.get("cluster_environment", detection.environment)
+    assert isinstance(environment, ClusterEnvironment)  # sorted by protocol
+    if devices == "auto" and environment.creates_processes_externally:
+        # The launcher decided: as many devices as it started processes on this node.
+        devices = max(1, environment.world_size // num_nodes)
+        reasons.append(f"devices={devices}: the processes launched per node")
+    indices = built_accelerator.parse_devices(devices)
+    parallel_devices = built_accelerator.get_parallel_devices(indices)
+    environment.validate_settings(len(indices), num_nodes)
+    if "cluster_environment" in parts:
+        reasons.append(f"cluster environment {environment!r}: given as a plugin")
+    else:
+        reasons.append(f"cluster environment: {detection.reason}")
+    processes = len(indices) * num_nodes
+    if instance is None:
+        assert isinstance(strategy, str)
+        name, why = _strategy_name(strategy, processes, environment.creates_processes_externally)
+        entry = StrategyRegistry.entry(name)
+        arguments = _arguments_for(
+            entry.factory,
+            entry.name,
+            parts=parts,
+            accelerator=built_accelerator,
+            parallel_devices=parallel_devices,
+            reasons=reasons,
+        )
+        built = StrategyRegistry.get(name, **arguments)
+        reasons.append(f"strategy {entry.name!r}: {why} ({built!r})")
+    else:
+        built = _rebuilt(
+            instance,
+            parts=parts,
+            accelerator=built_accelerator,
+            parallel_devices=parallel_devices,
+            devices=devices,
+            reasons=reasons,
+        )
+    if processes > 1 and not isinstance(built, SupportsLauncher) and built.world_size == 1:
+        raise ConfigurationError(
+            f"{built!r} runs in one process, and {processes} processes were asked for "
+            f"(devices={devices!r}, num_nodes={num_nodes})",
+            value=devices,
+            fix="choose a strategy that starts processes, e.g. strategy='ddp', or devices=1",
+        )
+    for line in reasons:
+        log.info("plait: %s", line)
+    return Connection(strategy=built, devices=indices, num_nodes=num_nodes, reasons=tuple(reasons))
+
+
+def _arguments_for(
+    factory: Callable[..., object],
+    name: str,
+    *,
+    parts: Mapping[str, object],
+    accelerator: Accelerator,
+    parallel_devices: list[torch.device],
+    reasons: list[str],
+) -> dict[str, object]:
+    arguments: dict[str, object] = {}
+    if _accepts(factory, "accelerator"):
+        arguments["accelerator"] = accelerator
+    for argument, value in parts.items():
+        if not _accepts(factory, argument):
+            raise ConfigurationError(
+                f"the strategy {name!r} does not take {argument}=, and one was given",
+                value=value,
+                fix=f"drop the {argument}, or choose a strategy that takes one",
+            )
+        arguments[argument] = value
+    if _accepts(factory, "parallel_devices"):
+        arguments["parallel_devices"] = parallel_devices
+    elif _accepts(factory, "device"):
+        if len(parallel_devices) > 1:
+            raise ConfigurationError(
+                f"the strategy {name!r} runs on one device, and {len(parallel_devices)} "
+                "devices were asked for",
+                value=len(parallel_devices),
+                fix="choose a strategy that starts one process per device, e.g. "
+                "strategy='ddp', or devices=1",
+            )
+        arguments["device"] = parallel_devices[0]
+    reasons.extend(
+        f"{argument} {parts[argument]!r}: given to the Trainer"
+        for argument in _PART_ARGUMENTS
+        if argument in parts and argument != "accelerator"
+    )
+    return arguments
+
+
+def _rebuilt(
+    strategy: Strategy,
+    *,
+    parts: Mapping[str, object],
+    accelerator: Accelerator,
+    parallel_devices: list[torch.device],
+    devices: DeviceSpec,
+    reasons: list[str],
+) -> Strategy:
+    if not isinstance(strategy, SupportsReplace):
+        if parts:
+            raise ConfigurationError(
+                f"{type(strategy).__qualname__} cannot be made again with the "
+                f"{', '.join(sorted(parts))} given to the Trainer: it does not implement "
+                "plait.core.SupportsReplace",
+                value=sorted(parts),
+                fix="pass those parts to the strategy's own constructor",
+            )
+        reasons.append(f"strategy {strategy!r}: given as an instance, used as it is")
+        return strategy
+    changes: dict[str, object] = {}
+    given = strategy.arguments
+    for argument, value in parts.items():
+        if given.get(argument) is not None:
+            raise ConfigurationError(
+                f"two {argument.replace('_', ' ')}s were given: {given[argument]!r} to the "
+                f"strategy and {value!r} to the Trainer",
+                value=value,
+                fix=f"give the {argument.replace('_', ' ')} in one place",
+            )
+        changes[argument] = value
+    if given.get("accelerator") is None and strategy.accelerator.name != accelerator.name:
+        changes["accelerator"] = accelerator
+    if strategy.accepts("parallel_devices"):
+        own = given.get("parallel_devices")
+        if own is None:
+            changes["parallel_devices"] = parallel_devices
+        elif devices != "auto" and (
+            not isinstance(own, Sized) or len(own) != len(parallel_devices)
+        ):
+            raise ConfigurationError(
+                f"two device lists were given: devices={devices!r} to the Trainer and "
+                f"parallel_devices to the strategy",
+                value=devices,
+                fix="give the devices in one place",
+            )
+    elif len(parallel_devices) > 1 and not isinstance(strategy, SupportsLauncher):
+        raise ConfigurationError(
+            f"{strategy!r} runs on one device, and {len(parallel_devices)} devices were asked for",
+            value=devices,
+            fix="choose a strategy that starts one process per device, e.g. strategy='ddp'",
+        )
+    if not changes:
+        reasons.append(f"strategy {strategy!r}: given as an instance, used as it is")
+        return strategy
+    rebuilt = strategy.replace(**changes)
+    reasons.append(
+        f"strategy {rebuilt!r}: the instance given, made again with "
+        f"{', '.join(sorted(changes))} from the Trainer"
+    )
+    return rebuilt

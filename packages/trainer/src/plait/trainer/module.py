@@ -1,0 +1,259 @@
+"""The user's side of training: a `Module` with its steps, and an optional `DataModule`."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Literal, TypeAlias
+
+import torch
+from typing_extensions import override
+
+from plait.core import ConfigurationError
+
+if TYPE_CHECKING:
+    from plait.core.typing import Checkpoint
+    from plait.trainer.trainer import Trainer
+
+__all__ = ["DataModule", "LogValue", "Module", "ReduceFx", "StepOutput"]
+
+LogValue: TypeAlias = "torch.Tensor | float | int | bool"
+"""What `Module.log` takes: a number or a one-element tensor."""
+
+ReduceFx: TypeAlias = Literal["mean", "sum", "max", "min"]
+"""How `Module.log` folds a metric's values over an epoch (and over ranks)."""
+
+StepOutput: TypeAlias = "torch.Tensor | Mapping[str, object] | None"
+"""What `Module.training_step` returns: the loss, a mapping with ``"loss"``, or ``None`` to skip."""
+
+_REDUCE_FX: tuple[ReduceFx, ...] = ("mean", "sum", "max", "min")
+
+
+class Module(torch.nn.Module):
+    """A `torch.nn.Module` that knows how to train itself: override its steps.
+
+    Only `training_step` and `configure_optimizers` are needed for `Trainer.fit`;
+    `validation_step`, `test_step` and `predict_step` for the other loops. The
+    hooks (``on_train_start``, ...) run on every rank; override those you need.
+
+    Example::
+
+        class Classifier(Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.net = torch.nn.Linear(64, 10)
+
+            def training_step(self, batch, batch_idx):
+                x, y = batch
+                loss = torch.nn.functional.cross_entropy(self.net(x), y)
+                self.log("train_loss", loss, prog_bar=True)
+                return loss
+
+            def configure_optimizers(self):
+                return torch.optim.SGD(self.parameters(), lr=0.1)
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._trainer: Trainer | None = None
+
+    @property
+    def trainer(self) -> Trainer:
+        """The trainer running this module.
+
+        Raises:
+            ConfigurationError: No trainer runs it (outside `Trainer.fit` and the others).
+        """
+        if self._trainer is None:
+            raise ConfigurationError(
+                f"{type(self).__name__} is not attached to a Trainer",
+                fix="call trainer.fit(module) (or validate, test, predict); "
+                "self.trainer and self.log work inside the steps and hooks it runs",
+            )
+        return self._trainer
+
+    @property
+    def attached(self) -> bool:
+        """Whether a trainer runs this module now."""
+        return self._trainer is not None
+
+    @override
+    def __getstate__(self) -> dict[str, object]:
+        # A module travels to the ranks without its trainer: each rank has its own.
+        return {**self.__dict__, "_trainer": None}
+
+    # The steps.
+
+    def training_step(self, batch: object, batch_idx: int) -> StepOutput:
+        """Compute the loss of one training batch (a tensor, or a mapping with ``"loss"``)."""
+        raise NotImplementedError(
+            f"{type(self).__name__} does not define training_step(batch, batch_idx), "
+            "which Trainer.fit needs"
+        )
+
+    def validation_step(self, batch: object, batch_idx: int) -> object:
+        """Evaluate one validation batch; log what you measure with `log`."""
+        raise NotImplementedError(
+            f"{type(self).__name__} does not define validation_step(batch, batch_idx)"
+        )
+
+    def test_step(self, batch: object, batch_idx: int) -> object:
+        """Evaluate one test batch; log what you measure with `log`."""
+        raise NotImplementedError(
+            f"{type(self).__name__} does not define test_step(batch, batch_idx)"
+        )
+
+    def predict_step(self, batch: object, batch_idx: int) -> object:
+        """The prediction for one batch; by default the module's output on it."""
+        return self(batch)
+
+    def configure_optimizers(self) -> object:
+        """The optimizers, and optionally learning-rate schedulers.
+
+        Return one of: an optimizer; a list of optimizers; a pair
+        ``([optimizers], [schedulers])``; or a dict (or a list of dicts)
+        ``{"optimizer": ..., "lr_scheduler": scheduler_or_config}``, where a
+        scheduler config is ``{"scheduler": ..., "interval": "epoch" | "step",
+        "frequency": 1, "monitor": "val_loss"}`` (``monitor`` for
+        ``ReduceLROnPlateau``).
+        """
+        raise NotImplementedError(
+            f"{type(self).__name__} does not define configure_optimizers(), which Trainer.fit needs"
+        )
+
+    # Logging.
+
+    def log(
+        self,
+        name: str,
+        value: LogValue,
+        *,
+        prog_bar: bool = False,
+        logger: bool = True,
+        on_step: bool | None = None,
+        on_epoch: bool | None = None,
+        reduce_fx: ReduceFx = "mean",
+        sync_dist: bool = False,
+        batch_size: int | None = None,
+    ) -> None:
+        """Record a metric for the loggers, the progress bar and the callbacks.
+
+        Args:
+            name: The metric's name, e.g. ``"val_loss"``.
+            value: A number or a one-element tensor.
+            prog_bar: Show it in the progress bar.
+            logger: Send it to the loggers.
+            on_step: Record each value as it comes; by default in training only.
+            on_epoch: Record the epoch's value (values folded with ``reduce_fx``);
+                by default outside training only.
+            reduce_fx: How the epoch's values are folded: ``"mean"`` (weighted by
+                ``batch_size``), ``"sum"``, ``"max"`` or ``"min"``.
+            sync_dist: Fold the values of every rank too, through the strategy's
+                collectives (an integer's mean is never truncated).
+            batch_size: The weight of this value in an epoch mean; by default the
+                length of the batch's first tensor.
+
+        Raises:
+            ConfigurationError: No trainer runs the module, or an argument is invalid.
+        """
+        self.trainer.record_metric(
+            name,
+            value,
+            prog_bar=prog_bar,
+            logger=logger,
+            on_step=on_step,
+            on_epoch=on_epoch,
+            reduce_fx=check_reduce_fx(reduce_fx),
+            sync_dist=sync_dist,
+            batch_size=batch_size,
+        )
+
+    def log_dict(self, values: Mapping[str, LogValue], **options: object) -> None:
+        """`log` each item of ``values`` with the same options."""
+        for name, value in values.items():
+            self.log(name, value, **options)  # type: ignore[arg-type]
+
+    # Hooks, each a no-op by default.
+
+    def on_fit_start(self) -> None:
+        """Once, before the first epoch, on every rank."""
+
+    def on_fit_end(self) -> None:
+        """Once, after the last epoch, on every rank."""
+
+    def on_train_epoch_start(self) -> None:
+        """Before each training epoch."""
+
+    def on_train_epoch_end(self) -> None:
+        """After each training epoch (and its validation)."""
+
+    def on_train_batch_start(self, batch: object, batch_idx: int) -> None:
+        """Before each training batch."""
+
+    def on_train_batch_end(self, outputs: StepOutput, batch: object, batch_idx: int) -> None:
+        """After each training batch."""
+
+    def on_validation_epoch_start(self) -> None:
+        """Before each validation run."""
+
+    def on_validation_epoch_end(self) -> None:
+        """After each validation run; logged epoch values are not folded yet."""
+
+    def on_test_epoch_start(self) -> None:
+        """Before the test run."""
+
+    def on_test_epoch_end(self) -> None:
+        """After the test run."""
+
+    def on_save_checkpoint(self, checkpoint: Checkpoint) -> None:
+        """Add to (or change) ``checkpoint`` before it is written."""
+
+    def on_load_checkpoint(self, checkpoint: Checkpoint) -> None:
+        """Read what `on_save_checkpoint` added, before the state is restored."""
+
+
+def check_reduce_fx(value: object) -> ReduceFx:
+    """``value`` as a `ReduceFx`.
+
+    Raises:
+        ConfigurationError: It is not one.
+    """
+    for choice in _REDUCE_FX:
+        if value == choice:
+            return choice
+    raise ConfigurationError.invalid_choice("reduce_fx", value, _REDUCE_FX)
+
+
+class DataModule:
+    """The data of a run, kept apart from the model: override the loaders you have.
+
+    ``setup(stage)`` runs on every rank before the loaders are asked for, with
+    ``stage`` one of ``"fit"``, ``"validate"``, ``"test"``, ``"predict"``;
+    ``prepare_data()`` runs once per job, on global rank 0, before it (download
+    there, never in ``setup``).
+    """
+
+    def prepare_data(self) -> None:
+        """Fetch or write data once per job (rank 0 only)."""
+
+    def setup(self, stage: str) -> None:
+        """Build the datasets for ``stage`` (on every rank)."""
+
+    def train_dataloader(self) -> Iterable[object]:
+        """The training loader."""
+        raise NotImplementedError(f"{type(self).__name__} has no train_dataloader()")
+
+    def val_dataloader(self) -> Iterable[object]:
+        """The validation loader."""
+        raise NotImplementedError(f"{type(self).__name__} has no val_dataloader()")
+
+    def test_dataloader(self) -> Iterable[object]:
+        """The test loader."""
+        raise NotImplementedError(f"{type(self).__name__} has no test_dataloader()")
+
+    def predict_dataloader(self) -> Iterable[object]:
+        """The prediction loader."""
+        raise NotImplementedError(f"{type(self).__name__} has no predict_dataloader()")
+
+    def has(self, stage_loader: str) -> bool:
+        """Whether this data module overrides the loader method ``stage_loader``."""
+        return getattr(type(self), stage_loader) is not getattr(DataModule, stage_loader)

@@ -1,0 +1,688 @@
+"""The Trainer: resolves the parts in one step, then runs fit, validate, test and predict."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Final, Literal
+
+import attrs
+from typing_extensions import override
+
+from plait.core import (
+    Accelerator,
+    CheckpointError,
+    ConfigurationError,
+    GradientClipAlgorithm,
+    Precision,
+    Strategy,
+    SupportsLauncher,
+    rank_zero_warn,
+    seed_everything,
+)
+from plait.core.seed import SEED_ENV_VAR
+from plait.trainer.callbacks.base import Callback
+from plait.trainer.callbacks.checkpoint import ModelCheckpoint
+from plait.trainer.callbacks.early_stopping import EarlyStopping
+from plait.trainer.callbacks.progress import RichProgressBar
+from plait.trainer.checks import check_count, check_number
+from plait.trainer.connector import Connection, Plugin, connect
+from plait.trainer.data import check_limit, first_tensor_length
+from plait.trainer.loggers import CSVLogger, Logger
+from plait.trainer.loops import Loops, Stage
+from plait.trainer.module import DataModule, LogValue, Module, ReduceFx
+
+if TYPE_CHECKING:
+    import torch
+
+    from plait.core.typing import Checkpoint, DeviceSpec, PathLike
+    from plait.trainer.metrics import Metrics, Number
+    from plait.trainer.optim import SchedulerConfig
+
+__all__ = ["Trainer"]
+
+_CLIP_ALGORITHMS: Final = ("norm", "value")
+_DEFAULT_MAX_EPOCHS: Final = 1000
+
+
+@attrs.frozen
+class Outcome:
+    """What a run sends back from rank 0 to the process that called the trainer.
+
+    Attributes:
+        in_place: The run worked on the caller's own objects (nothing to copy back).
+        state_dict: The module's trained state, on the CPU.
+        callback_states: Each stateful callback's state, by `Callback.state_key`.
+        callback_metrics: The trainer's metrics at the end.
+        logged_metrics: The last values sent to the loggers.
+        progress_bar_metrics: The values shown in the progress bar.
+        current_epoch: The epoch the run stopped at.
+        global_step: Optimizer steps taken.
+        log_dir: The first logger's directory, if there is a logger.
+        results: What `Trainer.validate`/`Trainer.test` return, or predictions.
+    """
+
+    in_place: bool
+    state_dict: dict[str, torch.Tensor] | None
+    callback_states: dict[str, dict[str, object]]
+    callback_metrics: dict[str, Number]
+    logged_metrics: dict[str, Number]
+    progress_bar_metrics: dict[str, Number]
+    current_epoch: int
+    global_step: int
+    log_dir: str | None
+    results: object
+
+
+def _origin(module: Module) -> tuple[int, int]:
+    return os.getpid(), id(module)
+
+
+class Trainer(Loops):
+    """Trains a `Module` with a strategy built from the parts you name.
+
+    Every setting is checked here, when the trainer is made, before any process
+    starts: the accelerator, devices, precision, plugins and strategy are resolved
+    in one step (`plait.trainer.connector.connect`), and the choices and their
+    reasons are logged (``logging.getLogger("plait.trainer")``) and kept in
+    `reasons`.
+
+    Args:
+        accelerator: ``"auto"``, a registered name (``"cpu"``, ``"cuda"``, ...) or an
+            `Accelerator`.
+        strategy: ``"auto"`` (one process, or ``"ddp"`` for several), a registered
+            name (``"ddp"``, ``"ddp_spawn"``, yours) or a `Strategy`.
+        devices: How many devices (processes on the CPU), which ones
+            (``[0, 2]``), ``-1`` for all, or ``"auto"``.
+        num_nodes: Machines in the job (started by torchrun or a scheduler).
+        precision: ``"32-true"`` by default; ``"bf16-mixed"``, ``"16-mixed"``,
+            ``"64-true"``, ... or a `Precision`.
+        plugins: A precision, checkpoint IO or cluster environment, each at most
+            once (instances, or precision and checkpoint IO names).
+        logger: ``True`` for a `CSVLogger` under ``default_root_dir``, ``False``
+            for none, or loggers of your own.
+        callbacks: Callbacks to run; a `ModelCheckpoint` and a `RichProgressBar`
+            are added unless you pass your own or switch them off.
+        max_epochs: Stop after this many epochs (1000 when neither this nor
+            ``max_steps`` is given).
+        max_steps: Stop after this many optimizer steps (-1: no limit).
+        limit_train_batches, limit_val_batches, limit_test_batches,
+        limit_predict_batches: Run only this many batches (an int) or this
+            fraction of each loader (a float).
+        val_check_interval: Validate every this many training batches (an int) or
+            this fraction of an epoch (a float); 1.0 validates at each epoch's end.
+        check_val_every_n_epoch: Validate in every n-th epoch only.
+        log_every_n_steps: Send step values to the loggers every n optimizer steps.
+        accumulate_grad_batches: Accumulate gradients over this many batches
+            before each optimizer step (without gradient synchronisation on the
+            batches in between, where the strategy supports it).
+        gradient_clip_val: Clip gradients to this norm (or value) before each step.
+        gradient_clip_algorithm: ``"norm"`` or ``"value"``.
+        default_root_dir: Where logs and checkpoints go; the working directory by
+            default.
+        enable_progress_bar: Draw a progress bar on global rank 0.
+        enable_checkpointing: Add a `ModelCheckpoint` when none is given.
+        deterministic: Make torch use deterministic algorithms only.
+
+    Raises:
+        ConfigurationError: A setting is invalid, or parts cannot work together;
+            the message names the value, the valid choices and a fix.
+    """
+
+    def __init__(
+        self,
+        *,
+        accelerator: Accelerator | str = "auto",
+        strategy: Strategy | str = "auto",
+        devices: DeviceSpec = "auto",
+        num_nodes: int = 1,
+        precision: Precision | str | int | None = None,
+        plugins: Sequence[Plugin] | Plugin | None = None,
+        logger: bool | Logger | Sequence[Logger] = True,
+        callbacks: Sequence[Callback] | Callback | None = None,
+        max_epochs: int | None = None,
+        max_steps: int = -1,
+        limit_train_batches: int | float = 1.0,
+        limit_val_batches: int | float = 1.0,
+        limit_test_batches: int | float = 1.0,
+        limit_predict_batches: int | float = 1.0,
+        val_check_interval: int | float = 1.0,
+        check_val_every_n_epoch: int = 1,
+        log_every_n_steps: int = 50,
+        accumulate_grad_batches: int = 1,
+        gradient_clip_val: float | None = None,
+        gradient_clip_algorithm: GradientClipAlgorithm = "norm",
+        default_root_dir: PathLike | None = None,
+        enable_progress_bar: bool = True,
+        enable_checkpointing: bool = True,
+        deterministic: bool = False,
+    ) -> None:
+        if max_epochs is not None:
+            check_count("max_epochs", max_epochs, minimum=1, example="max_epochs=10")
+        check_count("max_steps", max_steps, minimum=-1, example="max_steps=1000 (or -1: no limit)")
+        self.limits: dict[Stage, int | float] = {
+            "fit": check_limit("limit_train_batches", limit_train_batches),
+            "validate": check_limit("limit_val_batches", limit_val_batches),
+            "test": check_limit("limit_test_batches", limit_test_batches),
+            "predict": check_limit("limit_predict_batches", limit_predict_batches),
+        }
+        self.val_check_interval = check_limit("val_check_interval", val_check_interval)
+        if self.val_check_interval == 0:
+            raise ConfigurationError(
+                "val_check_interval=0 would validate without training in between",
+                value=val_check_interval,
+                fix="pass limit_val_batches=0 to turn validation off",
+            )
+        for name, count in (
+            ("check_val_every_n_epoch", check_val_every_n_epoch),
+            ("log_every_n_steps", log_every_n_steps),
+            ("accumulate_grad_batches", accumulate_grad_batches),
+        ):
+            check_count(name, count, minimum=1, example=f"{name}=1")
+        if gradient_clip_algorithm not in _CLIP_ALGORITHMS:
+            raise ConfigurationError.invalid_choice(
+                "gradient_clip_algorithm", gradient_clip_algorithm, _CLIP_ALGORITHMS
+            )
+        if gradient_clip_val is not None:
+            check_number(
+                "gradient_clip_val",
+                gradient_clip_val,
+                positive=True,
+                example="gradient_clip_val=1.0",
+            )
+        self.connection: Connection = connect(
+            accelerator=accelerator,
+            strategy=strategy,
+            devices=devices,
+            num_nodes=num_nodes,
+            precision=precision,
+            plugins=plugins,
+        )
+        self.max_epochs = (
+            max_epochs if max_epochs is not None or max_steps != -1 else _DEFAULT_MAX_EPOCHS
+        )
+        self.max_steps = max_steps
+        self.check_val_every_n_epoch = check_val_every_n_epoch
+        self.log_every_n_steps = log_every_n_steps
+        self.accumulate_grad_batches = accumulate_grad_batches
+        self.gradient_clip_val = None if gradient_clip_val is None else float(gradient_clip_val)
+        self.gradient_clip_algorithm: GradientClipAlgorithm = gradient_clip_algorithm
+        self.default_root_dir = os.fspath(default_root_dir) if default_root_dir else os.getcwd()
+        self.deterministic = deterministic
+        self.loggers = self._loggers(logger)
+        self.callbacks = self._callbacks(callbacks, enable_progress_bar, enable_checkpointing)
+        # The state of a run.
+        self.current_epoch = 0
+        self.global_step = 0
+        self.should_stop = False
+        self.state_stage: Stage | None = None
+        self.callback_metrics: dict[str, Number] = {}
+        self.logged_metrics: dict[str, Number] = {}
+        self.progress_bar_metrics: dict[str, Number] = {}
+        self.optimizers: list[torch.optim.Optimizer] = []
+        self.lr_schedulers: list[SchedulerConfig] = []
+        self.num_training_batches = 0
+        self.num_eval_batches = 0
+        self._log_dir: str | None = None
+        self._active_metrics: Metrics | None = None
+        self._current_batch: object = None
+        self._steps = None
+        self._wrapped = None
+        self._batches_done = 0
+        self._epoch_done = False
+        self._sampler_seed = 0
+
+    # What the trainer is made of.
+
+    @override
+    @property
+    def strategy(self) -> Strategy:
+        """The strategy, made with every part."""
+        return self.connection.strategy
+
+    @property
+    def reasons(self) -> tuple[str, ...]:
+        """What the connector chose for each part, and why (one line each)."""
+        return self.connection.reasons
+
+    @property
+    def world_size(self) -> int:
+        """Processes in the job (inside a run; 1 before processes are started)."""
+        return self.strategy.world_size
+
+    @property
+    def global_rank(self) -> int:
+        """This process's rank (inside a run)."""
+        return self.strategy.global_rank
+
+    @override
+    @property
+    def is_global_zero(self) -> bool:
+        """Whether this is global rank 0 (the one that logs and draws)."""
+        return self.strategy.is_global_zero
+
+    @property
+    def num_processes(self) -> int:
+        """How many processes a run uses."""
+        return self.connection.num_processes
+
+    @property
+    def logger(self) -> Logger | None:
+        """The first logger, if any."""
+        return self.loggers[0] if self.loggers else None
+
+    @property
+    def log_dir(self) -> str | None:
+        """The first logger's directory (known once a run has logged)."""
+        return self._log_dir
+
+    @property
+    def checkpoint_callbacks(self) -> list[ModelCheckpoint]:
+        """The `ModelCheckpoint` callbacks."""
+        return [callback for callback in self.callbacks if isinstance(callback, ModelCheckpoint)]
+
+    @property
+    def checkpoint_callback(self) -> ModelCheckpoint | None:
+        """The first `ModelCheckpoint`, if any."""
+        found = self.checkpoint_callbacks
+        return found[0] if found else None
+
+    @property
+    def early_stopping_callback(self) -> EarlyStopping | None:
+        """The first `EarlyStopping`, if any."""
+        found = [c for c in self.callbacks if isinstance(c, EarlyStopping)]
+        return found[0] if found else None
+
+    def _loggers(self, logger: bool | Logger | Sequence[Logger]) -> list[Logger]:
+        if logger is True:
+            return [CSVLogger(self.default_root_dir)]
+        if logger is False:
+            return []
+        listed = [logger] if isinstance(logger, Logger) else list(logger)
+        for item in listed:
+            if not isinstance(item, Logger):
+                raise ConfigurationError(
+                    f"logger={item!r} is a {type(item).__name__}, not a Logger",
+                    value=item,
+                    fix="pass True, False, CSVLogger(...), TensorBoardLogger(...) or an "
+                    "object implementing plait.trainer.Logger",
+                )
+        return listed
+
+    def _callbacks(
+        self, callbacks: Sequence[Callback] | Callback | None, progress: bool, checkpointing: bool
+    ) -> list[Callback]:
+        given = [callbacks] if isinstance(callbacks, Callback) else list(callbacks or ())
+        for callback in given:
+            if not isinstance(callback, Callback):
+                raise ConfigurationError(
+                    f"callbacks holds a {type(callback).__name__}, not a Callback",
+                    value=callback,
+                    fix="subclass plait.trainer.Callback",
+                )
+        keys = [c.state_key for c in given if type(c).state_dict is not Callback.state_dict]
+        duplicated = sorted({key for key in keys if keys.count(key) > 1})
+        if duplicated:
+            raise ConfigurationError(
+                f"callbacks with state share the state key(s) {duplicated}: their "
+                "checkpointed states would overwrite each other",
+                value=duplicated,
+                fix="give them different settings, or override state_key",
+            )
+        if progress and not any(isinstance(c, RichProgressBar) for c in given):
+            given.insert(0, RichProgressBar())
+        has_checkpoint = any(isinstance(c, ModelCheckpoint) for c in given)
+        if checkpointing and not has_checkpoint:
+            given.append(ModelCheckpoint())
+        if not checkpointing and has_checkpoint:
+            raise ConfigurationError(
+                "enable_checkpointing=False, and a ModelCheckpoint was given",
+                fix="drop the ModelCheckpoint, or set enable_checkpointing=True",
+            )
+        # Checkpoint callbacks last: they save the others' newest state.
+        return [c for c in given if not isinstance(c, ModelCheckpoint)] + [
+            c for c in given if isinstance(c, ModelCheckpoint)
+        ]
+
+    # Logging, as Module.log calls it.
+
+    def record_metric(
+        self,
+        name: str,
+        value: LogValue,
+        *,
+        prog_bar: bool,
+        logger: bool,
+        on_step: bool | None,
+        on_epoch: bool | None,
+        reduce_fx: ReduceFx,
+        sync_dist: bool,
+        batch_size: int | None,
+    ) -> None:
+        """Record a value logged with `Module.log` (see there).
+
+        Raises:
+            ConfigurationError: No loop is running (``self.log`` outside a step or hook).
+        """
+        metrics = self._active_metrics
+        if metrics is None:
+            raise ConfigurationError(
+                f"self.log({name!r}, ...) was called where no loop runs",
+                fix="log inside training_step, validation_step, test_step or their epoch hooks",
+            )
+        if batch_size is None:
+            batch_size = first_tensor_length(self._current_batch)
+        metrics.record(
+            name,
+            value,
+            prog_bar=prog_bar,
+            logger=logger,
+            on_step=on_step,
+            on_epoch=on_epoch,
+            reduce_fx=reduce_fx,
+            sync_dist=sync_dist,
+            batch_size=batch_size,
+            collectives=self.strategy,
+        )
+
+    @override
+    def log_to_loggers(self, metrics: Mapping[str, Number], step: int | None = None) -> None:
+        """Send ``metrics`` to every logger (on global rank 0; nothing elsewhere)."""
+        if not metrics or not self.is_global_zero:
+            return
+        self.logged_metrics.update(metrics)
+        for logger in self.loggers:
+            logger.log_metrics(metrics, self.global_step if step is None else step)
+            if self._log_dir is None:
+                self._log_dir = logger.log_dir
+
+    # The entry points.
+
+    def fit(
+        self,
+        model: Module,
+        train_dataloaders: Iterable[object] | None = None,
+        val_dataloaders: Iterable[object] | None = None,
+        datamodule: DataModule | None = None,
+        ckpt_path: PathLike | None = None,
+    ) -> None:
+        """Train ``model``; with ``ckpt_path`` (a path, ``"last"`` or ``"best"``), resume.
+
+        A resumed run continues exactly where the checkpoint was taken: the model,
+        optimizers, schedulers, precision state, loop position, callbacks and
+        random states are restored.
+
+        Raises:
+            ConfigurationError: The model or data are missing what fit needs.
+            CheckpointError: ``ckpt_path`` is a path that does not exist.
+            PeerFailedError: A rank failed; every rank was stopped.
+        """
+        self._check_module(model, ("training_step", "configure_optimizers"))
+        self._check_data(train_dataloaders, datamodule, "train_dataloader", "fit")
+        resolved = self._resolve_checkpoint(ckpt_path, "fit")
+        self._launch(
+            "fit",
+            model,
+            loaders=train_dataloaders,
+            val_loaders=val_dataloaders,
+            datamodule=datamodule,
+            ckpt_path=resolved,
+        )
+
+    def validate(
+        self,
+        model: Module,
+        dataloaders: Iterable[object] | None = None,
+        datamodule: DataModule | None = None,
+        ckpt_path: PathLike | None = None,
+    ) -> list[dict[str, Number]]:
+        """Run the validation loop once; returns ``[metrics]`` (folded over ranks when synced)."""
+        return self._evaluate_entry("validate", model, dataloaders, datamodule, ckpt_path)
+
+    def test(
+        self,
+        model: Module,
+        dataloaders: Iterable[object] | None = None,
+        datamodule: DataModule | None = None,
+        ckpt_path: PathLike | None = None,
+    ) -> list[dict[str, Number]]:
+        """Run the test loop once; returns ``[metrics]`` (folded over ranks when synced)."""
+        return self._evaluate_entry("test", model, dataloaders, datamodule, ckpt_path)
+
+    def predict(
+        self,
+        model: Module,
+        dataloaders: Iterable[object] | None = None,
+        datamodule: DataModule | None = None,
+        ckpt_path: PathLike | None = None,
+    ) -> list[object]:
+        """Every batch's ``predict_step`` output, in the loader's order (all ranks' together)."""
+        self._check_module(model, ())
+        self._check_data(dataloaders, datamodule, "predict_dataloader", "predict")
+        resolved = self._resolve_checkpoint(ckpt_path, "predict")
+        result = self._launch(
+            "predict",
+            model,
+            loaders=dataloaders,
+            val_loaders=None,
+            datamodule=datamodule,
+            ckpt_path=resolved,
+        )
+        assert isinstance(result, list)
+        return result
+
+    def _evaluate_entry(
+        self,
+        stage: Literal["validate", "test"],
+        model: Module,
+        dataloaders: Iterable[object] | None,
+        datamodule: DataModule | None,
+        ckpt_path: PathLike | None,
+    ) -> list[dict[str, Number]]:
+        step = "validation_step" if stage == "validate" else "test_step"
+        loader = "val_dataloader" if stage == "validate" else "test_dataloader"
+        self._check_module(model, (step,))
+        self._check_data(dataloaders, datamodule, loader, stage)
+        resolved = self._resolve_checkpoint(ckpt_path, stage)
+        result = self._launch(
+            stage,
+            model,
+            loaders=dataloaders,
+            val_loaders=None,
+            datamodule=datamodule,
+            ckpt_path=resolved,
+        )
+        assert isinstance(result, list)
+        return result
+
+    # Checks before anything starts.
+
+    @staticmethod
+    def _check_module(model: object, needed: tuple[str, ...]) -> None:
+        if not isinstance(model, Module):
+            raise ConfigurationError(
+                f"the model is a {type(model).__name__}, not a plait.trainer.Module",
+                value=type(model).__name__,
+                fix="subclass plait.trainer.Module (a torch.nn.Module with training_step "
+                "and configure_optimizers)",
+            )
+        missing = [name for name in needed if getattr(type(model), name) is getattr(Module, name)]
+        if missing:
+            raise ConfigurationError(
+                f"{type(model).__name__} does not define {', '.join(missing)}",
+                value=missing,
+                fix=f"define {', '.join(missing)} in {type(model).__name__}",
+            )
+
+    @staticmethod
+    def _check_data(
+        loaders: object, datamodule: DataModule | None, method: str, stage: str
+    ) -> None:
+        if loaders is not None and datamodule is not None:
+            raise ConfigurationError(
+                f"{stage} got both loaders and a datamodule",
+                fix="pass one of them",
+            )
+        if datamodule is not None and not isinstance(datamodule, DataModule):
+            raise ConfigurationError(
+                f"datamodule is a {type(datamodule).__name__}, not a plait.trainer.DataModule",
+                value=datamodule,
+                fix="subclass plait.trainer.DataModule",
+            )
+        if loaders is None and (datamodule is None or not datamodule.has(method)):
+            raise ConfigurationError(
+                f"{stage} has no data: no loader was given"
+                + ("" if datamodule is None else f" and the datamodule has no {method}()"),
+                fix=f"pass a DataLoader, or a DataModule that defines {method}()",
+            )
+
+    def _resolve_checkpoint(self, ckpt_path: PathLike | None, stage: Stage) -> str | None:
+        if ckpt_path is None:
+            return None
+        path = os.fspath(ckpt_path)
+        if path in ("last", "best"):
+            callback = self.checkpoint_callback
+            if callback is None:
+                raise ConfigurationError(
+                    f"ckpt_path={path!r} needs a ModelCheckpoint, and checkpointing is off",
+                    value=path,
+                    fix="pass the checkpoint's path, or enable_checkpointing=True",
+                )
+            directory = callback.dirpath or os.path.join(self.default_root_dir, "checkpoints")
+            if path == "best":
+                if not callback.best_model_path:
+                    raise ConfigurationError(
+                        "ckpt_path='best': no best checkpoint is known yet",
+                        value=path,
+                        fix="run fit first, or pass the checkpoint's path",
+                    )
+                return callback.best_model_path
+            last = os.path.join(directory, "last" + ModelCheckpoint.FILE_EXTENSION)
+            if not os.path.exists(last):
+                if stage != "fit":
+                    raise CheckpointError(last, "does not exist", fix="run fit first")
+                rank_zero_warn(f"ckpt_path='last': {last} does not exist; training starts afresh")
+                return None
+            return last
+        if "://" not in path and not os.path.isfile(path):
+            raise CheckpointError(
+                path, "does not exist", fix="check the path, or pass ckpt_path='last'"
+            )
+        return path
+
+    # Running, in this process or in every rank.
+
+    def _launch(
+        self,
+        stage: Stage,
+        model: Module,
+        *,
+        loaders: Iterable[object] | None,
+        val_loaders: Iterable[object] | None,
+        datamodule: DataModule | None,
+        ckpt_path: str | None,
+    ) -> object:
+        strategy = self.strategy
+        run = Run(
+            stage=stage,
+            loaders=loaders,
+            val_loaders=val_loaders,
+            datamodule=datamodule,
+            ckpt_path=ckpt_path,
+            origin=_origin(model),
+        )
+        if isinstance(strategy, SupportsLauncher):
+            outcome = strategy.launcher.launch(_run_in_rank, self, model, run)
+        else:
+            outcome = _run_in_rank(self, model, run)
+        return self._adopt(outcome, model)
+
+    def _adopt(self, outcome: Outcome, model: Module) -> object:
+        # The run may have worked on copies (in other processes): bring rank 0's back.
+        if not outcome.in_place:
+            if outcome.state_dict is not None:
+                model.load_state_dict(outcome.state_dict)
+            for callback in self.callbacks:
+                state = outcome.callback_states.get(callback.state_key)
+                if state is not None:
+                    callback.load_state_dict(state)
+            self.callback_metrics = dict(outcome.callback_metrics)
+            self.logged_metrics = dict(outcome.logged_metrics)
+            self.progress_bar_metrics = dict(outcome.progress_bar_metrics)
+            self.current_epoch = outcome.current_epoch
+            self.global_step = outcome.global_step
+            self._log_dir = outcome.log_dir
+        return outcome.results
+
+    def outcome(self, model: Module, results: object, origin: tuple[int, int]) -> Outcome:
+        """What rank 0 sends back at the end of a run."""
+        in_place = _origin(model) == origin
+        state = None
+        if not in_place:
+            state = {key: value.detach().cpu() for key, value in model.state_dict().items()}
+        return Outcome(
+            in_place=in_place,
+            state_dict=state,
+            callback_states={c.state_key: c.state_dict() for c in self.callbacks},
+            callback_metrics=dict(self.callback_metrics),
+            logged_metrics=dict(self.logged_metrics),
+            progress_bar_metrics=dict(self.progress_bar_metrics),
+            current_epoch=self.current_epoch,
+            global_step=self.global_step,
+            log_dir=self._log_dir,
+            results=results,
+        )
+
+    @override
+    def __getstate__(self) -> dict[str, object]:
+        # The trainer travels to the ranks between runs: no metrics in flight.
+        state = dict(self.__dict__)
+        state.update(
+            _active_metrics=None,
+            _current_batch=None,
+            _steps=None,
+            _wrapped=None,
+            optimizers=[],
+            lr_schedulers=[],
+        )
+        return state
+
+    def save_checkpoint(self, path: PathLike) -> None:
+        """Save the whole run at ``path``, to resume from; every rank must call it."""
+        self.write_checkpoint(path)
+
+    def load_checkpoint(self, path: PathLike) -> Checkpoint:
+        """Read a checkpoint onto this rank's device."""
+        return self.strategy.load_checkpoint(path)
+
+    @override
+    def __repr__(self) -> str:
+        return f"Trainer(strategy={self.strategy!r}, processes={self.num_processes})"
+
+
+@attrs.frozen
+class Run:
+    """What a run is asked to do, as it travels to the ranks."""
+
+    stage: Stage
+    loaders: Iterable[object] | None
+    val_loaders: Iterable[object] | None
+    datamodule: DataModule | None
+    ckpt_path: str | None
+    origin: tuple[int, int]
+
+
+def _run_in_rank(trainer: Trainer, model: Module, run: Run) -> Outcome:
+    """The body of every rank: run the stage, and say how it ended."""
+    if os.getpid() != run.origin[0] and SEED_ENV_VAR in os.environ:
+        # A process a launcher started afresh: seeded as the caller was.
+        seed_everything()
+    results = trainer.run_stage(
+        run.stage,
+        module=model,
+        loaders=run.loaders,
+        val_loaders=run.val_loaders,
+        datamodule=run.datamodule,
+        ckpt_path=run.ckpt_path,
+    )
+    return trainer.outcome(model, results, run.origin)

@@ -1,0 +1,634 @@
+"""The loops in one process: training, evaluation, logging, schedulers, callbacks, resuming."""
+
+from __future__ import annotations
+
+import csv
+import io
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from rich.console import Console
+from torch.utils.data import DataLoader, TensorDataset
+from typing_extensions import override
+
+from plait.core import CheckpointError, ConfigurationError, seed_everything
+from plait.trainer import (
+    Callback,
+    CSVLogger,
+    DataModule,
+    EarlyStopping,
+    LearningRateMonitor,
+    ModelCheckpoint,
+    Module,
+    RichProgressBar,
+    TensorBoardLogger,
+    Trainer,
+)
+
+
+def _xy(batch: object) -> tuple[torch.Tensor, torch.Tensor]:
+    assert isinstance(batch, list | tuple)
+    x, y = batch
+    assert isinstance(x, torch.Tensor)
+    assert isinstance(y, torch.Tensor)
+    return x, y
+
+
+def _data(n: int = 64, seed: int = 0) -> TensorDataset:
+    generator = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, 4, generator=generator)
+    y = x @ torch.tensor([[1.0], [-2.0], [0.5], [3.0]])
+    return TensorDataset(x, y)
+
+
+def _loader(
+    n: int = 64, batch_size: int = 8, shuffle: bool = True
+) -> DataLoader[tuple[torch.Tensor, ...]]:
+    return DataLoader(_data(n), batch_size=batch_size, shuffle=shuffle)
+
+
+class Regressor(Module):
+    """A small model with dropout, so that resuming must restore the random state."""
+
+    def __init__(self, lr: float = 0.01, dropout: float = 0.1) -> None:
+        super().__init__()
+        self.lr = lr
+        self.net = torch.nn.Sequential(
+            torch.nn.Linear(4, 16), torch.nn.Dropout(dropout), torch.nn.Linear(16, 1)
+        )
+        self.losses: list[float] = []
+        self.schedule: str | None = None
+
+    @override
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.net(x)
+        return out
+
+    @override
+    def training_step(self, batch: object, batch_idx: int) -> torch.Tensor:
+        x, y = _xy(batch)
+        loss = torch.nn.functional.mse_loss(self(x), y)
+        self.losses.append(loss.item())
+        self.log("train_loss", loss, prog_bar=True, on_epoch=True)
+        return loss
+
+    @override
+    def validation_step(self, batch: object, batch_idx: int) -> None:
+        x, y = _xy(batch)
+        self.log("val_loss", torch.nn.functional.mse_loss(self(x), y), prog_bar=True)
+        self.log("val_seen", len(x), reduce_fx="sum")
+
+    @override
+    def test_step(self, batch: object, batch_idx: int) -> None:
+        x, y = _xy(batch)
+        self.log("test_loss", torch.nn.functional.mse_loss(self(x), y))
+
+    @override
+    def predict_step(self, batch: object, batch_idx: int) -> torch.Tensor:
+        x, _ = _xy(batch)
+        return self.forward(x)
+
+    @override
+    def configure_optimizers(self) -> object:
+        optimizer = torch.optim.SGD(self.parameters(), lr=self.lr, momentum=0.9)
+        if self.schedule == "step":
+            scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=3, gamma=0.5)
+            return {
+                "optimizer": optimizer,
+                "lr_scheduler": {"scheduler": scheduler, "interval": "step"},
+            }
+        if self.schedule == "epoch":
+            scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.1)
+            return ([optimizer], [scheduler])
+        if self.schedule == "plateau":
+            plateau = torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer, patience=0, factor=0.5)
+            return {
+                "optimizer": optimizer,
+                "lr_scheduler": {"scheduler": plateau, "monitor": "val_loss"},
+            }
+        return optimizer
+
+
+def _trainer(tmp_path: Path, **settings: object) -> Trainer:
+    defaults: dict[str, object] = {
+        "accelerator": "cpu",
+        "default_root_dir": tmp_path,
+        "enable_progress_bar": False,
+        "logger": False,
+    }
+    return Trainer(**{**defaults, **settings})  # type: ignore[arg-type]
+
+
+def test_fit_trains_and_validates(tmp_path: Path) -> None:
+    seed_everything(0)
+    model = Regressor()
+    trainer = _trainer(tmp_path, max_epochs=6)
+
+    trainer.fit(model, _loader(), _loader(shuffle=False))
+
+    assert trainer.current_epoch == 6
+    assert trainer.global_step == 6 * 8
+    assert model.losses[-1] < model.losses[0] / 4
+    metrics = trainer.callback_metrics
+    assert metrics["val_seen"] == 64  # an int count, summed, stays an int
+    assert isinstance(metrics["val_seen"], int)
+    assert {"train_loss", "train_loss_step", "train_loss_epoch", "val_loss"} <= set(metrics)
+    assert not model.attached  # the trainer lets go of the module after the run
+
+
+def test_validate_test_and_predict_return_their_results(tmp_path: Path) -> None:
+    model = Regressor()
+    trainer = _trainer(tmp_path)
+
+    [validated] = trainer.validate(model, _loader(shuffle=False))
+    [tested] = trainer.test(model, _loader(shuffle=False))
+    predictions = trainer.predict(model, _loader(n=20, batch_size=8, shuffle=False))
+
+    assert set(validated) == {"val_loss", "val_seen"}
+    assert validated["val_seen"] == 64
+    assert set(tested) == {"test_loss"}
+    assert [tuple(p.shape) for p in predictions] == [(8, 1), (8, 1), (4, 1)]  # type: ignore[attr-defined]
+    expected = model(_data(20).tensors[0])
+    assert torch.allclose(torch.cat(predictions), expected)  # type: ignore[arg-type]
+
+
+def test_an_epoch_mean_is_weighted_by_batch_size(tmp_path: Path) -> None:
+    class Means(Regressor):
+        @override
+        def validation_step(self, batch: object, batch_idx: int) -> None:
+            _x, _ = _xy(batch)
+            self.log("mean_index", float(batch_idx))  # batches of 8, 8 and 4
+
+    [result] = _trainer(tmp_path).validate(Means(), _loader(n=20, batch_size=8, shuffle=False))
+
+    assert result["mean_index"] == pytest.approx((0 * 8 + 1 * 8 + 2 * 4) / 20)
+
+
+def test_limits_and_validation_interval(tmp_path: Path) -> None:
+    class Counting(Regressor):
+        validations = 0
+
+        @override
+        def on_validation_epoch_start(self) -> None:
+            self.validations += 1
+
+    model = Counting()
+    trainer = _trainer(
+        tmp_path, max_epochs=2, limit_train_batches=0.5, val_check_interval=2, limit_val_batches=1
+    )
+
+    trainer.fit(model, _loader(), _loader(shuffle=False))
+
+    assert trainer.global_step == 2 * 4
+    assert model.validations == 2 * 2
+
+
+def test_max_steps_stops_mid_epoch(tmp_path: Path) -> None:
+    trainer = _trainer(tmp_path, max_steps=5)
+
+    trainer.fit(Regressor(), _loader())
+
+    assert trainer.global_step == 5
+    assert trainer.current_epoch == 1
+
+
+def test_accumulating_two_half_batches_equals_one_whole_batch(tmp_path: Path) -> None:
+    class Plain(Regressor):
+        def __init__(self) -> None:
+            super().__init__(dropout=0.0)
+
+        @override
+        def configure_optimizers(self) -> object:
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    torch.manual_seed(0)
+    accumulated = Plain()
+    whole = Plain()
+    whole.load_state_dict(accumulated.state_dict())
+
+    _trainer(tmp_path, max_steps=1, accumulate_grad_batches=2).fit(
+        accumulated, _loader(n=16, batch_size=8, shuffle=False)
+    )
+    _trainer(tmp_path, max_steps=1).fit(whole, _loader(n=16, batch_size=16, shuffle=False))
+
+    for a, b in zip(accumulated.parameters(), whole.parameters(), strict=True):
+        assert torch.allclose(a, b, atol=1e-6)
+
+
+def test_gradient_clipping_bounds_the_update(tmp_path: Path) -> None:
+    class Big(Regressor):
+        @override
+        def configure_optimizers(self) -> object:
+            return torch.optim.SGD(self.parameters(), lr=1.0)
+
+    torch.manual_seed(0)
+    model = Big(dropout=0.0)
+    before = torch.cat([p.detach().flatten().clone() for p in model.parameters()])
+
+    _trainer(tmp_path, max_steps=1, gradient_clip_val=0.01).fit(model, _loader(shuffle=False))
+
+    after = torch.cat([p.detach().flatten() for p in model.parameters()])
+    assert (after - before).norm() <= 0.01 + 1e-6
+
+
+def test_a_step_scheduler_steps_after_optimizer_steps(tmp_path: Path) -> None:
+    monitor = LearningRateMonitor(logging_interval="step")
+    model = Regressor(lr=0.1)
+    model.schedule = "step"
+
+    _trainer(tmp_path, max_steps=7, callbacks=[monitor]).fit(model, _loader())
+
+    rates = [r["lr-SGD"] for _, r in monitor.history]
+    assert rates == pytest.approx([0.1] * 3 + [0.05] * 3 + [0.025])
+
+
+def test_schedulers_by_epoch_and_on_a_plateau_change_the_learning_rate(tmp_path: Path) -> None:
+    rates: list[float] = []
+
+    class Record(Callback):
+        @override
+        def on_train_epoch_start(self, trainer: Trainer, module: Module) -> None:
+            rates.append(trainer.optimizers[0].param_groups[0]["lr"])
+
+    model = Regressor(lr=0.1)
+    model.schedule = "epoch"
+    _trainer(tmp_path, max_epochs=3, callbacks=[Record()]).fit(model, _loader())
+    assert rates == pytest.approx([0.1, 0.01, 0.001])
+
+    rates.clear()
+
+    class Flat(Regressor):
+        @override
+        def validation_step(self, batch: object, batch_idx: int) -> None:
+            self.log("val_loss", 1.0)
+
+    plateau = Flat(lr=0.1)
+    plateau.schedule = "plateau"
+    _trainer(tmp_path, max_epochs=3, callbacks=[Record()]).fit(
+        plateau, _loader(), _loader(shuffle=False)
+    )
+    assert rates == pytest.approx([0.1, 0.1, 0.05])
+
+
+def test_the_learning_rate_monitor_logs_each_epoch(tmp_path: Path) -> None:
+    monitor = LearningRateMonitor()
+    model = Regressor(lr=0.1)
+    model.schedule = "epoch"
+
+    _trainer(tmp_path, max_epochs=2, callbacks=[monitor]).fit(model, _loader())
+
+    assert [rates for _, rates in monitor.history] == [
+        {"lr-SGD": pytest.approx(0.1)},
+        {"lr-SGD": pytest.approx(0.01)},
+    ]
+
+
+def test_hooks_run_in_order(tmp_path: Path) -> None:
+    events: list[str] = []
+
+    class Recorder(Callback):
+        @override
+        def setup(self, trainer: Trainer, module: Module, stage: str) -> None:
+            events.append(f"setup:{stage}")
+
+        @override
+        def on_fit_start(self, trainer: Trainer, module: Module) -> None:
+            events.append("fit_start")
+
+        @override
+        def on_train_epoch_start(self, trainer: Trainer, module: Module) -> None:
+            events.append("epoch_start")
+
+        @override
+        def on_train_batch_end(
+            self, trainer: Trainer, module: Module, outputs: object, batch: object, batch_idx: int
+        ) -> None:
+            events.append("batch_end")
+
+        @override
+        def on_before_optimizer_step(
+            self, trainer: Trainer, module: Module, optimizer: torch.optim.Optimizer
+        ) -> None:
+            events.append("before_step")
+
+        @override
+        def on_validation_end(self, trainer: Trainer, module: Module) -> None:
+            events.append("validation_end")
+
+        @override
+        def on_train_epoch_end(self, trainer: Trainer, module: Module) -> None:
+            events.append("epoch_end")
+
+        @override
+        def on_fit_end(self, trainer: Trainer, module: Module) -> None:
+            events.append("fit_end")
+
+        @override
+        def teardown(self, trainer: Trainer, module: Module, stage: str) -> None:
+            events.append(f"teardown:{stage}")
+
+    _trainer(tmp_path, max_epochs=1, callbacks=[Recorder()]).fit(
+        Regressor(), _loader(n=16), _loader(n=8, shuffle=False)
+    )
+
+    assert events == [
+        "setup:fit", "fit_start", "epoch_start",
+        "before_step", "batch_end", "before_step", "batch_end",
+        "validation_end", "epoch_end", "fit_end", "teardown:fit",
+    ]  # fmt: skip
+
+
+def test_validation_leaves_the_training_randomness_alone(tmp_path: Path) -> None:
+    seed_everything(3)
+    without = Regressor()
+    initial = {k: v.clone() for k, v in without.state_dict().items()}
+    _trainer(tmp_path, max_epochs=2).fit(without, _loader())
+    seed_everything(3)
+    with_validation = Regressor()
+    with_validation.load_state_dict(initial)
+    _trainer(tmp_path, max_epochs=2).fit(with_validation, _loader(), _loader(shuffle=False))
+
+    assert with_validation.losses == without.losses
+
+
+def _run_losses(tmp_path: Path, **settings: object) -> list[float]:
+    seed_everything(7)
+    model = Regressor()
+    _trainer(tmp_path, **settings).fit(model, _loader(), _loader(n=16, shuffle=False))
+    return model.losses
+
+
+@pytest.mark.parametrize("stop_after", [5, 8, 13], ids=["mid-epoch", "epoch-end", "second-epoch"])
+def test_a_resumed_run_continues_exactly(tmp_path: Path, stop_after: int) -> None:
+    uninterrupted = _run_losses(tmp_path / "whole", max_epochs=3, enable_checkpointing=False)
+
+    checkpoint = ModelCheckpoint(tmp_path / "ckpt", every_n_train_steps=stop_after, save_top_k=0)
+    first = _run_losses(tmp_path / "part", max_steps=stop_after, callbacks=[checkpoint])
+    seed_everything(123)  # a resumed run restores the random state; the seed here does not matter
+    resumed_model = Regressor()
+    resumed = _trainer(
+        tmp_path / "part",
+        max_epochs=3,
+        callbacks=[
+            ModelCheckpoint(tmp_path / "ckpt", every_n_train_steps=stop_after, save_top_k=0)
+        ],
+    )
+    resumed.fit(resumed_model, _loader(), _loader(n=16, shuffle=False), ckpt_path="last")
+
+    assert len(first) == stop_after
+    assert first + resumed_model.losses == uninterrupted
+    assert resumed.global_step == 24
+
+
+def test_model_checkpoint_keeps_the_best_k_by_a_metric(tmp_path: Path) -> None:
+    checkpoint = ModelCheckpoint(tmp_path / "ckpt", monitor="val_loss", save_top_k=2)
+    trainer = _trainer(tmp_path, max_epochs=4, callbacks=[checkpoint])
+
+    trainer.fit(Regressor(), _loader(), _loader(shuffle=False))
+
+    files = sorted(os.listdir(tmp_path / "ckpt"))
+    assert len(files) == 3
+    assert "last.ckpt" in files
+    assert len(checkpoint.best_k_models) == 2
+    assert checkpoint.best_model_path in checkpoint.best_k_models
+    assert checkpoint.best_model_score == min(checkpoint.best_k_models.values())
+    assert os.path.basename(checkpoint.best_model_path).startswith("epoch=")
+    loaded = torch.load(checkpoint.best_model_path, weights_only=True)
+    assert loaded["state_dict"].keys() == Regressor().state_dict().keys()
+
+
+def test_model_checkpoint_names_a_missing_metric(tmp_path: Path) -> None:
+    trainer = _trainer(tmp_path, max_epochs=1, callbacks=[ModelCheckpoint(monitor="val_los")])
+
+    with pytest.raises(ConfigurationError, match="did you mean 'val_loss'"):
+        trainer.fit(Regressor(), _loader(), _loader(shuffle=False))
+
+
+def test_early_stopping_stops_when_the_metric_stalls(tmp_path: Path) -> None:
+    class Stalled(Regressor):
+        @override
+        def validation_step(self, batch: object, batch_idx: int) -> None:
+            self.log("val_loss", 1.0)
+
+    stopper = EarlyStopping("val_loss", patience=2)
+    trainer = _trainer(tmp_path, max_epochs=20, callbacks=[stopper])
+
+    trainer.fit(Stalled(), _loader(), _loader(shuffle=False))
+
+    assert trainer.current_epoch == 4  # improves once, then 3 checks without
+    assert stopper.stopped_epoch == 3
+    assert "did not improve" in stopper.reason
+
+
+def test_csv_and_tensorboard_loggers_record_the_metrics(tmp_path: Path) -> None:
+    pytest.importorskip("tensorboard")
+    csv_logger = CSVLogger(tmp_path)
+    board = TensorBoardLogger(tmp_path, name="board")
+    trainer = _trainer(tmp_path, max_epochs=2, logger=[csv_logger, board], log_every_n_steps=2)
+
+    trainer.fit(Regressor(), _loader(), _loader(shuffle=False))
+
+    with open(csv_logger.path) as file:
+        rows = list(csv.DictReader(file))
+    steps = [row for row in rows if row.get("train_loss_step")]
+    assert [int(row["step"]) for row in steps] == [2, 4, 6, 8, 10, 12, 14, 16]
+    epochs = [row for row in rows if row.get("val_loss")]
+    assert [int(row["step"]) for row in epochs] == [8, 16]
+    assert trainer.log_dir == csv_logger.log_dir == str(tmp_path / "plait_logs" / "version_0")
+    events = [name for name in os.listdir(board.log_dir) if name.startswith("events.out.tfevents")]
+    assert events
+    from tensorboard.backend.event_processing.event_accumulator import (  # noqa: PLC0415 (optional)
+        EventAccumulator,
+    )
+
+    accumulator = EventAccumulator(board.log_dir)
+    accumulator.Reload()
+    assert "val_loss" in accumulator.Tags()["scalars"]
+    assert [event.step for event in accumulator.Scalars("val_loss")] == [8, 16]
+
+
+def test_the_progress_bar_prints_a_line_per_epoch_when_not_on_a_terminal(tmp_path: Path) -> None:
+    output = io.StringIO()
+    bar = RichProgressBar(console=Console(file=output, force_terminal=False, width=200))
+
+    _trainer(tmp_path, max_epochs=2, callbacks=[bar], enable_progress_bar=True).fit(
+        Regressor(), _loader(), _loader(shuffle=False)
+    )
+
+    lines = output.getvalue().splitlines()
+    assert len(lines) == 2
+    assert lines[0].startswith("Epoch 0/1: 8 batches")
+    assert "it/s" in lines[0]
+    assert "train_loss=" in lines[0]
+    assert "val_loss=" in lines[0]
+
+
+def test_the_progress_bar_draws_on_a_terminal(tmp_path: Path) -> None:
+    output = io.StringIO()
+    console = Console(file=output, force_terminal=True, width=160)
+    bar = RichProgressBar(console=console)
+
+    _trainer(tmp_path, max_epochs=1, callbacks=[bar], enable_progress_bar=True).fit(
+        Regressor(), _loader()
+    )
+
+    drawn = output.getvalue()
+    assert "Epoch 0/0" in drawn
+    assert "8/8" in drawn
+
+
+def test_a_datamodule_supplies_the_loaders(tmp_path: Path) -> None:
+    calls: list[str] = []
+
+    class Data(DataModule):
+        @override
+        def prepare_data(self) -> None:
+            calls.append("prepare")
+
+        @override
+        def setup(self, stage: str) -> None:
+            calls.append(f"setup:{stage}")
+
+        @override
+        def train_dataloader(self) -> DataLoader[tuple[torch.Tensor, ...]]:
+            return _loader()
+
+        @override
+        def val_dataloader(self) -> DataLoader[tuple[torch.Tensor, ...]]:
+            return _loader(shuffle=False)
+
+    trainer = _trainer(tmp_path, max_epochs=1)
+    trainer.fit(Regressor(), datamodule=Data())
+
+    assert calls == ["prepare", "setup:fit"]
+    assert "val_loss" in trainer.callback_metrics
+
+
+# Bad input, caught at the earliest point.
+
+
+def test_fit_needs_a_plait_module(tmp_path: Path) -> None:
+    with pytest.raises(ConfigurationError, match=r"not a plait\.trainer\.Module"):
+        _trainer(tmp_path).fit(torch.nn.Linear(1, 1), _loader())  # type: ignore[arg-type]
+
+
+def test_fit_needs_the_steps(tmp_path: Path) -> None:
+    class Empty(Module):
+        pass
+
+    with pytest.raises(
+        ConfigurationError, match="does not define training_step, configure_optimizers"
+    ):
+        _trainer(tmp_path).fit(Empty(), _loader())
+
+
+def test_fit_needs_data_once(tmp_path: Path) -> None:
+    trainer = _trainer(tmp_path)
+    with pytest.raises(ConfigurationError, match="fit has no data"):
+        trainer.fit(Regressor())
+    with pytest.raises(ConfigurationError, match="both loaders and a datamodule"):
+        trainer.fit(Regressor(), _loader(), datamodule=DataModule())
+
+
+def test_a_missing_checkpoint_fails_before_anything_runs(tmp_path: Path) -> None:
+    model = Regressor()
+    with pytest.raises(CheckpointError, match="does not exist"):
+        _trainer(tmp_path).fit(model, _loader(), ckpt_path=tmp_path / "nope.ckpt")
+    assert model.losses == []
+
+
+def test_resuming_from_last_without_a_checkpoint_starts_afresh_with_a_warning(
+    tmp_path: Path,
+) -> None:
+    with pytest.warns(UserWarning, match="training starts afresh"):
+        _trainer(tmp_path, max_steps=1).fit(Regressor(), _loader(), ckpt_path="last")
+
+
+@pytest.mark.parametrize(
+    ("returned", "expected"),
+    [
+        ("adam", "configure_optimizers returned a str"),
+        ([], "returned no optimizer"),
+        ({"optimiser": None}, "valid choices: 'optimizer', 'lr_scheduler'"),
+        ([torch.nn.Linear(1, 1)], "where an optimizer belongs"),
+    ],
+)
+def test_bad_configure_optimizers_results_are_named(
+    tmp_path: Path, returned: object, expected: str
+) -> None:
+    class Bad(Regressor):
+        @override
+        def configure_optimizers(self) -> object:
+            return returned
+
+    with pytest.raises(ConfigurationError, match=expected.replace("(", r"\(")):
+        _trainer(tmp_path).fit(Bad(), _loader())
+
+
+def test_a_plateau_scheduler_without_a_monitor_is_refused(tmp_path: Path) -> None:
+    class Bad(Regressor):
+        @override
+        def configure_optimizers(self) -> object:
+            optimizer = torch.optim.SGD(self.parameters(), lr=0.1)
+            return {
+                "optimizer": optimizer,
+                "lr_scheduler": torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer),
+            }
+
+    with pytest.raises(ConfigurationError, match="ReduceLROnPlateau steps on a metric"):
+        _trainer(tmp_path).fit(Bad(), _loader())
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [(torch.ones(3), "a tensor of shape (3,)"), ("high", "got a str")],
+)
+def test_logging_a_value_that_is_not_one_number(
+    tmp_path: Path, value: object, expected: str
+) -> None:
+    class Bad(Regressor):
+        @override
+        def training_step(self, batch: object, batch_idx: int) -> torch.Tensor:
+            self.log("bad", value)  # type: ignore[arg-type]
+            return super().training_step(batch, batch_idx)
+
+    with pytest.raises(ConfigurationError, match=expected.replace("(", r"\(").replace(")", r"\)")):
+        _trainer(tmp_path).fit(Bad(), _loader())
+
+
+def test_logging_outside_a_run_says_where_it_works() -> None:
+    with pytest.raises(ConfigurationError, match="not attached to a Trainer"):
+        Regressor().log("x", 1.0)
+
+
+def test_a_bad_reduce_fx_is_named(tmp_path: Path) -> None:
+    class Bad(Regressor):
+        @override
+        def training_step(self, batch: object, batch_idx: int) -> torch.Tensor:
+            self.log("x", 1.0, reduce_fx="avg")  # type: ignore[arg-type]
+            return super().training_step(batch, batch_idx)
+
+    with pytest.raises(ConfigurationError, match="invalid reduce_fx: 'avg'"):
+        _trainer(tmp_path).fit(Bad(), _loader())
+
+
+def test_a_training_step_returning_the_wrong_thing(tmp_path: Path) -> None:
+    class Bad(Regressor):
+        @override
+        def training_step(self, batch: object, batch_idx: int) -> torch.Tensor:
+            return 1.0  # type: ignore[return-value]
+
+    with pytest.raises(ConfigurationError, match="training_step returned a float"):
+        _trainer(tmp_path).fit(Bad(), _loader())
+
+
+def test_step_level_sync_in_evaluation_is_refused(tmp_path: Path) -> None:
+    class Bad(Regressor):
+        @override
+        def validation_step(self, batch: object, batch_idx: int) -> None:
+            self.log("v", 1.0, on_step=True, sync_dist=True)
+
+    with pytest.raises(ConfigurationError, match="on_step=True, sync_dist=True"):
+        _trainer(tmp_path).validate(Bad(), _loader())

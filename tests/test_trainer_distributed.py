@@ -1,0 +1,102 @@
+"""The Trainer on two gloo processes: real ranks, started by plait's launchers."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+JOB = Path(__file__).resolve().parent / "trainer_job.py"
+
+
+def _processes_mentioning(marker: str) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            command = Path("/proc", entry, "cmdline").read_bytes().decode(errors="replace")
+        except OSError:
+            continue
+        if marker in command:
+            found.append(int(entry))
+    return found
+
+
+def _run(
+    tmp_path: Path, scenario: str, strategy: str = "ddp"
+) -> tuple[subprocess.CompletedProcess[str], dict[str, object]]:
+    command = [
+        *(sys.executable, str(JOB), "--strategy", strategy, "--devices", "2"),
+        *("--scenario", scenario, "--root", str(tmp_path)),
+    ]
+    completed = subprocess.run(command, capture_output=True, text=True, timeout=150, check=False)
+    assert not _processes_mentioning(str(tmp_path)), "a rank was left running"
+    result_file = tmp_path / "result.json"
+    result = json.loads(result_file.read_text()) if result_file.exists() else {}
+    return completed, result
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", ["ddp", "ddp_spawn"])
+def test_fit_on_two_ranks_syncs_metrics_without_truncating(tmp_path: Path, strategy: str) -> None:
+    completed, result = _run(tmp_path, "fit", strategy)
+
+    assert completed.returncode == 0, completed.stderr
+    metrics = result["metrics"]
+    assert isinstance(metrics, dict)
+    assert result["global_step"] == 2 * 5  # 40 samples, 2 ranks, batches of 4
+    assert metrics["train_seen"] == 40  # each sample once per epoch, counted over ranks
+    assert metrics["val_seen"] == 21  # every validation sample exactly once, none repeated
+    assert metrics["rank_mean"] == 0.5  # the mean of ints 0 and 1
+    assert metrics["weights_max"] == metrics["weights_min"]  # the replicas agree
+
+
+@pytest.mark.slow
+def test_uneven_data_never_hangs(tmp_path: Path) -> None:
+    completed, result = _run(tmp_path, "uneven")
+
+    assert completed.returncode == 0, completed.stderr
+    assert result == {"padded_steps": 2, "custom_steps": 1}
+    assert "the ranks hold different numbers of training batches; each runs 1" in completed.stderr
+
+
+@pytest.mark.slow
+def test_one_rank_asking_to_stop_stops_every_rank(tmp_path: Path) -> None:
+    completed, result = _run(tmp_path, "stop")
+
+    assert completed.returncode == 0, completed.stderr
+    assert result == {"current_epoch": 2}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", ["ddp", "ddp_spawn"])
+def test_a_failing_rank_stops_the_job_with_its_traceback(tmp_path: Path, strategy: str) -> None:
+    completed, result = _run(tmp_path, "fail", strategy)
+
+    assert completed.returncode == 0, completed.stderr
+    assert result["failed_rank"] == 1
+    assert "rank 1 gives up" in str(result["message"])
+
+
+@pytest.mark.slow
+def test_predictions_of_two_ranks_come_back_in_order(tmp_path: Path) -> None:
+    completed, result = _run(tmp_path, "predict", "ddp_spawn")
+
+    assert completed.returncode == 0, completed.stderr
+    assert result == {"same": True}
+
+
+@pytest.mark.slow
+def test_a_resumed_ddp_run_continues_exactly(tmp_path: Path) -> None:
+    completed, result = _run(tmp_path, "resume")
+
+    assert completed.returncode == 0, completed.stderr
+    whole, resumed = result["whole"], result["resumed"]
+    assert isinstance(whole, list)
+    assert len(whole) == 15
+    assert resumed == whole

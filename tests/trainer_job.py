@@ -1,0 +1,214 @@
+"""A training job on several processes, as a user writes one (run by test_trainer_distributed).
+
+    python trainer_job.py --strategy ddp --devices 2 --scenario fit --root DIR
+
+Rank 0 writes what it saw to DIR/result.json. Each scenario is one behaviour of the
+trainer across ranks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+from torch.utils.data import DataLoader, Sampler, TensorDataset
+from typing_extensions import override
+
+from plait.core import PeerFailedError, seed_everything
+from plait.trainer import Callback, CSVLogger, ModelCheckpoint, Module, Trainer
+
+
+def _xy(batch: object) -> tuple[torch.Tensor, torch.Tensor]:
+    assert isinstance(batch, list | tuple)
+    x, y = batch
+    assert isinstance(x, torch.Tensor)
+    assert isinstance(y, torch.Tensor)
+    return x, y
+
+
+def dataset(n: int) -> TensorDataset:
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(n, 4, generator=generator)
+    return TensorDataset(x, x.sum(dim=1, keepdim=True))
+
+
+class Toy(Module):
+    def __init__(self, fail_at: int | None = None) -> None:
+        super().__init__()
+        self.net = torch.nn.Sequential(
+            torch.nn.Linear(4, 8), torch.nn.Dropout(0.1), torch.nn.Linear(8, 1)
+        )
+        self.fail_at = fail_at
+
+    @override
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.net(x)
+        return out
+
+    @override
+    def training_step(self, batch: object, batch_idx: int) -> torch.Tensor:
+        x, y = _xy(batch)
+        if self.fail_at is not None and self.trainer.global_rank == 1 and batch_idx == self.fail_at:
+            raise RuntimeError("rank 1 gives up")
+        loss = torch.nn.functional.mse_loss(self(x), y)
+        self.log("loss", loss)
+        self.log(
+            "train_seen", len(x), reduce_fx="sum", sync_dist=True, on_step=False, on_epoch=True
+        )
+        return loss
+
+    @override
+    def validation_step(self, batch: object, batch_idx: int) -> None:
+        x, y = _xy(batch)
+        self.log("val_loss", torch.nn.functional.mse_loss(self(x), y), sync_dist=True)
+        self.log("val_seen", len(x), reduce_fx="sum", sync_dist=True)
+        # The mean of integers over ranks: 0 on rank 0 and 1 on rank 1 is 0.5, never 0.
+        self.log("rank_mean", self.trainer.global_rank, sync_dist=True, batch_size=1)
+
+    @override
+    def on_train_epoch_end(self) -> None:
+        total = float(sum(p.detach().sum() for p in self.parameters()))
+        self.log("weights_max", total, reduce_fx="max", sync_dist=True)
+        self.log("weights_min", total, reduce_fx="min", sync_dist=True)
+
+    @override
+    def predict_step(self, batch: object, batch_idx: int) -> torch.Tensor:
+        x, _ = _xy(batch)
+        return self.forward(x)
+
+    @override
+    def configure_optimizers(self) -> object:
+        return torch.optim.SGD(self.parameters(), lr=0.05)
+
+
+class UnevenSampler(Sampler[int]):
+    """Five indices on rank 0, three elsewhere: the ranks disagree on their batch count."""
+
+    def __init__(self) -> None:
+        self.count = 5 if int(os.environ.get("RANK", "0")) == 0 else 3
+
+    @override
+    def __iter__(self) -> Iterator[int]:
+        return iter(range(self.count))
+
+    def __len__(self) -> int:
+        return self.count
+
+
+class StopOnRankOne(Callback):
+    @override
+    def on_train_epoch_end(self, trainer: Trainer, module: Module) -> None:
+        if trainer.global_rank == 1 and trainer.current_epoch == 1:
+            trainer.should_stop = True
+
+
+def _trainer(arguments: argparse.Namespace, **settings: object) -> Trainer:
+    options: dict[str, object] = {
+        "strategy": arguments.strategy,
+        "accelerator": "cpu",
+        "devices": arguments.devices,
+        "default_root_dir": arguments.root,
+        "enable_progress_bar": False,
+        "logger": False,
+        "enable_checkpointing": False,
+        **settings,
+    }
+    return Trainer(**options)  # type: ignore[arg-type]
+
+
+def _losses(log_dir: str) -> list[float]:
+    with open(os.path.join(log_dir, CSVLogger.FILE_NAME)) as file:
+        return [float(row["loss"]) for row in csv.DictReader(file) if row.get("loss")]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--strategy", default="ddp")
+    parser.add_argument("--devices", type=int, default=2)
+    parser.add_argument("--scenario", required=True)
+    parser.add_argument("--root", required=True)
+    arguments = parser.parse_args()
+    seed_everything(0)
+    result: dict[str, object] = {}
+    train = DataLoader(dataset(40), batch_size=4, shuffle=True)
+    val = DataLoader(dataset(21), batch_size=4)
+    if arguments.scenario == "fit":
+        trainer = _trainer(arguments, max_epochs=2)
+        trainer.fit(Toy(), train, val)
+        result = {"metrics": trainer.callback_metrics, "global_step": trainer.global_step}
+    elif arguments.scenario == "uneven":
+        odd = DataLoader(dataset(10), batch_size=3)  # padded by the injected sampler
+        custom = DataLoader(dataset(10), batch_size=3, sampler=UnevenSampler())
+        first = _trainer(arguments, max_epochs=1)
+        first.fit(Toy(), odd, val)
+        second = _trainer(arguments, max_epochs=1)
+        second.fit(Toy(), custom)
+        result = {"padded_steps": first.global_step, "custom_steps": second.global_step}
+    elif arguments.scenario == "stop":
+        trainer = _trainer(arguments, max_epochs=5, callbacks=[StopOnRankOne()])
+        trainer.fit(Toy(), train)
+        result = {"current_epoch": trainer.current_epoch}
+    elif arguments.scenario == "fail":
+        try:
+            _trainer(arguments, max_epochs=1).fit(Toy(fail_at=2), train)
+        except PeerFailedError as error:
+            result = {"failed_rank": error.rank, "message": str(error)}
+    elif arguments.scenario == "predict":
+        model = Toy()
+        loader = DataLoader(dataset(11), batch_size=4)
+        predictions = _trainer(arguments).predict(model, loader)
+        expected = model.eval()(dataset(11).tensors[0])
+        result = {"same": bool(torch.allclose(torch.cat(predictions), expected, atol=1e-6))}  # type: ignore[arg-type]
+    elif arguments.scenario == "resume":
+        logger = CSVLogger(arguments.root, name="whole")
+        whole = _trainer(arguments, max_epochs=3, logger=logger, log_every_n_steps=1)
+        whole.fit(Toy(), train)
+        seed_everything(0)
+        part_logger = CSVLogger(arguments.root, name="part")
+        checkpoint = ModelCheckpoint(
+            Path(arguments.root) / "ckpt", every_n_train_steps=7, save_top_k=0
+        )
+        part = _trainer(
+            arguments,
+            max_steps=7,
+            logger=part_logger,
+            log_every_n_steps=1,
+            callbacks=[checkpoint],
+            enable_checkpointing=True,
+        )
+        part.fit(Toy(), train)
+        rest_logger = CSVLogger(arguments.root, name="rest")
+        checkpoint = ModelCheckpoint(
+            Path(arguments.root) / "ckpt", every_n_train_steps=7, save_top_k=0
+        )
+        rest = _trainer(
+            arguments,
+            max_epochs=3,
+            logger=rest_logger,
+            log_every_n_steps=1,
+            callbacks=[checkpoint],
+            enable_checkpointing=True,
+        )
+        seed_everything(1)
+        rest.fit(Toy(), train, ckpt_path="last")
+        if rest.is_global_zero:
+            assert whole.log_dir
+            assert part.log_dir
+            assert rest.log_dir
+            result = {
+                "whole": _losses(whole.log_dir),
+                "resumed": _losses(part.log_dir) + _losses(rest.log_dir),
+            }
+    else:
+        raise SystemExit(f"unknown scenario {arguments.scenario}")
+    if int(os.environ.get("RANK", "0")) == 0 and result:
+        Path(arguments.root, "result.json").write_text(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
