@@ -1,0 +1,88 @@
+"""The ``plait`` command, run as a user runs it: the main job and its errors."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+PLAIT = Path(sys.executable).with_name("plait")
+
+
+def _plait(*arguments: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(PLAIT), *arguments], capture_output=True, text=True, timeout=240, check=False, cwd=cwd
+    )
+
+
+def test_the_help_names_the_commands_and_an_example() -> None:
+    completed = _plait("--help")
+
+    assert completed.returncode == 0
+    for word in ("fit", "validate", "list", "plait fit --example digits --strategy ddp"):
+        assert word in completed.stdout
+
+
+def test_fit_help_lists_every_option_with_its_default() -> None:
+    completed = _plait("fit", "--help")
+
+    assert completed.returncode == 0
+    options = ["--example", "--strategy", "--accelerator", "--devices", "--max-epochs"]
+    options += ["--precision", "--ckpt-path", "--default-root-dir", "(default: 10)"]
+    for option in options:
+        assert option in completed.stdout
+
+
+def test_list_strategies_shows_the_registered_names() -> None:
+    completed = _plait("list", "strategies")
+
+    assert completed.returncode == 0
+    names = [line.split()[0] for line in completed.stdout.splitlines()]
+    assert {"ddp", "ddp_spawn", "single_device"} <= set(names)
+
+
+@pytest.mark.slow
+def test_fit_trains_digits_with_ddp_on_two_processes_and_reports(tmp_path: Path) -> None:
+    completed = _plait(
+        "fit", "--example", "digits", "--strategy", "ddp", "--accelerator", "cpu",
+        "--devices", "2", "--max-epochs", "5", "--default-root-dir", str(tmp_path),
+    )  # fmt: skip
+
+    assert completed.returncode == 0, completed.stderr
+    out = completed.stdout
+    assert "trained digits with ddp on 2 process(es) (cpu) for 5 epoch(s)" in out
+    accuracy = re.search(r"^val_acc = (\d\.\d+)$", out, re.MULTILINE)
+    assert accuracy is not None, out
+    assert float(accuracy.group(1)) > 0.9  # ten classes: chance is 0.1
+    checkpoint = Path(re.search(r"^checkpoint: (.+)$", out, re.MULTILINE).group(1))  # type: ignore[union-attr]
+    assert checkpoint == tmp_path / "checkpoints" / "last.ckpt"
+    saved = torch.load(checkpoint, weights_only=True)
+    assert saved["global_step"] == 5 * 12
+    logs = Path(re.search(r"^logs: (.+)$", out, re.MULTILINE).group(1))  # type: ignore[union-attr]
+    assert (logs / "metrics.csv").is_file()
+
+    validated = _plait(
+        "validate", "--example", "digits", "--accelerator", "cpu", "--no-progress-bar",
+        "--ckpt-path", str(checkpoint), "--default-root-dir", str(tmp_path),
+    )  # fmt: skip
+    assert validated.returncode == 0, validated.stderr
+    assert f"val_acc = {accuracy.group(1)}" in validated.stdout  # the same weights, one process
+
+
+def test_a_misspelt_strategy_is_named_with_the_closest_and_exits_2() -> None:
+    completed = _plait("fit", "--example", "digits", "--strategy", "ddpp", "--accelerator", "cpu")
+
+    assert completed.returncode == 2
+    assert "no strategy named 'ddpp'" in completed.stderr
+    assert "did you mean 'ddp'?" in completed.stderr
+
+
+def test_an_unknown_example_is_refused_by_the_parser() -> None:
+    completed = _plait("fit", "--example", "mnist")
+
+    assert completed.returncode == 2
+    assert "invalid choice: 'mnist'" in completed.stderr
