@@ -10,6 +10,7 @@ every rank's entry, and compares. Ranks that disagree all raise
 from __future__ import annotations
 
 import json
+import time
 from datetime import timedelta
 from typing import TYPE_CHECKING, Final, TypeVar, overload
 
@@ -50,6 +51,8 @@ ABORT_KEY: Final = "abort"
 
 _AT: Final = "at/"  # a rank's latest meeting, under each rendezvous prefix
 _ABORTED: Final = '["aborted", []]'  # what fills a dead rank's entry
+_LEFT: Final = "left/"  # a rank that has finished with the store
+_DEPARTURE_SLICE: Final = timedelta(seconds=1)
 
 
 def encode_failure(failure: PeerFailedError) -> str:
@@ -250,6 +253,24 @@ class Rendezvous:
         if self._sequence > 2:
             self.store.delete_key(f"{self._sequence - 2}/{self.rank}")
 
+    def depart(self, timeout: timedelta) -> None:
+        """Say this rank is done with the store; rank 0, which serves it, waits for all.
+
+        Rank 0's store must outlive every other rank's last use of it. The wait ends
+        early when a launcher posts a failure, and never raises: it runs in teardown.
+        """
+        self.store.set(f"{_LEFT}{self.rank}", "1")
+        if self.rank != 0:
+            return
+        keys = [f"{_LEFT}{rank}" for rank in range(self.world_size)]
+        deadline = time.monotonic() + timeout.total_seconds()
+        while time.monotonic() < deadline and not self._aborts.check([ABORT_KEY]):
+            try:
+                self.store.wait(keys, _DEPARTURE_SLICE)
+            except (RuntimeError, dist.DistError):
+                continue  # not every rank has left yet: look for a failure, then wait on
+            return
+
 
 def post_failure(
     store: dist.Store, failure: PeerFailedError, *, world_size: int, prefixes: tuple[str, ...]
@@ -304,6 +325,10 @@ class DistributedCollectives:
         # gloo moves CPU tensors; NCCL moves tensors of this process's GPU.
         backend = dist.get_backend(group)
         self.comm_device = device if backend == "nccl" else torch.device("cpu")
+
+    def depart(self) -> None:
+        """Finish with the job's store (see `Rendezvous.depart`); call once, at teardown."""
+        self._rendezvous.depart(self.timeout)
 
     def rendezvous(self, call: CollectiveCall, timeout: timedelta) -> None:
         """Meet every rank through the store and compare calls (see `Rendezvous.meet`)."""

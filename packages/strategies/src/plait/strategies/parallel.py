@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Sequence
 from datetime import timedelta
@@ -276,7 +277,13 @@ class ParallelStrategy(BaseStrategy):
 
     @override
     def teardown(self) -> None:
-        """Leave the process group (if the strategy joined it) and release the parts."""
+        """Leave the process group (if the strategy joined it) and release the parts.
+
+        After a clean run, rank 0 first waits for the other ranks to finish with the
+        job's store, which it serves; while an exception propagates, it does not.
+        """
+        if self._collectives is not None and sys.exc_info()[1] is None:
+            self._collectives.depart()
         if self._owns_process_group and dist.is_initialized():
             dist.destroy_process_group()
         self._owns_process_group = False
