@@ -66,6 +66,14 @@ def test_uneven_data_never_hangs(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+def test_accumulating_batches_skip_gradient_synchronisation_between_steps(tmp_path: Path) -> None:
+    completed, result = _run(tmp_path, "accumulate")
+
+    assert completed.returncode == 0, completed.stderr
+    assert result == {"global_step": 3, "no_sync": 2}
+
+
+@pytest.mark.slow
 def test_one_rank_asking_to_stop_stops_every_rank(tmp_path: Path) -> None:
     completed, result = _run(tmp_path, "stop")
 

@@ -9,6 +9,7 @@ trainer across ranks.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import json
 import os
@@ -20,6 +21,7 @@ from torch.utils.data import DataLoader, Sampler, TensorDataset
 from typing_extensions import override
 
 from plait.core import PeerFailedError, seed_everything
+from plait.strategies import DDPStrategy
 from plait.trainer import Callback, CSVLogger, ModelCheckpoint, Module, Trainer
 
 
@@ -100,6 +102,25 @@ class UnevenSampler(Sampler[int]):
         return self.count
 
 
+class CountingDDP(DDPStrategy):
+    """DDP that counts the batches run without gradient synchronisation."""
+
+    entered = 0
+
+    @override
+    @contextlib.contextmanager
+    def no_sync(self, module: torch.nn.Module) -> Iterator[None]:
+        CountingDDP.entered += 1
+        with super().no_sync(module):
+            yield
+
+
+class ReportNoSync(Callback):
+    @override
+    def on_train_epoch_end(self, trainer: Trainer, module: Module) -> None:
+        trainer.callback_metrics["no_sync_batches"] = CountingDDP.entered
+
+
 class StopOnRankOne(Callback):
     @override
     def on_train_epoch_end(self, trainer: Trainer, module: Module) -> None:
@@ -149,6 +170,20 @@ def main() -> None:
         second = _trainer(arguments, max_epochs=1)
         second.fit(Toy(), custom)
         result = {"padded_steps": first.global_step, "custom_steps": second.global_step}
+    elif arguments.scenario == "accumulate":
+        # 5 batches per rank, accumulating 2 by 2: steps after batches 2, 4 and 5.
+        trainer = _trainer(
+            arguments,
+            strategy=CountingDDP(),
+            max_epochs=1,
+            accumulate_grad_batches=2,
+            callbacks=[ReportNoSync()],
+        )
+        trainer.fit(Toy(), train)
+        result = {
+            "global_step": trainer.global_step,
+            "no_sync": trainer.callback_metrics["no_sync_batches"],
+        }
     elif arguments.scenario == "stop":
         trainer = _trainer(arguments, max_epochs=5, callbacks=[StopOnRankOne()])
         trainer.fit(Toy(), train)
