@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ABORT_KEY",
+    "CURRENT_RUN_KEY",
     "START_PREFIX",
     "STORE_PREFIX",
     "DistributedCollectives",
@@ -38,6 +39,7 @@ __all__ = [
     "as_timeout",
     "encode_failure",
     "post_failure",
+    "run_prefix",
 ]
 
 STORE_PREFIX: Final = "plait/collectives"
@@ -52,6 +54,16 @@ ABORT_KEY: Final = "abort"
 _AT: Final = "at/"  # a rank's latest meeting, under each rendezvous prefix
 _ABORTED: Final = '["aborted", []]'  # what fills a dead rank's entry
 _LEFT: Final = "left/"  # a rank that has finished with the store
+
+CURRENT_RUN_KEY: Final = "plait/current-run"
+"""Where rank 0 posts the number of the run in progress (the job's store is reused)."""
+
+
+def run_prefix(run: int) -> str:
+    """The prefix of run number ``run``'s keys in the job's store."""
+    return f"plait/run-{run}/"
+
+
 _DEPARTURE_SLICE: Final = timedelta(seconds=1)
 
 
@@ -281,6 +293,8 @@ def post_failure(
     rank, the failed rank's entry at that rank's current meeting is filled with a
     marker, so that the wait ends and the rank raises `PeerFailedError`.
     """
+    if store.check([CURRENT_RUN_KEY]):  # the keys of the run in progress
+        store = dist.PrefixStore(run_prefix(int(store.get(CURRENT_RUN_KEY))), store)
     dist.PrefixStore(STORE_PREFIX, store).set(ABORT_KEY, encode_failure(failure))
     for prefix in prefixes:
         meetings = dist.PrefixStore(prefix, store)

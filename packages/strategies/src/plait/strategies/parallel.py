@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import itertools
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Final
 
@@ -21,7 +22,13 @@ from plait.core import (
     free_port,
 )
 from plait.strategies.base import BaseStrategy
-from plait.strategies.collectives import START_PREFIX, DistributedCollectives, Rendezvous
+from plait.strategies.collectives import (
+    CURRENT_RUN_KEY,
+    START_PREFIX,
+    DistributedCollectives,
+    Rendezvous,
+    run_prefix,
+)
 
 if TYPE_CHECKING:
     from plait.core import Accelerator, CheckpointIO, Precision
@@ -36,6 +43,8 @@ DEFAULT_START_TIMEOUT: Final = timedelta(minutes=10)
 DEFAULT_TIMEOUT: Final = timedelta(minutes=5)
 _BIND_RETRY_INTERVAL: Final = 0.05
 _GROUP_STORE_KEY: Final = "plait/process-group-store-port"
+
+_retained: tuple[tuple[str, int, int, int], dist.TCPStore, Iterator[int]] | None = None
 
 
 class ParallelStrategy(BaseStrategy):
@@ -198,7 +207,7 @@ class ParallelStrategy(BaseStrategy):
                 fix="remove the call to init_process_group and let setup_environment() do it",
             )
         environment = self.cluster_environment
-        store = self._connect()
+        store = self._run_store()
         # Every rank posts its arrival: a rank that never comes is named, not waited on.
         Rendezvous(
             store,
@@ -224,6 +233,27 @@ class ParallelStrategy(BaseStrategy):
             checked=self.checked_collectives,
             timeout=self.timeout,
         )
+
+    def _run_store(self) -> dist.Store:
+        # The job's store is kept for the life of the process and shared by every run
+        # in it (a test after a fit), each run under a prefix of its own: ranks count
+        # their runs alike, as they run the same program. A store made anew per run
+        # could be reached, by a fast rank, while the previous one was still closing.
+        environment = self.cluster_environment
+        key = (
+            environment.main_address,
+            environment.main_port,
+            environment.world_size,
+            environment.global_rank,
+        )
+        global _retained  # noqa: PLW0603 (one job store per process, kept for its life)
+        if _retained is None or _retained[0] != key:
+            _retained = (key, self._connect(), itertools.count())
+        _, store, runs = _retained
+        run = next(runs)
+        if environment.global_rank == 0:
+            store.set(CURRENT_RUN_KEY, str(run))
+        return dist.PrefixStore(run_prefix(run), store)
 
     def _group_store(self, store: dist.Store) -> dist.TCPStore:
         # The process group gets a store of its own, on a port rank 0 picks and
