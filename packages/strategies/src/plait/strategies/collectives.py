@@ -271,17 +271,20 @@ class Rendezvous:
         Rank 0's store must outlive every other rank's last use of it. The wait ends
         early when a launcher posts a failure, and never raises: it runs in teardown.
         """
-        self.store.set(f"{_LEFT}{self.rank}", "1")
-        if self.rank != 0:
-            return
-        keys = [f"{_LEFT}{rank}" for rank in range(self.world_size)]
-        deadline = time.monotonic() + timeout.total_seconds()
-        while time.monotonic() < deadline and not self._aborts.check([ABORT_KEY]):
-            try:
-                self.store.wait(keys, _DEPARTURE_SLICE)
-            except (RuntimeError, dist.DistError):
-                continue  # not every rank has left yet: look for a failure, then wait on
-            return
+        try:
+            self.store.set(f"{_LEFT}{self.rank}", "1")
+            if self.rank != 0:
+                return
+            keys = [f"{_LEFT}{rank}" for rank in range(self.world_size)]
+            deadline = time.monotonic() + timeout.total_seconds()
+            while time.monotonic() < deadline and not self._aborts.check([ABORT_KEY]):
+                try:
+                    self.store.wait(keys, _DEPARTURE_SLICE)
+                except (RuntimeError, dist.DistError):
+                    continue  # not every rank has left yet: look for a failure, wait on
+                return
+        except (RuntimeError, dist.DistError):
+            return  # the store is gone (rank 0 failed): nothing is left to wait for
 
 
 def post_failure(
