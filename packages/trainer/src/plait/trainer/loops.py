@@ -15,6 +15,7 @@ from torch.optim.lr_scheduler import ReduceLROnPlateau
 from typing_extensions import override
 
 from plait.core import (
+    CheckpointError,
     ConfigurationError,
     GradientClipAlgorithm,
     Strategy,
@@ -23,6 +24,7 @@ from plait.core import (
 )
 from plait.trainer.data import length, limit_batches, prepare_loader, sampler_seed, set_epoch
 from plait.trainer.metrics import Metrics, Number
+from plait.trainer.module import overrides
 from plait.trainer.optim import parse_optimizers
 from plait.trainer.state import preserved_rng, rng_state, set_rng_state, to_device
 
@@ -34,7 +36,7 @@ if TYPE_CHECKING:
     from plait.trainer.optim import SchedulerConfig
     from plait.trainer.trainer import Trainer
 
-__all__ = ["CHECKPOINT_FORMAT", "Loops", "Stage"]
+__all__ = ["CHECKPOINT_FORMAT", "Loops", "Run", "Stage"]
 
 Stage: TypeAlias = Literal["fit", "validate", "test", "predict"]
 """What a run does."""
@@ -63,6 +65,27 @@ class Resume:
     start_batch: int = 0
     rng: dict[str, object] | None = None
     metrics: dict[str, object] | None = None
+
+
+@attrs.frozen
+class Run:
+    """What a run is asked to do, as it travels to the ranks.
+
+    Attributes:
+        stage: What the run does.
+        loaders: The loaders given to the entry point (training or evaluation).
+        val_loaders: The validation loaders given to ``fit``.
+        datamodule: The data module, when the loaders come from one.
+        ckpt_path: The checkpoint to start from, resolved to a path.
+        origin: The calling process and module, to tell a run on copies.
+    """
+
+    stage: Stage
+    loaders: Iterable[object] | None
+    val_loaders: Iterable[object] | None
+    datamodule: DataModule | None
+    ckpt_path: str | None
+    origin: tuple[int, int]
 
 
 class Steps(torch.nn.Module):
@@ -166,18 +189,10 @@ class Loops(abc.ABC):
 
     # One run.
 
-    def run_stage(
-        self,
-        stage: Stage,
-        *,
-        module: Module,
-        loaders: Iterable[object] | None,
-        val_loaders: Iterable[object] | None,
-        datamodule: DataModule | None,
-        ckpt_path: str | None,
-    ) -> object:
-        """Set up this rank, run ``stage``, and tear down, whatever happens."""
+    def run_stage(self, module: Module, run: Run) -> object:
+        """Set up this rank, run the stage, and tear down, whatever happens."""
         strategy = self.strategy
+        stage, datamodule = run.stage, run.datamodule
         self.state_stage = stage
         self._wrapped = None
         self._steps = None
@@ -194,14 +209,7 @@ class Loops(abc.ABC):
                 datamodule.setup(stage)
             for callback in self.callbacks:
                 callback.setup(self.me, module, stage)
-            results = self._dispatch(
-                stage,
-                module=module,
-                loaders=loaders,
-                val_loaders=val_loaders,
-                datamodule=datamodule,
-                ckpt_path=ckpt_path,
-            )
+            results = self._dispatch(module, run)
             status = "success"
             return results
         except BaseException as error:
@@ -232,19 +240,11 @@ class Loops(abc.ABC):
         self.lr_schedulers = []
         gc.collect()
 
-    def _dispatch(
-        self,
-        stage: Stage,
-        *,
-        module: Module,
-        loaders: Iterable[object] | None,
-        val_loaders: Iterable[object] | None,
-        datamodule: DataModule | None,
-        ckpt_path: str | None,
-    ) -> object:
-        checkpoint = self.strategy.load_checkpoint(ckpt_path) if ckpt_path else None
+    def _dispatch(self, module: Module, run: Run) -> object:
+        stage, loaders, datamodule = run.stage, run.loaders, run.datamodule
+        checkpoint = self.strategy.load_checkpoint(run.ckpt_path) if run.ckpt_path else None
         if checkpoint is not None:
-            self._check_checkpoint(checkpoint, ckpt_path)
+            self._check_checkpoint(checkpoint, run.ckpt_path)
             module.on_load_checkpoint(checkpoint)
             for callback in self.callbacks:
                 callback.on_load_checkpoint(self.me, module, checkpoint)
@@ -252,7 +252,9 @@ class Loops(abc.ABC):
         self._steps = Steps(module)
         self._wrapped = self.strategy.setup_module(self._steps)
         if stage == "fit":
-            self._fit(module, loaders, val_loaders, datamodule=datamodule, checkpoint=checkpoint)
+            self._fit(
+                module, loaders, run.val_loaders, datamodule=datamodule, checkpoint=checkpoint
+            )
             return None
         loader = loaders if loaders is not None else _datamodule_loader(datamodule, stage)
         if stage == "predict":
@@ -263,8 +265,6 @@ class Loops(abc.ABC):
     def _check_checkpoint(checkpoint: Checkpoint, path: PathLike | None) -> None:
         missing = [key for key in ("state_dict", "loops") if key not in checkpoint]
         if missing:
-            from plait.core import CheckpointError  # noqa: PLC0415 (errors only)
-
             raise CheckpointError(
                 str(path),
                 f"is not a trainer checkpoint: it lacks {', '.join(missing)}",
@@ -288,7 +288,7 @@ class Loops(abc.ABC):
         validate_with = val_loaders
         if validate_with is None and datamodule is not None and datamodule.has("val_dataloader"):
             validate_with = datamodule.val_dataloader()
-        if validate_with is not None and not _overrides(module, "validation_step"):
+        if validate_with is not None and not overrides(module, "validation_step"):
             rank_zero_warn("validation data was given, but the module has no validation_step")
             validate_with = None
         optimizers, schedulers = parse_optimizers(module.configure_optimizers())
@@ -732,12 +732,6 @@ def _optimizer_state(strategy: Strategy, optimizer: torch.optim.Optimizer) -> di
     if isinstance(strategy, _SupportsOptimizerState):
         return strategy.optimizer_state_dict(optimizer)
     return optimizer.state_dict()
-
-
-def _overrides(module: Module, method: str) -> bool:
-    from plait.trainer.module import Module as Base  # noqa: PLC0415 (a cycle at import)
-
-    return getattr(type(module), method) is not getattr(Base, method)
 
 
 def _datamodule_loader(datamodule: DataModule | None, stage: Stage) -> Iterable[object]:

@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     from plait.core.typing import Checkpoint
     from plait.trainer.trainer import Trainer
 
-__all__ = ["DataModule", "LogValue", "Module", "ReduceFx", "StepOutput"]
+__all__ = ["DataModule", "LogValue", "Module", "ReduceFx", "StepOutput", "overrides"]
 
 LogValue: TypeAlias = "torch.Tensor | float | int | bool"
 """What `Module.log` takes: a number or a one-element tensor."""
@@ -209,6 +209,11 @@ class Module(torch.nn.Module):
 
     def on_load_checkpoint(self, checkpoint: Checkpoint) -> None:
         """Read what `on_save_checkpoint` added, before the state is restored."""
+
+
+def overrides(module: Module, method: str) -> bool:
+    """Whether ``module``'s class defines its own ``method`` (a step or hook of `Module`)."""
+    return getattr(type(module), method) is not getattr(Module, method)
 
 
 def check_reduce_fx(value: object) -> ReduceFx:

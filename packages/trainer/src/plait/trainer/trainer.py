@@ -29,8 +29,8 @@ from plait.trainer.checks import check_count, check_number
 from plait.trainer.connector import Connection, Plugin, connect
 from plait.trainer.data import check_limit, first_tensor_length
 from plait.trainer.loggers import CSVLogger, Logger
-from plait.trainer.loops import Loops, Stage
-from plait.trainer.module import DataModule, LogValue, Module, ReduceFx
+from plait.trainer.loops import Loops, Run, Stage
+from plait.trainer.module import DataModule, LogValue, Module, ReduceFx, overrides
 
 if TYPE_CHECKING:
     import torch
@@ -506,7 +506,7 @@ class Trainer(Loops):
                 fix="subclass plait.trainer.Module (a torch.nn.Module with training_step "
                 "and configure_optimizers)",
             )
-        missing = [name for name in needed if getattr(type(model), name) is getattr(Module, name)]
+        missing = [name for name in needed if not overrides(model, name)]
         if missing:
             raise ConfigurationError(
                 f"{type(model).__name__} does not define {', '.join(missing)}",
@@ -660,29 +660,10 @@ class Trainer(Loops):
         return f"Trainer(strategy={self.strategy!r}, processes={self.num_processes})"
 
 
-@attrs.frozen
-class Run:
-    """What a run is asked to do, as it travels to the ranks."""
-
-    stage: Stage
-    loaders: Iterable[object] | None
-    val_loaders: Iterable[object] | None
-    datamodule: DataModule | None
-    ckpt_path: str | None
-    origin: tuple[int, int]
-
-
 def _run_in_rank(trainer: Trainer, model: Module, run: Run) -> Outcome:
     """The body of every rank: run the stage, and say how it ended."""
     if os.getpid() != run.origin[0] and SEED_ENV_VAR in os.environ:
         # A process a launcher started afresh: seeded as the caller was.
         seed_everything()
-    results = trainer.run_stage(
-        run.stage,
-        module=model,
-        loaders=run.loaders,
-        val_loaders=run.val_loaders,
-        datamodule=run.datamodule,
-        ckpt_path=run.ckpt_path,
-    )
+    results = trainer.run_stage(model, run)
     return trainer.outcome(model, results, run.origin)
