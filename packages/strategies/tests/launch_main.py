@@ -38,6 +38,15 @@ def big_result() -> torch.Tensor:
     return torch.full((1 << 20,), float(os.environ["RANK"]))
 
 
+def sum_of_big_work(work: torch.Tensor) -> int:
+    # ``work`` is far larger than a pipe's buffer: every rank must receive it whole.
+    strategy = joined()
+    try:
+        return int(strategy.reduce(int(work.sum()), "sum"))
+    finally:
+        strategy.teardown()
+
+
 def rank_one_fails() -> None:
     strategy = joined()
     if strategy.global_rank == 1:
@@ -86,6 +95,10 @@ def main(scenario: str, start_method: str, num_processes: int) -> None:
         elif scenario == "big":
             result = launcher.launch(big_result)
             print(f"result numel={result.numel()} rank={int(result[0])}")
+        elif scenario == "bigwork":
+            print(
+                f"result={launcher.launch(sum_of_big_work, torch.ones(1 << 20, dtype=torch.int64))}"
+            )
         elif scenario == "fail":
             launcher.launch(rank_one_fails)
         elif scenario == "kill":

@@ -41,6 +41,15 @@ def test_a_result_larger_than_a_pipe_comes_back() -> None:
 
 
 @pytest.mark.slow
+def test_work_larger_than_a_pipe_reaches_every_rank() -> None:
+    # Sent after the ranks start, so that a large payload does not start them one by one.
+    output = launch("bigwork", "spawn", 2)
+
+    assert f"result={2 * (1 << 20)}" in output
+    assert "children left=0" in output
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("start_method", ["spawn", "fork"])
 def test_a_failing_rank_stops_every_rank_and_is_named_with_its_traceback(
     start_method: str,

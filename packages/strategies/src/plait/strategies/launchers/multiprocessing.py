@@ -65,13 +65,15 @@ def _context(method: str) -> SpawnContext | ForkContext | ForkServerContext:
     return multiprocessing.get_context("spawn")
 
 
-def _run_rank(results: Connection, variables: dict[str, str], payload: bytes) -> None:
-    # The body of each child: learn its place, then unpickle the work (so strategies
-    # in it are made anew for this rank), run, report the result or the error.
+def _run_rank(results: Connection, variables: dict[str, str], work: Connection) -> None:
+    # The body of each child: learn its place, then receive and unpickle the work
+    # (so strategies in it are made anew for this rank), run, report the result or
+    # the error.
     die_with_parent()
     os.environ.update(variables)
     try:
-        function, args, kwargs = pickle.loads(payload)
+        function, args, kwargs = pickle.loads(work.recv_bytes())
+        work.close()
         result = function(*args, **kwargs)
     except BaseException:  # noqa: BLE001 (every failure is reported, then exits 1)
         results.send_bytes(pickle.dumps(("error", traceback.format_exc())))
@@ -79,6 +81,21 @@ def _run_rank(results: Connection, variables: dict[str, str], payload: bytes) ->
     # Plain pickling copies tensors into the message: torch's shared-memory reductions
     # would leave the parent a handle to fetch from a process that has exited.
     results.send_bytes(pickle.dumps(("result", result if variables["RANK"] == "0" else None)))
+
+
+def _send_work(connection: Connection, payload: bytes) -> None:
+    # A child reads its work only once it has started (under spawn, once it has
+    # imported the main module again); sent from a thread, a large payload neither
+    # holds up the start of the next child nor the watch over the started ones.
+    def send() -> None:
+        try:
+            connection.send_bytes(payload)
+        except OSError:
+            pass  # the child died first: the watch reports it
+        finally:
+            connection.close()
+
+    threading.Thread(target=send, daemon=True).start()
 
 
 class _Inbox:
@@ -179,6 +196,7 @@ class MultiprocessingLauncher:
         try:
             for rank in range(self.num_processes):
                 receive, send = context.Pipe(duplex=False)
+                work_receive, work_send = context.Pipe(duplex=False)
                 variables = launch_variables(
                     rank=rank,
                     world_size=self.num_processes,
@@ -187,11 +205,13 @@ class MultiprocessingLauncher:
                 )
                 process = context.Process(
                     target=_run_rank,
-                    args=(send, variables, payload),
+                    args=(send, variables, work_receive),
                     name=f"plait-rank-{rank}",
                 )
                 process.start()
                 send.close()
+                work_receive.close()
+                _send_work(work_send, payload)
                 inbox = _Inbox(receive)
                 inboxes.append(inbox)
                 children.append(Child(rank=rank, handle=process, traceback=inbox.traceback))
