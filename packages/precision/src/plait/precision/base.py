@@ -62,6 +62,9 @@ def _map_tensors(data: T, function: Callable[[torch.Tensor], torch.Tensor]) -> T
 def default_dtype(dtype: torch.dtype) -> Iterator[None]:
     """Make ``dtype`` the default for new floating tensors inside the block."""
     previous = torch.get_default_dtype()
+    if previous == dtype:  # the usual case (float32): nothing to set or restore
+        yield
+        return
     torch.set_default_dtype(dtype)
     try:
         yield

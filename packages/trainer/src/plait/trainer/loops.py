@@ -233,12 +233,15 @@ class Loops(abc.ABC):
         # The wrapper (DDP's reducer) must die while the strategy still holds its
         # process group: destroyed from the reducer's side, a gloo group joins its
         # worker threads with the GIL held, and deadlocks if one of them is about to
-        # free a tensor of the last collective (which takes the GIL).
+        # free a tensor of the last collective (which takes the GIL). A collection
+        # (a tenth of a second) is needed only where the strategy made a wrapper.
+        wrapped = self._wrapped is not None and self._wrapped is not self._steps
         self._wrapped = None
         self._steps = None
         self.optimizers = []
         self.lr_schedulers = []
-        gc.collect()
+        if wrapped:
+            gc.collect()
 
     def _dispatch(self, module: Module, run: Run) -> object:
         stage, loaders, datamodule = run.stage, run.loaders, run.datamodule
@@ -409,9 +412,10 @@ class Loops(abc.ABC):
         module.on_train_batch_start(on_device, batch_idx)
         stepping = self.is_optimizer_step_batch(batch_idx)
         # Between optimizer steps, gradients accumulate without synchronisation.
+        # (A batch that steps, the usual one, skips the Protocol check: it is slow.)
         context = (
             strategy.no_sync(wrapped)
-            if isinstance(strategy, SupportsNoSync) and not stepping
+            if not stepping and isinstance(strategy, SupportsNoSync)
             else contextlib.nullcontext()
         )
         steps.stage = "fit"
