@@ -2,26 +2,18 @@
 
 from __future__ import annotations
 
+import functools
 import time
 from typing import TYPE_CHECKING
 
-from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    ProgressColumn,
-    Task,
-    TaskID,
-    TextColumn,
-    TimeElapsedColumn,
-)
-from rich.text import Text
 from typing_extensions import override
 
 from plait.trainer.callbacks.base import Callback
 
 if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.progress import Progress, ProgressColumn, TaskID
+
     from plait.trainer.metrics import Number
     from plait.trainer.module import Module, StepOutput
     from plait.trainer.trainer import Trainer
@@ -37,13 +29,21 @@ def format_metrics(metrics: dict[str, Number]) -> str:
     )
 
 
-class _Throughput(ProgressColumn):
-    """Batches per second, as rich measures them over the last few updates."""
+@functools.cache
+def _throughput_column() -> type[ProgressColumn]:
+    # rich is imported when a bar is first drawn, not with plait.trainer.
+    from rich.progress import ProgressColumn, Task  # noqa: PLC0415
+    from rich.text import Text  # noqa: PLC0415
 
-    @override
-    def render(self, task: Task) -> Text:
-        speed = task.finished_speed or task.speed
-        return Text("" if speed is None else f"{speed:.1f} it/s", style="progress.data.speed")
+    class Throughput(ProgressColumn):
+        """Batches per second, as rich measures them over the last few updates."""
+
+        @override
+        def render(self, task: Task) -> Text:
+            speed = task.finished_speed or task.speed
+            return Text("" if speed is None else f"{speed:.1f} it/s", style="progress.data.speed")
+
+    return Throughput
 
 
 class RichProgressBar(Callback):
@@ -69,6 +69,8 @@ class RichProgressBar(Callback):
     def console(self) -> Console:
         """The console drawn on."""
         if self._console is None:
+            from rich.console import Console  # noqa: PLC0415 - loaded when first used
+
             self._console = Console(stderr=True)
         return self._console
 
@@ -83,12 +85,20 @@ class RichProgressBar(Callback):
         if not trainer.is_global_zero or not self.console.is_terminal:
             return None
         if self._progress is None:
+            from rich.progress import (  # noqa: PLC0415 - loaded when first drawn
+                BarColumn,
+                MofNCompleteColumn,
+                Progress,
+                TextColumn,
+                TimeElapsedColumn,
+            )
+
             self._progress = Progress(
                 TextColumn("[progress.description]{task.description}"),
                 BarColumn(),
                 MofNCompleteColumn(),
                 TimeElapsedColumn(),
-                _Throughput(),
+                _throughput_column()(),
                 TextColumn("{task.fields[metrics]}"),
                 console=self.console,
                 refresh_per_second=self.refresh_per_second,
