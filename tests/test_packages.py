@@ -62,6 +62,18 @@ def test_importing_core_does_not_import_torch() -> None:
     assert "torch" not in loaded_after_import("core")
 
 
+def test_importing_the_trainer_leaves_its_display_and_logging_libraries_for_later() -> None:
+    # rich (the progress bar) and tensorboard load when first used: half the cost
+    # of importing plait.trainer after torch was rich's.
+    probe = "import sys, json, plait.trainer; print(json.dumps(sorted(sys.modules)))"
+    result = subprocess.run(
+        [sys.executable, "-c", probe], check=True, capture_output=True, text=True, timeout=60
+    )
+    roots = {name.split(".")[0] for name in json.loads(result.stdout)}
+
+    assert roots.isdisjoint({"rich", "tensorboard"})
+
+
 @pytest.mark.parametrize("package", PACKAGES)
 def test_package_metadata_keeps_the_dependency_rule(package: str) -> None:
     required = {req.name for req in requirements(package)}
