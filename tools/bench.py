@@ -7,8 +7,16 @@ are this machine's.
 
 Sections:
   imports      import cost over `import torch`, each in a fresh interpreter
+  steps        seconds per training step on one process: a plain loop, plait's
+               strategy in that loop, plait's Trainer (with and without logging)
+  ddp          two gloo processes: plain DDP (torch.multiprocessing, torchrun)
+               against plait's ddp and ddp_spawn, per step and launch to first step
   collectives  plait's collectives against raw torch.distributed, 2 gloo ranks
   conformance  the conformance suite's examples per second per property
+
+Lightning's Trainer and collectives join the comparison where lightning is
+importable; `tools/bench --with-lightning` installs it (requirements/lightning.txt)
+into .cache/lightning for the run.
 """
 
 from __future__ import annotations
@@ -30,27 +38,27 @@ from typing import Final
 
 import attrs
 
-SECTIONS: Final = ("imports", "collectives", "conformance")
+SECTIONS: Final = ("imports", "steps", "ddp", "collectives", "conformance")
 IMPORTED: Final = ("plait.core", "plait.strategies", "plait.trainer", "lightning.pytorch")
 
 
 @attrs.frozen
 class Row:
-    """One measurement: plait's median against the baseline's, over rounds."""
+    """One measurement: the measured side's median against the baseline's, over rounds."""
 
     section: str
     name: str
     unit: str
-    plait: list[float]
+    measured: list[float]
     baseline: list[float] | None
     baseline_name: str
 
     @property
     def ratio(self) -> float | None:
-        """plait's median over the baseline's."""
+        """The measured median over the baseline's."""
         if not self.baseline:
             return None
-        return statistics.median(self.plait) / statistics.median(self.baseline)
+        return statistics.median(self.measured) / statistics.median(self.baseline)
 
     def as_json(self) -> dict[str, object]:
         """The row with its medians, extremes and ratio."""
@@ -59,9 +67,9 @@ class Row:
             "name": self.name,
             "unit": self.unit,
             "baseline": self.baseline_name,
-            "plait_median": statistics.median(self.plait),
-            "plait_min": min(self.plait),
-            "plait_max": max(self.plait),
+            "median": statistics.median(self.measured),
+            "min": min(self.measured),
+            "max": max(self.measured),
             "baseline_median": statistics.median(self.baseline) if self.baseline else None,
             "baseline_min": min(self.baseline) if self.baseline else None,
             "baseline_max": max(self.baseline) if self.baseline else None,
@@ -112,6 +120,109 @@ def bench_imports(rounds: int) -> list[Row]:
         )
         for module in modules
     ]
+
+
+# Training, by the workloads of bench_training.py (each in fresh interpreters).
+
+TRAINING: Final = Path(__file__).with_name("bench_training.py")
+
+
+def _one_thread() -> dict[str, str]:
+    # Every side runs one intra-op thread per process, as torchrun sets by default.
+    return {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+def _checked_run(command: list[str], what: str) -> str:
+    done = subprocess.run(
+        command, env=_one_thread(), capture_output=True, text=True, timeout=900, check=False
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"{what} exited with {done.returncode}:\n{done.stderr[-4000:]}")
+    return done.stdout
+
+
+def bench_steps(rounds: int, steps: int, widths: list[int]) -> list[Row]:
+    """Seconds per training step on one process, each side against the plain loop."""
+    lightning = _installed("lightning.pytorch")
+    sides = ["plain", "plait-strategy", "plait-trainer", "plait-trainer-log"]
+    if lightning:
+        sides += ["lightning", "lightning-log"]
+    rows = []
+    for width in widths:
+        command = [sys.executable, str(TRAINING), "steps", "--width", str(width), "--steps",
+                   str(steps), "--rounds", str(rounds), "--sides", ",".join(sides)]  # fmt: skip
+        times: dict[str, list[float]] = json.loads(
+            _checked_run(command, "the steps workload").splitlines()[-1]
+        )
+
+        # (measured side, its label, baseline side, the baseline's label)
+        pairs = [
+            ("plait-strategy", "plait strategy in the plain loop", "plain", "plain loop"),
+            ("plait-trainer", "plait Trainer", "plain", "plain loop"),
+            ("plait-trainer-log", "plait Trainer logging a scalar", "plait-trainer",
+             "plait Trainer"),
+        ]  # fmt: skip
+        if lightning:
+            pairs += [
+                ("lightning", "Lightning Trainer", "plain", "plain loop"),
+                ("lightning-log", "Lightning Trainer logging a scalar", "lightning",
+                 "Lightning Trainer"),
+                ("plait-trainer", "plait Trainer", "lightning", "Lightning Trainer"),
+                ("plait-trainer-log", "plait Trainer logging a scalar", "lightning-log",
+                 "Lightning logging"),
+            ]  # fmt: skip
+        rows += [
+            Row("steps", f"width {width}: {label}", "s", times[side], times[base], base_label)
+            for side, label, base, base_label in pairs
+        ]
+    return rows
+
+
+_DDP_SIDES: Final = {
+    # name in the table: how the side is started
+    "plain DDP, torchrun": ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+                            "2", str(TRAINING), "ddp", "--side", "plain-torchrun-rank"],
+    "plain DDP, torch.multiprocessing": [str(TRAINING), "ddp", "--side", "plain-mp"],
+    "plait ddp": [str(TRAINING), "ddp", "--side", "plait-ddp"],
+    "plait ddp_spawn": [str(TRAINING), "ddp", "--side", "plait-ddp-spawn"],
+    "Lightning ddp": [str(TRAINING), "ddp", "--side", "lightning-ddp"],
+}  # fmt: skip
+
+
+def bench_ddp(rounds: int, steps: int, width: int, scratch: Path) -> list[Row]:
+    """Two gloo processes: seconds per step and from launch to the first step's end."""
+    lightning = _installed("lightning.pytorch")
+    sides = [side for side in _DDP_SIDES if lightning or "Lightning" not in side]
+    step: dict[str, list[float]] = {side: [] for side in sides}
+    launch: dict[str, list[float]] = {side: [] for side in sides}
+    out = scratch / "ddp.json"
+    for index in range(rounds):
+        shift = index % len(sides)
+        for side in [*sides[shift:], *sides[:shift]]:
+            out.unlink(missing_ok=True)
+            command = [sys.executable, *_DDP_SIDES[side], "--width", str(width),
+                       "--steps", str(steps), "--out", str(out)]  # fmt: skip
+            started = time.time()  # wall clock: rank 0 reports its first step's end in it
+            _checked_run(command, side)
+            result = json.loads(out.read_text(encoding="utf-8"))
+            step[side].append(result["per_step"])
+            launch[side].append(result["first_step_end"] - started)
+    base = "plain DDP, torchrun"
+    rows = []
+    for kind, times, unit_name in (("step", step, "per step"), ("launch", launch, "launch")):
+        rows += [
+            Row("ddp", f"{unit_name}: {side}", "s", times[side], times[base], "torchrun")
+            for side in sides
+            if side != base
+        ]
+        if "Lightning ddp" in sides:
+            rows.append(Row("ddp", f"{unit_name}: plait ddp", "s", times["plait ddp"],
+                            times["Lightning ddp"], "Lightning ddp"))  # fmt: skip
+        if kind == "launch":  # spawning against spawning
+            spawned = times["plain DDP, torch.multiprocessing"]
+            rows.append(Row("ddp", f"{unit_name}: plait ddp_spawn", "s", times["plait ddp_spawn"],
+                            spawned, "torch.multiprocessing"))  # fmt: skip
+    return rows
 
 
 # Collectives, in two gloo ranks.
@@ -248,7 +359,7 @@ def bench_collectives(rounds: int, scratch: Path) -> list[Row]:
         raise RuntimeError(f"the collective ranks exited with {codes}")
     results = json.loads(out.read_text(encoding="utf-8"))
     return [
-        Row("collectives", name, "s", sides["plait"], sides["raw"], "torch.distributed")
+        Row("collectives", f"plait {name}", "s", sides["plait"], sides["raw"], "torch.distributed")
         for name, sides in results.items()
     ]
 
@@ -289,19 +400,22 @@ def _format(seconds: float, unit: str) -> str:
 
 
 def print_table(rows: list[Row]) -> None:
-    """One line per row: plait's median (min-max), the baseline's, and the ratio."""
+    """One line per row: the measured median [min, max], the baseline's median, the ratio."""
     section = None
     for row in rows:
         if row.section != section:
             section = row.section
             print(f"\n== {section}")
-            print(
-                f"{'measurement':42} {'plait (median)':>16} {'baseline (median)':>18} {'ratio':>7}"
-            )
-        base = _format(statistics.median(row.baseline), row.unit) if row.baseline else "-"
+            print(f"{'measurement':46} {'median [min, max]':>32}  {'baseline (median)':36} ratio")
+        spread = (
+            f"{_format(statistics.median(row.measured), row.unit)} "
+            f"[{_format(min(row.measured), row.unit)}, {_format(max(row.measured), row.unit)}]"
+        )
+        base = "-"
+        if row.baseline:
+            base = f"{row.baseline_name} {_format(statistics.median(row.baseline), row.unit)}"
         ratio = f"{row.ratio:.2f}x" if row.ratio is not None else "-"
-        print(f"{row.name:42} {_format(statistics.median(row.plait), row.unit):>16} "
-              f"{base:>18} {ratio:>7}")  # fmt: skip
+        print(f"{row.name:46} {spread:>32}  {base:36} {ratio}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -315,7 +429,12 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"comma-separated, from: {', '.join(SECTIONS)}")  # fmt: skip
     parser.add_argument("--rounds", type=int, default=None, help="rounds per measurement")
     parser.add_argument("--json", type=Path, default=Path("bench.json"), help="where to write")
+    parser.add_argument("--with-lightning", action="store_true",
+                        help="compare with Lightning too (tools/bench installs it for the run)")  # fmt: skip
     args = parser.parse_args(argv)
+    if args.with_lightning and not _installed("lightning.pytorch"):
+        parser.error("--with-lightning: lightning cannot be imported; run tools/bench, "
+                     "which installs it (requirements/lightning.txt) into .cache/lightning")  # fmt: skip
     sections = [name.strip() for name in args.sections.split(",") if name.strip()]
     unknown = sorted(set(sections) - set(SECTIONS))
     if unknown:
@@ -329,6 +448,10 @@ def main(argv: list[str] | None = None) -> int:
     scratch.mkdir(parents=True, exist_ok=True)
     if "imports" in sections:
         rows += bench_imports(rounds)
+    if "steps" in sections:
+        rows += bench_steps(rounds, 60 if args.quick else 300, [32, 256])
+    if "ddp" in sections:
+        rows += bench_ddp(1 if args.quick else rounds, 60 if args.quick else 300, 256, scratch)
     if "collectives" in sections:
         rows += bench_collectives(rounds, scratch)
     if "conformance" in sections:
