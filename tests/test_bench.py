@@ -9,7 +9,9 @@ from pathlib import Path
 
 import pytest
 
-TOOL = Path(__file__).resolve().parent.parent / "tools" / "bench.py"
+TOOLS = Path(__file__).resolve().parent.parent / "tools"
+TOOL = TOOLS / "bench.py"
+TRAINING = TOOLS / "bench_training.py"
 
 
 def _bench(*args: str) -> subprocess.CompletedProcess[str]:
@@ -28,11 +30,35 @@ def test_the_conformance_section_reports_a_rate_per_property(tmp_path: Path) -> 
     assert "== conformance" in run.stdout
     rows = json.loads(out.read_text())["rows"]
     assert {row["name"] for row in rows} >= {"broadcast, world size 2", "mismatch, world size 2"}
-    assert all(row["plait_median"] > 0 and row["ratio"] is None for row in rows)
+    assert all(row["median"] > 0 and row["ratio"] is None for row in rows)
 
 
 def test_an_unknown_section_is_refused_with_the_choices() -> None:
     run = _bench("--sections", "imports,speed")
 
     assert run.returncode == 2
-    assert "unknown sections ['speed']: choose from imports, collectives, conformance" in run.stderr
+    choices = "imports, steps, ddp, collectives, conformance"
+    assert f"unknown sections ['speed']: choose from {choices}" in run.stderr
+
+
+def test_the_steps_workload_times_every_side_it_is_given() -> None:
+    run = subprocess.run(
+        [sys.executable, str(TRAINING), "steps", "--width", "8", "--steps", "5", "--rounds", "2",
+         "--sides", "plain,plait-strategy,plait-trainer,plait-trainer-log"],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+
+    assert run.returncode == 0, run.stderr
+    times = json.loads(run.stdout.splitlines()[-1])
+    assert set(times) == {"plain", "plait-strategy", "plait-trainer", "plait-trainer-log"}
+    assert all(len(per_round) == 2 and min(per_round) > 0 for per_round in times.values())
+
+
+def test_an_unknown_side_is_refused_with_the_choices() -> None:
+    run = subprocess.run(
+        [sys.executable, str(TRAINING), "steps", "--sides", "plain,keras"],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+
+    assert run.returncode == 2
+    assert "unknown sides ['keras']: choose from plain, plait-strategy" in run.stderr

@@ -429,12 +429,17 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"comma-separated, from: {', '.join(SECTIONS)}")  # fmt: skip
     parser.add_argument("--rounds", type=int, default=None, help="rounds per measurement")
     parser.add_argument("--json", type=Path, default=Path("bench.json"), help="where to write")
-    parser.add_argument("--with-lightning", action="store_true",
-                        help="compare with Lightning too (tools/bench installs it for the run)")  # fmt: skip
+    parser.add_argument(
+        "--with-lightning",
+        action="store_true",
+        help="compare with Lightning too (tools/bench installs it for the run)",
+    )
     args = parser.parse_args(argv)
     if args.with_lightning and not _installed("lightning.pytorch"):
-        parser.error("--with-lightning: lightning cannot be imported; run tools/bench, "
-                     "which installs it (requirements/lightning.txt) into .cache/lightning")  # fmt: skip
+        parser.error(
+            "--with-lightning: lightning cannot be imported; run tools/bench, "
+            "which installs it (requirements/lightning.txt) into .cache/lightning"
+        )
     sections = [name.strip() for name in args.sections.split(",") if name.strip()]
     unknown = sorted(set(sections) - set(SECTIONS))
     if unknown:

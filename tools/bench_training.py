@@ -18,6 +18,7 @@ the end of step ``WARMUP + steps``.
 from __future__ import annotations
 
 import argparse
+import gc
 import importlib.util
 import json
 import sys
@@ -295,6 +296,11 @@ def _plain_ddp_rank(width: int, steps: int, out: Path) -> None:
         torch.autograd.backward(_loss(model, batch))  # loss.backward(), typed
         optimizer.step()
         clock.step_ended(done)
+    # DDP's reducer holds the group: collected first, the group's destruction joins
+    # gloo's worker threads; left to the interpreter's exit, a worker freeing the
+    # last collective's work may take the GIL during finalization and abort.
+    del model, optimizer
+    gc.collect()
     dist.destroy_process_group()
 
 
@@ -345,10 +351,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         unknown = [side for side in sides if side not in STEP_SIDES]
         if unknown:
             parser.error(f"unknown sides {unknown}: choose from {', '.join(STEP_SIDES)}")
+        if any(side.startswith("lightning") for side in sides) and not lightning_installed():
+            parser.error("the lightning sides need lightning: run tools/bench --with-lightning")
         print(json.dumps(run_steps(args.width, args.steps, args.rounds, sides)))
     else:
         if args.out is None:
             parser.error("ddp needs --out")
+        if args.side.startswith("lightning") and not lightning_installed():
+            parser.error("the lightning sides need lightning: run tools/bench --with-lightning")
         run_ddp(args.side, args.width, args.steps, args.out)
     return 0
 
