@@ -92,6 +92,42 @@ def collectives(strategy: DDPStrategy) -> None:
     print(f"rank {rank}: collectives ok")
 
 
+def broadcasts(strategy: DDPStrategy) -> None:
+    # Checked, small values travel in the meeting and larger ones in one broadcast;
+    # unchecked, a header broadcast goes first. Either way every rank ends equal.
+    rank, src = strategy.global_rank, strategy.world_size - 1
+    sent: list[torch.Tensor] = [
+        torch.arange(16.0),  # inline
+        torch.arange(100_000, dtype=torch.float64).reshape(1000, 100),  # a broadcast
+        torch.arange(5_000, dtype=torch.int16),  # gloo cannot move int16: widened
+        torch.tensor([True, False, True]),
+        torch.tensor(7),  # 0-dim
+        torch.empty(0, 3),
+        torch.arange(12.0).reshape(3, 4).t(),  # not contiguous
+    ]
+    for expected in sent:
+        mine = expected * 0 if rank != src else expected
+        received = strategy.broadcast(mine, src=src)
+        assert received.dtype == expected.dtype
+        assert received.shape == expected.shape
+        assert torch.equal(received, expected), (received, expected)
+        if rank == src and expected.numel():  # src's result is a copy, not its tensor
+            assert received.data_ptr() != expected.data_ptr()
+    small = {"lr": 0.1, "betas": (0.9, 0.999), "rank": rank}
+    assert strategy.broadcast(small, src=src) == {**small, "rank": src}
+    large = {"rows": list(range(20_000)), "rank": rank}  # pickles to more than 8 KiB
+    assert strategy.broadcast(large, src=src) == {**large, "rank": src}
+    assert strategy.broadcast(None if rank else "from 0", src=0) == "from 0"
+    unpicklable = (lambda: rank) if rank == src else None
+    if strategy.world_size == 1:  # nothing moves, as on a single device
+        assert strategy.broadcast(unpicklable, src=src) is unpicklable
+    elif strategy.checked_collectives:  # unchecked, only the rank that cannot send fails
+        error = expect(TypeError, lambda: strategy.broadcast(unpicklable, src=src))
+        assert f"src={src}'s object cannot be pickled" in str(error), error
+    strategy.barrier("after broadcasts")
+    print(f"rank {rank}: broadcasts ok")
+
+
 def mismatch(strategy: DDPStrategy) -> None:
     rank = strategy.global_rank
     error = expect(
@@ -220,6 +256,8 @@ def model_averaging(strategy: DDPStrategy) -> None:
 
 SCENARIOS: dict[str, tuple[Callable[[DDPStrategy], None], dict[str, object]]] = {
     "collectives": (collectives, {}),
+    "broadcasts": (broadcasts, {}),
+    "broadcasts_unchecked": (broadcasts, {"checked_collectives": False}),
     "mismatch": (mismatch, {}),
     "barrier_timeout": (barrier_timeout, {}),
     "ddp_equivalence": (ddp_equivalence, {}),

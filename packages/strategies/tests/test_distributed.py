@@ -76,6 +76,17 @@ def test_the_collective_contract_holds_on_every_rank(run_ranks: RunRanks, world_
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("scenario", ["broadcasts", "broadcasts_unchecked"])
+@pytest.mark.parametrize("world_size", [1, 2, 3])
+def test_broadcast_gives_every_rank_src_value_small_or_large(
+    run_ranks: RunRanks, world_size: int, scenario: str
+) -> None:
+    outputs = run_ranks(scenario, world_size)
+
+    assert all("broadcasts ok" in output for output in outputs)
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_mismatched_calls_raise_on_every_rank_and_leave_the_ranks_in_step(
     run_ranks: RunRanks, world_size: int

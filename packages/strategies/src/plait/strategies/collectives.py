@@ -9,7 +9,9 @@ every rank's entry, and compares. Ranks that disagree all raise
 
 from __future__ import annotations
 
+import ctypes
 import json
+import pickle
 import time
 from datetime import timedelta
 from typing import TYPE_CHECKING, Final, TypeVar, overload
@@ -53,6 +55,7 @@ ABORT_KEY: Final = "abort"
 
 _AT: Final = "at/"  # a rank's latest meeting, under each rendezvous prefix
 _ABORTED: Final = '["aborted", []]'  # what fills a dead rank's entry
+_NOTE: Final = b"\n"  # between a rank's posted call and its note
 _LEFT: Final = "left/"  # a rank that has finished with the store
 
 CURRENT_RUN_KEY: Final = "plait/current-run"
@@ -220,8 +223,14 @@ class Rendezvous:
         self.world_size = world_size
         self._sequence = 0
 
-    def meet(self, call: CollectiveCall, timeout: timedelta) -> None:
+    def meet(self, call: CollectiveCall, timeout: timedelta, note: bytes = b"") -> list[bytes]:
         """Wait until every rank has posted its call, and compare the calls.
+
+        Each rank may attach a ``note``, which travels with its call but is not
+        compared (a broadcast's source describes what it sends in it).
+
+        Returns:
+            Every rank's note, by rank.
 
         Raises:
             CollectiveTimeoutError: Some ranks did not arrive within ``timeout``.
@@ -236,8 +245,9 @@ class Rendezvous:
         # multi_set is one round trip; torch's type stubs omit it, which it has.
         self.store.multi_set(  # type: ignore[attr-defined]
             [keys[self.rank], f"{_AT}{self.rank}"],
-            [json.dumps([call.collective, call.params]), str(self._sequence)],
-        )
+            [json.dumps([call.collective, call.params]).encode() + _NOTE + note,
+             str(self._sequence)],
+        )  # fmt: skip
         try:
             self.store.wait(keys, timeout)
         except (RuntimeError, dist.DistError) as error:
@@ -251,9 +261,11 @@ class Rendezvous:
                 missing_ranks=missing,
                 arrived_ranks=arrived,
             ) from error
-        encoded = self.store.multi_get(keys)
-        if _ABORTED.encode() in encoded:
+        posted = self.store.multi_get(keys)
+        if _ABORTED.encode() in posted:
             raise _decode_failure(self._aborts.get(ABORT_KEY))
+        # JSON text holds no raw newline: the first one ends the call.
+        encoded, notes = zip(*(value.partition(_NOTE)[::2] for value in posted), strict=True)
         if len(set(encoded)) > 1:
             calls = {}
             for rank, text in enumerate(encoded):
@@ -264,6 +276,7 @@ class Rendezvous:
         # before it is read by nobody any more.
         if self._sequence > 2:
             self.store.delete_key(f"{self._sequence - 2}/{self.rank}")
+        return list(notes)
 
     def depart(self, timeout: timedelta) -> None:
         """Say this rank is done with the store; rank 0, which serves it, waits for all.
@@ -307,6 +320,53 @@ def post_failure(
                 meetings.set(f"{sequence}/{failure.rank}", _ABORTED)
 
 
+# What a broadcast's src posts in the meeting, as b"KIND:BODY".
+_INLINE_TENSOR: Final = b"t"  # dtype index:shape:the tensor's bytes
+_TENSOR: Final = b"T"  # dtype index:shape; the data follows in a broadcast
+_INLINE_OBJECT: Final = b"o"  # the pickled object
+_PICKLED: Final = b"O"  # the pickle's length; the pickle follows in a broadcast
+_UNPICKLABLE: Final = b"E"  # why the object cannot be pickled
+_INLINE_BYTES: Final = 8 * 1024
+"""Values up to this size travel in the meeting itself: no broadcast at all."""
+
+
+def _fast(obj: object) -> bool:
+    return isinstance(obj, torch.Tensor) and obj.dtype in _DTYPES and obj.dim() <= _MAX_FAST_DIMS
+
+
+def _tensor_bytes(tensor: torch.Tensor) -> bytes:
+    flat = tensor.detach().to("cpu").contiguous()
+    size = flat.numel() * flat.element_size()
+    return ctypes.string_at(flat.data_ptr(), size) if size else b""
+
+
+def _tensor_from_bytes(data: bytes, dtype: torch.dtype, dims: list[int]) -> torch.Tensor:
+    if not data:
+        return torch.empty(dims, dtype=dtype)
+    return torch.frombuffer(bytearray(data), dtype=dtype).reshape(dims)
+
+
+def _own_copy(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+    return tensor.detach().to(device, memory_format=torch.contiguous_format, copy=True)
+
+
+def _describe(obj: object, *, inline: bool) -> tuple[bytes, bytes]:
+    """What src posts about ``obj`` (see the kinds above), and its pickle if it made one."""
+    if _fast(obj):
+        assert isinstance(obj, torch.Tensor)
+        head = f"{_DTYPES.index(obj.dtype)}:{','.join(map(str, obj.shape))}".encode()
+        if inline and obj.numel() * obj.element_size() <= _INLINE_BYTES:
+            return _INLINE_TENSOR + b":" + head + b":" + _tensor_bytes(obj), b""
+        return _TENSOR + b":" + head, b""
+    try:
+        pickled = pickle.dumps(obj)
+    except Exception as error:  # noqa: BLE001 - any failure is reported to every rank
+        return _UNPICKLABLE + b":" + f"{type(error).__name__}: {error}".encode(), b""
+    if inline and len(pickled) <= _INLINE_BYTES:
+        return _INLINE_OBJECT + b":" + pickled, pickled
+    return _PICKLED + b":" + str(len(pickled)).encode(), pickled
+
+
 class DistributedCollectives:
     """The contract over a torch.distributed process group, checked through its store.
 
@@ -347,9 +407,11 @@ class DistributedCollectives:
         """Finish with the job's store (see `Rendezvous.depart`); call once, at teardown."""
         self._rendezvous.depart(self.timeout)
 
-    def rendezvous(self, call: CollectiveCall, timeout: timedelta) -> None:
+    def rendezvous(
+        self, call: CollectiveCall, timeout: timedelta, note: bytes = b""
+    ) -> list[bytes]:
         """Meet every rank through the store and compare calls (see `Rendezvous.meet`)."""
-        self._rendezvous.meet(call, timeout)
+        return self._rendezvous.meet(call, timeout, note)
 
     def _check(self, collective: str, **params: object) -> None:
         if self.checked and self.world_size > 1:
@@ -399,36 +461,94 @@ class DistributedCollectives:
         return _number_result(value, op, work)
 
     def broadcast(self, obj: T, src: int = 0) -> T:
-        """Give every rank a value equal to ``src``'s; tensors travel without pickling."""
+        """Give every rank a value equal to ``src``'s; tensors travel without pickling.
+
+        Checked, ``src`` describes the value in the meeting that checks the call
+        (dtype and shape of a tensor, or the value itself when it is small and the
+        group moves CPU tensors), so that the value needs one broadcast at most.
+        Unchecked, a header broadcast describes it first.
+
+        Raises:
+            TypeError: ``src``'s object cannot be pickled (raised on every rank).
+        """
         src = _check_src(src, self.world_size)
-        self._check("broadcast", src=src)
-        header = torch.zeros(2 + _MAX_FAST_DIMS, dtype=torch.int64, device=self.comm_device)
+        if self.world_size == 1:  # as a single process's collectives: nothing moves
+            if isinstance(obj, torch.Tensor):
+                return _own_copy(obj, self.device)  # type: ignore[return-value]
+            return obj
+        if not self.checked:
+            return self._broadcast_with_header(obj, src)
+        return self._broadcast_described(obj, src)
+
+    def _broadcast_described(self, obj: T, src: int) -> T:
+        note = pickled = b""
         if self.rank == src:
-            fast = (
-                isinstance(obj, torch.Tensor)
-                and obj.dtype in _DTYPES
-                and obj.dim() <= _MAX_FAST_DIMS
-            )
-            if fast:
-                assert isinstance(obj, torch.Tensor)
-                header[0] = 1 + _DTYPES.index(obj.dtype)
-                header[1] = obj.dim()
-                header[2 : 2 + obj.dim()] = torch.tensor(obj.shape, dtype=torch.int64)
+            note, pickled = _describe(obj, inline=self.comm_device.type == "cpu")
+        notes = self.rendezvous(CollectiveCall("broadcast", {"src": src}), self.timeout, note)
+        kind, _, body = notes[src].partition(b":")
+        if kind == _UNPICKLABLE:
+            message = f"broadcast: src={src}'s object cannot be pickled: {body.decode()}"
+            raise TypeError(message)
+        if kind == _INLINE_OBJECT:
+            return obj if self.rank == src else pickle.loads(body)
+        if kind == _PICKLED:
+            return self._broadcast_pickled(obj, src, pickled, int(body))
+        dtype_index, shape, *inline = body.split(b":", 2)
+        dtype = _DTYPES[int(dtype_index)]
+        dims = [int(size) for size in shape.split(b",") if size]
+        if kind == _TENSOR:
+            return self._broadcast_tensor(obj, src, dtype, dims)  # type: ignore[return-value]
+        if self.rank == src:  # the tensor travelled inline
+            assert isinstance(obj, torch.Tensor)
+            return _own_copy(obj, self.device)  # type: ignore[return-value]
+        return _tensor_from_bytes(inline[0], dtype, dims).to(self.device)  # type: ignore[return-value]
+
+    def _broadcast_with_header(self, obj: T, src: int) -> T:
+        header = torch.zeros(2 + _MAX_FAST_DIMS, dtype=torch.int64, device=self.comm_device)
+        if self.rank == src and _fast(obj):
+            assert isinstance(obj, torch.Tensor)
+            header[0] = 1 + _DTYPES.index(obj.dtype)
+            header[1] = obj.dim()
+            header[2 : 2 + obj.dim()] = torch.tensor(obj.shape, dtype=torch.int64)
         dist.broadcast(header, src=src, group=self.group)
         kind, ndim = int(header[0]), int(header[1])
         if kind == 0:
             box = [obj if self.rank == src else None]
             dist.broadcast_object_list(box, src=src, group=self.group)
             return box[0]  # type: ignore[return-value]
+        dims = header[2 : 2 + ndim].tolist()
+        return self._broadcast_tensor(obj, src, _DTYPES[kind - 1], dims)  # type: ignore[return-value]
+
+    def _broadcast_tensor(
+        self, obj: object, src: int, dtype: torch.dtype, dims: list[int]
+    ) -> torch.Tensor:
         if self.rank == src:
             assert isinstance(obj, torch.Tensor)
-            buffer = obj.detach().to(self.comm_device, _wire(obj.dtype)).contiguous()
-        else:
-            shape = header[2 : 2 + ndim].tolist()
-            buffer = torch.empty(shape, dtype=_wire(_DTYPES[kind - 1]), device=self.comm_device)
+            buffer = obj.detach().to(self.comm_device, _wire(dtype)).contiguous()
+            if buffer.untyped_storage().data_ptr() != obj.untyped_storage().data_ptr():
+                dist.broadcast(buffer, src=src, group=self.group)  # a copy already
+                return buffer.to(self.device, dtype)
+            work = dist.broadcast(buffer, src=src, group=self.group, async_op=True)
+            # The buffer is the caller's tensor: src's result is a copy of its own,
+            # made while the data travels.
+            result = _own_copy(obj, self.device)
+            work.wait()
+            return result
+        buffer = torch.empty(dims, dtype=_wire(dtype), device=self.comm_device)
         dist.broadcast(buffer, src=src, group=self.group)
-        # A receiver's buffer is its own already; src's may be the caller's tensor.
-        return buffer.to(self.device, _DTYPES[kind - 1], copy=self.rank == src)  # type: ignore[return-value]
+        return buffer.to(self.device, dtype)
+
+    def _broadcast_pickled(self, obj: T, src: int, pickled: bytes, size: int) -> T:
+        # src pickled the object once, to measure it; the pickle travels as a tensor.
+        if self.rank == src:
+            data = bytearray(pickled)
+            buffer = torch.frombuffer(data, dtype=torch.uint8).to(self.comm_device)
+        else:
+            buffer = torch.empty(size, dtype=torch.uint8, device=self.comm_device)
+        dist.broadcast(buffer, src=src, group=self.group)
+        if self.rank == src:
+            return obj
+        return pickle.loads(_tensor_bytes(buffer.cpu()))  # type: ignore[no-any-return]
 
     def barrier(self, name: str | None = None, timeout: timedelta | float | None = None) -> None:
         """Wait until every rank has entered; name the missing ranks on timeout.
