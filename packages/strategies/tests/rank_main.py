@@ -67,6 +67,16 @@ def collectives(strategy: DDPStrategy) -> None:
 
     gathered = strategy.all_gather(torch.full((2,), float(rank)))
     assert torch.equal(gathered, ranks.float().unsqueeze(1).expand(world, 2))
+    # Checked, small tensors travel in the meeting that checks the call; these are
+    # too large for it at any world size above 1, and take the collective.
+    large = torch.full((10_000,), rank + 1, dtype=torch.int32)
+    assert torch.equal(
+        strategy.reduce(large, "sum"), torch.full_like(large, world * (world + 1) // 2)
+    )
+    assert torch.equal(strategy.reduce(large, "max"), torch.full_like(large, world))
+    assert strategy.reduce(large, "mean").dtype == torch.float32
+    rows = strategy.all_gather(large)
+    assert torch.equal(rows[:, 0], ranks.int() + 1)
     assert strategy.reduce_boolean_decision(rank == 0, all=False) is True
     assert strategy.reduce_boolean_decision(rank == 0, all=True) is (world == 1)
     strategy.barrier("end")
@@ -256,6 +266,7 @@ def model_averaging(strategy: DDPStrategy) -> None:
 
 SCENARIOS: dict[str, tuple[Callable[[DDPStrategy], None], dict[str, object]]] = {
     "collectives": (collectives, {}),
+    "collectives_unchecked": (collectives, {"checked_collectives": False}),
     "broadcasts": (broadcasts, {}),
     "broadcasts_unchecked": (broadcasts, {"checked_collectives": False}),
     "mismatch": (mismatch, {}),

@@ -68,9 +68,12 @@ def run_ranks() -> RunRanks:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("scenario", ["collectives", "collectives_unchecked"])
 @pytest.mark.parametrize("world_size", [1, 2, 3])
-def test_the_collective_contract_holds_on_every_rank(run_ranks: RunRanks, world_size: int) -> None:
-    outputs = run_ranks("collectives", world_size)
+def test_the_collective_contract_holds_on_every_rank(
+    run_ranks: RunRanks, world_size: int, scenario: str
+) -> None:
+    outputs = run_ranks(scenario, world_size)
 
     assert all("collectives ok" in output for output in outputs)
 

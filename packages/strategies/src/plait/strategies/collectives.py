@@ -328,6 +328,24 @@ _PICKLED: Final = b"O"  # the pickle's length; the pickle follows in a broadcast
 _UNPICKLABLE: Final = b"E"  # why the object cannot be pickled
 _INLINE_BYTES: Final = 8 * 1024
 """Values up to this size travel in the meeting itself: no broadcast at all."""
+_INLINE_ALL_BYTES: Final = 32 * 1024
+"""A reduce or all_gather whose tensors take up to this much over all ranks travels in
+the meeting, where every rank reads every rank's tensor: no collective at all."""
+
+
+def _combine(rows: list[torch.Tensor], op: ReduceOp) -> torch.Tensor:
+    """Reduce every rank's row, in rank order (the same result on every rank)."""
+    result = rows[0]
+    for row in rows[1:]:
+        if op is ReduceOp.MIN:
+            torch.minimum(result, row, out=result)
+        elif op is ReduceOp.MAX:
+            torch.maximum(result, row, out=result)
+        elif op is ReduceOp.PRODUCT:
+            result *= row
+        else:  # sum, and mean before its division
+            result += row
+    return result
 
 
 def _fast(obj: object) -> bool:
@@ -417,6 +435,25 @@ class DistributedCollectives:
         if self.checked and self.world_size > 1:
             self.rendezvous(CollectiveCall(collective, params), self.timeout)
 
+    def _inline(self, work: torch.Tensor) -> bool:
+        # Whether every rank's ``work`` can travel in the checking meeting instead of
+        # a collective. Every rank decides alike: the meeting compares shape and dtype.
+        return (
+            self.checked
+            and self.world_size > 1
+            and self.comm_device.type == "cpu"
+            and work.numel() * work.element_size() * self.world_size <= _INLINE_ALL_BYTES
+        )
+
+    def _exchange(
+        self, work: torch.Tensor, collective: str, **params: object
+    ) -> list[torch.Tensor]:
+        """Every rank's ``work``, by rank, read from the meeting that checks the call."""
+        notes = self.rendezvous(
+            CollectiveCall(collective, params), self.timeout, _tensor_bytes(work)
+        )
+        return [_tensor_from_bytes(note, work.dtype, list(work.shape)) for note in notes]
+
     # The collectives.
 
     @overload
@@ -437,13 +474,12 @@ class DistributedCollectives:
             if isinstance(value, torch.Tensor)
             else torch.tensor(value, dtype=torch.int64 if isinstance(value, int) else torch.float64)
         )
-        self._check(
-            "reduce",
-            op=op.value,
-            kind="tensor" if isinstance(value, torch.Tensor) else "number",
-            shape=tuple(tensor.shape),
-            dtype=tensor.dtype,
-        )
+        call = {
+            "op": op.value,
+            "kind": "tensor" if isinstance(value, torch.Tensor) else "number",
+            "shape": tuple(tensor.shape),
+            "dtype": tensor.dtype,
+        }
         # A Python number's mean is a Python float, a double.
         dtype = _reduce_dtype(
             tensor, op, None if isinstance(value, torch.Tensor) else torch.float64
@@ -453,7 +489,11 @@ class DistributedCollectives:
         work = tensor.detach().to(
             self.comm_device, dtype, copy=True, memory_format=torch.contiguous_format
         )
-        dist.all_reduce(work, op=_TORCH_OPS[op], group=self.group)
+        if self._inline(work) and not work.is_complex():
+            work = _combine(self._exchange(work, "reduce", **call), op)
+        else:
+            self._check("reduce", **call)
+            dist.all_reduce(work, op=_TORCH_OPS[op], group=self.group)
         if op is ReduceOp.MEAN:
             work /= self.world_size
         if isinstance(value, torch.Tensor):
@@ -566,15 +606,23 @@ class DistributedCollectives:
         """Stack every rank's ``tensor``: row ``i`` is rank ``i``'s."""
         if not isinstance(tensor, torch.Tensor):
             raise TypeError(f"all_gather takes a tensor, got {type(tensor).__name__}")
-        self._check("all_gather", shape=tuple(tensor.shape), dtype=tensor.dtype)
+        call = {"shape": tuple(tensor.shape), "dtype": tensor.dtype}
         work = tensor.detach().to(self.comm_device, _wire(tensor.dtype)).contiguous()
-        rows = [torch.empty_like(work) for _ in range(self.world_size)]
-        dist.all_gather(rows, work, group=self.group)
+        if self._inline(work):
+            rows = self._exchange(work, "all_gather", **call)
+        else:
+            self._check("all_gather", **call)
+            rows = [torch.empty_like(work) for _ in range(self.world_size)]
+            dist.all_gather(rows, work, group=self.group)
         return torch.stack(rows).to(tensor.device, tensor.dtype)
 
     def reduce_boolean_decision(self, decision: bool, all: bool = True) -> bool:  # noqa: A002
         """Whether ``decision`` holds on every rank (``all``) or on any rank."""
-        self._check("reduce_boolean_decision", all=all)
+        if self.checked and self.world_size > 1:  # the votes travel in the meeting
+            call = CollectiveCall("reduce_boolean_decision", {"all": all})
+            notes = self.rendezvous(call, self.timeout, b"1" if decision else b"0")
+            count = notes.count(b"1")
+            return count == self.world_size if all else count > 0
         votes = torch.tensor(int(bool(decision)), device=self.comm_device)
         dist.all_reduce(votes, op=dist.ReduceOp.SUM, group=self.group)
         count = int(votes.item())
