@@ -11,7 +11,8 @@ Sections:
                strategy in that loop, plait's Trainer (with and without logging)
   ddp          two gloo processes: plain DDP (torch.multiprocessing, torchrun)
                against plait's ddp and ddp_spawn, per step and launch to first step
-  collectives  plait's collectives against raw torch.distributed, 2 gloo ranks
+  collectives  plait's collectives (and Lightning's) against raw torch.distributed,
+               in the same 2 gloo ranks
   conformance  the conformance suite's examples per second per property
 
 Lightning's Trainer and collectives join the comparison where lightning is
@@ -34,9 +35,12 @@ import time
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
-from typing import Final
+from typing import TYPE_CHECKING, Final, Protocol, TypeAlias
 
 import attrs
+
+if TYPE_CHECKING:
+    import torch
 
 SECTIONS: Final = ("imports", "steps", "ddp", "collectives", "conformance")
 IMPORTED: Final = ("plait.core", "plait.strategies", "plait.trainer", "lightning.pytorch")
@@ -235,9 +239,43 @@ def _timed(action: Callable[[], object], repeat: int) -> float:
     return (time.perf_counter() - start) / repeat
 
 
+Case: TypeAlias = tuple[str, int, dict[str, Callable[[], object]]]
+"""A collective's name, calls per timing, and how each side makes the call."""
+
+
+class LightningCollectives(Protocol):
+    """The collectives of Lightning's DDP strategy that the bench calls."""
+
+    def reduce(
+        self, tensor: torch.Tensor, group: object = None, reduce_op: str = "mean"
+    ) -> torch.Tensor:
+        """Reduce ``tensor`` (in place) over the ranks."""
+
+    def broadcast(self, obj: object, src: int = 0) -> object:
+        """``src``'s object on every rank."""
+
+    def barrier(self, name: str | None = None) -> None:
+        """Wait for every rank."""
+
+    def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Every rank's tensor."""
+
+
+def _lightning_collectives(world_size: int) -> LightningCollectives:
+    """Lightning's DDP strategy over the process group already up (for its collectives)."""
+    import torch  # noqa: PLC0415
+    from lightning.pytorch.accelerators import CPUAccelerator  # noqa: PLC0415
+    from lightning.pytorch.strategies import DDPStrategy  # noqa: PLC0415
+
+    strategy: LightningCollectives = DDPStrategy(
+        accelerator=CPUAccelerator(), parallel_devices=[torch.device("cpu")] * world_size
+    )
+    return strategy
+
+
 def _collective_cases(
-    strategy: object, world_size: int
-) -> list[tuple[str, int, Callable[[], object], Callable[[], object]]]:
+    strategy: object, world_size: int, lightning: LightningCollectives | None
+) -> list[Case]:
     import torch  # noqa: PLC0415 - imported in the ranks only
     import torch.distributed as dist  # noqa: PLC0415
 
@@ -285,24 +323,44 @@ def _collective_cases(
     def plait_broadcast(tensor: torch.Tensor) -> Callable[[], object]:
         return lambda: strategy.broadcast(tensor, src=0)
 
-    cases = []
+    # Lightning's reduce works in place: it gets a copy, as the raw side makes one.
+    def lightning_reduce(tensor: torch.Tensor, op: str) -> Callable[[], object]:
+        return lambda: lightning is not None and lightning.reduce(tensor.clone(), reduce_op=op)
+
+    def lightning_call(method: str, *args: object) -> Callable[[], object]:
+        return lambda: getattr(lightning, method)(*args)
+
+    cases: list[Case] = []
     for size, tensor, repeat in (("16 floats", small, 300), ("1M floats", large, 20)):
         cases += [
-            (f"reduce sum, {size}, checked", repeat, raw_reduce(tensor, mean=False),
-             plait_reduce(tensor, "sum")),
-            (f"reduce sum, {size}, unchecked", repeat, raw_reduce(tensor, mean=False),
-             unchecked(plait_reduce(tensor, "sum"))),
-            (f"reduce mean, {size}, checked", repeat, raw_reduce(tensor, mean=True),
-             plait_reduce(tensor, "mean")),
-            (f"broadcast {size}", repeat, raw_broadcast(tensor),
-             plait_broadcast(tensor)),
+            (f"reduce sum, {size}, checked", repeat,
+             {"raw": raw_reduce(tensor, mean=False), "plait": plait_reduce(tensor, "sum"),
+              "lightning": lightning_reduce(tensor, "sum")}),
+            (f"reduce sum, {size}, unchecked", repeat,
+             {"raw": raw_reduce(tensor, mean=False),
+              "plait": unchecked(plait_reduce(tensor, "sum"))}),
+            (f"reduce mean, {size}, checked", repeat,
+             {"raw": raw_reduce(tensor, mean=True), "plait": plait_reduce(tensor, "mean"),
+              "lightning": lightning_reduce(tensor, "mean")}),
+            (f"broadcast {size}", repeat,
+             {"raw": raw_broadcast(tensor), "plait": plait_broadcast(tensor),
+              "lightning": lightning_call("broadcast", tensor, 0)}),
         ]  # fmt: skip
-    return [
-        *cases,
-        ("broadcast a small dict", 300, raw_objects, lambda: strategy.broadcast(config, src=0)),
-        ("barrier", 300, lambda: dist.barrier(group=group), strategy.barrier),
-        ("all_gather 16 floats", 300, raw_gather, lambda: strategy.all_gather(small)),
-    ]
+    cases += [
+        ("broadcast a small dict", 300,
+         {"raw": raw_objects, "plait": lambda: strategy.broadcast(config, src=0),
+          "lightning": lightning_call("broadcast", config, 0)}),
+        ("barrier", 300,
+         {"raw": lambda: dist.barrier(group=group), "plait": strategy.barrier,
+          "lightning": lightning_call("barrier")}),
+        ("all_gather 16 floats", 300,
+         {"raw": raw_gather, "plait": lambda: strategy.all_gather(small),
+          "lightning": lightning_call("all_gather", small)}),
+    ]  # fmt: skip
+    if lightning is None:
+        for _, _, sides in cases:
+            sides.pop("lightning", None)
+    return cases
 
 
 def _collectives_rank(rank: int, world_size: int, port: int, rounds: int, out: str) -> None:
@@ -320,16 +378,16 @@ def _collectives_rank(rank: int, world_size: int, port: int, rounds: int, out: s
     torch.set_num_threads(1)  # two ranks on a machine of few cores: one thread each
     strategy = DDPStrategy(accelerator="cpu", timeout=timedelta(minutes=2))
     strategy.setup_environment()
-    cases = _collective_cases(strategy, world_size)
+    lightning = _lightning_collectives(world_size) if _installed("lightning.pytorch") else None
+    cases = _collective_cases(strategy, world_size, lightning)
     results: dict[str, dict[str, list[float]]] = {
-        name: {"raw": [], "plait": []} for name, *_ in cases
+        name: {side: [] for side in sides} for name, _, sides in cases
     }
     for index in range(rounds + 1):  # the first round warms up and is dropped
-        for name, repeat, raw, ours in cases:
-            order = [("raw", raw), ("plait", ours)]
-            if index % 2:  # alternate which side goes first
-                order.reverse()
-            for side, action in order:
+        for name, repeat, sides in cases:
+            order = list(sides.items())
+            shift = index % len(order)  # each round, another side goes first
+            for side, action in [*order[shift:], *order[:shift]]:
                 dist.barrier(group=strategy.process_group)
                 seconds = _timed(action, repeat)
                 if index:
@@ -357,11 +415,19 @@ def bench_collectives(rounds: int, scratch: Path) -> list[Row]:
     codes = [process.exitcode for process in ranks]
     if any(codes):
         raise RuntimeError(f"the collective ranks exited with {codes}")
-    results = json.loads(out.read_text(encoding="utf-8"))
-    return [
-        Row("collectives", f"plait {name}", "s", sides["plait"], sides["raw"], "torch.distributed")
-        for name, sides in results.items()
-    ]
+    results: dict[str, dict[str, list[float]]] = json.loads(out.read_text(encoding="utf-8"))
+    rows = []
+    for name, sides in results.items():
+        raw = sides["raw"]
+        rows.append(Row("collectives", f"plait {name}", "s", sides["plait"], raw, "raw"))
+        if "lightning" in sides:
+            lightning = sides["lightning"]
+            rows += [
+                Row("collectives", f"Lightning {name.removesuffix(', checked')}", "s",
+                    lightning, raw, "raw"),
+                Row("collectives", f"plait {name}", "s", sides["plait"], lightning, "Lightning"),
+            ]  # fmt: skip
+    return rows
 
 
 # Conformance.
