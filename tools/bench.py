@@ -330,12 +330,23 @@ def _collective_cases(
     def lightning_call(method: str, *args: object) -> Callable[[], object]:
         return lambda: getattr(lightning, method)(*args)
 
+    # Back to back, raw all-reduces overlap one call's tail with the next call's
+    # copy; a check (or any barrier) before each call cannot. This side shows how
+    # much of a checked call's cost is that synchronisation.
+    def synced(action: Callable[[], object]) -> Callable[[], object]:
+        def run() -> object:
+            dist.barrier(group=group)
+            return action()
+
+        return run
+
     cases: list[Case] = []
     for size, tensor, repeat in (("16 floats", small, 300), ("1M floats", large, 20)):
         cases += [
             (f"reduce sum, {size}, checked", repeat,
              {"raw": raw_reduce(tensor, mean=False), "plait": plait_reduce(tensor, "sum"),
-              "lightning": lightning_reduce(tensor, "sum")}),
+              "lightning": lightning_reduce(tensor, "sum"),
+              "synced": synced(raw_reduce(tensor, mean=False))}),
             (f"reduce sum, {size}, unchecked", repeat,
              {"raw": raw_reduce(tensor, mean=False),
               "plait": unchecked(plait_reduce(tensor, "sum"))}),
@@ -420,6 +431,9 @@ def bench_collectives(rounds: int, scratch: Path) -> list[Row]:
     for name, sides in results.items():
         raw = sides["raw"]
         rows.append(Row("collectives", f"plait {name}", "s", sides["plait"], raw, "raw"))
+        if "synced" in sides:
+            rows.append(Row("collectives", f"plait {name}", "s", sides["plait"], sides["synced"],
+                            "raw after a barrier"))  # fmt: skip
         if "lightning" in sides:
             lightning = sides["lightning"]
             rows += [
