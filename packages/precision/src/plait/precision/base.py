@@ -40,7 +40,10 @@ def check_supported(name: str, device_type: str) -> None:
 
 def convert_floats(data: T, dtype: torch.dtype) -> T:
     """Cast every floating tensor in ``data`` (nested dicts, lists, tuples) to ``dtype``."""
-    return _map_tensors(data, lambda t: t.to(dtype) if t.is_floating_point() else t)
+    # The dtype is compared first: even a no-op `to` dispatches into torch.
+    return _map_tensors(
+        data, lambda t: t.to(dtype) if t.is_floating_point() and t.dtype != dtype else t
+    )
 
 
 def _map_tensors(data: T, function: Callable[[torch.Tensor], torch.Tensor]) -> T:

@@ -418,7 +418,8 @@ class Loops(abc.ABC):
             if not stepping and isinstance(strategy, SupportsNoSync)
             else contextlib.nullcontext()
         )
-        steps.stage = "fit"
+        if steps.stage != "fit":  # set only after validation: a Module's setattr is slow
+            steps.stage = "fit"
         with context:
             output = cast("StepOutput", self._forward(wrapped, on_device, batch_idx))
             loss = _loss(output, strategy.world_size)

@@ -19,6 +19,8 @@ T = TypeVar("T")
 def to_device(data: T, device: torch.device) -> T:
     """``data`` with every tensor (in tuples, lists and dicts, at any depth) on ``device``."""
     if isinstance(data, torch.Tensor):
+        if data.device == device:  # the usual case on CPU: a comparison beats a no-op `to`
+            return data
         return data.to(device, non_blocking=True)  # type: ignore[return-value]
     if isinstance(data, tuple) and hasattr(data, "_fields"):  # a named tuple
         return type(data)(*(to_device(item, device) for item in data))
