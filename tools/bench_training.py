@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable, Sequence
 from datetime import timedelta
 from pathlib import Path
-from typing import Final, TypeAlias
+from typing import Final, TypeAlias, TypedDict
 
 import torch
 import torch.distributed as dist
@@ -74,6 +74,11 @@ def dataset(steps: int, ranks: int = 1) -> TensorDataset:
     return TensorDataset(inputs, torch.randint(CLASSES, (samples,), generator=generator))
 
 
+def loader(steps: int, ranks: int = 1) -> DataLoader[tuple[torch.Tensor, ...]]:
+    """The shuffled batches every side trains on (a Trainer shards them over ranks)."""
+    return DataLoader(dataset(steps, ranks), batch_size=BATCH, shuffle=True)
+
+
 class Clock:
     """The steady-state seconds per step, from the step ends it is told of."""
 
@@ -110,9 +115,8 @@ def plain_loop(width: int, steps: int) -> float:
     torch.manual_seed(0)
     model = mlp(width)
     optimizer = torch.optim.SGD(model.parameters(), lr=LR)
-    loader = DataLoader(dataset(steps), batch_size=BATCH, shuffle=True)
     clock = Clock(steps)
-    for done, batch in enumerate(loader, start=1):
+    for done, batch in enumerate(loader(steps), start=1):
         optimizer.zero_grad()
         torch.autograd.backward(_loss(model, batch))  # loss.backward(), typed
         optimizer.step()
@@ -126,9 +130,8 @@ def plait_strategy_loop(width: int, steps: int) -> float:
     strategy = SingleDeviceStrategy("cpu")
     layers = mlp(width)
     model, [optimizer] = strategy.setup(layers, [torch.optim.SGD(layers.parameters(), lr=LR)])
-    loader = DataLoader(dataset(steps), batch_size=BATCH, shuffle=True)
     clock = Clock(steps)
-    for done, batch in enumerate(loader, start=1):
+    for done, batch in enumerate(loader(steps), start=1):
         optimizer.zero_grad()
         loss = _loss(model, batch)
         strategy.backward(loss, model)
@@ -178,6 +181,31 @@ class Timing(Callback):
             self.clock.step_ended(trainer.global_step)
 
 
+class TrainerOptions(TypedDict):
+    """What plait's and Lightning's Trainers are both given."""
+
+    accelerator: str
+    strategy: str
+    devices: int
+    logger: bool
+    enable_progress_bar: bool
+    enable_checkpointing: bool
+    max_steps: int
+
+
+def _trainer_options(steps: int, strategy: str, devices: int) -> TrainerOptions:
+    # No progress bar, logger or checkpoints; the warm-up and the timed steps.
+    return {
+        "accelerator": "cpu",
+        "strategy": strategy,
+        "devices": devices,
+        "logger": False,
+        "enable_progress_bar": False,
+        "enable_checkpointing": False,
+        "max_steps": WARMUP + steps,
+    }
+
+
 def plait_trainer(
     width: int,
     steps: int,
@@ -191,17 +219,10 @@ def plait_trainer(
     torch.manual_seed(0)
     clock = Clock(steps, out)
     trainer = Trainer(
-        accelerator="cpu",
-        strategy=strategy,
-        devices=devices,
-        logger=False,
-        enable_progress_bar=False,
-        enable_checkpointing=False,
-        max_steps=WARMUP + steps,
+        **_trainer_options(steps, strategy, devices),
         callbacks=[Timing(clock)],
     )
-    loader = DataLoader(dataset(steps, devices), batch_size=BATCH)
-    trainer.fit(Classifier(width, log=log), loader)
+    trainer.fit(Classifier(width, log=log), loader(steps, devices))
     return clock
 
 
@@ -240,18 +261,11 @@ def lightning_trainer(
 
     torch.manual_seed(0)
     trainer = pl.Trainer(
-        accelerator="cpu",
-        strategy=strategy,
-        devices=devices,
-        logger=False,
-        enable_progress_bar=False,
-        enable_checkpointing=False,
+        **_trainer_options(steps, strategy, devices),
         enable_model_summary=False,
-        max_steps=WARMUP + steps,
         callbacks=[LightningTiming()],
     )
-    loader = DataLoader(dataset(steps, devices), batch_size=BATCH, shuffle=True)
-    trainer.fit(LightningClassifier(), loader)
+    trainer.fit(LightningClassifier(), loader(steps, devices))
     return clock
 
 
