@@ -136,6 +136,25 @@ def test_peer_failed_error_names_the_signal_and_keeps_the_traceback_tail() -> No
     assert str(error).startswith("rank 3 failed (exit code -9, killed by SIGKILL):\nline 80")
 
 
+def test_peer_failed_error_headline_names_the_cause_and_ends_with_the_error_text() -> None:
+    tail = 'Traceback (most recent call last):\n  File "x.py", line 1\nRuntimeError: boom'
+    error = PeerFailedError(1, 1, tail)
+
+    assert error.cause == "RuntimeError: boom"
+    assert str(error).splitlines()[0] == "rank 1 failed (exit code 1): RuntimeError: boom"
+    assert str(error).splitlines()[-1] == "RuntimeError: boom"
+
+
+def test_a_stalled_rank_is_named_with_the_ranks_that_waited_for_it() -> None:
+    error = PeerFailedError(0, -9, waited_by=[1, 2], stalled_for=3.0)
+
+    assert str(error) == (
+        "rank 0 stalled: rank 1, 2 timed out after 3 s waiting for it in a collective, "
+        "and it did not stop by itself; it was stopped (exit code -9, killed by SIGKILL)"
+    )
+    assert pickle.loads(pickle.dumps(error)).waited_by == (1, 2)
+
+
 @pytest.mark.parametrize(
     ("exit_code", "described"),
     [(None, "exit code unknown"), (1, "exit code 1"), (-15, "exit code -15, killed by SIGTERM")],

@@ -6,6 +6,8 @@ import io
 import os
 import pickle
 import posixpath
+import re
+import shutil
 import tempfile
 import zipfile
 from collections.abc import Mapping
@@ -45,6 +47,8 @@ class FileSystem(Protocol):
 
     def pipe_file(self, path: str, value: bytes) -> None: ...
 
+    def copy(self, path1: str, path2: str) -> None: ...
+
 
 def _filesystem(path: PathLike, storage_options: Mapping[str, object]) -> tuple[FileSystem, str]:
     # fsspec is imported on first use: plait.checkpoint_io imports fast without it.
@@ -57,6 +61,24 @@ def _filesystem(path: PathLike, storage_options: Mapping[str, object]) -> tuple[
 def _is_local(fs: FileSystem) -> bool:
     protocols = (fs.protocol,) if isinstance(fs.protocol, str) else fs.protocol
     return "file" in protocols
+
+
+_PARTIAL = re.compile(r"^\..+\.[A-Za-z0-9_]+\.tmp$")
+"""The name of a temporary file a local save writes before renaming it into place."""
+
+
+def _temporary(path: Path) -> tuple[int, str]:
+    return tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+
+
+def _refusal(error: BaseException) -> str:
+    # torch's message ends with a documentation link; what was blocked is the line
+    # of the unpickler's own error.
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    for line in lines:
+        if line.startswith("WeightsUnpickler error:"):
+            return line.removeprefix("WeightsUnpickler error:").strip()
+    return lines[-1] if lines else type(error).__name__
 
 
 def _fsync_directory(directory: Path) -> None:
@@ -81,6 +103,10 @@ class TorchCheckpointIO:
     Loading uses ``weights_only=True``: tensors, containers and plain Python values
     load, and nothing that could run code. ``weights_only=False`` unpickles anything,
     which is unsafe for files you did not write.
+
+    Every record of the file carries a CRC-32 checksum (``torch.save`` writes a zip
+    archive); loading verifies them all, so a file changed on disk after it was
+    written (a flipped bit, a partial copy) is refused instead of loading wrong values.
 
     Args:
         weights_only: Refuse to unpickle anything but tensors and plain values.
@@ -123,9 +149,7 @@ class TorchCheckpointIO:
     @staticmethod
     def _save_local(checkpoint: Checkpoint, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        descriptor, temporary = tempfile.mkstemp(
-            dir=path.parent, prefix=f".{path.name}.", suffix=".tmp"
-        )
+        descriptor, temporary = _temporary(path)
         try:
             with os.fdopen(descriptor, "wb") as file:
                 torch.save(checkpoint, file)
@@ -150,9 +174,16 @@ class TorchCheckpointIO:
         fs, resolved = _filesystem(path, self.storage_options)
         where = os.fspath(path)
         if not fs.isfile(resolved):
+            if fs.exists(resolved):
+                raise CheckpointError(
+                    where,
+                    "is a directory, not a checkpoint file",
+                    fix="pass the path of a .ckpt file in it, or ckpt_path='last' to resume "
+                    "from the newest checkpoint",
+                )
             raise CheckpointError(
                 where,
-                "does not exist" if not fs.exists(resolved) else "is not a file",
+                "does not exist",
                 fix="check the path; a checkpoint is saved by save_checkpoint",
             )
         try:
@@ -162,13 +193,14 @@ class TorchCheckpointIO:
                 if not zipfile.is_zipfile(file):
                     raise self._unreadable(where, ValueError("not a complete zip archive"))
                 file.seek(0)
+                self._verify(file, where)
+                file.seek(0)
                 loaded = torch.load(file, map_location=map_location, weights_only=self.weights_only)
         except pickle.UnpicklingError as error:
             if "Weights only load failed" in str(error):
                 raise CheckpointError(
                     where,
-                    "holds objects that weights_only=True refuses to unpickle: "
-                    + str(error).splitlines()[-1].strip(),
+                    f"holds objects that weights_only=True refuses to unpickle ({_refusal(error)})",
                     fix=_UNSAFE_FIX,
                 ) from error
             raise self._unreadable(where, error) from error
@@ -181,6 +213,19 @@ class TorchCheckpointIO:
                 fix="save checkpoints with save_checkpoint, which writes a dictionary",
             )
         return loaded
+
+    @staticmethod
+    def _verify(file: IO[bytes], where: str) -> None:
+        # Each record's CRC-32, as written by torch.save: a changed byte fails it.
+        with zipfile.ZipFile(file) as archive:
+            damaged = archive.testzip()
+        if damaged is not None:
+            raise CheckpointError(
+                where,
+                f"is corrupt: the checksum of its record {damaged!r} does not match its "
+                "contents (the file changed after it was written)",
+                fix="load an earlier checkpoint, or copy this one again from its source",
+            )
 
     @staticmethod
     def _unreadable(where: str, error: BaseException) -> CheckpointError:
@@ -201,6 +246,68 @@ class TorchCheckpointIO:
         if not fs.isfile(resolved):
             raise CheckpointError(os.fspath(path), "cannot be removed: it does not exist")
         fs.rm(resolved)
+
+    def copy_checkpoint(self, source: PathLike, destination: PathLike) -> None:
+        """Make ``destination`` the same checkpoint as ``source``, replacing it atomically.
+
+        Locally this is a hard link (no second copy of the data) renamed over the
+        destination, or a copy where links are not possible; on object stores, the
+        store's own copy.
+
+        Raises:
+            CheckpointError: ``source`` does not exist, or the copy cannot be made.
+        """
+        fs, resolved = _filesystem(source, self.storage_options)
+        target_fs, target = _filesystem(destination, self.storage_options)
+        if not fs.isfile(resolved):
+            raise CheckpointError(os.fspath(source), "cannot be copied: it does not exist")
+        try:
+            if _is_local(fs) and _is_local(target_fs):
+                self._copy_local(Path(resolved), Path(target))
+            else:
+                target_fs.makedirs(posixpath.dirname(target), exist_ok=True)
+                target_fs.copy(resolved, target)
+        except OSError as error:
+            raise CheckpointError(
+                os.fspath(destination),
+                f"cannot be made from {os.fspath(source)!r}: {type(error).__name__}: {error}",
+                fix="check that the directory is writable",
+            ) from error
+
+    @staticmethod
+    def _copy_local(source: Path, destination: Path) -> None:
+        destination.parent.mkdir(parents=True, exist_ok=True)
+        descriptor, temporary = _temporary(destination)
+        os.close(descriptor)
+        try:
+            os.unlink(temporary)
+            try:
+                os.link(source, temporary)
+            except OSError:  # another filesystem, or one without hard links
+                shutil.copyfile(source, temporary)
+            os.replace(temporary, destination)
+        except BaseException:
+            Path(temporary).unlink(missing_ok=True)
+            raise
+        _fsync_directory(destination.parent)
+
+    def remove_partial(self, directory: PathLike) -> list[str]:
+        """Delete the temporary files that saves killed midway left in ``directory``.
+
+        Only local directories hold them (a save to an object store is one request).
+        Call it where no save is in progress, as `ModelCheckpoint` does when a run
+        starts.
+        """
+        fs, resolved = _filesystem(directory, self.storage_options)
+        folder = Path(resolved)
+        if not _is_local(fs) or not folder.is_dir():
+            return []
+        removed = []
+        for entry in folder.iterdir():
+            if _PARTIAL.match(entry.name) and entry.is_file():
+                entry.unlink(missing_ok=True)
+                removed.append(str(entry))
+        return sorted(removed)
 
     def teardown(self) -> None:
         """Nothing to release: every save completes before it returns."""

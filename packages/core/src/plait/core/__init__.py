@@ -32,10 +32,12 @@ from plait.core.protocols import (
     Precision,
     Strategy,
     SupportsAsyncCheckpoint,
+    SupportsCopyCheckpoint,
     SupportsDeviceStats,
     SupportsLauncher,
     SupportsLoadInPlace,
     SupportsNoSync,
+    SupportsPartialCleanup,
     SupportsReplace,
 )
 from plait.core.rank import (
@@ -55,8 +57,10 @@ from plait.core.registries import (
 )
 from plait.core.registry import Registry, RegistryEntry
 from plait.core.seed import seed_everything, worker_init_fn
+from plait.core.stopping import STOP_SIGNALS, TrainingStopped, stopped_by
 
 __all__ = [
+    "STOP_SIGNALS",
     "Accelerator",
     "AcceleratorRegistry",
     "CheckpointError",
@@ -85,11 +89,14 @@ __all__ = [
     "Strategy",
     "StrategyRegistry",
     "SupportsAsyncCheckpoint",
+    "SupportsCopyCheckpoint",
     "SupportsDeviceStats",
     "SupportsLauncher",
     "SupportsLoadInPlace",
     "SupportsNoSync",
+    "SupportsPartialCleanup",
     "SupportsReplace",
+    "TrainingStopped",
     "free_port",
     "get_global_rank",
     "is_module_available",
@@ -99,5 +106,6 @@ __all__ = [
     "rank_zero_warn",
     "require_module",
     "seed_everything",
+    "stopped_by",
     "worker_init_fn",
 ]

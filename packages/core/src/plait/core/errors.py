@@ -8,6 +8,7 @@ raised in worker processes and re-raised in the launcher.
 
 from __future__ import annotations
 
+import re
 import signal
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Final
@@ -30,6 +31,9 @@ __all__ = [
 ]
 
 _TRACEBACK_TAIL_LINES: Final = 20
+_EXCEPTION_LINE: Final = re.compile(
+    r"^(?:\[rank\d+\]: )?[A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit|Stopped)(?::|$)"
+)
 
 
 def suggest(value: object, choices: Iterable[str]) -> str | None:
@@ -266,28 +270,69 @@ class CollectiveTimeoutError(CollectiveError):
 
 
 class PeerFailedError(CollectiveError):
-    """Another rank died; raised on every surviving rank instead of hanging.
+    """Another rank died or stalled; raised on every surviving rank instead of hanging.
+
+    The first line says which rank, how it ended and why (the last line of its
+    error); its traceback follows, so the error's own text comes last.
 
     Attributes:
         rank: The global rank of the process that failed.
         exit_code: Its exit code; negative when a signal ended it (``-9`` is SIGKILL),
             ``None`` when it is not known.
         traceback_tail: The last lines of its traceback or error output, if any.
+        waited_by: For a rank that stalled: the ranks that timed out waiting for it.
+        stalled_for: For a rank that stalled: how long they waited, in seconds.
     """
 
     rank: int
     exit_code: int | None
     traceback_tail: str
+    waited_by: tuple[int, ...]
+    stalled_for: float | None
 
-    def __init__(self, rank: int, exit_code: int | None, traceback_tail: str = "") -> None:
+    def __init__(
+        self,
+        rank: int,
+        exit_code: int | None,
+        traceback_tail: str = "",
+        *,
+        waited_by: Iterable[int] = (),
+        stalled_for: float | None = None,
+    ) -> None:
         self.rank = rank
         self.exit_code = exit_code
         lines = traceback_tail.rstrip().splitlines()[-_TRACEBACK_TAIL_LINES:]
         self.traceback_tail = "\n".join(lines)
-        message = f"rank {rank} failed ({self.describe_exit(exit_code)})"
+        self.waited_by = tuple(sorted(waited_by))
+        self.stalled_for = stalled_for
+        if stalled_for is not None:
+            waiters = f"rank {_ranks(self.waited_by)}" if self.waited_by else "another rank"
+            message = (
+                f"rank {rank} stalled: {waiters} timed out after {stalled_for:g} s waiting "
+                "for it in a collective, and it "
+"did not stop by itself; it was stopped"
+            )
+            if exit_code is not None:
+                message += f" ({self.describe_exit(exit_code)})"
+        else:
+            message = f"rank {rank} failed ({self.describe_exit(exit_code)})"
+            cause = self.cause
+            if cause:
+                message += f": {cause}"
         if self.traceback_tail:
-            message += ":\n" + self.traceback_tail
+            plain = stalled_for is None and self.cause is None
+            message += (":\n" if plain else "\n") + self.traceback_tail
         super().__init__(message)
+
+    @property
+    def cause(self) -> str | None:
+        """The failed rank's error as its last line reads, e.g. ``RuntimeError: boom``."""
+        for line in reversed(self.traceback_tail.splitlines()):
+            text = line.strip()
+            name = _EXCEPTION_LINE.match(text)
+            if name is not None:
+                return text
+        return None
 
     @staticmethod
     def describe_exit(exit_code: int | None) -> str:

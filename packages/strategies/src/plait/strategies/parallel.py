@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
+import os
 import sys
 import time
 from collections.abc import Iterator, Sequence
@@ -29,6 +31,8 @@ from plait.strategies.collectives import (
     Rendezvous,
     run_prefix,
 )
+from plait.strategies.launchers.children import HOSTED_STORE_VARIABLE, die_with_parent, timeout_of
+from plait.strategies.launchers.subprocess import become_rank
 
 if TYPE_CHECKING:
     from plait.core import Accelerator, CheckpointIO, Precision
@@ -43,6 +47,10 @@ DEFAULT_START_TIMEOUT: Final = timedelta(minutes=10)
 DEFAULT_TIMEOUT: Final = timedelta(minutes=5)
 _BIND_RETRY_INTERVAL: Final = 0.05
 _GROUP_STORE_KEY: Final = "plait/process-group-store-port"
+_RESTART_VARIABLE: Final = "TORCHELASTIC_RESTART_COUNT"
+_TORCHRUN_VARIABLE: Final = "TORCHELASTIC_RUN_ID"
+_PROBE: Final = "probe/"
+_PROBE_WINDOW: Final = timedelta(seconds=5)
 
 _retained: tuple[tuple[str, int, int, int], dist.TCPStore, Iterator[int]] | None = None
 
@@ -207,6 +215,11 @@ class ParallelStrategy(BaseStrategy):
                 fix="remove the call to init_process_group and let setup_environment() do it",
             )
         environment = self.cluster_environment
+        become_rank()  # a rank the popen launcher started: tied to its launcher
+        if _TORCHRUN_VARIABLE in os.environ:
+            # torchrun starts each worker in a session of its own: should torchrun
+            # die without stopping them (SIGKILL), they must not live on.
+            die_with_parent()
         store = self._run_store()
         # Every rank posts its arrival: a rank that never comes is named, not waited on.
         Rendezvous(
@@ -249,7 +262,13 @@ class ParallelStrategy(BaseStrategy):
         global _retained  # noqa: PLW0603 (one job store per process, kept for its life)
         if _retained is None or _retained[0] != key:
             _retained = (key, self._connect(), itertools.count())
-        _, store, runs = _retained
+        _, job_store, runs = _retained
+        store: dist.Store = job_store
+        # torchrun keeps its store across the restarts of a job: each attempt keeps
+        # its keys apart, or a restarted rank would read the dead attempt's.
+        attempt = int(os.environ.get(_RESTART_VARIABLE, "0") or 0)
+        if attempt:
+            store = dist.PrefixStore(f"plait/attempt-{attempt}/", store)
         run = next(runs)
         if environment.global_rank == 0:
             store.set(CURRENT_RUN_KEY, str(run))
@@ -268,13 +287,13 @@ class ParallelStrategy(BaseStrategy):
         store.wait([_GROUP_STORE_KEY], self.start_timeout)
         return self._tcp_store(int(store.get(_GROUP_STORE_KEY)))
 
-    def _tcp_store(self, port: int) -> dist.TCPStore:
+    def _tcp_store(self, port: int, *, hosted: bool = False) -> dist.TCPStore:
         environment = self.cluster_environment
         return dist.TCPStore(
             environment.main_address,
             port,
             environment.world_size,
-            is_master=environment.global_rank == 0,
+            is_master=environment.global_rank == 0 and not hosted,
             timeout=self.start_timeout,
             wait_for_workers=False,
         )
@@ -284,7 +303,10 @@ class ParallelStrategy(BaseStrategy):
         deadline = time.monotonic() + self.start_timeout.total_seconds()
         while True:
             try:
-                return self._tcp_store(environment.main_port)
+                # A launcher that serves the job's store itself says so: then rank 0
+                # connects to it, as every other rank does.
+                hosted = os.environ.get(HOSTED_STORE_VARIABLE) == "1"
+                return self._tcp_store(environment.main_port, hosted=hosted)
             except dist.DistNetworkError as error:  # noqa: PERF203 (a retry: the error is the signal)
                 # Rank 0 of a second run in one program (a test after a fit) binds the
                 # port of the first run's store, which may still be closing: wait for
@@ -304,6 +326,54 @@ class ParallelStrategy(BaseStrategy):
             missing_ranks=[0],
             arrived_ranks=[environment.global_rank],
         )
+
+    @override
+    def on_exception(self, exception: BaseException) -> None:
+        """Name the ranks a timed-out collective waited for, when the backend did not.
+
+        A backend's timeout (gloo's "Timed out waiting 300000ms") says nothing of
+        who is late. Every rank that timed out posts to the job's store and waits a
+        little for the others to do the same; the ranks that never do are stuck
+        elsewhere (stalled), and the error raised in place of the backend's names
+        them.
+
+        Raises:
+            CollectiveTimeoutError: The exception was a backend's timeout; it names
+                the ranks that did not answer (and chains the backend's error).
+        """
+        collectives = self._collectives
+        if (
+            collectives is None
+            or self.world_size == 1
+            or isinstance(exception, CollectiveTimeoutError)
+            or not isinstance(exception, RuntimeError)
+        ):
+            return
+        waited = timeout_of(str(exception))
+        if waited is None:
+            return
+        answered = self._probe(collectives.store, min(self.timeout, _PROBE_WINDOW))
+        if answered is None:
+            return
+        missing = [rank for rank in range(self.world_size) if rank not in answered]
+        if missing:
+            raise CollectiveTimeoutError(
+                "collective",
+                timeout=waited,
+                missing_ranks=missing,
+                arrived_ranks=answered,
+            ) from exception
+
+    def _probe(self, store: dist.Store, window: timedelta) -> list[int] | None:
+        # Which ranks answer within ``window`` (None: the store is gone).
+        keys = [f"{_PROBE}{rank}" for rank in range(self.world_size)]
+        try:
+            store.set(keys[self.global_rank], "1")
+            with contextlib.suppress(RuntimeError, dist.DistError):
+                store.wait(keys, window)
+            return [rank for rank, key in enumerate(keys) if store.check([key])]
+        except (RuntimeError, dist.DistError):
+            return None
 
     @override
     def teardown(self) -> None:

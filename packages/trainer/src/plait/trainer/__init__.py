@@ -18,6 +18,7 @@ from plait.trainer.connector import Connection, connect
 from plait.trainer.loggers import CSVLogger, Logger, TensorBoardLogger
 from plait.trainer.module import DataModule, Module
 from plait.trainer.optim import SchedulerConfig
+from plait.trainer.stopping import TrainingStopped
 from plait.trainer.trainer import Outcome, Trainer
 
 __all__ = [
@@ -35,5 +36,6 @@ __all__ = [
     "SchedulerConfig",
     "TensorBoardLogger",
     "Trainer",
+    "TrainingStopped",
     "connect",
 ]

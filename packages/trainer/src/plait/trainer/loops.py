@@ -6,7 +6,10 @@ import abc
 import contextlib
 import gc
 import math
+import signal
+import sys
 from collections.abc import Iterable, Iterator, Mapping
+from datetime import timedelta
 from typing import TYPE_CHECKING, Final, Literal, Protocol, TypeAlias, cast, runtime_checkable
 
 import attrs
@@ -20,6 +23,7 @@ from plait.core import (
     GradientClipAlgorithm,
     Strategy,
     SupportsNoSync,
+    TrainingStopped,
     rank_zero_warn,
 )
 from plait.trainer.data import length, limit_batches, prepare_loader, sampler_seed, set_epoch
@@ -27,6 +31,7 @@ from plait.trainer.metrics import Metrics, Number
 from plait.trainer.module import overrides
 from plait.trainer.optim import parse_optimizers
 from plait.trainer.state import preserved_rng, rng_state, set_rng_state, to_device
+from plait.trainer.stopping import GracefulStop
 
 if TYPE_CHECKING:
     from plait.core.typing import Checkpoint, PathLike
@@ -160,6 +165,9 @@ class Loops(abc.ABC):
     gradient_clip_val: float | None
     gradient_clip_algorithm: GradientClipAlgorithm
     deterministic: bool
+    checkpoint_timeout: timedelta
+    stop_signals: tuple[signal.Signals, ...]
+    default_root_dir: str
     _active_metrics: Metrics | None
     _current_batch: object
     _steps: Steps | None
@@ -167,6 +175,8 @@ class Loops(abc.ABC):
     _batches_done: int
     _epoch_done: bool
     _sampler_seed: int
+    _graceful: GracefulStop | None = None
+    _stopping: signal.Signals | None = None
 
     @property
     def me(self) -> Trainer:
@@ -213,9 +223,11 @@ class Loops(abc.ABC):
             status = "success"
             return results
         except BaseException as error:
-            strategy.on_exception(error)
             for callback in self.callbacks:
                 callback.on_exception(self.me, module, error)
+            # The strategy may raise a clearer error in its place (naming the ranks
+            # a timed-out collective waited for, say).
+            strategy.on_exception(error)
             raise
         finally:
             for callback in self.callbacks:
@@ -328,9 +340,15 @@ class Loops(abc.ABC):
         module.on_fit_start()
         for callback in self.callbacks:
             callback.on_fit_start(self.me, module)
-        while not self._done():
-            self._train_epoch(module, train_loader, val_loader, resume)
-            resume = Resume()
+        self._stopping = None
+        with GracefulStop(self.stop_signals) as graceful:
+            self._graceful = graceful
+            try:
+                while not self._done():
+                    self._train_epoch(module, train_loader, val_loader, resume)
+                    resume = Resume()
+            finally:
+                self._graceful = None
         module.on_fit_end()
         for callback in self.callbacks:
             callback.on_fit_end(self.me, module)
@@ -392,6 +410,7 @@ class Loops(abc.ABC):
             if val_loader is not None and self._validation_due() and due:
                 self._validate_during_fit(module, val_loader)
                 validated_at_end = last
+            self._stop_if_asked(batch_idx)
             if self.max_steps != -1 and self.global_step >= self.max_steps:
                 break
         at_end = val_every is None and not validated_at_end
@@ -473,6 +492,30 @@ class Loops(abc.ABC):
                 return
             yield index, batch
             index += 1
+
+    def _stop_if_asked(self, batch_idx: int) -> None:
+        # Every rank, after every training batch: the ranks agree (every few batches)
+        # whether a stop signal came to any of them, then stop together at the first
+        # batch that ends with an optimizer step (accumulated gradients are not saved).
+        graceful = self._graceful
+        if graceful is None:
+            return
+        strategy = self.strategy
+        agreed = graceful.after_batch(strategy, strategy.world_size)
+        if agreed is not None and self._stopping is None:
+            self._stopping = agreed
+        if self._stopping is None or not self.is_optimizer_step_batch(batch_idx):
+            return
+        callback = self.me.checkpoint_callback
+        path = callback.last_path() if callback is not None else None
+        if callback is not None and path is not None:
+            callback.last_model_path = path
+            self.write_checkpoint(path)
+        stopped = TrainingStopped(self._stopping, path, self.global_step)
+        if self.is_global_zero:
+            sys.stderr.write(f"plait: {stopped.describe()}\n")
+            sys.stderr.flush()
+        raise stopped
 
     def _validation_every(self, total: int | None) -> int | None:
         interval = self.val_check_interval
@@ -684,7 +727,9 @@ class Loops(abc.ABC):
         for callback in self.callbacks:
             callback.on_save_checkpoint(self.me, module, checkpoint)
         strategy.save_checkpoint(checkpoint, path)
-        strategy.barrier("save_checkpoint")
+        # A save of a large model may take longer than any collective should: the
+        # wait for it has a bound of its own.
+        strategy.barrier("save_checkpoint", timeout=self.checkpoint_timeout)
 
     def _restore(self, checkpoint: Checkpoint) -> Resume:
         strategy = self.strategy

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import glob
 import os
+import tempfile
 from collections.abc import Iterable, Mapping, Sequence
+from datetime import timedelta
 from typing import TYPE_CHECKING, Final, Literal
 
 import attrs
@@ -31,6 +34,7 @@ from plait.trainer.data import check_limit, first_tensor_length
 from plait.trainer.loggers import CSVLogger, Logger
 from plait.trainer.loops import Loops, Run, Stage
 from plait.trainer.module import DataModule, LogValue, Module, ReduceFx, overrides
+from plait.trainer.stopping import parse_stop_signals
 
 if TYPE_CHECKING:
     import torch
@@ -43,6 +47,7 @@ __all__ = ["Trainer"]
 
 _CLIP_ALGORITHMS: Final = ("norm", "value")
 _DEFAULT_MAX_EPOCHS: Final = 1000
+_DEFAULT_CHECKPOINT_TIMEOUT: Final = 1800.0
 
 
 @attrs.frozen
@@ -123,6 +128,14 @@ class Trainer(Loops):
         enable_progress_bar: Draw a progress bar on global rank 0.
         enable_checkpointing: Add a `ModelCheckpoint` when none is given.
         deterministic: Make torch use deterministic algorithms only.
+        checkpoint_timeout: How long the other ranks wait for a checkpoint being
+            saved (seconds or a `timedelta`); saves of large models outlast the
+            strategy's collective timeout, which still bounds everything else.
+        stop_signals: The signals that stop training gracefully: every rank stops
+            at the same batch, ``last.ckpt`` is written, and `fit` raises
+            `TrainingStopped` (a `SystemExit` with status ``128 + signal``).
+            ``"auto"``: SIGTERM, and SIGUSR1 under SLURM (its requeue signal);
+            names, numbers, or ``()`` to leave every signal alone.
 
     Raises:
         ConfigurationError: A setting is invalid, or parts cannot work together;
@@ -156,6 +169,8 @@ class Trainer(Loops):
         enable_progress_bar: bool = True,
         enable_checkpointing: bool = True,
         deterministic: bool = False,
+        checkpoint_timeout: float | timedelta = _DEFAULT_CHECKPOINT_TIMEOUT,
+        stop_signals: Literal["auto"] | Sequence[str | int] = "auto",
     ) -> None:
         if max_epochs is not None:
             check_count("max_epochs", max_epochs, minimum=1, example="max_epochs=10")
@@ -190,6 +205,8 @@ class Trainer(Loops):
                 positive=True,
                 example="gradient_clip_val=1.0",
             )
+        self.checkpoint_timeout = _check_timeout("checkpoint_timeout", checkpoint_timeout)
+        self.default_root_dir = _check_root(default_root_dir)
         self.connection: Connection = connect(
             accelerator=accelerator,
             strategy=strategy,
@@ -207,7 +224,7 @@ class Trainer(Loops):
         self.accumulate_grad_batches = accumulate_grad_batches
         self.gradient_clip_val = None if gradient_clip_val is None else float(gradient_clip_val)
         self.gradient_clip_algorithm: GradientClipAlgorithm = gradient_clip_algorithm
-        self.default_root_dir = os.fspath(default_root_dir) if default_root_dir else os.getcwd()
+        self.stop_signals = parse_stop_signals(stop_signals)
         self.deterministic = deterministic
         self.loggers = self._loggers(logger)
         self.callbacks = self._callbacks(callbacks, enable_progress_bar, enable_checkpointing)
@@ -558,15 +575,30 @@ class Trainer(Loops):
                     )
                 return callback.best_model_path
             last = os.path.join(directory, "last" + ModelCheckpoint.FILE_EXTENSION)
-            if not os.path.exists(last):
-                if stage != "fit":
-                    raise CheckpointError(last, "does not exist", fix="run fit first")
-                rank_zero_warn(f"ckpt_path='last': {last} does not exist; training starts afresh")
-                return None
-            return last
+            if os.path.isfile(last):
+                return last
+            newest = _newest_checkpoint(directory)
+            if newest is not None:
+                rank_zero_warn(
+                    f"ckpt_path='last': {last} does not exist (its save did not complete); "
+                    f"resuming from the newest complete checkpoint, {newest}"
+                )
+                return newest
+            if stage != "fit":
+                raise CheckpointError(last, "does not exist", fix="run fit first")
+            rank_zero_warn(f"ckpt_path='last': {last} does not exist; training starts afresh")
+            return None
         if "://" not in path and not os.path.isfile(path):
+            reason = (
+                "is a directory, not a checkpoint file"
+                if os.path.isdir(path)
+                else ("does not exist")
+            )
             raise CheckpointError(
-                path, "does not exist", fix="check the path, or pass ckpt_path='last'"
+                path,
+                reason,
+                fix="pass the path of a .ckpt file, or ckpt_path='last' to resume from the "
+                "newest checkpoint",
             )
         return path
 
@@ -658,6 +690,49 @@ class Trainer(Loops):
     @override
     def __repr__(self) -> str:
         return f"Trainer(strategy={self.strategy!r}, processes={self.num_processes})"
+
+
+def _check_timeout(name: str, value: object) -> timedelta:
+    if isinstance(value, timedelta):
+        seconds = value.total_seconds()
+    else:
+        seconds = check_number(name, value, positive=True, example=f"{name}=600")
+    if seconds <= 0:
+        raise ConfigurationError(
+            f"{name}={value!r} must be positive", value=value, fix=f"pass e.g. {name}=600"
+        )
+    return timedelta(seconds=seconds)
+
+
+def _check_root(root: PathLike | None) -> str:
+    """The root directory as a string, made and found writable now, not at the first save."""
+    path = os.fspath(root) if root else os.getcwd()
+    if "://" in path:
+        return path  # a URL: its filesystem says what is allowed when it is written
+    try:
+        os.makedirs(path, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as error:
+        raise ConfigurationError(
+            f"default_root_dir={path!r} cannot hold logs and checkpoints: "
+            f"{error.strerror or error}",
+            value=path,
+            fix="pass a directory you can write to, e.g. default_root_dir='runs'",
+        ) from None
+    return path
+
+
+def _newest_checkpoint(directory: str) -> str | None:
+    # Saves rename complete files into place: every *.ckpt here is whole.
+    found = [
+        path
+        for path in glob.glob(
+            os.path.join(glob.escape(directory), "*" + ModelCheckpoint.FILE_EXTENSION)
+        )
+        if os.path.isfile(path)
+    ]
+    return max(found, key=os.path.getmtime) if found else None
 
 
 def _run_in_rank(trainer: Trainer, model: Module, run: Run) -> Outcome:

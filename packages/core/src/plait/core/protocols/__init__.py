@@ -8,7 +8,9 @@ from plait.core.protocols.accelerator import Accelerator, SupportsDeviceStats
 from plait.core.protocols.checkpoint_io import (
     CheckpointIO,
     SupportsAsyncCheckpoint,
+    SupportsCopyCheckpoint,
     SupportsLoadInPlace,
+    SupportsPartialCleanup,
 )
 from plait.core.protocols.collectives import Collectives
 from plait.core.protocols.environment import ClusterEnvironment
@@ -31,9 +33,11 @@ __all__ = [
     "Precision",
     "Strategy",
     "SupportsAsyncCheckpoint",
+    "SupportsCopyCheckpoint",
     "SupportsDeviceStats",
     "SupportsLauncher",
     "SupportsLoadInPlace",
     "SupportsNoSync",
+    "SupportsPartialCleanup",
     "SupportsReplace",
 ]

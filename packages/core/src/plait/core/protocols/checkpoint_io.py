@@ -11,7 +11,13 @@ if TYPE_CHECKING:
 
     from plait.core.typing import Checkpoint, PathLike, StateDict
 
-__all__ = ["CheckpointIO", "SupportsAsyncCheckpoint", "SupportsLoadInPlace"]
+__all__ = [
+    "CheckpointIO",
+    "SupportsAsyncCheckpoint",
+    "SupportsCopyCheckpoint",
+    "SupportsLoadInPlace",
+    "SupportsPartialCleanup",
+]
 
 
 @runtime_checkable
@@ -78,4 +84,32 @@ class SupportsLoadInPlace(Protocol):
         Raises:
             CheckpointError: It is missing, incomplete or lacks a key of ``state_dict``.
         """
+        ...
+
+
+@runtime_checkable
+class SupportsCopyCheckpoint(Protocol):
+    """A checkpoint IO that can give a saved checkpoint a second name cheaply.
+
+    ``ModelCheckpoint`` writes the epoch's checkpoint once and makes ``last.ckpt``
+    from it this way, instead of serialising the whole state a second time.
+    """
+
+    def copy_checkpoint(self, source: PathLike, destination: PathLike) -> None:
+        """Make ``destination`` hold the checkpoint at ``source``, replacing it whole.
+
+        The destination is never partial: it is the old file or the new one.
+
+        Raises:
+            CheckpointError: ``source`` does not exist, or the copy cannot be made.
+        """
+        ...
+
+
+@runtime_checkable
+class SupportsPartialCleanup(Protocol):
+    """A checkpoint IO whose interrupted saves can leave files behind, and clean them."""
+
+    def remove_partial(self, directory: PathLike) -> list[str]:
+        """Delete what interrupted saves left in ``directory``; return the paths removed."""
         ...

@@ -108,7 +108,11 @@ class Strategy(Collectives, Protocol):
         ...
 
     def on_exception(self, exception: BaseException) -> None:
-        """React to an exception raised in the user's code (e.g. tell the peers)."""
+        """React to an exception raised in the user's code (e.g. tell the peers).
+
+        It may raise a clearer error in the exception's place, chained to it (a
+        strategy naming the ranks a backend's timeout waited for, say).
+        """
         ...
 
     def teardown(self) -> None:

@@ -5,33 +5,48 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import re
 import signal
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from datetime import timedelta
 from multiprocessing.connection import wait
+from types import FrameType
 from typing import Final, Protocol, cast
 
 import attrs
 import torch.distributed as dist
 
-from plait.core import ConfigurationError, PeerFailedError
+from plait.core import ConfigurationError, PeerFailedError, stopped_by
 from plait.strategies.collectives import START_PREFIX, STORE_PREFIX, post_failure
 
 __all__ = [
     "GRACE_PERIOD",
+    "HOSTED_STORE_VARIABLE",
     "Child",
+    "Exit",
+    "SignalForwarder",
     "announce_failure",
     "check_num_processes",
+    "diagnose",
     "die_with_parent",
+    "is_consequence",
+    "kill",
     "launch_variables",
+    "lost_peer",
     "stop",
+    "timeout_of",
+    "warn_if_oversubscribed",
     "watch",
 ]
 
+HOSTED_STORE_VARIABLE: Final = "PLAIT_HOSTED_STORE"
+"""Set to ``1`` for ranks whose job store the launcher serves: rank 0 only connects to it."""
+
 GRACE_PERIOD: Final = 5.0
-"""Seconds between SIGTERM and SIGKILL when the other children are stopped."""
+"""Seconds the other ranks get to exit on their own after a failure, before SIGKILL."""
 
 _PR_SET_PDEATHSIG: Final = 1
 
@@ -96,57 +111,101 @@ def launch_variables(
     }
 
 
+def warn_if_oversubscribed(num_processes: int) -> None:
+    """Say, before starting them, that more ranks than CPU cores will start slowly."""
+    cores = os.cpu_count() or 1
+    if num_processes > cores:
+        sys.stderr.write(
+            f"plait: starting {num_processes} processes on {cores} CPU cores: each imports "
+            "torch and joins the process group, so start-up takes a while and every step "
+            "is slower; use at most one process per core (devices=...) unless you mean it\n"
+        )
+        sys.stderr.flush()
+
+
 def announce_failure(
-    main_address: str, main_port: int, world_size: int, failure: PeerFailedError
+    main_address: str,
+    main_port: int,
+    world_size: int,
+    failure: PeerFailedError,
+    store: dist.Store | None = None,
 ) -> None:
     """Post ``failure`` to the job's store, so that the surviving ranks raise it.
 
-    Nothing happens when the store is gone (rank 0, which holds it, has died).
+    ``store`` is the job's store when this process serves it; otherwise it is
+    reached at the address. Nothing happens when it is gone (its host has died).
     """
     try:
-        store = dist.TCPStore(
-            main_address, main_port, is_master=False, timeout=timedelta(seconds=5)
-        )
+        if store is None:
+            store = dist.TCPStore(
+                main_address, main_port, is_master=False, timeout=timedelta(seconds=5)
+            )
         post_failure(store, failure, world_size=world_size, prefixes=(STORE_PREFIX, START_PREFIX))
     except (RuntimeError, dist.DistError):
         pass  # no store to tell: the ranks see the dead peer in their next collective
 
 
-def die_with_parent() -> None:
-    """Ask the kernel to SIGTERM this process when its parent dies (Linux).
+def die_with_parent(parent: int | None = None) -> None:
+    """Ask the kernel to SIGKILL this process when its parent dies (Linux).
 
-    A launcher killed with SIGKILL can run no clean-up; this leaves no orphan.
+    A launcher killed with SIGKILL can run no clean-up; this leaves no orphan. The
+    signal is SIGKILL, not SIGTERM: a training rank takes SIGTERM as a request to
+    stop gracefully, which cannot be honoured once the job's launcher is gone.
+
+    Args:
+        parent: The pid the parent had when this process started, if known; if
+            the parent is already another process, it died before this call.
     """
     if not sys.platform.startswith("linux"):
         return
     libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-    if os.getppid() == 1:  # the parent died before prctl took effect
-        os.kill(os.getpid(), signal.SIGTERM)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    current = os.getppid()
+    if current == 1 or (parent is not None and current != parent):
+        os.kill(os.getpid(), signal.SIGKILL)  # the parent died before prctl took effect
 
 
 def stop(children: Sequence[Child], grace: float = GRACE_PERIOD) -> None:
-    """Send SIGTERM to the children still running, SIGKILL after ``grace`` seconds; reap all."""
+    """Send SIGTERM to the children still running, SIGKILL after ``grace`` seconds; reap all.
+
+    Ranks inside `Trainer.fit` take SIGTERM as a request to stop gracefully, which
+    they cannot honour while another rank is gone: they get SIGKILL after ``grace``.
+    """
     alive = [child for child in children if child.handle.exitcode is None]
     for child in alive:
         if child.handle.pid is not None:
             _signal(child.handle.pid, signal.SIGTERM)
-    remaining = {child.handle.sentinel: child for child in alive}
-    for sentinel in _ready(list(remaining), grace) if remaining else []:
-        remaining.pop(sentinel)
+    kill(children, grace)
+
+
+def kill(children: Sequence[Child], grace: float = 0.0) -> list[int]:
+    """Wait up to ``grace`` seconds for the children to exit, SIGKILL the rest; reap all.
+
+    Returns:
+        The ranks that had to be killed, sorted.
+    """
+    remaining = {
+        child.handle.sentinel: child for child in children if child.handle.exitcode is None
+    }
+    _exits(remaining, grace)
     for child in remaining.values():
         if child.handle.pid is not None:
             _signal(child.handle.pid, signal.SIGKILL)
     for child in children:
         child.handle.join()
+    return sorted(child.rank for child in remaining.values())
 
 
-def _exits(pending: dict[int, Child], grace: float) -> None:
-    # The survivors were told: wait (up to ``grace``) for them to exit by themselves.
+def _exits(pending: dict[int, Child], grace: float) -> list[Child]:
+    # Wait (up to ``grace``) for the children to exit by themselves; those that did.
     deadline = time.monotonic() + grace
+    exited = []
     while pending and (left := deadline - time.monotonic()) > 0:
         for sentinel in _ready(list(pending), left):
-            pending.pop(sentinel).handle.join()
+            child = pending.pop(sentinel)
+            child.handle.join()
+            exited.append(child)
+    return exited
 
 
 def _ready(sentinels: list[int], timeout: float | None) -> list[int]:
@@ -159,36 +218,187 @@ def _signal(pid: int, signum: int) -> None:
         os.kill(pid, signum)
 
 
+_CONSEQUENCE = re.compile(
+    r"PeerFailedError|CollectiveTimeoutError|Connection closed by peer|Connection reset by peer"
+    r"|Broken pipe|Timed out|timed out|KeyboardInterrupt|DistNetworkError|TrainingStopped"
+)
+"""What a rank's error says when it only reacts to another rank's failure or stall."""
+_LOST_PEER = re.compile(
+    r"PeerFailedError|Connection closed by peer|Connection reset by peer|Broken pipe"
+    r"|DistNetworkError"
+)
+_TIMEOUT = re.compile(r"timed out after ([\d.]+) s|Timed out waiting (\d+)ms")
+
+
+def is_consequence(tail: str) -> bool:
+    """Whether a failed rank's error only reports another rank's failure or stall."""
+    return _CONSEQUENCE.search(tail) is not None
+
+
+def lost_peer(text: str) -> bool:
+    """Whether an error says another rank is gone (a closed connection, a posted failure)."""
+    return _LOST_PEER.search(text) is not None
+
+
+def timeout_of(text: str) -> float | None:
+    """The collective timeout a rank's error reports, in seconds, if it is a timeout."""
+    found = _TIMEOUT.search(text)
+    if found is None:
+        return None
+    seconds, milliseconds = found.groups()
+    return float(seconds) if seconds is not None else int(milliseconds) / 1000
+
+
+@attrs.frozen
+class Exit:
+    """How one rank ended.
+
+    Attributes:
+        rank: Its global rank.
+        exit_code: Its exit code (negative: the signal that killed it).
+        tail: The end of its error output.
+    """
+
+    rank: int
+    exit_code: int | None
+    tail: str
+
+
+def diagnose(
+    failed: Sequence[Exit], stalled: Sequence[int] = (), killed: Sequence[int] = ()
+) -> PeerFailedError:
+    """The failure to report for a job, from every rank that failed and every one that stalled.
+
+    ``failed`` lists the ranks that exited with an error, first failure first;
+    ``stalled`` the ranks that were still running ``grace`` seconds after it (they
+    were then stopped; ``killed``: those of them that were killed). When the first
+    failure is a timeout and a rank was still running, that rank stalled: the
+    others timed out waiting for it. Otherwise the root cause is the first rank
+    whose error is not only a reaction to another's (a lost connection, a timeout,
+    a peer's failure), or else the first failure.
+    """
+    first = failed[0]
+    waited = timeout_of(first.tail)
+    if waited is not None and stalled:
+        waiters = [e.rank for e in failed if timeout_of(e.tail) is not None]
+        rank = min(stalled)
+        # A rank in this process (rank 0 under popen) is interrupted, not killed.
+        code = -signal.SIGKILL if rank in killed else None
+        return PeerFailedError(rank, code, waited_by=waiters, stalled_for=waited)
+    root = next((e for e in failed if not is_consequence(e.tail)), first)
+    return PeerFailedError(root.rank, root.exit_code, root.tail)
+
+
 def watch(
     children: Sequence[Child],
     *,
     grace: float = GRACE_PERIOD,
     on_failure: Callable[[PeerFailedError], None] | None = None,
-) -> None:
+    others_running: Callable[[float], list[int]] | None = None,
+) -> list[signal.Signals]:
     """Wait until every child has exited; stop all of them at the first failure.
 
-    ``on_failure`` is called with the failure first (to tell the surviving ranks,
-    which then raise it themselves); the others get up to ``grace`` seconds to exit
-    on their own before they are stopped.
+    A child that exits with a graceful-stop status (`plait.core.stopped_by`) has not
+    failed. At the first failure, ``on_failure`` is called with it (to tell the
+    surviving ranks, which then raise it themselves); the others get up to
+    ``grace`` seconds to exit on their own, and are then killed. The error raised
+    names the root cause among every rank that failed meanwhile (see `diagnose`).
+    ``others_running``, given the time left of the grace, tells which ranks outside
+    ``children`` (rank 0 in this process) are still running at its end.
+
+    Returns:
+        The signals of the children that stopped gracefully, if any did.
 
     Raises:
-        PeerFailedError: A child exited with a non-zero code (or was killed); the
-            others were sent SIGTERM, then SIGKILL after ``grace`` seconds.
+        PeerFailedError: A child failed (or stalled); every child was stopped.
     """
     pending = {child.handle.sentinel: child for child in children}
+    stops: list[signal.Signals] = []
     try:
         while pending:
             for sentinel in _ready(list(pending), None):
                 child = pending.pop(sentinel)
                 child.handle.join()
                 code = child.handle.exitcode
-                if code != 0:
-                    failure = PeerFailedError(child.rank, code, child.traceback())
-                    if on_failure is not None:
-                        on_failure(failure)
-                        _exits(pending, grace)
-                    stop(children, grace)
-                    raise failure
+                stopped = stopped_by(code)
+                if stopped is not None:
+                    stops.append(stopped)
+                elif code != 0:
+                    _fail(child, pending, grace, on_failure, others_running)
     except BaseException:
         stop(children, grace)  # interrupted, or a failure: leave nothing behind
         raise
+    return stops
+
+
+def _fail(
+    child: Child,
+    pending: dict[int, Child],
+    grace: float,
+    on_failure: Callable[[PeerFailedError], None] | None,
+    others_running: Callable[[float], list[int]] | None,
+) -> None:
+    first = Exit(child.rank, child.handle.exitcode, child.traceback())
+    if on_failure is not None:
+        on_failure(PeerFailedError(first.rank, first.exit_code, first.tail))
+    started = time.monotonic()
+    failed = [first]
+    for other in _exits(pending, grace):
+        code = other.handle.exitcode
+        if code != 0 and stopped_by(code) is None:
+            failed.append(Exit(other.rank, code, other.traceback()))
+    running = sorted(c.rank for c in pending.values())
+    if others_running is not None:
+        running = sorted([*running, *others_running(grace - (time.monotonic() - started))])
+    killed = kill(list(pending.values()))
+    pending.clear()
+    raise diagnose(failed, running, killed)
+
+
+class SignalForwarder:
+    """Passes the stop signals this process receives on to the ranks it started.
+
+    A scheduler that pre-empts a job signals the process it knows, the launcher;
+    each rank must hear it too, to stop at the same batch as the others and save.
+    Installed for SIGTERM and SIGUSR1 while the ranks run (main thread only). When
+    nothing else in this process handles the signal (``exit_after``), the process
+    then ends as the signal's default action would have ended it.
+
+    Args:
+        children: Returns the ranks to pass signals on to.
+        exit_after: Whether to end this process after passing a signal on, when no
+            handler was installed over this one.
+    """
+
+    SIGNALS: Final = (signal.SIGTERM, signal.SIGUSR1)
+
+    def __init__(self, children: Callable[[], Sequence[Child]], *, exit_after: bool) -> None:
+        self._children = children
+        self._exit_after = exit_after
+        self._previous: dict[int, object] = {}
+
+    def install(self) -> None:
+        """Take over the signals (nothing happens outside the main thread)."""
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for signum in self.SIGNALS:
+            self._previous[signum] = signal.signal(signum, self)
+
+    def uninstall(self) -> None:
+        """Give the signals back to the handlers they had."""
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)  # type: ignore[arg-type]
+        self._previous.clear()
+
+    def __call__(self, signum: int, frame: FrameType | None) -> None:
+        """Pass ``signum`` on to every running rank, then to the previous handler."""
+        for child in self._children():
+            if child.handle.exitcode is None and child.handle.pid is not None:
+                _signal(child.handle.pid, signum)
+        previous = self._previous.get(signum)
+        if callable(previous):
+            previous(signum, frame)
+        elif self._exit_after and signal.getsignal(signum) is self:
+            # Nothing in this process asked for the signal: it ends the process.
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)

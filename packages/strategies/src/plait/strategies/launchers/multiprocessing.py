@@ -8,20 +8,25 @@ import pickle
 import threading
 import traceback
 from collections.abc import Callable
+from datetime import timedelta
 from typing import TYPE_CHECKING, Final, ParamSpec, TypeVar
 
+import torch.distributed as dist
 import torch.multiprocessing  # noqa: F401 (registers the reductions that share tensors)
 from typing_extensions import override
 
-from plait.core import ConfigurationError, free_port
+from plait.core import ConfigurationError, TrainingStopped, free_port
 from plait.strategies.launchers.children import (
     GRACE_PERIOD,
+    HOSTED_STORE_VARIABLE,
     Child,
+    SignalForwarder,
     announce_failure,
     check_num_processes,
     die_with_parent,
     launch_variables,
     stop,
+    warn_if_oversubscribed,
     watch,
 )
 
@@ -75,6 +80,9 @@ def _run_rank(results: Connection, variables: dict[str, str], work: Connection) 
         function, args, kwargs = pickle.loads(work.recv_bytes())
         work.close()
         result = function(*args, **kwargs)
+    except TrainingStopped as stopped:  # a graceful stop, with its own exit status
+        results.send_bytes(pickle.dumps(("stopped", stopped)))
+        raise
     except BaseException:  # noqa: BLE001 (every failure is reported, then exits 1)
         results.send_bytes(pickle.dumps(("error", traceback.format_exc())))
         raise SystemExit(1) from None
@@ -136,9 +144,13 @@ class MultiprocessingLauncher:
     Each process gets the variables a launched rank reads (``RANK``, ``LOCAL_RANK``,
     ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``) before the function runs, so a
     strategy made inside it finds its place. Rank 0's return value comes back to
-    the caller. When a rank fails, the others get SIGTERM, then SIGKILL after a grace
-    period, and the caller gets `PeerFailedError` with the failed rank, its exit code
-    and the tail of its traceback. Ranks die with the launcher, whatever kills it.
+    the caller. When a rank fails, the others are told through the job's store, which
+    this process serves (so it outlives any rank), get a grace period to exit, and are
+    then killed; the caller gets `PeerFailedError` naming the root cause: the rank
+    that failed first for a reason of its own, or the rank that stalled while the
+    others timed out waiting for it. Ranks die with the launcher, whatever kills it.
+    SIGTERM and SIGUSR1 sent to this process are passed on to the ranks: training
+    ranks stop gracefully together, and the caller gets their `TrainingStopped`.
 
     The function and its arguments are pickled for every start method, before any
     process starts: a strategy among them is made anew in each rank (see
@@ -186,13 +198,44 @@ class MultiprocessingLauncher:
 
         Raises:
             ConfigurationError: The function or its arguments cannot be pickled.
-            PeerFailedError: A rank failed; every rank was stopped.
+            PeerFailedError: A rank failed or stalled; every rank was stopped.
+            TrainingStopped: A stop signal came, and every rank stopped gracefully.
         """
         payload = pickled_work(function, args, kwargs)
         context = _context(self.start_method)
         port = self.main_port or free_port(self.main_address)
+        warn_if_oversubscribed(self.num_processes)
+        # The job's store lives here, not in rank 0: a failure of any rank can be
+        # posted to the others at once, and none waits on a store that died.
+        store = dist.TCPStore(
+            self.main_address,
+            port,
+            is_master=True,
+            wait_for_workers=False,
+            timeout=timedelta(seconds=30),
+        )
         children: list[Child] = []
         inboxes: list[_Inbox] = []
+        forwarder = SignalForwarder(lambda: children, exit_after=False)
+        forwarder.install()
+        try:
+            result = self._run(
+                context, store=store, port=port, payload=payload, children=children, inboxes=inboxes
+            )
+        finally:
+            forwarder.uninstall()
+        return result  # type: ignore[return-value]
+
+    def _run(
+        self,
+        context: SpawnContext | ForkContext | ForkServerContext,
+        *,
+        store: dist.TCPStore,
+        port: int,
+        payload: bytes,
+        children: list[Child],
+        inboxes: list[_Inbox],
+    ) -> object:
         try:
             for rank in range(self.num_processes):
                 receive, send = context.Pipe(duplex=False)
@@ -203,6 +246,7 @@ class MultiprocessingLauncher:
                     main_address=self.main_address,
                     main_port=port,
                 )
+                variables[HOSTED_STORE_VARIABLE] = "1"
                 process = context.Process(
                     target=_run_rank,
                     args=(send, variables, work_receive),
@@ -218,14 +262,17 @@ class MultiprocessingLauncher:
         except BaseException:
             stop(children, self.grace_period)
             raise
-        watch(
+        stops = watch(
             children,
             grace=self.grace_period,
             on_failure=lambda failure: announce_failure(
-                self.main_address, port, self.num_processes, failure
+                self.main_address, port, self.num_processes, failure, store
             ),
         )
-        return inboxes[0].read("result")  # type: ignore[return-value]
+        if stops:
+            stopped = inboxes[0].read("stopped")
+            raise stopped if isinstance(stopped, TrainingStopped) else TrainingStopped(stops[0])
+        return inboxes[0].read("result")
 
     @override
     def __repr__(self) -> str:

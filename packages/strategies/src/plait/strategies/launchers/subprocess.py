@@ -2,32 +2,47 @@
 
 from __future__ import annotations
 
-import _thread
 import atexit
-import collections
+import contextlib
 import os
 import pickle
+import signal
 import subprocess
 import sys
+import tempfile
 import threading
+import traceback
 from collections.abc import Callable
-from typing import IO, Final, ParamSpec, TypeVar
+from pathlib import Path
+from types import TracebackType
+from typing import Final, ParamSpec, TypeVar
 
 from typing_extensions import override
 
-from plait.core import ConfigurationError, PeerFailedError, free_port
+from plait.core import ConfigurationError, PeerFailedError, TrainingStopped, free_port, stopped_by
 from plait.strategies.launchers.children import (
     GRACE_PERIOD,
     Child,
+    SignalForwarder,
     announce_failure,
     check_num_processes,
+    die_with_parent,
+    kill,
     launch_variables,
+    lost_peer,
     stop,
+    timeout_of,
+    warn_if_oversubscribed,
     watch,
 )
 from plait.strategies.launchers.multiprocessing import pickled_work
 
-__all__ = ["LAUNCHED_VARIABLE", "SubprocessScriptLauncher"]
+__all__ = [
+    "ERROR_FILE_VARIABLE",
+    "LAUNCHED_VARIABLE",
+    "SubprocessScriptLauncher",
+    "become_rank",
+]
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -35,7 +50,15 @@ R = TypeVar("R")
 LAUNCHED_VARIABLE: Final = "PLAIT_LAUNCHED"
 """Set to ``1`` in the processes this launcher starts: they run the work, not launch it."""
 
+ERROR_FILE_VARIABLE: Final = "PLAIT_ERROR_FILE"
+"""Where a started rank writes its uncaught error, for the launcher's report."""
+
+PARENT_VARIABLE: Final = "PLAIT_LAUNCHER_PID"
+"""The launcher's pid, as a started rank's parent."""
+
 _TAIL_LINES: Final = 40
+_SETTLE: Final = 1.0
+"""Seconds the other ranks get to exit by themselves after rank 0's own failure."""
 
 
 def _program() -> list[str]:
@@ -47,28 +70,40 @@ def _program() -> list[str]:
     return [sys.executable, *sys.argv]
 
 
-class _Process:
-    """A `subprocess.Popen` seen through the `Handle` protocol, with its stderr's tail."""
+def _write_error_file(
+    kind: type[BaseException], error: BaseException, tb: TracebackType | None
+) -> None:
+    # A launched rank's uncaught error, for the launcher's report (its stderr goes
+    # straight to the terminal, so that nothing is lost if the launcher dies).
+    path = os.environ.get(ERROR_FILE_VARIABLE)
+    if path and stopped_by(getattr(error, "code", None)) is None:
+        with contextlib.suppress(OSError):
+            Path(path).write_text("".join(traceback.format_exception(kind, error, tb)))
 
-    def __init__(self, popen: subprocess.Popen[str]) -> None:
+
+def _report_errors() -> None:
+    previous = sys.excepthook
+
+    def hook(kind: type[BaseException], error: BaseException, tb: TracebackType | None) -> None:
+        _write_error_file(kind, error, tb)
+        previous(kind, error, tb)
+
+    sys.excepthook = hook
+
+
+class _Process:
+    """A `subprocess.Popen` seen through the `Handle` protocol, with its error's tail."""
+
+    def __init__(self, popen: subprocess.Popen[bytes], error_file: Path) -> None:
         self.popen = popen
-        self.tail: collections.deque[str] = collections.deque(maxlen=_TAIL_LINES)
+        self.error_file = error_file
         read, self._write = os.pipe()
         self.sentinel = read  # readable once the process has exited
         threading.Thread(target=self._wait, daemon=True).start()
-        assert popen.stderr is not None
-        self._stderr = threading.Thread(target=self._copy_stderr, args=(popen.stderr,), daemon=True)
-        self._stderr.start()
 
     def _wait(self) -> None:
         self.popen.wait()
         os.close(self._write)
-
-    def _copy_stderr(self, stream: IO[str]) -> None:
-        # Shown as it comes, and its last lines kept for the error report.
-        for line in stream:
-            sys.stderr.write(line)
-            self.tail.append(line)
 
     @property
     def pid(self) -> int | None:
@@ -80,11 +115,13 @@ class _Process:
 
     def join(self, timeout: float | None = None) -> None:
         self.popen.wait(timeout)
-        self._stderr.join(timeout)
 
     def traceback(self) -> str:
-        self._stderr.join()
-        return "".join(self.tail)
+        try:
+            lines = self.error_file.read_text().splitlines()
+        except OSError:
+            return ""  # killed, or exited without an uncaught error
+        return "\n".join(lines[-_TAIL_LINES:])
 
 
 class _Job:
@@ -92,8 +129,10 @@ class _Job:
 
     The program runs once per rank, so every ``fit`` (or ``test``, ...) in it is
     met by the same ranks: the first launch starts them, later launches reuse them.
-    A watcher thread stops them all when one fails; at exit this process waits for
-    them to finish the program too.
+    A watcher thread stops them all when one fails, and interrupts this process (rank
+    0) if it is still running; at exit this process waits for them to finish the
+    program too. Rank 0's own error is raised as it is: the other ranks' reactions
+    to it (lost connections) are not reported in its place.
     """
 
     def __init__(
@@ -104,14 +143,23 @@ class _Job:
         main_address: str,
         port: int,
         grace: float,
+        errors: tempfile.TemporaryDirectory[str],
     ) -> None:
         self.children = children
         self.num_processes = num_processes
         self.grace = grace
+        self._address, self._port = main_address, port
         self.failures: list[PeerFailedError] = []
+        self._errors = errors
         self._delivered = False  # a failure was raised to rank 0's caller
         self._lock = threading.Lock()
         self._running = False
+        self._leader_failed = False
+        self._idle = threading.Event()  # set while rank 0 runs no work
+        self._idle.set()
+        self._verdict = threading.Event()  # set once a failure of another rank is judged
+        self._forwarder = SignalForwarder(lambda: self.children, exit_after=True)
+        self._forwarder.install()
         self._watcher = threading.Thread(
             target=self._watch, args=(main_address, port), name="plait-rank-watcher", daemon=True
         )
@@ -122,6 +170,11 @@ class _Job:
         """Whether the ranks are still running the program (none has failed)."""
         return self._watcher.is_alive() and not self.failures
 
+    def _leader_running(self, grace: float) -> list[int]:
+        # After another rank's failure: whether rank 0 is still in its work at the
+        # end of the grace period (stalled, if the failure was a timeout).
+        return [] if self._idle.wait(max(grace, 0.0)) else [0]
+
     def _watch(self, main_address: str, port: int) -> None:
         try:
             watch(
@@ -130,12 +183,35 @@ class _Job:
                 on_failure=lambda failure: announce_failure(
                     main_address, port, self.num_processes, failure
                 ),
+                others_running=self._leader_running,
             )
         except PeerFailedError as failure:
             with self._lock:
+                if self._leader_failed:
+                    return  # the others reacted to rank 0's own error, which is raised
                 self.failures.append(failure)
-                if self._running:
-                    _thread.interrupt_main()  # rank 0 may be computing: stop it now
+                running = self._running
+            self._verdict.set()
+            if running:
+                self._interrupt(failure)
+
+    def _interrupt(self, failure: PeerFailedError) -> None:
+        # Stop rank 0's work now: a real SIGINT to the main thread also ends a
+        # sleep or a wait, where a simulated one would wait for it to finish.
+        main = threading.main_thread()
+        if main.ident is not None and main.is_alive():
+            signal.pthread_kill(main.ident, signal.SIGINT)
+        if self._idle.wait(self.grace):
+            return
+        # Stuck where no signal reaches it (inside a C call): report, and end the job.
+        frames = sys._current_frames().get(main.ident or -1)
+        where = "".join(traceback.format_stack(frames)) if frames is not None else ""
+        sys.stderr.write(
+            f"plait: {failure}\nplait: rank 0 did not stop within {self.grace:g} s; it was at:\n"
+            f"{where}"
+        )
+        sys.stderr.flush()
+        os._exit(1)
 
     def run(
         self, function: Callable[..., R], args: tuple[object, ...], kwargs: dict[str, object]
@@ -147,30 +223,54 @@ class _Job:
         try:
             with self._lock:
                 self._running = True
+                self._idle.clear()
             try:
                 result = function(*args, **kwargs)
             finally:
                 with self._lock:
                     self._running = False
+                    self._idle.set()
+        except TrainingStopped:
+            raise  # every rank stops at the same batch, and ends the program alike
         except BaseException as error:
-            self.stop()
-            if self.failures:
-                self._delivered = True
-                raise self.failures[0] from error
-            raise
+            raise self._failed(error) from error
         if self.failures:
             self._delivered = True
             raise self.failures[0]
         return result
 
-    def stop(self) -> None:
-        """Stop every rank (SIGTERM, then SIGKILL after the grace period)."""
-        stop(self.children, self.grace)
+    def _failed(self, error: BaseException) -> BaseException:
+        # What to raise when rank 0's work raised ``error``.
+        if not self.failures and lost_peer(str(error)):
+            # A reaction to another rank's failure that the watcher is still
+            # judging (a lost connection): wait for its verdict.
+            self._verdict.wait(self.grace)
+        with self._lock:
+            if self.failures:
+                self._delivered = True
+                return self.failures[0]
+            self._leader_failed = True
+        # Rank 0's own error. The others are told (those waiting in a checked
+        # collective raise it); those in a backend's collective wait on rank 0's
+        # open connections, so they are killed soon. After a timeout, they get the
+        # whole grace period: a rank that does not exit by itself then is stuck
+        # elsewhere (it stalled, and rank 0 timed out waiting for it).
+        waited = timeout_of(str(error))
+        tail = "".join(traceback.format_exception_only(type(error), error))
+        announce_failure(
+            self._address, self._port, self.num_processes, PeerFailedError(0, None, tail)
+        )
+        stalled = kill(self.children, self.grace if waited is not None else _SETTLE)
         self._watcher.join()
+        if stalled and waited is not None:
+            return PeerFailedError(min(stalled), -signal.SIGKILL, waited_by=[0], stalled_for=waited)
+        return error
 
     def finish(self) -> None:
         """At exit: wait for the ranks to end the program; report a failure not yet raised."""
         self._watcher.join()
+        self._forwarder.uninstall()
+        self._errors.cleanup()
         if self.failures and not self._delivered:
             sys.stderr.write(f"plait: {self.failures[0]}\n")
             sys.stderr.flush()
@@ -186,6 +286,24 @@ def _finish_job() -> None:
         _job.finish()
 
 
+_became_rank = False
+
+
+def become_rank() -> None:
+    """In a rank this launcher started: die with the launcher, and leave it any uncaught error.
+
+    Called when the rank's strategy joins its job (and by `launch` in the rank);
+    nothing happens in other processes, or a second time.
+    """
+    global _became_rank  # noqa: PLW0603 (once per process)
+    if _became_rank or os.environ.get(LAUNCHED_VARIABLE) != "1":
+        return
+    _became_rank = True
+    parent = os.environ.get(PARENT_VARIABLE)
+    die_with_parent(int(parent) if parent else None)
+    _report_errors()
+
+
 class SubprocessScriptLauncher:
     """Runs the user's program again for ranks 1 to n-1; this process is rank 0.
 
@@ -194,9 +312,15 @@ class SubprocessScriptLauncher:
     (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ...). The ranks started by the first
     launch live as long as the program: a later launch (the ``test`` after a
     ``fit``) runs with the same ranks, which reach it in their own copy of the
-    program. When a rank fails, every other one is stopped (SIGTERM, then SIGKILL
-    after a grace period) and rank 0 raises `PeerFailedError`; if rank 0 fails,
-    the other ranks are stopped too. At exit, rank 0 waits for the others to end.
+    program. When a rank fails, the others are told through the job's store, get a
+    grace period to exit, and are killed; rank 0 is interrupted (even in a sleep)
+    and raises `PeerFailedError` naming the root cause: the rank that failed first
+    for a reason of its own, or the rank that stalled while the others timed out
+    waiting for it. If rank 0 fails, its own error is raised and the other ranks
+    are stopped. At exit, rank 0 waits for the others to end the program. The
+    ranks write to this process's terminal directly, and die with it however it
+    ends; SIGTERM and SIGUSR1 sent to it are passed on to them, so that training
+    stops gracefully on every rank together.
 
     Args:
         num_processes: How many ranks the job has, this process included.
@@ -238,6 +362,7 @@ class SubprocessScriptLauncher:
         """
         global _job  # noqa: PLW0603 (one job per program: its ranks run the whole program)
         if os.environ.get(LAUNCHED_VARIABLE) == "1":
+            become_rank()
             return function(*args, **kwargs)
         payload = pickled_work(function, args, kwargs)
         if _job is not None and _job.alive:
@@ -261,6 +386,8 @@ class SubprocessScriptLauncher:
 
     def _start(self) -> _Job:
         port = self.main_port or free_port(self.main_address)
+        warn_if_oversubscribed(self.num_processes)
+        errors = tempfile.TemporaryDirectory(prefix="plait-ranks-")
 
         def variables(rank: int) -> dict[str, str]:
             return launch_variables(
@@ -273,14 +400,20 @@ class SubprocessScriptLauncher:
         children: list[Child] = []
         try:
             for rank in range(1, self.num_processes):
-                environment = {**os.environ, **variables(rank), LAUNCHED_VARIABLE: "1"}
-                popen = subprocess.Popen(
-                    _program(), env=environment, stderr=subprocess.PIPE, text=True
-                )
-                process = _Process(popen)
+                error_file = Path(errors.name, f"rank-{rank}.txt")
+                environment = {
+                    **os.environ,
+                    **variables(rank),
+                    LAUNCHED_VARIABLE: "1",
+                    ERROR_FILE_VARIABLE: str(error_file),
+                    PARENT_VARIABLE: str(os.getpid()),
+                }
+                popen = subprocess.Popen(_program(), env=environment)
+                process = _Process(popen, error_file)
                 children.append(Child(rank=rank, handle=process, traceback=process.traceback))
         except BaseException:
             stop(children, self.grace_period)
+            errors.cleanup()
             raise
         os.environ.update(variables(0))
         return _Job(
@@ -289,6 +422,7 @@ class SubprocessScriptLauncher:
             main_address=self.main_address,
             port=port,
             grace=self.grace_period,
+            errors=errors,
         )
 
     @override

@@ -9,7 +9,12 @@ from typing import TYPE_CHECKING, Final, Literal
 
 from typing_extensions import override
 
-from plait.core import ConfigurationError
+from plait.core import (
+    ConfigurationError,
+    SupportsCopyCheckpoint,
+    SupportsPartialCleanup,
+    rank_zero_warn,
+)
 from plait.core.errors import suggest
 from plait.trainer.callbacks.base import Callback
 from plait.trainer.checks import check_count
@@ -37,6 +42,12 @@ class ModelCheckpoint(Callback):
     with ``save_last``, a copy named ``last.ckpt`` that ``fit(ckpt_path="last")``
     resumes from. Decisions are taken on global rank 0 and shared, so every rank
     saves together even when the monitored value differs between ranks.
+
+    Each save is written once: where the checkpoint IO can (`SupportsCopyCheckpoint`),
+    ``last.ckpt`` is made from the epoch's file without serialising the state again.
+    The state the callback saves already counts the checkpoint it is saved in, so a
+    run resumed from any of them goes on keeping and removing the right files. When
+    a run starts, rank 0 removes what saves killed midway left in ``dirpath``.
 
     Args:
         dirpath: The directory (or fsspec URL) to save into.
@@ -134,6 +145,14 @@ class ModelCheckpoint(Callback):
     def setup(self, trainer: Trainer, module: Module, stage: str) -> None:
         if self.dirpath is None:
             self.dirpath = os.path.join(trainer.default_root_dir, "checkpoints")
+        checkpoint_io = trainer.strategy.checkpoint_io
+        if (
+            stage == "fit"
+            and trainer.is_global_zero
+            and isinstance(checkpoint_io, SupportsPartialCleanup)
+        ):
+            for path in checkpoint_io.remove_partial(self.dirpath):
+                rank_zero_warn(f"removed {path}, left by a save that was interrupted")
 
     def last_path(self) -> str:
         """Where ``last.ckpt`` is (or will be) written."""
@@ -205,15 +224,34 @@ class ModelCheckpoint(Callback):
         # sync it, and every rank must take part in the same saves.
         plan = self._plan(trainer) if trainer.is_global_zero else None
         keep, remove, score = trainer.strategy.broadcast(plan, src=0) or (None, [], None)
+        # The bookkeeping comes first: the state saved in these checkpoints must
+        # already count them, or a run resumed from one would remove files that
+        # are gone and keep files it no longer knows.
+        self._apply(keep, remove, score)
+        if self.save_last:
+            self.last_model_path = self.last_path()
+        checkpoint_io = trainer.strategy.checkpoint_io
         if keep is not None:
             trainer.save_checkpoint(keep)
         if self.save_last:
-            trainer.save_checkpoint(self.last_path())
-            self.last_model_path = self.last_path()
+            if keep is not None and isinstance(checkpoint_io, SupportsCopyCheckpoint):
+                if trainer.is_global_zero:
+                    checkpoint_io.copy_checkpoint(keep, self.last_path())
+            else:
+                trainer.save_checkpoint(self.last_path())
         if trainer.is_global_zero:
             for path in remove:
-                trainer.strategy.checkpoint_io.remove_checkpoint(path)
-        self._apply(keep, remove, score)
+                self._remove(trainer, path)
+
+    @staticmethod
+    def _remove(trainer: Trainer, path: str) -> None:
+        fs_path = path if "://" in path else os.path.abspath(path)
+        if "://" not in fs_path and not os.path.exists(fs_path):
+            # Removed by hand, or by a run that went on from an earlier checkpoint:
+            # nothing is lost, so training goes on.
+            rank_zero_warn(f"{path} was to be replaced by a better checkpoint, and is gone")
+            return
+        trainer.strategy.checkpoint_io.remove_checkpoint(path)
 
     def _plan(self, trainer: Trainer) -> tuple[str | None, list[str], float | None]:
         score = self._score(trainer)

@@ -1,0 +1,149 @@
+"""Graceful stops: a signal during fit makes every rank stop at the same batch and save.
+
+Pre-emption (SIGTERM from a scheduler, SIGUSR1 before a SLURM requeue) must not
+lose the work since the last checkpoint. While `Trainer.fit` runs, the stop signals
+only raise a flag. Every few training batches the ranks agree, in one small
+collective, whether any of them saw a signal; the interval is chosen so that the
+agreement costs a small fraction of the time of training (the ranks agree on it in
+the same collective, so they always call it together). When one did, every rank
+stops after the same batch, ``last.ckpt`` is written, and `fit` raises
+`TrainingStopped`.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import threading
+import time
+from collections.abc import Sequence
+from types import FrameType
+from typing import TYPE_CHECKING, Final, Literal
+
+import torch
+
+from plait.core import STOP_SIGNALS, ConfigurationError, TrainingStopped
+
+if TYPE_CHECKING:
+    from plait.core import Collectives
+
+__all__ = ["GracefulStop", "TrainingStopped", "parse_stop_signals"]
+
+_AGREEMENT_GAP: Final = 0.05
+"""Seconds of training between two agreements, at least (a few ms of collective each)."""
+_MAX_INTERVAL: Final = 1000
+_SLURM_VARIABLE: Final = "SLURM_JOB_ID"
+
+Handler = signal.Handlers | int | None | object
+
+
+def parse_stop_signals(
+    value: Literal["auto"] | Sequence[str | int] | object,
+) -> tuple[signal.Signals, ...]:
+    """The stop signals as given to the Trainer, resolved and checked.
+
+    ``"auto"`` is SIGTERM, and SIGUSR1 when the job runs under SLURM.
+
+    Raises:
+        ConfigurationError: A name or number that is not a stop signal plait handles.
+    """
+    if value == "auto":
+        found = [signal.SIGTERM]
+        if _SLURM_VARIABLE in os.environ:
+            found.append(signal.SIGUSR1)
+        return tuple(found)
+    choices = [s.name for s in STOP_SIGNALS]
+    if isinstance(value, str | int) or not isinstance(value, Sequence):
+        raise ConfigurationError(
+            f"stop_signals={value!r} must be 'auto' or a list of signals",
+            value=value,
+            choices=choices,
+            fix="pass e.g. stop_signals=['SIGTERM', 'SIGUSR1'], or () for none",
+        )
+    resolved: list[signal.Signals] = []
+    for item in value:
+        try:
+            if isinstance(item, bool):
+                raise ValueError(item)
+            if isinstance(item, str):
+                name = item.upper() if item.upper().startswith("SIG") else f"SIG{item.upper()}"
+                signum = signal.Signals[name]
+            else:
+                signum = signal.Signals(item)
+        except (KeyError, ValueError, TypeError):
+            raise ConfigurationError.invalid_choice("stop signal", item, choices) from None
+        if signum not in STOP_SIGNALS:
+            raise ConfigurationError.invalid_choice(
+                "stop signal",
+                item,
+                choices,
+                fix=f"{signum.name} cannot be caught or means something else to the process",
+            )
+        resolved.append(signum)
+    return tuple(dict.fromkeys(resolved))
+
+
+class GracefulStop:
+    """Catches the stop signals while training runs, and tells when to stop.
+
+    Used as a context manager around the training loop: the previous handlers come
+    back on exit. A handler installed before (a launcher's, which passes the signal
+    on to the ranks it started) is still called. Signals can only be caught in the
+    main thread; elsewhere nothing is installed and no signal stops training.
+    """
+
+    def __init__(self, signals: Sequence[signal.Signals]) -> None:
+        self.signals = tuple(signals)
+        self.received: signal.Signals | None = None
+        self._previous: dict[signal.Signals, Handler] = {}
+        self._countdown = 1
+        self._since = time.monotonic()
+        self._batches = 0
+
+    def __enter__(self) -> GracefulStop:
+        if threading.current_thread() is not threading.main_thread():
+            return self
+        for signum in self.signals:
+            self._previous[signum] = signal.signal(signum, self._handle)
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)  # type: ignore[arg-type]
+        self._previous.clear()
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        if self.received is None:
+            self.received = signal.Signals(signum)
+        previous = self._previous.get(signal.Signals(signum))
+        if callable(previous):
+            previous(signum, frame)  # a launcher passing the signal on to its ranks
+
+    def after_batch(self, collectives: Collectives, world_size: int) -> signal.Signals | None:
+        """Call after every training batch on every rank: the signal to stop on, if any.
+
+        With several ranks, the ranks agree every few batches (the same batches on
+        every rank): any rank's signal stops them all, at that batch.
+        """
+        if world_size == 1:
+            return self.received
+        self._batches += 1
+        self._countdown -= 1
+        if self._countdown > 0:
+            return None
+        elapsed = time.monotonic() - self._since
+        per_batch = elapsed / self._batches
+        proposal = _MAX_INTERVAL if per_batch <= 0 else math.ceil(_AGREEMENT_GAP / per_batch)
+        vote = torch.tensor(
+            [self.received.value if self.received else 0, min(max(proposal, 1), _MAX_INTERVAL)],
+            dtype=torch.int64,
+        )
+        agreed = collectives.reduce(vote, "max").tolist()
+        self._countdown = int(agreed[1])
+        self._since, self._batches = time.monotonic(), 0
+        if agreed[0]:
+            if self.received is None:
+                self.received = signal.Signals(int(agreed[0]))
+            return signal.Signals(int(agreed[0]))
+        return None

@@ -1,0 +1,153 @@
+"""A user's training script, for fault injection (run by the reliability tests).
+
+    python fit_script.py STRATEGY DEVICES [key=value ...]
+
+Trains a small MLP on random data with ``Trainer(strategy=STRATEGY, devices=DEVICES,
+accelerator="cpu", **settings)``. Settings are Python literals (``max_epochs=2``,
+``ckpt_path='last'``); ``ckpt_path`` goes to ``fit``. The environment injects faults:
+
+- ``FAIL_RANK`` / ``FAIL_STEP``: that rank raises in ``training_step`` at that global
+  step (``FAIL_ONCE=path``: only while ``path`` does not exist; it is created first).
+- ``STALL_RANK`` / ``STALL_STEP``: that rank sleeps ``STALL_SECONDS`` there instead.
+- ``SIGNAL_STEP``: at that step, rank 0 sends ``SIGNAL`` (default SIGTERM) to
+  itself, or to its parent with ``SIGNAL_TO=parent`` (the ddp_spawn launcher).
+- ``LOG_NAMES``: ``rank:name,rank:name``: the synced metric each rank logs.
+- ``WIDTH``: the hidden width (a large one makes large checkpoints).
+- ``TIMEOUT``: the strategy's collective timeout, in seconds.
+
+Rank 0 writes ``result.json`` (losses by step, final step and epoch) into
+``default_root_dir``; every rank writes ``seen-RANK.json`` with what it saw.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import signal
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+from typing_extensions import override
+
+from plait.core import Strategy, StrategyRegistry, seed_everything
+from plait.trainer import Callback, Module, Trainer
+
+
+def _env_int(name: str) -> int | None:
+    value = os.environ.get(name)
+    return int(value) if value else None
+
+
+class Tiny(Module):
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.net = torch.nn.Sequential(
+            torch.nn.Linear(8, width), torch.nn.ReLU(), torch.nn.Linear(width, 1)
+        )
+        self.losses: dict[int, float] = {}
+
+    @override
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.net(x)
+        return out
+
+    def _inject(self) -> None:
+        rank, step = self.trainer.global_rank, self.trainer.global_step
+        if _env_int("FAIL_RANK") == rank and _env_int("FAIL_STEP") == step:
+            marker = os.environ.get("FAIL_ONCE")
+            if marker is None or not os.path.exists(marker):
+                if marker is not None:
+                    Path(marker).touch()
+                raise RuntimeError(f"injected failure on rank {rank} at step {step}")
+        if _env_int("STALL_RANK") == rank and _env_int("STALL_STEP") == step:
+            time.sleep(float(os.environ.get("STALL_SECONDS", "600")))
+        if rank == 0 and _env_int("SIGNAL_STEP") == step:
+            signum = signal.Signals[os.environ.get("SIGNAL", "SIGTERM")]
+            target = os.getppid() if os.environ.get("SIGNAL_TO") == "parent" else os.getpid()
+            os.kill(target, signum)
+
+    @override
+    def training_step(self, batch: object, batch_idx: int) -> torch.Tensor:
+        self._inject()
+        assert isinstance(batch, list)
+        x, y = batch
+        loss = torch.nn.functional.mse_loss(self(x), y)
+        self.log("loss", loss)
+        self.losses[self.trainer.global_step] = float(loss.detach())
+        names = os.environ.get("LOG_NAMES")
+        if names:
+            for entry in names.split(","):
+                rank, name = entry.split(":")
+                if int(rank) == self.trainer.global_rank:
+                    self.log(name, loss, sync_dist=True)
+        return loss
+
+    @override
+    def configure_optimizers(self) -> object:
+        return torch.optim.SGD(self.parameters(), lr=0.05)
+
+
+class Seen(Callback):
+    """Writes what this rank saw: every loss, and where the run ended."""
+
+    def __init__(self, root: str) -> None:
+        self.root = root
+
+    def _write(self, trainer: Trainer, module: Module) -> None:
+        assert isinstance(module, Tiny)
+        path = Path(self.root, f"seen-{trainer.global_rank}.json")
+        seen = json.loads(path.read_text()) if path.exists() else {}
+        seen.setdefault("losses", {}).update({str(k): v for k, v in module.losses.items()})
+        seen.update(global_step=trainer.global_step, epoch=trainer.current_epoch)
+        path.write_text(json.dumps(seen))
+
+    @override
+    def on_train_epoch_end(self, trainer: Trainer, module: Module) -> None:
+        self._write(trainer, module)
+
+    @override
+    def on_exception(self, trainer: Trainer, module: Module, exception: BaseException) -> None:
+        self._write(trainer, module)
+
+
+def main() -> None:
+    strategy, devices, *rest = sys.argv[1:]
+    settings: dict[str, object] = {}
+    for item in rest:
+        key, _, value = item.partition("=")
+        settings[key] = ast.literal_eval(value)
+    ckpt_path = settings.pop("ckpt_path", None)
+    root = str(settings.pop("default_root_dir", os.getcwd()))
+    seed_everything(0)
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(64, 8, generator=generator)
+    y = x.sum(dim=1, keepdim=True)
+    loader = DataLoader(TensorDataset(x, y), batch_size=4, shuffle=True)
+    chosen: Strategy | str = strategy
+    timeout = os.environ.get("TIMEOUT")
+    if timeout:
+        chosen = StrategyRegistry.get(strategy, timeout=timedelta(seconds=float(timeout)))
+    trainer = Trainer(
+        strategy=chosen,
+        devices=int(devices),
+        accelerator="cpu",
+        default_root_dir=root,
+        enable_progress_bar=False,
+        logger=False,
+        callbacks=[Seen(root)],
+        **settings,  # type: ignore[arg-type]
+    )
+    model = Tiny(_env_int("WIDTH") or 16)
+    trainer.fit(model, loader, ckpt_path=ckpt_path)  # type: ignore[arg-type]
+    if trainer.is_global_zero:
+        result = {"global_step": trainer.global_step, "epoch": trainer.current_epoch}
+        Path(root, "result.json").write_text(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
