@@ -8,12 +8,15 @@ accelerator="cpu", **settings)``. Settings are Python literals (``max_epochs=2``
 
 - ``FAIL_RANK`` / ``FAIL_STEP``: that rank raises in ``training_step`` at that global
   step (``FAIL_ONCE=path``: only while ``path`` does not exist; it is created first).
-- ``STALL_RANK`` / ``STALL_STEP``: that rank sleeps ``STALL_SECONDS`` there instead.
+- ``STALL_RANK`` / ``STALL_STEP``: that rank sleeps ``STALL_SECONDS`` there instead
+  (after writing ``stalling-RANK`` into the root directory).
 - ``SIGNAL_STEP``: at that step, rank 0 sends ``SIGNAL`` (default SIGTERM) to
   itself, or to its parent with ``SIGNAL_TO=parent`` (the ddp_spawn launcher).
 - ``LOG_NAMES``: ``rank:name,rank:name``: the synced metric each rank logs.
 - ``WIDTH``: the hidden width (a large one makes large checkpoints).
 - ``TIMEOUT``: the strategy's collective timeout, in seconds.
+- ``SLOW_SAVE``: every checkpoint save takes this many seconds more (slow storage);
+  ``saving`` is written into the root directory when one starts.
 
 Rank 0 writes ``result.json`` (losses by step, final step and epoch) into
 ``default_root_dir``; every rank writes ``seen-RANK.json`` with what it saw.
@@ -27,15 +30,21 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Mapping
 from datetime import timedelta
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 from typing_extensions import override
 
+from plait.checkpoint_io import TorchCheckpointIO
 from plait.core import Strategy, StrategyRegistry, seed_everything
 from plait.trainer import Callback, Module, Trainer
+
+if TYPE_CHECKING:
+    from plait.core.typing import PathLike
 
 
 def _env_int(name: str) -> int | None:
@@ -65,6 +74,9 @@ class Tiny(Module):
                     Path(marker).touch()
                 raise RuntimeError(f"injected failure on rank {rank} at step {step}")
         if _env_int("STALL_RANK") == rank and _env_int("STALL_STEP") == step:
+            sys.stderr.write(f"rank {rank} stalls at step {step}\n")
+            sys.stderr.flush()
+            Path(self.trainer.default_root_dir, f"stalling-{rank}").touch()
             time.sleep(float(os.environ.get("STALL_SECONDS", "600")))
         if rank == 0 and _env_int("SIGNAL_STEP") == step:
             signum = signal.Signals[os.environ.get("SIGNAL", "SIGTERM")]
@@ -90,6 +102,21 @@ class Tiny(Module):
     @override
     def configure_optimizers(self) -> object:
         return torch.optim.SGD(self.parameters(), lr=0.05)
+
+
+class SlowCheckpointIO(TorchCheckpointIO):
+    """Storage that takes a while to write: each save first waits ``delay`` seconds."""
+
+    def __init__(self, delay: float, root: str) -> None:
+        super().__init__()
+        self.delay = delay
+        self.root = root
+
+    @override
+    def save_checkpoint(self, checkpoint: Mapping[str, object], path: PathLike) -> None:
+        Path(self.root, "saving").touch()
+        time.sleep(self.delay)
+        super().save_checkpoint(checkpoint, path)
 
 
 class Seen(Callback):
@@ -132,6 +159,9 @@ def main() -> None:
     timeout = os.environ.get("TIMEOUT")
     if timeout:
         chosen = StrategyRegistry.get(strategy, timeout=timedelta(seconds=float(timeout)))
+    slow = os.environ.get("SLOW_SAVE")
+    if slow:
+        settings["plugins"] = [SlowCheckpointIO(float(slow), root)]
     trainer = Trainer(
         strategy=chosen,
         devices=int(devices),

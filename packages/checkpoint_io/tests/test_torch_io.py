@@ -146,7 +146,7 @@ def test_a_missing_file_is_named(tmp_path: Path) -> None:
 
 
 def test_a_directory_is_not_a_checkpoint_file(tmp_path: Path) -> None:
-    with pytest.raises(CheckpointError, match="is not a file"):
+    with pytest.raises(CheckpointError, match="is a directory, not a checkpoint file"):
         TorchCheckpointIO().load_checkpoint(tmp_path)
 
 

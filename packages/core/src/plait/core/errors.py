@@ -36,6 +36,23 @@ _EXCEPTION_LINE: Final = re.compile(
 )
 
 
+def _edits(a: str, b: str) -> int:
+    """The typing mistakes between ``a`` and ``b`` (optimal string alignment distance).
+
+    Insertions, deletions, substitutions and swaps of neighbours count one each.
+    """
+    previous2: list[int] = []
+    previous = list(range(len(b) + 1))
+    for i, left in enumerate(a, start=1):
+        current = [i] + [0] * len(b)
+        for j, right in enumerate(b, start=1):
+            current[j] = min(previous[j] + 1, current[j - 1] + 1, previous[j - 1] + (left != right))
+            if i > 1 and j > 1 and left == b[j - 2] and a[i - 2] == right:
+                current[j] = min(current[j], previous2[j - 2] + 1)
+        previous2, previous = previous, current
+    return previous[-1]
+
+
 def suggest(value: object, choices: Iterable[str]) -> str | None:
     """Return the choice closest to ``value``, or ``None`` when nothing is close.
 
@@ -44,16 +61,29 @@ def suggest(value: object, choices: Iterable[str]) -> str | None:
         choices: The valid spellings.
 
     Returns:
-        The best match by `difflib.get_close_matches`, compared
-        case-insensitively, in the spelling of ``choices``.
+        Among the choices `difflib.get_close_matches` finds close (compared
+        case-insensitively), the one fewest typing mistakes away, then the one of the
+        same length (``"dpp"`` is ``"ddp"`` mistyped rather than ``"dp"``), in the
+        spelling of ``choices``.
     """
     if not isinstance(value, str):
         return None
     import difflib  # noqa: PLC0415 (only a mistake needs it; keep importing plait.core fast)
 
+    typed = value.strip().lower()
     by_lower = {choice.lower(): choice for choice in choices}
-    matches = difflib.get_close_matches(value.strip().lower(), list(by_lower), n=1, cutoff=0.6)
-    return by_lower[matches[0]] if matches else None
+    matches = difflib.get_close_matches(typed, list(by_lower), n=5, cutoff=0.6)
+    if not matches:
+        return None
+    best = min(
+        matches,
+        key=lambda match: (
+            _edits(typed, match),
+            abs(len(match) - len(typed)),
+            -difflib.SequenceMatcher(None, typed, match).ratio(),
+        ),
+    )
+    return by_lower[best]
 
 
 def _restore(
@@ -310,7 +340,7 @@ class PeerFailedError(CollectiveError):
             message = (
                 f"rank {rank} stalled: {waiters} timed out after {stalled_for:g} s waiting "
                 "for it in a collective, and it "
-"did not stop by itself; it was stopped"
+                "did not stop by itself; it was stopped"
             )
             if exit_code is not None:
                 message += f" ({self.describe_exit(exit_code)})"

@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Final
 
 from plait.core import (
     AcceleratorRegistry,
     CheckpointError,
+    CollectiveError,
     ConfigurationError,
     MissingDependencyError,
     PeerFailedError,
@@ -35,6 +37,30 @@ __all__ = ["build_parser", "main"]
 
 _LOGGERS: Final = ("csv", "tensorboard", "none")
 _LISTS: Final = ("strategies", "accelerators", "precisions", "examples")
+
+
+def _at_least(minimum: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"{value} is below {minimum}; pass at least {minimum}")
+        return value
+
+    parse.__name__ = f"int >= {minimum}"
+    return parse
+
+
+def _positive(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"{text} must be a finite number above 0, e.g. 0.01")
+    return value
 
 
 def _devices(text: str) -> DeviceSpec:
@@ -67,7 +93,7 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
     )
     parts.add_argument(
         "--num-nodes",
-        type=int,
+        type=_at_least(1),
         default=1,
         help="machines in the job, started by torchrun or a scheduler (default: 1)",
     )
@@ -96,7 +122,10 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
         help="seeds every random generator on every rank (default: 0)",
     )
     parser.add_argument(
-        "--batch-size", type=int, default=64, help="examples per batch on each rank (default: 64)"
+        "--batch-size",
+        type=_at_least(1),
+        default=64,
+        help="examples per batch on each rank (default: 64)",
     )
 
 
@@ -118,25 +147,25 @@ def build_parser() -> argparse.ArgumentParser:
     _add_run_options(fit)
     training = fit.add_argument_group("training")
     training.add_argument(
-        "--max-epochs", type=int, default=10, help="epochs to train (default: 10)"
+        "--max-epochs", type=_at_least(1), default=10, help="epochs to train (default: 10)"
     )
     training.add_argument(
         "--max-steps",
-        type=int,
+        type=_at_least(-1),
         default=-1,
         help="stop after this many optimizer steps (default: no limit)",
     )
     training.add_argument(
-        "--lr", type=float, default=None, help="the learning rate (default: the example's)"
+        "--lr", type=_positive, default=None, help="the learning rate (default: the example's)"
     )
     training.add_argument(
         "--accumulate-grad-batches",
-        type=int,
+        type=_at_least(1),
         default=1,
         help="batches per optimizer step (default: 1)",
     )
     training.add_argument(
-        "--gradient-clip-val", type=float, default=None, help="clip gradients to this norm"
+        "--gradient-clip-val", type=_positive, default=None, help="clip gradients to this norm"
     )
     validate = commands.add_parser(
         "validate", help="evaluate an example (from a checkpoint) on its validation data",
@@ -235,6 +264,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except PeerFailedError as error:
         _say(f"plait: a rank failed: {error}", error=True)
+        return 1
+    except CollectiveError as error:
+        _say(f"plait: error: {error}", error=True)
         return 1
     return 0
 

@@ -30,7 +30,13 @@ from plait.trainer.data import length, limit_batches, prepare_loader, sampler_se
 from plait.trainer.metrics import Metrics, Number
 from plait.trainer.module import overrides
 from plait.trainer.optim import parse_optimizers
-from plait.trainer.state import preserved_rng, rng_state, set_rng_state, to_device
+from plait.trainer.state import (
+    load_module_state,
+    preserved_rng,
+    rng_state,
+    set_rng_state,
+    to_device,
+)
 from plait.trainer.stopping import GracefulStop
 
 if TYPE_CHECKING:
@@ -176,6 +182,7 @@ class Loops(abc.ABC):
     _epoch_done: bool
     _sampler_seed: int
     _graceful: GracefulStop | None = None
+    _step_sync: bool = False
     _stopping: signal.Signals | None = None
 
     @property
@@ -263,7 +270,7 @@ class Loops(abc.ABC):
             module.on_load_checkpoint(checkpoint)
             for callback in self.callbacks:
                 callback.on_load_checkpoint(self.me, module, checkpoint)
-            module.load_state_dict(checkpoint["state_dict"])
+            load_module_state(module, checkpoint["state_dict"], run.ckpt_path)
         self._steps = Steps(module)
         self._wrapped = self.strategy.setup_module(self._steps)
         if stage == "fit":
@@ -449,6 +456,14 @@ class Loops(abc.ABC):
         if stepping:
             self._optimizer_step(wrapped, module)
         self._batches_done = batch_idx + 1
+        # Agreed at each epoch's first batch, then at every batch while any rank
+        # syncs step values: a metric synced on one rank only fails at once.
+        self._step_sync = metrics.sync_step(
+            strategy,
+            strategy.global_rank,
+            strategy.world_size,
+            required=self._step_sync or batch_idx == 0,
+        )
         self._publish_step(metrics, stepping=stepping)
         for callback in self.callbacks:
             callback.on_train_batch_end(self.me, module, output, on_device, batch_idx)
@@ -582,7 +597,8 @@ class Loops(abc.ABC):
             self.log_to_loggers(to_log)
 
     def _publish_epoch(self, metrics: Metrics, *, training: bool) -> dict[str, Number]:
-        values = metrics.fold(self.strategy)
+        strategy = self.strategy
+        values = metrics.fold(strategy, strategy.global_rank, strategy.world_size)
         options = metrics.epoch_options()
         to_log: dict[str, Number] = {}
         for name, value in values.items():

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+import hashlib
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Final
 
 import attrs
 import torch
 
-from plait.core import ConfigurationError
+from plait.core import CollectiveCall, CollectiveMismatchError, ConfigurationError
 
 if TYPE_CHECKING:
     from plait.core import Collectives
@@ -21,6 +22,36 @@ Number = float | int
 """A logged value once recorded: a Python number."""
 
 _EPOCH_OPS: Final[dict[str, str]] = {"max": "max", "min": "min"}
+_FINGERPRINT_BYTES: Final = 6  # exact in an int64, and in a float64
+
+
+def _fingerprint(names: Sequence[str]) -> int:
+    digest = hashlib.blake2b("\0".join(names).encode(), digest_size=_FINGERPRINT_BYTES).digest()
+    return int.from_bytes(digest, "big")
+
+
+def agree_on_names(
+    names: Sequence[str], what: str, collectives: Collectives, rank: int, world_size: int
+) -> None:
+    """Check that every rank syncs the same metrics (one small collective).
+
+    Raises:
+        CollectiveMismatchError: The ranks' names differ; it names each rank's, on
+            every rank, at once (instead of merging unrelated values, or waiting
+            for a rank that logs nothing).
+    """
+    if world_size == 1:
+        return
+    mine = torch.tensor([_fingerprint(names), len(names)], dtype=torch.int64)
+    rows = collectives.all_gather(mine)
+    if bool((rows == rows[0]).all()):
+        return
+    # The error path only: every rank learns every rank's names.
+    calls = {}
+    for source in range(world_size):
+        theirs = collectives.broadcast(list(names) if source == rank else None, src=source)
+        calls[source] = CollectiveCall(what, {"names": ", ".join(theirs or []) or "(none)"})
+    raise CollectiveMismatchError(calls)
 
 
 def to_number(name: str, value: object) -> Number:
@@ -99,6 +130,7 @@ class Metrics:
         self._epoch: dict[str, _Accumulator] = {}
         self.step_values: dict[str, Number] = {}
         self.options: dict[str, MetricOptions] = {}
+        self._pending: dict[str, tuple[Number, float]] = {}  # step values to sync
 
     def record(
         self,
@@ -165,9 +197,12 @@ class Metrics:
             )
         self.options[name] = options
         number = to_number(name, value)
+        if options.on_step and sync_dist:
+            # Synced at the end of the step, all together, once the ranks agree on
+            # the names (see `sync_step`).
+            self._pending[name] = (number, float(batch_size) if reduce_fx == "mean" else 1.0)
+            return
         if options.on_step:
-            if sync_dist:
-                number = collectives.reduce(number, reduce_fx)
             self.step_values[name] = number
         if options.on_epoch:
             accumulator = self._epoch.setdefault(name, _Accumulator(options))
@@ -176,14 +211,84 @@ class Metrics:
     def start_step(self) -> None:
         """Forget the previous step's values."""
         self.step_values = {}
+        self._pending = {}
 
-    def fold(self, collectives: Collectives) -> dict[str, Number]:
+    def sync_step(
+        self, collectives: Collectives, rank: int, world_size: int, *, required: bool
+    ) -> bool:
+        """Fold this step's synced values over ranks; every rank calls it after each step.
+
+        A rank with nothing to sync takes part only when ``required`` (the first
+        step of an epoch, or every step once any rank syncs step values): then a
+        metric synced on some ranks only is an error at once, not a wait.
+
+        Returns:
+            Whether any rank synced step values.
+
+        Raises:
+            CollectiveMismatchError: The ranks sync different metric names.
+        """
+        pending, self._pending = self._pending, {}
+        names = sorted(f"{name}:{self.options[name].reduce_fx}" for name in pending)
+        if world_size > 1 and (pending or required):
+            agree_on_names(
+                names, "self.log(on_step, sync_dist=True)", collectives, rank, world_size
+            )
+        if not pending:
+            return False
+        ordered = sorted(pending)
+        if world_size == 1:
+            synced = {name: pending[name][0] for name in ordered}
+        else:
+            values = torch.tensor([float(pending[n][0]) for n in ordered], dtype=torch.float64)
+            rows = collectives.all_gather(values)
+            synced = {}
+            for index, name in enumerate(ordered):
+                column = rows[:, index]
+                fx = self.options[name].reduce_fx
+                if fx == "mean":
+                    folded = column.mean()
+                elif fx == "sum":
+                    folded = column.sum()
+                elif fx == "max":
+                    folded = column.max()
+                else:
+                    folded = column.min()
+                result = float(folded)
+                whole = isinstance(pending[name][0], int) and fx != "mean"
+                synced[name] = int(result) if whole and abs(result) < 2**53 else result
+        for name in ordered:
+            options = self.options[name]
+            self.step_values[name] = synced[name]
+            if options.on_epoch:
+                accumulator = self._epoch.setdefault(name, _Accumulator(options))
+                accumulator.add(synced[name], pending[name][1])
+        return True
+
+    def fold(
+        self, collectives: Collectives, rank: int = 0, world_size: int = 1
+    ) -> dict[str, Number]:
         """The epoch value of every metric, folded over ranks for those that sync.
 
-        Every rank must call it at the same point: synced metrics take one
-        collective for all means and sums, and one per max or min.
+        Every rank must call it at the same point: the ranks first agree on the
+        names they sync; then synced metrics take one collective for all means and
+        sums, and one per max or min.
+
+        Raises:
+            CollectiveMismatchError: The ranks sync different metric names.
         """
         names = sorted(self._epoch)
+        agree_on_names(
+            [
+                f"{n}:{self._epoch[n].options.reduce_fx}"
+                for n in names
+                if self._epoch[n].options.sync_dist
+            ],
+            "self.log(on_epoch, sync_dist=True)",
+            collectives,
+            rank,
+            world_size,
+        )
         values: dict[str, Number] = {}
         synced_sums = [n for n in names if self._epoch[n].options.reduce_fx in ("mean", "sum")]
         local = [n for n in synced_sums if not self._epoch[n].options.sync_dist]

@@ -674,6 +674,7 @@ class Trainer(Loops):
             _current_batch=None,
             _steps=None,
             _wrapped=None,
+            _graceful=None,
             optimizers=[],
             lr_schedulers=[],
         )

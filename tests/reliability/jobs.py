@@ -1,0 +1,201 @@
+"""Running a user's training job in new processes, and checking what it left behind.
+
+Every job runs in a session of its own, bounded by a timeout; afterwards no process
+of it may remain, whether in its session or (torchrun's workers have sessions of
+their own) anywhere with the job's directory on its command line.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+
+import attrs
+
+SCRIPT = Path(__file__).resolve().parent / "fit_script.py"
+LAUNCH_TIMEOUT = 150.0
+"""No job of these tests may take longer, whatever it does: a hang fails, it never blocks."""
+
+
+@attrs.frozen
+class Finished:
+    """How a job ended, as its user saw it."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+    seconds: float
+    root: Path
+
+    @property
+    def headline(self) -> str:
+        """The last error line of the output: the error the user reads first."""
+        lines = [line for line in self.stderr.splitlines() if line.strip()]
+        for line in reversed(lines):
+            text = line.split("]: ", 1)[-1] if line.startswith("[rank") else line
+            if text.startswith(("plait.core.errors.", "plait:", "RuntimeError", "plait.")):
+                return text
+        return lines[-1] if lines else ""
+
+    def result(self) -> dict[str, object]:
+        """What rank 0 wrote at the end of a finished fit (empty if it did not finish)."""
+        path = self.root / "result.json"
+        return json.loads(path.read_text()) if path.exists() else {}
+
+    def seen(self, rank: int = 0) -> dict[str, object]:
+        """What ``rank`` saw: its losses by step, and where it stopped."""
+        path = self.root / f"seen-{rank}.json"
+        return json.loads(path.read_text()) if path.exists() else {}
+
+    def checkpoints(self) -> list[str]:
+        """Every file in the checkpoint directory, hidden ones too, sorted."""
+        folder = self.root / "checkpoints"
+        return sorted(p.name for p in folder.iterdir()) if folder.exists() else []
+
+
+def fit_command(strategy: str, devices: int, root: Path, *settings: str) -> list[str]:
+    """The command line of the user's script."""
+    return [
+        sys.executable,
+        "-W",
+        "ignore::UserWarning",
+        str(SCRIPT),
+        strategy,
+        str(devices),
+        f"default_root_dir={str(root)!r}",
+        *settings,
+    ]
+
+
+def torchrun_command(root: Path, *settings: str, restarts: int = 0) -> list[str]:
+    """The user's script under torchrun, two processes on this machine."""
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node=2",
+        f"--max-restarts={restarts}",
+        "--monitor-interval=0.1",
+        *fit_command("ddp", 2, root, *settings)[1:],
+    ]
+
+
+def processes_mentioning(marker: str) -> list[int]:
+    """Live processes (not zombies) whose command line contains ``marker``."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            command = Path("/proc", entry, "cmdline").read_bytes().decode(errors="replace")
+            state = Path("/proc", entry, "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if marker in command and state != "Z":
+            found.append(int(entry))
+    return found
+
+
+def processes_in_session(session: int) -> list[int]:
+    """Live processes of the session ``session``."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            fields = Path("/proc", entry, "stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[3]) == session and fields[0] != "Z":
+            found.append(int(entry))
+    return found
+
+
+def wait_for(predicate: Callable[[], bool], timeout: float, what: str) -> None:
+    """Wait until ``predicate()`` holds (checked every few ms), or fail naming ``what``."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+        time.sleep(0.02)
+
+
+def _kill_everything(session: int, marker: str) -> None:
+    for pid in {*processes_in_session(session), *processes_mentioning(marker)}:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+class Job:
+    """A job started in a session of its own, with its output captured."""
+
+    def __init__(
+        self, command: Sequence[str], root: Path, environment: Mapping[str, str] | None = None
+    ) -> None:
+        self.root = root
+        self.started = time.monotonic()
+        env = {**os.environ, **(environment or {})}
+        env.pop("PLAIT_LAUNCHED", None)
+        self.process = subprocess.Popen(
+            list(command),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+            cwd=root,
+            start_new_session=True,
+        )
+
+    def signal(self, signum: int) -> None:
+        """Send ``signum`` to the job's first process (the launcher, or rank 0)."""
+        self.process.send_signal(signum)
+
+    def finish(self, timeout: float = LAUNCH_TIMEOUT) -> Finished:
+        """Wait for the job, then check that none of its processes is left.
+
+        Raises:
+            AssertionError: It outlived ``timeout`` (it is killed) or left a process.
+        """
+        try:
+            stdout, stderr = self.process.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            _kill_everything(self.process.pid, str(self.root))
+            stdout, stderr = self.process.communicate()
+            raise AssertionError(
+                f"the job did not end within {timeout:g} s:\n{stderr[-4000:]}"
+            ) from None
+        seconds = time.monotonic() - self.started
+        session = self.process.pid  # the session's leader: its id is the session's
+        try:
+            wait_for(
+                lambda: (
+                    not processes_in_session(session) and not processes_mentioning(str(self.root))
+                ),
+                10,
+                "the job's processes to exit",
+            )
+        except AssertionError:
+            left = sorted({*processes_in_session(session), *processes_mentioning(str(self.root))})
+            _kill_everything(session, str(self.root))
+            raise AssertionError(
+                f"the job left processes behind: {left}\n{stderr[-4000:]}"
+            ) from None
+        return Finished(self.process.returncode, stdout, stderr, seconds, self.root)
+
+
+def run(
+    command: Sequence[str],
+    root: Path,
+    environment: Mapping[str, str] | None = None,
+    timeout: float = LAUNCH_TIMEOUT,
+) -> Finished:
+    """Run a job to its end (see `Job.finish`)."""
+    return Job(command, root, environment).finish(timeout)

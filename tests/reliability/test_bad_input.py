@@ -1,0 +1,371 @@
+"""Bad input at every public entry point: a clear error at once, naming the value and a fix.
+
+One table: the Trainer's arguments, strategy and launcher constructors, registry
+calls, collectives, callbacks, checkpoint IO and the command line. Each row says
+what is called, the error it must raise, and words its message must hold (the bad
+value, and what to write instead).
+"""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Callable
+from datetime import timedelta
+from pathlib import Path
+
+import attrs
+import pytest
+import torch
+
+from plait.checkpoint_io import TorchCheckpointIO
+from plait.core import CheckpointError, ConfigurationError, StrategyRegistry
+from plait.strategies import DDPStrategy, SingleDeviceStrategy
+from plait.strategies.collectives import LocalCollectives
+from plait.strategies.launchers import MultiprocessingLauncher, SubprocessScriptLauncher
+from plait.trainer import EarlyStopping, ModelCheckpoint, Trainer
+from plait.trainer.cli import main as cli
+
+
+@attrs.frozen
+class Case:
+    """One bad input: what is called, the error expected, and words its message holds."""
+
+    name: str
+    call: Callable[[], object]
+    error: type[BaseException] | tuple[type[BaseException], ...]
+    says: tuple[str, ...]
+
+
+def _trainer(**settings: object) -> Callable[[], object]:
+    return lambda: Trainer(accelerator="cpu", logger=False, **settings)  # type: ignore[arg-type]
+
+
+def _cli(*argv: str) -> Callable[[], object]:
+    return lambda: cli(["fit", "--example", "digits", *argv])
+
+
+CASES = [
+    # The Trainer's arguments.
+    Case("max_epochs=0", _trainer(max_epochs=0), ConfigurationError, ("max_epochs=0", "fix:")),
+    Case("max_steps=-2", _trainer(max_steps=-2), ConfigurationError, ("max_steps=-2", "fix:")),
+    Case("max_epochs='10'", _trainer(max_epochs="10"), ConfigurationError, ("'10'", "fix:")),
+    Case(
+        "limit_train_batches=-1",
+        _trainer(limit_train_batches=-1),
+        ConfigurationError,
+        ("limit_train_batches", "-1"),
+    ),
+    Case(
+        "limit_val_batches=1.5",
+        _trainer(limit_val_batches=1.5),
+        ConfigurationError,
+        ("limit_val_batches", "1.5"),
+    ),
+    Case("val_check_interval=0", _trainer(val_check_interval=0), ConfigurationError, ("fix:",)),
+    Case(
+        "log_every_n_steps=0",
+        _trainer(log_every_n_steps=0),
+        ConfigurationError,
+        ("log_every_n_steps=0", "fix:"),
+    ),
+    Case(
+        "accumulate_grad_batches=0",
+        _trainer(accumulate_grad_batches=0),
+        ConfigurationError,
+        ("accumulate_grad_batches=0", "fix:"),
+    ),
+    Case(
+        "check_val_every_n_epoch=0",
+        _trainer(check_val_every_n_epoch=0),
+        ConfigurationError,
+        ("check_val_every_n_epoch=0", "fix:"),
+    ),
+    Case(
+        "gradient_clip_val=-1",
+        _trainer(gradient_clip_val=-1),
+        ConfigurationError,
+        ("gradient_clip_val=-1", "fix:"),
+    ),
+    Case(
+        "gradient_clip_algorithm='l3'",
+        _trainer(gradient_clip_algorithm="l3"),
+        ConfigurationError,
+        ("'l3'", "'norm'", "'value'"),
+    ),
+    Case("strategy='dpp'", _trainer(strategy="dpp"), ConfigurationError, ("'dpp'", "'ddp'?")),
+    Case(
+        "accelerator='cpuu'",
+        lambda: Trainer(accelerator="cpuu"),
+        ConfigurationError,
+        ("'cpuu'", "'cpu'?"),
+    ),
+    Case("precision='17'", _trainer(precision="17"), ConfigurationError, ("'17'", "32-true")),
+    Case("num_nodes=0", _trainer(num_nodes=0), ConfigurationError, ("num_nodes", "0")),
+    Case("devices=0", _trainer(devices=0), ConfigurationError, ("devices", "0")),
+    Case("logger=3", _trainer(logger=3), ConfigurationError, ("logger=3", "fix:")),
+    Case("callbacks=[3]", _trainer(callbacks=[3]), ConfigurationError, ("int", "fix:")),
+    Case(
+        "checkpoint_timeout=0",
+        _trainer(checkpoint_timeout=0),
+        ConfigurationError,
+        ("checkpoint_timeout=0", "fix:"),
+    ),
+    Case(
+        "checkpoint_timeout=timedelta(0)",
+        _trainer(checkpoint_timeout=timedelta(0)),
+        ConfigurationError,
+        ("checkpoint_timeout", "fix:"),
+    ),
+    Case(
+        "stop_signals=['SIGKILL']",
+        _trainer(stop_signals=["SIGKILL"]),
+        ConfigurationError,
+        ("'SIGKILL'", "'SIGTERM'", "cannot be caught"),
+    ),
+    Case(
+        "stop_signals='SIGTERM'",
+        _trainer(stop_signals="SIGTERM"),
+        ConfigurationError,
+        ("'SIGTERM'", "list of signals", "fix:"),
+    ),
+    Case(
+        "stop_signals=['SIGTREM']",
+        _trainer(stop_signals=["SIGTREM"]),
+        ConfigurationError,
+        ("'SIGTREM'", "'SIGTERM'?"),
+    ),
+    Case(
+        "default_root_dir unwritable",
+        _trainer(default_root_dir="/proc/plait"),
+        ConfigurationError,
+        ("/proc/plait", "fix:"),
+    ),
+    Case(
+        "enable_checkpointing=False with a ModelCheckpoint",
+        _trainer(enable_checkpointing=False, callbacks=[ModelCheckpoint()]),
+        ConfigurationError,
+        ("enable_checkpointing=False", "fix:"),
+    ),
+    # Strategies and launchers.
+    Case(
+        "DDPStrategy(process_group_backend='glo')",
+        lambda: DDPStrategy(process_group_backend="glo"),
+        ConfigurationError,
+        ("'glo'", "'gloo'?"),
+    ),
+    Case(
+        "DDPStrategy(timeout=5)",
+        lambda: DDPStrategy(timeout=5),  # type: ignore[arg-type]
+        ConfigurationError,
+        ("timeout=5", "timedelta"),
+    ),
+    Case(
+        "DDPStrategy(start_method='spwan')",
+        lambda: DDPStrategy(start_method="spwan"),
+        ConfigurationError,
+        ("'spwan'", "'spawn'?"),
+    ),
+    Case(
+        "DDPStrategy(ddp_comm_state=...) without a hook",
+        lambda: DDPStrategy(ddp_comm_state=object()),
+        ConfigurationError,
+        ("ddp_comm_hook", "fix:"),
+    ),
+    Case(
+        "SingleDeviceStrategy(device='cpuu')",
+        lambda: SingleDeviceStrategy(device="cpuu"),
+        (ConfigurationError, RuntimeError),
+        ("cpuu",),
+    ),
+    Case(
+        "MultiprocessingLauncher(0)",
+        lambda: MultiprocessingLauncher(0),
+        ConfigurationError,
+        ("num_processes=0", "fix:"),
+    ),
+    Case(
+        "MultiprocessingLauncher(start_method='forkk')",
+        lambda: MultiprocessingLauncher(2, start_method="forkk"),
+        ConfigurationError,
+        ("'forkk'", "'fork'?"),
+    ),
+    Case(
+        "SubprocessScriptLauncher(True)",
+        lambda: SubprocessScriptLauncher(num_processes=True),
+        ConfigurationError,
+        ("num_processes=True", "fix:"),
+    ),
+    # Registries.
+    Case(
+        "StrategyRegistry.get('dpp')",
+        lambda: StrategyRegistry.get("dpp"),
+        ConfigurationError,
+        ("'dpp'", "'ddp'?"),
+    ),
+    Case(
+        "StrategyRegistry.get('ddp_spwan')",
+        lambda: StrategyRegistry.get("ddp_spwan"),
+        ConfigurationError,
+        ("'ddp_spwan'", "'ddp_spawn'?"),
+    ),
+    Case(
+        "StrategyRegistry.register('ddp', ...) again",
+        lambda: StrategyRegistry.register("ddp", DDPStrategy),
+        ConfigurationError,
+        ("'ddp'", "override=True"),
+    ),
+    Case(
+        "StrategyRegistry.register of a non-strategy",
+        lambda: StrategyRegistry.register("not_a_strategy", object),  # type: ignore[arg-type]
+        (ConfigurationError, TypeError),
+        ("not_a_strategy",),
+    ),
+    # Collectives.
+    Case(
+        "reduce('x')",
+        lambda: LocalCollectives(torch.device("cpu")).reduce("x"),  # type: ignore[call-overload]
+        TypeError,
+        ("str", "tensor"),
+    ),
+    Case(
+        "reduce(op='avgg')",
+        lambda: LocalCollectives(torch.device("cpu")).reduce(1.0, "avgg"),
+        ConfigurationError,
+        ("'avgg'", "'avg'?"),
+    ),
+    Case(
+        "broadcast(src=3) on one rank",
+        lambda: LocalCollectives(torch.device("cpu")).broadcast(1, src=3),
+        ValueError,
+        ("src=3", "[0, 1)"),
+    ),
+    Case(
+        "barrier(timeout=-1)",
+        lambda: LocalCollectives(torch.device("cpu")).barrier("x", timeout=-1),
+        ValueError,
+        ("timeout=-1", "positive"),
+    ),
+    Case(
+        "all_gather([1])",
+        lambda: LocalCollectives(torch.device("cpu")).all_gather([1]),  # type: ignore[arg-type]
+        TypeError,
+        ("list", "tensor"),
+    ),
+    # Callbacks.
+    Case(
+        "ModelCheckpoint(mode='middle')",
+        lambda: ModelCheckpoint(mode="middle"),  # type: ignore[arg-type]
+        ConfigurationError,
+        ("'middle'", "'min'"),
+    ),
+    Case(
+        "ModelCheckpoint(save_top_k=3) without monitor",
+        lambda: ModelCheckpoint(save_top_k=3),
+        ConfigurationError,
+        ("save_top_k=3", "monitor", "fix:"),
+    ),
+    Case(
+        "ModelCheckpoint(every_n_epochs=0)",
+        lambda: ModelCheckpoint(every_n_epochs=0),
+        ConfigurationError,
+        ("every_n_epochs=0", "fix:"),
+    ),
+    Case(
+        "EarlyStopping(mode='up')",
+        lambda: EarlyStopping("val_loss", mode="up"),  # type: ignore[arg-type]
+        ConfigurationError,
+        ("'up'", "'max'"),
+    ),
+    # Checkpoint IO.
+    Case(
+        "load_checkpoint(missing)",
+        lambda: TorchCheckpointIO().load_checkpoint("/nonexistent/plait.ckpt"),
+        CheckpointError,
+        ("/nonexistent/plait.ckpt", "does not exist", "fix:"),
+    ),
+    Case(
+        "remove_checkpoint(missing)",
+        lambda: TorchCheckpointIO().remove_checkpoint("/nonexistent/plait.ckpt"),
+        CheckpointError,
+        ("/nonexistent/plait.ckpt", "does not exist"),
+    ),
+]
+
+CLI_CASES = [
+    ("--batch-size 0", ("--batch-size", "0 is below 1")),
+    ("--batch-size x", ("--batch-size", "'x' is not a whole number")),
+    ("--lr -1", ("--lr", "-1 must be a finite number above 0")),
+    ("--lr nan", ("--lr", "nan must be a finite number above 0")),
+    ("--max-epochs 0", ("--max-epochs", "0 is below 1")),
+    ("--max-steps -5", ("--max-steps", "-5 is below -1")),
+    ("--accumulate-grad-batches 0", ("--accumulate-grad-batches", "0 is below 1")),
+    ("--gradient-clip-val 0", ("--gradient-clip-val", "0 must be a finite number above 0")),
+    ("--num-nodes 0", ("--num-nodes", "0 is below 1")),
+    ("--logger csvv", ("--logger", "invalid choice: 'csvv'")),
+]
+
+
+def test_the_table_covers_every_kind_of_entry_point() -> None:
+    # The count is reported; every entry point's kind is represented.
+    assert len(CASES) + len(CLI_CASES) >= 50
+
+
+@pytest.mark.parametrize("case", CASES, ids=[case.name for case in CASES])
+def test_bad_input_raises_a_clear_error_at_once(case: Case) -> None:
+    with pytest.raises(case.error) as raised:
+        case.call()
+
+    message = str(raised.value)
+    for words in case.says:
+        assert words in message, f"{words!r} missing from: {message}"
+
+
+@pytest.mark.parametrize(("flags", "says"), CLI_CASES, ids=[flags for flags, _ in CLI_CASES])
+def test_bad_command_line_flags_are_refused_by_name(
+    capsys: pytest.CaptureFixture[str], flags: str, says: tuple[str, ...]
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        _cli(*flags.split())()
+
+    assert exited.value.code == 2
+    error = capsys.readouterr().err
+    for words in says:
+        assert words in error, f"{words!r} missing from: {error}"
+
+
+@pytest.mark.parametrize(
+    ("flags", "says"),
+    [
+        ("--strategy dpp", ("'dpp'", "did you mean 'ddp'?")),
+        ("--default-root-dir /proc/plait", ("/proc/plait", "fix:")),
+        ("--accelerator gpu", ("'gpu'",)),
+        ("--precision 17", ("'17'", "32-true")),
+    ],
+)
+def test_bad_command_line_values_print_the_error_and_exit_2(
+    capsys: pytest.CaptureFixture[str], flags: str, says: tuple[str, ...]
+) -> None:
+    status = _cli(*flags.split())()
+
+    assert status == 2
+    error = capsys.readouterr().err
+    assert error.startswith("plait: error:")
+    assert "Traceback" not in error
+    for words in says:
+        assert words in error, f"{words!r} missing from: {error}"
+
+
+def test_more_processes_than_cores_are_announced_before_they_start(
+    capfd: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    from plait.strategies.launchers.children import warn_if_oversubscribed  # noqa: PLC0415
+
+    warn_if_oversubscribed(4096)
+
+    assert "plait: starting 4096 processes on" in capfd.readouterr().err
+
+
+def test_stop_signals_resolve_names_and_numbers() -> None:
+    trainer = Trainer(accelerator="cpu", logger=False, stop_signals=["term", signal.SIGUSR1])
+
+    assert trainer.stop_signals == (signal.SIGTERM, signal.SIGUSR1)

@@ -1,0 +1,46 @@
+"""torchrun restarts a failed job: the restarted ranks start cleanly and finish the work."""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+
+import pytest
+from tests.reliability.jobs import Job, processes_mentioning, run, torchrun_command, wait_for
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.mark.timeout(600)
+def test_a_restart_after_a_failure_finishes_every_time_within_90s_each(tmp_path: Path) -> None:
+    # A failure in the first epoch and in the second, on either rank, twice each:
+    # the restarted attempt resumes from last.ckpt and completes.
+    cases = [(1, 5), (0, 12), (0, 5), (1, 12)]
+    for attempt, (rank, step) in enumerate(cases):
+        root = tmp_path / str(attempt)
+        root.mkdir()
+        done = run(
+            torchrun_command(root, "max_epochs=2", "ckpt_path='last'", restarts=1),
+            root,
+            {"FAIL_RANK": str(rank), "FAIL_STEP": str(step), "FAIL_ONCE": str(root / "failed")},
+            timeout=90,
+        )
+        assert done.returncode == 0, f"case {attempt}: {done.stderr[-3000:]}"
+        assert (root / "failed").exists()  # it did fail once
+        assert done.result() == {"global_step": 16, "epoch": 2}
+        assert done.checkpoints() == ["epoch=1-step=16.ckpt", "last.ckpt"]
+
+
+def test_workers_die_with_a_killed_torchrun_within_30s(tmp_path: Path) -> None:
+    job = Job(
+        torchrun_command(tmp_path, "max_epochs=1"),
+        tmp_path,
+        {"STALL_RANK": "1", "STALL_STEP": "2"},
+    )
+    wait_for((tmp_path / "stalling-1").exists, 60, "rank 1 to stall")
+
+    job.signal(signal.SIGKILL)  # torchrun can run no clean-up
+
+    # Its workers run in sessions of their own; they must not outlive it.
+    wait_for(lambda: not processes_mentioning(str(tmp_path)), 30, "the workers to exit")
+    job.finish(10)

@@ -1,0 +1,122 @@
+"""A rank that raises, stalls or is killed: every launcher names the true cause, promptly.
+
+Each test bounds the whole job (its name says by how much, and `jobs.run` enforces
+a hard limit on top) and checks that no process of the job is left. Start-up of two
+ranks takes several seconds on a small machine: the bounds leave room for it.
+"""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+
+import pytest
+from tests.reliability.jobs import Job, fit_command, run, torchrun_command, wait_for
+
+pytestmark = pytest.mark.slow
+
+LAUNCHERS = ["ddp", "ddp_spawn"]
+
+
+@pytest.mark.parametrize("strategy", LAUNCHERS)
+@pytest.mark.parametrize("rank", [0, 1])
+def test_a_rank_that_raises_is_the_headline_within_60s(
+    tmp_path: Path, strategy: str, rank: int
+) -> None:
+    done = run(
+        fit_command(strategy, 2, tmp_path, "max_epochs=1"),
+        tmp_path,
+        {"FAIL_RANK": str(rank), "FAIL_STEP": "3"},
+    )
+
+    assert done.returncode == 1
+    assert done.seconds < 60
+    cause = f"RuntimeError: injected failure on rank {rank} at step 3"
+    if strategy == "ddp" and rank == 0:
+        # Rank 0 is the calling process: its own error, as raised.
+        assert done.headline == cause
+    else:
+        assert f"rank {rank} failed (exit code 1): {cause}" in done.stderr
+        assert done.stderr.rstrip().endswith(cause)  # the error's own text comes last
+    assert "SIGTERM" not in done.stderr  # never the launcher's own clean-up
+    assert "Connection closed by peer" not in done.headline
+
+
+def test_a_rank_that_raises_under_torchrun_ends_the_job_within_60s(tmp_path: Path) -> None:
+    done = run(
+        torchrun_command(tmp_path, "max_epochs=1"), tmp_path, {"FAIL_RANK": "1", "FAIL_STEP": "3"}
+    )
+
+    assert done.returncode != 0
+    assert done.seconds < 60
+    assert "RuntimeError: injected failure on rank 1 at step 3" in done.stderr
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("strategy", LAUNCHERS)
+@pytest.mark.parametrize("rank", [0, 1])
+def test_a_stalled_rank_is_named_and_the_job_ends_within_60s(
+    tmp_path: Path, strategy: str, rank: int
+) -> None:
+    # The stall lasts 600 s; the collective timeout is 3 s.
+    done = run(
+        fit_command(strategy, 2, tmp_path, "max_epochs=1"),
+        tmp_path,
+        {"STALL_RANK": str(rank), "STALL_STEP": "3", "TIMEOUT": "3"},
+    )
+
+    assert done.returncode == 1
+    assert done.seconds < 60
+    other = 1 - rank
+    assert (
+        f"rank {rank} stalled: rank {other} timed out after 3 s waiting for it in a collective"
+        in done.headline
+    )
+
+
+def test_a_stalled_rank_under_torchrun_is_named_by_the_rank_that_waited_within_60s(
+    tmp_path: Path,
+) -> None:
+    done = run(
+        torchrun_command(tmp_path, "max_epochs=1"),
+        tmp_path,
+        {"STALL_RANK": "1", "STALL_STEP": "3", "TIMEOUT": "3"},
+    )
+
+    assert done.returncode != 0
+    assert done.seconds < 60
+    assert "collective timed out after 3 s: ranks 1 did not arrive (arrived: 0)" in done.stderr
+
+
+@pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGTERM])
+def test_killing_rank_0_under_popen_leaves_no_rank_behind_within_60s(
+    tmp_path: Path, signum: signal.Signals
+) -> None:
+    job = Job(
+        fit_command("ddp", 2, tmp_path, "max_epochs=1"),
+        tmp_path,
+        {"STALL_RANK": "1", "STALL_STEP": "3", "TIMEOUT": "3"},
+    )
+    wait_for((tmp_path / "stalling-1").exists, 60, "rank 1 to stall")
+
+    job.signal(signum)
+    done = job.finish(60)  # fails if rank 1 (or anything else) is left running
+
+    assert done.returncode != 0
+    # Rank 1 writes to the terminal itself: its output is not lost with rank 0.
+    assert "rank 1 stalls at step 3" in done.stderr
+
+
+@pytest.mark.timeout(400)
+def test_spawn_failures_of_rank_0_blame_rank_0_every_time_within_30s_each(tmp_path: Path) -> None:
+    for attempt in range(4):
+        root = tmp_path / str(attempt)
+        root.mkdir()
+        done = run(
+            fit_command("ddp_spawn", 2, root, "max_epochs=1"),
+            root,
+            {"FAIL_RANK": "0", "FAIL_STEP": str(2 + attempt)},
+        )
+        assert done.returncode == 1
+        assert done.seconds < 30, f"attempt {attempt} took {done.seconds:.1f} s"
+        assert "rank 0 failed (exit code 1): RuntimeError: injected failure" in done.stderr

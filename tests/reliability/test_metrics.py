@@ -1,0 +1,35 @@
+"""Metrics synced across ranks must name the same values on every rank, or fail at once."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from tests.reliability.jobs import fit_command, run
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.mark.parametrize(
+    ("names", "rank0", "rank1"),
+    [
+        ("0:metric_a,1:metric_b", "names=metric_a:mean", "names=metric_b:mean"),
+        ("0:metric_a", "names=metric_a:mean", "names=(none)"),
+    ],
+    ids=["different names", "one rank only"],
+)
+def test_metrics_synced_under_different_names_fail_on_every_rank_within_60s(
+    tmp_path: Path, names: str, rank0: str, rank1: str
+) -> None:
+    # The collective timeout is the default 5 minutes: the error comes at once.
+    done = run(fit_command("ddp", 2, tmp_path, "max_epochs=1"), tmp_path, {"LOG_NAMES": names})
+
+    assert done.returncode == 1
+    assert done.seconds < 60
+    for rank in ("[rank0]", "[rank1]"):
+        assert f"{rank}: plait.core.errors.CollectiveMismatchError" in done.stderr
+    assert f"ranks 0 called self.log(on_step, sync_dist=True)({rank0})" in done.stderr
+    assert f"ranks 1 called self.log(on_step, sync_dist=True)({rank1})" in done.stderr
+    losses = done.seen(0).get("losses", {})
+    assert isinstance(losses, dict)
+    assert "1" not in losses  # it stopped at the first step
