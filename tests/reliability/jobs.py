@@ -64,8 +64,6 @@ def fit_command(strategy: str, devices: int, root: Path, *settings: str) -> list
     """The command line of the user's script."""
     return [
         sys.executable,
-        "-W",
-        "ignore::UserWarning",
         str(SCRIPT),
         strategy,
         str(devices),

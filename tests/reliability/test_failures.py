@@ -108,7 +108,7 @@ def test_killing_rank_0_under_popen_leaves_no_rank_behind_within_60s(
 
 
 @pytest.mark.timeout(400)
-def test_spawn_failures_of_rank_0_blame_rank_0_every_time_within_30s_each(tmp_path: Path) -> None:
+def test_spawn_failures_of_rank_0_blame_rank_0_every_time_within_45s_each(tmp_path: Path) -> None:
     for attempt in range(4):
         root = tmp_path / str(attempt)
         root.mkdir()
@@ -118,5 +118,5 @@ def test_spawn_failures_of_rank_0_blame_rank_0_every_time_within_30s_each(tmp_pa
             {"FAIL_RANK": "0", "FAIL_STEP": str(2 + attempt)},
         )
         assert done.returncode == 1
-        assert done.seconds < 30, f"attempt {attempt} took {done.seconds:.1f} s"
+        assert done.seconds < 45, f"attempt {attempt} took {done.seconds:.1f} s"
         assert "rank 0 failed (exit code 1): RuntimeError: injected failure" in done.stderr

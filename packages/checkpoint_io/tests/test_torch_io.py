@@ -204,3 +204,66 @@ def test_the_built_in_ios_are_registered() -> None:
         built = CheckpointIORegistry.get(name)
         assert isinstance(built, CheckpointIO)
         built.teardown()
+
+
+def test_the_refusal_names_what_was_blocked(tmp_path: Path) -> None:
+    path = tmp_path / "dated.pt"
+    TorchCheckpointIO().save_checkpoint({"when": datetime.date(2026, 1, 1)}, path)
+
+    with pytest.raises(CheckpointError, match=r"Unsupported global: GLOBAL datetime\.date"):
+        TorchCheckpointIO().load_checkpoint(path)
+
+
+def test_a_changed_byte_fails_the_checksum(tmp_path: Path) -> None:
+    path = tmp_path / "weights.pt"
+    TorchCheckpointIO().save_checkpoint({"w": torch.arange(4096, dtype=torch.float32)}, path)
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    path.write_bytes(bytes(data))
+
+    with pytest.raises(CheckpointError, match="is corrupt: the checksum of its record"):
+        TorchCheckpointIO().load_checkpoint(path)
+
+
+def test_a_copy_is_a_link_renamed_into_place_and_outlives_its_source(tmp_path: Path) -> None:
+    io = TorchCheckpointIO()
+    source, target = tmp_path / "epoch.ckpt", tmp_path / "sub" / "last.ckpt"
+    io.save_checkpoint({"step": 1}, source)
+    io.save_checkpoint({"step": 0}, target)
+
+    io.copy_checkpoint(source, target)
+
+    assert source.stat().st_ino == target.stat().st_ino
+    io.remove_checkpoint(source)
+    assert io.load_checkpoint(target) == {"step": 1}
+    io.save_checkpoint({"step": 2}, target)  # a later save replaces the link whole
+    assert io.load_checkpoint(target) == {"step": 2}
+    assert sorted(p.name for p in target.parent.iterdir()) == ["last.ckpt"]
+
+
+def test_copying_a_missing_checkpoint_is_an_error(tmp_path: Path) -> None:
+    with pytest.raises(CheckpointError, match="cannot be copied: it does not exist"):
+        TorchCheckpointIO().copy_checkpoint(tmp_path / "nope.ckpt", tmp_path / "last.ckpt")
+
+
+def test_copies_work_across_fsspec_urls() -> None:
+    io = TorchCheckpointIO()
+    base = f"memory://plait-{uuid.uuid4().hex}"
+    io.save_checkpoint({"step": 3}, f"{base}/epoch.ckpt")
+
+    io.copy_checkpoint(f"{base}/epoch.ckpt", f"{base}/last.ckpt")
+
+    assert io.load_checkpoint(f"{base}/last.ckpt") == {"step": 3}
+
+
+def test_partial_saves_are_removed_and_nothing_else(tmp_path: Path) -> None:
+    io = TorchCheckpointIO()
+    io.save_checkpoint({"step": 1}, tmp_path / "last.ckpt")
+    (tmp_path / ".last.ckpt.k2j_9x.tmp").write_bytes(b"partial")
+    (tmp_path / "notes.tmp").write_text("the user's")
+
+    removed = io.remove_partial(tmp_path)
+
+    assert removed == [str(tmp_path / ".last.ckpt.k2j_9x.tmp")]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["last.ckpt", "notes.tmp"]
+    assert io.remove_partial(tmp_path / "absent") == []

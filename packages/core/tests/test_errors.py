@@ -15,6 +15,7 @@ from plait.core import (
     PlaitError,
 )
 from plait.core.errors import suggest
+from plait.core.stopping import TrainingStopped, stopped_by
 
 REDUCE_SUM = CollectiveCall("reduce", {"op": "sum", "shape": (3,)})
 REDUCE_MAX = CollectiveCall("reduce", {"op": "max", "shape": (3,)})
@@ -69,12 +70,18 @@ def test_configuration_error_without_choices_is_just_the_message() -> None:
 
 @pytest.mark.parametrize(
     ("value", "expected"),
-    [("dpp", "ddp"), ("DDP_SPAWM", "ddp_spawn"), ("zzz", None), (3, None)],
+    [("dpp", "ddp"), ("DDP_SPAWM", "ddp_spawn"), ("zzz", None), (3, None), ("ddpp", "ddp")],
 )
 def test_suggest_finds_the_closest_choice_case_insensitively(
     value: object, expected: str | None
 ) -> None:
     assert suggest(value, ["ddp", "ddp_spawn", "fsdp"]) == expected
+
+
+def test_suggest_prefers_the_mistyped_name_of_the_same_length() -> None:
+    # "dpp" is one letter from both; a typo keeps the length more often than not.
+    assert suggest("dpp", ["dp", "ddp", "fsdp"]) == "ddp"
+    assert suggest("fdsp", ["dp", "ddp", "fsdp"]) == "fsdp"  # two letters swapped
 
 
 def test_missing_dependency_error_is_an_import_error_naming_what_to_install() -> None:
@@ -174,3 +181,25 @@ def test_checkpoint_error_names_the_path_reason_and_fix() -> None:
         "pick another file",
     )
     assert str(error) == "checkpoint 'memory://ckpt.pt': not a checkpoint\n  fix: pick another file"
+
+
+def test_a_graceful_stop_exits_with_128_plus_the_signal_and_pickles() -> None:
+    stopped = TrainingStopped(signal.SIGTERM, "runs/last.ckpt", 37)
+
+    assert isinstance(stopped, SystemExit)
+    assert stopped.code == 143
+    assert str(stopped) == (
+        "training stopped on SIGTERM at step 37: saved to runs/last.ckpt; "
+        "resume with ckpt_path='last'"
+    )
+    copy = pickle.loads(pickle.dumps(stopped))
+    assert (copy.signal, copy.checkpoint, copy.global_step) == (
+        signal.SIGTERM,
+        "runs/last.ckpt",
+        37,
+    )
+    assert stopped_by(143) is signal.SIGTERM
+    assert stopped_by(128 + signal.SIGUSR1) is signal.SIGUSR1
+    assert stopped_by(-15) is None  # killed by SIGTERM: no chance to save
+    assert stopped_by(1) is None
+    assert stopped_by(None) is None

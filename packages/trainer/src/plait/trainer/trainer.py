@@ -315,6 +315,14 @@ class Trainer(Loops):
             return [CSVLogger(self.default_root_dir)]
         if logger is False:
             return []
+        given: object = logger  # checked as given: users pass anything
+        if not isinstance(given, Logger | Sequence) or isinstance(given, str):
+            raise ConfigurationError(
+                f"logger={logger!r} is neither True, False, a Logger nor a list of them",
+                value=logger,
+                fix="pass True (a CSVLogger), False, CSVLogger(...), TensorBoardLogger(...), "
+                "or a list of them",
+            )
         listed = [logger] if isinstance(logger, Logger) else list(logger)
         for item in listed:
             if not isinstance(item, Logger):
