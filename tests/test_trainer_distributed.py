@@ -3,28 +3,14 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from tests.reliability.jobs import processes_mentioning
 
 JOB = Path(__file__).resolve().parent / "trainer_job.py"
-
-
-def _processes_mentioning(marker: str) -> list[int]:
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == os.getpid():
-            continue
-        try:
-            command = Path("/proc", entry, "cmdline").read_bytes().decode(errors="replace")
-        except OSError:
-            continue
-        if marker in command:
-            found.append(int(entry))
-    return found
 
 
 def _run(
@@ -35,7 +21,7 @@ def _run(
         *("--scenario", scenario, "--root", str(tmp_path)),
     ]
     completed = subprocess.run(command, capture_output=True, text=True, timeout=150, check=False)
-    assert not _processes_mentioning(str(tmp_path)), "a rank was left running"
+    assert not processes_mentioning(str(tmp_path)), "a rank was left running"
     result_file = tmp_path / "result.json"
     result = json.loads(result_file.read_text()) if result_file.exists() else {}
     return completed, result

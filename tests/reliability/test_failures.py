@@ -88,12 +88,14 @@ def test_a_stalled_rank_under_torchrun_is_named_by_the_rank_that_waited_within_6
     assert "collective timed out after 3 s: ranks 1 did not arrive (arrived: 0)" in done.stderr
 
 
+@pytest.mark.parametrize("strategy", LAUNCHERS)
 @pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGTERM])
-def test_killing_rank_0_under_popen_leaves_no_rank_behind_within_60s(
-    tmp_path: Path, signum: signal.Signals
+def test_killing_the_launcher_leaves_no_rank_behind_within_60s(
+    tmp_path: Path, strategy: str, signum: signal.Signals
 ) -> None:
+    # The launcher: rank 0 under ddp (popen), the calling process under ddp_spawn.
     job = Job(
-        fit_command("ddp", 2, tmp_path, "max_epochs=1"),
+        fit_command(strategy, 2, tmp_path, "max_epochs=1"),
         tmp_path,
         {"STALL_RANK": "1", "STALL_STEP": "3", "TIMEOUT": "3"},
     )
@@ -105,6 +107,27 @@ def test_killing_rank_0_under_popen_leaves_no_rank_behind_within_60s(
     assert done.returncode != 0
     # Rank 1 writes to the terminal itself: its output is not lost with rank 0.
     assert "rank 1 stalls at step 3" in done.stderr
+    if signum == signal.SIGTERM:
+        # A graceful stop was asked for; rank 1 could not take part: it is named.
+        assert "rank 1 stalled" in done.stderr
+
+
+@pytest.mark.timeout(400)
+def test_a_stalled_rank_0_under_popen_is_named_every_time_within_60s_each(
+    tmp_path: Path,
+) -> None:
+    # Rank 0 is the calling process, asleep in the user's code: the hardest to stop.
+    for attempt in range(3):
+        root = tmp_path / str(attempt)
+        root.mkdir()
+        done = run(
+            fit_command("ddp", 2, root, "max_epochs=1"),
+            root,
+            {"STALL_RANK": "0", "STALL_STEP": str(2 + attempt), "TIMEOUT": "3"},
+        )
+        assert done.returncode == 1
+        assert done.seconds < 60, f"attempt {attempt} took {done.seconds:.1f} s"
+        assert "rank 0 stalled: rank 1 timed out after 3 s" in done.headline
 
 
 @pytest.mark.timeout(400)

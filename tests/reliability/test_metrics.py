@@ -10,6 +10,7 @@ from tests.reliability.jobs import fit_command, run
 pytestmark = pytest.mark.slow
 
 
+@pytest.mark.parametrize("strategy", ["ddp", "ddp_spawn"])
 @pytest.mark.parametrize(
     ("names", "rank0", "rank1"),
     [
@@ -19,10 +20,10 @@ pytestmark = pytest.mark.slow
     ids=["different names", "one rank only"],
 )
 def test_metrics_synced_under_different_names_fail_on_every_rank_within_60s(
-    tmp_path: Path, names: str, rank0: str, rank1: str
+    tmp_path: Path, strategy: str, names: str, rank0: str, rank1: str
 ) -> None:
     # The collective timeout is the default 5 minutes: the error comes at once.
-    done = run(fit_command("ddp", 2, tmp_path, "max_epochs=1"), tmp_path, {"LOG_NAMES": names})
+    done = run(fit_command(strategy, 2, tmp_path, "max_epochs=1"), tmp_path, {"LOG_NAMES": names})
 
     assert done.returncode == 1
     assert done.seconds < 60

@@ -12,7 +12,9 @@ from tests.reliability.jobs import Job, fit_command, run, wait_for
 pytestmark = pytest.mark.slow
 
 
-@pytest.mark.parametrize(("strategy", "devices"), [("single_device", 1), ("ddp", 2)])
+@pytest.mark.parametrize(
+    ("strategy", "devices"), [("single_device", 1), ("ddp", 2), ("ddp_spawn", 2)]
+)
 def test_resume_from_last_then_keep_training_and_checkpointing_within_120s(
     tmp_path: Path, strategy: str, devices: int
 ) -> None:

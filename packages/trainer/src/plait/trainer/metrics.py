@@ -209,9 +209,12 @@ class Metrics:
             accumulator.add(number, float(batch_size) if reduce_fx == "mean" else 1.0)
 
     def start_step(self) -> None:
-        """Forget the previous step's values."""
+        """Forget the previous step's values.
+
+        Synced values still waiting (logged after the step's sync, in a batch-end
+        hook) are kept: they are synced with the next step's.
+        """
         self.step_values = {}
-        self._pending = {}
 
     def sync_step(
         self, collectives: Collectives, rank: int, world_size: int, *, required: bool

@@ -129,6 +129,7 @@ def announce_failure(
     world_size: int,
     failure: PeerFailedError,
     store: dist.Store | None = None,
+    timeout: float = 5.0,
 ) -> None:
     """Post ``failure`` to the job's store, so that the surviving ranks raise it.
 
@@ -138,7 +139,7 @@ def announce_failure(
     try:
         if store is None:
             store = dist.TCPStore(
-                main_address, main_port, is_master=False, timeout=timedelta(seconds=5)
+                main_address, main_port, is_master=False, timeout=timedelta(seconds=timeout)
             )
         post_failure(store, failure, world_size=world_size, prefixes=(STORE_PREFIX, START_PREFIX))
     except (RuntimeError, dist.DistError):

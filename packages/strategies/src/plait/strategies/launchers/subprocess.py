@@ -258,7 +258,11 @@ class _Job:
         waited = timeout_of(str(error))
         tail = "".join(traceback.format_exception_only(type(error), error))
         announce_failure(
-            self._address, self._port, self.num_processes, PeerFailedError(0, None, tail)
+            self._address,
+            self._port,
+            self.num_processes,
+            PeerFailedError(0, None, tail),
+            timeout=_SETTLE,  # the store may not exist yet, if rank 0 failed early
         )
         stalled = kill(self.children, self.grace if waited is not None else _SETTLE)
         self._watcher.join()
