@@ -18,8 +18,9 @@ accelerator="cpu", **settings)``. Settings are Python literals (``max_epochs=2``
 - ``SLOW_SAVE``: every checkpoint save takes this many seconds more (slow storage);
   ``saving`` is written into the root directory when one starts.
 
-Rank 0 writes ``result.json`` (losses by step, final step and epoch) into
-``default_root_dir``; every rank writes ``seen-RANK.json`` with what it saw.
+Rank 0 writes ``result.json`` (its final step and epoch) into ``default_root_dir``;
+every rank writes ``seen-RANK.json`` with what it saw: its losses by step, where it
+stopped, and the name of the error it raised, if any.
 """
 
 from __future__ import annotations
@@ -125,12 +126,14 @@ class Seen(Callback):
     def __init__(self, root: str) -> None:
         self.root = root
 
-    def _write(self, trainer: Trainer, module: Module) -> None:
+    def _write(self, trainer: Trainer, module: Module, error: str | None = None) -> None:
         assert isinstance(module, Tiny)
         path = Path(self.root, f"seen-{trainer.global_rank}.json")
         seen = json.loads(path.read_text()) if path.exists() else {}
         seen.setdefault("losses", {}).update({str(k): v for k, v in module.losses.items()})
         seen.update(global_step=trainer.global_step, epoch=trainer.current_epoch)
+        if error is not None:
+            seen["error"] = error
         path.write_text(json.dumps(seen))
 
     @override
@@ -139,7 +142,7 @@ class Seen(Callback):
 
     @override
     def on_exception(self, trainer: Trainer, module: Module, exception: BaseException) -> None:
-        self._write(trainer, module)
+        self._write(trainer, module, error=type(exception).__name__)
 
 
 def main() -> None:
