@@ -12,7 +12,8 @@ accelerator="cpu", **settings)``. Settings are Python literals (``max_epochs=2``
   (after writing ``stalling-RANK`` into the root directory).
 - ``SIGNAL_STEP``: at that step, rank 0 sends ``SIGNAL`` (default SIGTERM) to
   itself, or to its parent with ``SIGNAL_TO=parent`` (the ddp_spawn launcher).
-- ``LOG_NAMES``: ``rank:name,rank:name``: the synced metric each rank logs.
+- ``LOG_NAMES``: ``rank:name,rank:name``: the synced metric each rank logs
+  (``LOCAL_NAMES``: the same, not synced).
 - ``WIDTH``: the hidden width (a large one makes large checkpoints).
 - ``TIMEOUT``: the strategy's collective timeout, in seconds.
 - ``SLOW_SAVE``: every checkpoint save takes this many seconds more (slow storage);
@@ -92,12 +93,11 @@ class Tiny(Module):
         loss = torch.nn.functional.mse_loss(self(x), y)
         self.log("loss", loss)
         self.losses[self.trainer.global_step] = float(loss.detach())
-        names = os.environ.get("LOG_NAMES")
-        if names:
-            for entry in names.split(","):
+        for variable, sync in (("LOG_NAMES", True), ("LOCAL_NAMES", False)):
+            for entry in filter(None, os.environ.get(variable, "").split(",")):
                 rank, name = entry.split(":")
                 if int(rank) == self.trainer.global_rank:
-                    self.log(name, loss, sync_dist=True)
+                    self.log(name, loss, sync_dist=sync, on_epoch=True)
         return loss
 
     @override

@@ -34,3 +34,14 @@ def test_metrics_synced_under_different_names_fail_on_every_rank_within_60s(
     losses = done.seen(0).get("losses", {})
     assert isinstance(losses, dict)
     assert "1" not in losses  # it stopped at the first step
+
+
+def test_metrics_not_synced_may_differ_between_ranks(tmp_path: Path) -> None:
+    done = run(
+        fit_command("ddp", 2, tmp_path, "max_epochs=2"),
+        tmp_path,
+        {"LOCAL_NAMES": "0:seen_on_0,1:seen_on_1", "LOG_NAMES": "0:shared,1:shared"},
+    )
+
+    assert done.returncode == 0, done.stderr
+    assert done.result() == {"global_step": 16, "epoch": 2}

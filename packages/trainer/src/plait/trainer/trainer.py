@@ -206,7 +206,10 @@ class Trainer(Loops):
                 example="gradient_clip_val=1.0",
             )
         self.checkpoint_timeout = _check_timeout("checkpoint_timeout", checkpoint_timeout)
-        self.default_root_dir = _check_root(default_root_dir)
+        # Checked now, not at the first save, when logs or checkpoints will go there.
+        self.default_root_dir = _check_root(
+            default_root_dir, writes=logger is True or enable_checkpointing
+        )
         self.connection: Connection = connect(
             accelerator=accelerator,
             strategy=strategy,
@@ -713,10 +716,10 @@ def _check_timeout(name: str, value: object) -> timedelta:
     return timedelta(seconds=seconds)
 
 
-def _check_root(root: PathLike | None) -> str:
-    """The root directory as a string, made and found writable now, not at the first save."""
+def _check_root(root: PathLike | None, *, writes: bool) -> str:
+    """The root directory as a string; when ``writes``, made and found writable now."""
     path = os.fspath(root) if root else os.getcwd()
-    if "://" in path:
+    if not writes or "://" in path:
         return path  # a URL: its filesystem says what is allowed when it is written
     try:
         os.makedirs(path, exist_ok=True)
