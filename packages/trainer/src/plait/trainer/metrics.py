@@ -144,7 +144,6 @@ class Metrics:
         reduce_fx: ReduceFx,
         sync_dist: bool,
         batch_size: int,
-        collectives: Collectives,
     ) -> None:
         """Record one value: as this step's value, and into the epoch's.
 

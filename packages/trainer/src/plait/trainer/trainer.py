@@ -410,7 +410,6 @@ class Trainer(Loops):
             reduce_fx=reduce_fx,
             sync_dist=sync_dist,
             batch_size=batch_size,
-            collectives=self.strategy,
         )
 
     @override

@@ -249,7 +249,7 @@ class ModelCheckpoint(Callback):
         if "://" not in fs_path and not os.path.exists(fs_path):
             # Removed by hand, or by a run that went on from an earlier checkpoint:
             # nothing is lost, so training goes on.
-            rank_zero_warn(f"{path} was to be replaced by a better checkpoint, and is gone")
+            rank_zero_warn(f"{path} was to be removed, and is already gone")
             return
         trainer.strategy.checkpoint_io.remove_checkpoint(path)
 
