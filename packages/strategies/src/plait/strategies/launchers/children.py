@@ -128,6 +128,7 @@ def announce_failure(
     main_port: int,
     world_size: int,
     failure: PeerFailedError,
+    *,
     store: dist.Store | None = None,
     timeout: float = 5.0,
 ) -> None:

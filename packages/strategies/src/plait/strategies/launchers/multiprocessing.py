@@ -266,7 +266,7 @@ class MultiprocessingLauncher:
             children,
             grace=self.grace_period,
             on_failure=lambda failure: announce_failure(
-                self.main_address, port, self.num_processes, failure, store
+                self.main_address, port, self.num_processes, failure, store=store
             ),
         )
         if stops:
