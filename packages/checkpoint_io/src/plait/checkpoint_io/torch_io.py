@@ -188,11 +188,6 @@ class TorchCheckpointIO:
             )
         try:
             with fs.open(resolved, "rb") as file:
-                # torch.save writes a zip archive; a truncated one has lost its
-                # directory, which sits at the end.
-                if not zipfile.is_zipfile(file):
-                    raise self._unreadable(where, ValueError("not a complete zip archive"))
-                file.seek(0)
                 self._verify(file, where)
                 file.seek(0)
                 loaded = torch.load(file, map_location=map_location, weights_only=self.weights_only)
@@ -214,11 +209,15 @@ class TorchCheckpointIO:
             )
         return loaded
 
-    @staticmethod
-    def _verify(file: IO[bytes], where: str) -> None:
-        # Each record's CRC-32, as written by torch.save: a changed byte fails it.
-        with zipfile.ZipFile(file) as archive:
-            damaged = archive.testzip()
+    @classmethod
+    def _verify(cls, file: IO[bytes], where: str) -> None:
+        # torch.save writes a zip archive: a truncated one has lost its directory,
+        # which sits at the end, and each record's CRC-32 fails on a changed byte.
+        try:
+            with zipfile.ZipFile(file) as archive:
+                damaged = archive.testzip()
+        except zipfile.BadZipFile:
+            raise cls._unreadable(where, ValueError("not a complete zip archive")) from None
         if damaged is not None:
             raise CheckpointError(
                 where,

@@ -335,22 +335,21 @@ class PeerFailedError(CollectiveError):
         self.traceback_tail = "\n".join(lines)
         self.waited_by = tuple(sorted(waited_by))
         self.stalled_for = stalled_for
+        cause = self.cause
         if stalled_for is not None:
             waiters = f"rank {_ranks(self.waited_by)}" if self.waited_by else "another rank"
             message = (
                 f"rank {rank} stalled: {waiters} timed out after {stalled_for:g} s waiting "
-                "for it in a collective, and it "
-                "did not stop by itself; it was stopped"
+                "for it in a collective, and it did not stop by itself; it was stopped"
             )
             if exit_code is not None:
                 message += f" ({self.describe_exit(exit_code)})"
         else:
             message = f"rank {rank} failed ({self.describe_exit(exit_code)})"
-            cause = self.cause
             if cause:
                 message += f": {cause}"
         if self.traceback_tail:
-            plain = stalled_for is None and self.cause is None
+            plain = stalled_for is None and cause is None
             message += (":\n" if plain else "\n") + self.traceback_tail
         super().__init__(message)
 
@@ -359,8 +358,7 @@ class PeerFailedError(CollectiveError):
         """The failed rank's error as its last line reads, e.g. ``RuntimeError: boom``."""
         for line in reversed(self.traceback_tail.splitlines()):
             text = line.strip()
-            name = _EXCEPTION_LINE.match(text)
-            if name is not None:
+            if _EXCEPTION_LINE.match(text):
                 return text
         return None
 

@@ -3,12 +3,21 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+import signal
+from collections.abc import Callable, Sequence
+from types import FrameType
 from typing import Any, TypeAlias
 
 from plait.core.reduce_op import ReduceOp
 
-__all__ = ["Checkpoint", "DeviceSpec", "PathLike", "ReduceOpLike", "StateDict"]
+__all__ = [
+    "Checkpoint",
+    "DeviceSpec",
+    "PathLike",
+    "ReduceOpLike",
+    "SignalHandler",
+    "StateDict",
+]
 
 PathLike: TypeAlias = str | os.PathLike[str]
 """A local path or an fsspec URL such as ``memory://ckpt/last.pt``."""
@@ -27,3 +36,6 @@ StateDict: TypeAlias = dict[str, Any]
 
 Checkpoint: TypeAlias = dict[str, Any]
 """A whole checkpoint: named state dictionaries and metadata."""
+
+SignalHandler: TypeAlias = Callable[[int, FrameType | None], object] | int | signal.Handlers | None
+"""What `signal.signal` takes and returns: a function, ``SIG_DFL`` or ``SIG_IGN``, or None."""

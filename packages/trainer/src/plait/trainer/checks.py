@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import math
+from datetime import timedelta
 
 from plait.core import ConfigurationError
 
-__all__ = ["check_count", "check_number"]
+__all__ = ["check_count", "check_number", "check_timeout"]
 
 
 def check_count(name: str, value: object, *, minimum: int, example: str) -> int:
@@ -42,3 +43,18 @@ def check_number(name: str, value: object, *, positive: bool, example: str) -> f
             fix=f"pass e.g. {example}",
         )
     return float(value)  # type: ignore[arg-type]
+
+
+def check_timeout(name: str, value: object) -> timedelta:
+    """``value`` (seconds, or a `timedelta`) as a positive `timedelta`.
+
+    Raises:
+        ConfigurationError: It is neither, or not above 0.
+    """
+    if not isinstance(value, timedelta):
+        return timedelta(seconds=check_number(name, value, positive=True, example=f"{name}=600"))
+    if value <= timedelta(0):
+        raise ConfigurationError(
+            f"{name}={value!r} must be positive", value=value, fix=f"pass e.g. {name}=600"
+        )
+    return value

@@ -27,6 +27,7 @@ from plait.core import STOP_SIGNALS, ConfigurationError, TrainingStopped
 
 if TYPE_CHECKING:
     from plait.core import Collectives
+    from plait.core.typing import SignalHandler
 
 __all__ = ["GracefulStop", "TrainingStopped", "parse_stop_signals"]
 
@@ -34,8 +35,6 @@ _AGREEMENT_GAP: Final = 0.05
 """Seconds of training between two agreements, at least (a few ms of collective each)."""
 _MAX_INTERVAL: Final = 1000
 _SLURM_VARIABLE: Final = "SLURM_JOB_ID"
-
-Handler = signal.Handlers | int | None | object
 
 
 def parse_stop_signals(
@@ -96,7 +95,7 @@ class GracefulStop:
     def __init__(self, signals: Sequence[signal.Signals]) -> None:
         self.signals = tuple(signals)
         self.received: signal.Signals | None = None
-        self._previous: dict[signal.Signals, Handler] = {}
+        self._previous: dict[signal.Signals, SignalHandler] = {}
         self._countdown = 1
         self._since = time.monotonic()
         self._batches = 0
@@ -110,7 +109,7 @@ class GracefulStop:
 
     def __exit__(self, *exc_info: object) -> None:
         for signum, handler in self._previous.items():
-            signal.signal(signum, handler)  # type: ignore[arg-type]
+            signal.signal(signum, handler)
         self._previous.clear()
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
@@ -142,8 +141,4 @@ class GracefulStop:
         agreed = collectives.reduce(vote, "max").tolist()
         self._countdown = int(agreed[1])
         self._since, self._batches = time.monotonic(), 0
-        if agreed[0]:
-            if self.received is None:
-                self.received = signal.Signals(int(agreed[0]))
-            return signal.Signals(int(agreed[0]))
-        return None
+        return signal.Signals(int(agreed[0])) if agreed[0] else None

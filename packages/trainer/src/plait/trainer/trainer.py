@@ -28,7 +28,7 @@ from plait.trainer.callbacks.base import Callback
 from plait.trainer.callbacks.checkpoint import ModelCheckpoint
 from plait.trainer.callbacks.early_stopping import EarlyStopping
 from plait.trainer.callbacks.progress import RichProgressBar
-from plait.trainer.checks import check_count, check_number
+from plait.trainer.checks import check_count, check_number, check_timeout
 from plait.trainer.connector import Connection, Plugin, connect
 from plait.trainer.data import check_limit, first_tensor_length
 from plait.trainer.loggers import CSVLogger, Logger
@@ -205,7 +205,7 @@ class Trainer(Loops):
                 positive=True,
                 example="gradient_clip_val=1.0",
             )
-        self.checkpoint_timeout = _check_timeout("checkpoint_timeout", checkpoint_timeout)
+        self.checkpoint_timeout = check_timeout("checkpoint_timeout", checkpoint_timeout)
         # Checked now, not at the first save, when logs or checkpoints will go there.
         self.default_root_dir = _check_root(
             default_root_dir, writes=logger is True or enable_checkpointing
@@ -600,9 +600,7 @@ class Trainer(Loops):
             return None
         if "://" not in path and not os.path.isfile(path):
             reason = (
-                "is a directory, not a checkpoint file"
-                if os.path.isdir(path)
-                else ("does not exist")
+                "is a directory, not a checkpoint file" if os.path.isdir(path) else "does not exist"
             )
             raise CheckpointError(
                 path,
@@ -701,18 +699,6 @@ class Trainer(Loops):
     @override
     def __repr__(self) -> str:
         return f"Trainer(strategy={self.strategy!r}, processes={self.num_processes})"
-
-
-def _check_timeout(name: str, value: object) -> timedelta:
-    if isinstance(value, timedelta):
-        seconds = value.total_seconds()
-    else:
-        seconds = check_number(name, value, positive=True, example=f"{name}=600")
-    if seconds <= 0:
-        raise ConfigurationError(
-            f"{name}={value!r} must be positive", value=value, fix=f"pass e.g. {name}=600"
-        )
-    return timedelta(seconds=seconds)
 
 
 def _check_root(root: PathLike | None, *, writes: bool) -> str:

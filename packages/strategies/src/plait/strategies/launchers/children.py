@@ -14,13 +14,16 @@ from collections.abc import Callable, Sequence
 from datetime import timedelta
 from multiprocessing.connection import wait
 from types import FrameType
-from typing import Final, Protocol, cast
+from typing import TYPE_CHECKING, Final, Protocol, cast
 
 import attrs
 import torch.distributed as dist
 
 from plait.core import ConfigurationError, PeerFailedError, stopped_by
 from plait.strategies.collectives import START_PREFIX, STORE_PREFIX, post_failure
+
+if TYPE_CHECKING:
+    from plait.core.typing import SignalHandler
 
 __all__ = [
     "GRACE_PERIOD",
@@ -220,15 +223,16 @@ def _signal(pid: int, signum: int) -> None:
         os.kill(pid, signum)
 
 
-_CONSEQUENCE = re.compile(
-    r"PeerFailedError|CollectiveTimeoutError|Connection closed by peer|Connection reset by peer"
-    r"|Broken pipe|Timed out|timed out|KeyboardInterrupt|DistNetworkError|TrainingStopped"
-)
-"""What a rank's error says when it only reacts to another rank's failure or stall."""
 _LOST_PEER = re.compile(
     r"PeerFailedError|Connection closed by peer|Connection reset by peer|Broken pipe"
     r"|DistNetworkError"
 )
+"""What an error says when another rank is gone."""
+_CONSEQUENCE = re.compile(
+    _LOST_PEER.pattern
+    + r"|CollectiveTimeoutError|Timed out|timed out|KeyboardInterrupt|TrainingStopped"
+)
+"""What a rank's error says when it only reacts to another rank's failure or stall."""
 _TIMEOUT = re.compile(r"timed out after ([\d.]+) s|Timed out waiting (\d+)ms")
 
 
@@ -377,7 +381,7 @@ class SignalForwarder:
     def __init__(self, children: Callable[[], Sequence[Child]], *, exit_after: bool) -> None:
         self._children = children
         self._exit_after = exit_after
-        self._previous: dict[int, object] = {}
+        self._previous: dict[int, SignalHandler] = {}
 
     def install(self) -> None:
         """Take over the signals (nothing happens outside the main thread)."""
@@ -389,7 +393,7 @@ class SignalForwarder:
     def uninstall(self) -> None:
         """Give the signals back to the handlers they had."""
         for signum, handler in self._previous.items():
-            signal.signal(signum, handler)  # type: ignore[arg-type]
+            signal.signal(signum, handler)
         self._previous.clear()
 
     def __call__(self, signum: int, frame: FrameType | None) -> None:
