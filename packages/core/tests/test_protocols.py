@@ -60,6 +60,22 @@ class OneCPU:
 
 
 class FullPrecision:
+    @property
+    def param_dtype(self) -> torch.dtype:
+        return torch.float32
+
+    @property
+    def compute_dtype(self) -> torch.dtype:
+        return torch.float32
+
+    @property
+    def reduce_dtype(self) -> torch.dtype:
+        return torch.float32
+
+    @property
+    def needs_scaler(self) -> bool:
+        return False
+
     def convert_module(self, module: ModuleT) -> ModuleT:
         return module
 

@@ -1,4 +1,5 @@
 from collections import namedtuple
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -211,3 +212,42 @@ def test_mixed_precision_on_cuda(name: str) -> None:
 
     assert output.dtype == dtype
     assert (precision.scaler is not None) == (dtype == torch.float16)
+
+
+@pytest.mark.parametrize(
+    ("name", "param", "compute", "reduce", "scaler"),
+    [
+        ("32-true", torch.float32, torch.float32, torch.float32, False),
+        ("64-true", torch.float64, torch.float64, torch.float64, False),
+        ("bf16-true", torch.bfloat16, torch.bfloat16, torch.bfloat16, False),
+        ("bf16-mixed", torch.float32, torch.bfloat16, torch.float32, False),
+        ("16-mixed", torch.float32, torch.float16, torch.float32, True),
+    ],
+)
+def test_each_format_states_its_dtypes(
+    name: str, param: torch.dtype, compute: torch.dtype, reduce: torch.dtype, scaler: bool
+) -> None:
+    plugin: Precision = (MixedPrecision if "mixed" in name else TruePrecision)(name)
+    assert plugin.param_dtype == param
+    assert plugin.compute_dtype == compute
+    assert plugin.reduce_dtype == reduce
+    assert plugin.needs_scaler is scaler
+    model = plugin.convert_module(nn.Linear(2, 2))
+    assert model.weight.dtype == plugin.param_dtype
+
+
+def test_plugins_are_made_from_the_names_users_know() -> None:
+    assert MixedPrecision("bf16-mixed").dtype == torch.bfloat16
+    assert TruePrecision("64-true").dtype == torch.float64
+
+
+@pytest.mark.parametrize(
+    ("make", "name", "listed"),
+    [(MixedPrecision, "bf16-true", "'bf16-mixed'"), (TruePrecision, "16-mixed", "'32-true'")],
+)
+def test_a_name_of_another_kind_of_format_is_refused_with_the_valid_ones(
+    make: Callable[[str], Precision], name: str, listed: str
+) -> None:
+    with pytest.raises(ConfigurationError, match=name) as raised:
+        make(name)
+    assert listed in str(raised.value)

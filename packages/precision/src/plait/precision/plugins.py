@@ -36,15 +36,24 @@ def _step(optimizer: torch.optim.Optimizer, closure: Callable[[], object] | None
     return optimizer.step(closure)  # type: ignore[arg-type]
 
 
-def _check_dtype(dtype: torch.dtype, allowed: dict[torch.dtype, str], kind: str) -> str:
-    name = allowed.get(dtype)
+def _format(
+    given: torch.dtype | str, allowed: dict[torch.dtype, str], kind: str
+) -> tuple[torch.dtype, str]:
+    # A plugin is made from a dtype or from the name users know ("bf16-mixed").
+    if isinstance(given, str):
+        by_name = {name: dtype for dtype, name in allowed.items()}
+        dtype = by_name.get(given)
+        if dtype is None:
+            raise ConfigurationError.invalid_choice(f"{kind} precision", given, list(by_name))
+        return dtype, given
+    name = allowed.get(given)
     if name is None:
         raise ConfigurationError(
-            f"{kind} precision has no format for {dtype}",
-            value=dtype,
-            choices=[str(choice) for choice in allowed],
+            f"{kind} precision has no format for {given}",
+            value=given,
+            choices=[str(choice) for choice in allowed] + list(allowed.values()),
         )
-    return name
+    return given, name
 
 
 class TruePrecision:
@@ -56,18 +65,39 @@ class TruePrecision:
     dtype (float32) so that losses and metrics read the same everywhere.
 
     Args:
-        dtype: The dtype of everything.
+        dtype: The dtype of everything, or the format's name (``"bf16-true"``).
         device_type: The device the model runs on, checked against the format.
 
     Raises:
         ConfigurationError: No such format, or the device cannot run it.
     """
 
-    def __init__(self, dtype: torch.dtype = torch.float32, *, device_type: str = "cpu") -> None:
-        self.name = _check_dtype(dtype, _TRUE_NAMES, "true")
+    def __init__(
+        self, dtype: torch.dtype | str = torch.float32, *, device_type: str = "cpu"
+    ) -> None:
+        self.dtype, self.name = _format(dtype, _TRUE_NAMES, "true")
         check_supported(self.name, device_type)
-        self.dtype = dtype
         self.device_type = device_type
+
+    @property
+    def param_dtype(self) -> torch.dtype:
+        """Parameters are stored in the dtype."""
+        return self.dtype
+
+    @property
+    def compute_dtype(self) -> torch.dtype:
+        """The forward pass runs in the dtype."""
+        return self.dtype
+
+    @property
+    def reduce_dtype(self) -> torch.dtype:
+        """Gradients are the parameters' dtype, and reduced in it."""
+        return self.dtype
+
+    @property
+    def needs_scaler(self) -> bool:
+        """No true format scales its loss."""
+        return False
 
     def convert_module(self, module: ModuleT) -> ModuleT:
         """Cast the module's floating parameters and buffers to the dtype, in place."""
@@ -127,7 +157,8 @@ class MixedPrecision:
     bfloat16 has float32's range and needs no scaler.
 
     Args:
-        dtype: ``torch.float16`` or ``torch.bfloat16``.
+        dtype: ``torch.float16`` or ``torch.bfloat16``, or the format's name
+            (``"16-mixed"``, ``"bf16-mixed"``).
         device_type: The device type autocast runs for (``"cuda"``, ``"cpu"``, ...).
         scaler: The gradient scaler to use with float16; one for ``device_type`` by
             default.
@@ -139,12 +170,12 @@ class MixedPrecision:
 
     def __init__(
         self,
-        dtype: torch.dtype = torch.bfloat16,
+        dtype: torch.dtype | str = torch.bfloat16,
         *,
         device_type: str = "cpu",
         scaler: torch.amp.GradScaler | None = None,
     ) -> None:
-        self.name = _check_dtype(dtype, _MIXED_NAMES, "mixed")
+        dtype, self.name = _format(dtype, _MIXED_NAMES, "mixed")
         check_supported(self.name, device_type)
         if dtype == torch.bfloat16 and scaler is not None:
             raise ConfigurationError(
@@ -157,6 +188,26 @@ class MixedPrecision:
         self.dtype = dtype
         self.device_type = device_type
         self.scaler = scaler
+
+    @property
+    def param_dtype(self) -> torch.dtype:
+        """Parameters stay in float32."""
+        return torch.float32
+
+    @property
+    def compute_dtype(self) -> torch.dtype:
+        """Autocast runs the forward pass in float16 or bfloat16."""
+        return self.dtype
+
+    @property
+    def reduce_dtype(self) -> torch.dtype:
+        """Gradients are float32, like the parameters, and reduced so."""
+        return torch.float32
+
+    @property
+    def needs_scaler(self) -> bool:
+        """float16 scales its loss; bfloat16 has float32's range and does not."""
+        return self.scaler is not None
 
     def convert_module(self, module: ModuleT) -> ModuleT:
         """Leave the parameters in float32: autocast casts per operation."""

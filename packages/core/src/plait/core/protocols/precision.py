@@ -23,7 +23,31 @@ GradientClipAlgorithm = Literal["norm", "value"]
 
 @runtime_checkable
 class Precision(Protocol):
-    """A numeric format ("32-true", "bf16-mixed", ...) and the steps that depend on it."""
+    """A numeric format ("32-true", "bf16-mixed", ...) and the steps that depend on it.
+
+    Its dtypes are public, so that a strategy which casts or reduces by itself (a
+    sharding strategy's mixed-precision policy, say) derives that from any plugin.
+    """
+
+    @property
+    def param_dtype(self) -> torch.dtype:
+        """The dtype parameters are stored (and updated) in."""
+        ...
+
+    @property
+    def compute_dtype(self) -> torch.dtype:
+        """The dtype the forward and backward passes compute in."""
+        ...
+
+    @property
+    def reduce_dtype(self) -> torch.dtype:
+        """The dtype gradients are reduced across ranks in."""
+        ...
+
+    @property
+    def needs_scaler(self) -> bool:
+        """Whether the loss is scaled before backward (float16 training)."""
+        ...
 
     def convert_module(self, module: ModuleT) -> ModuleT:
         """Cast a module's parameters and buffers as the format requires, in place."""
