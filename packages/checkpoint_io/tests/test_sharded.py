@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from plait.checkpoint_io import DistributedCheckpointIO
-from plait.core import CheckpointError, SupportsLoadInPlace
+from plait.core import CheckpointError, SupportsCollectiveIO, SupportsLoadInPlace
 
 HERE = Path(__file__).resolve().parent
 
@@ -25,6 +25,27 @@ def test_one_process_saves_and_loads_in_place(tmp_path: Path) -> None:
     assert torch.equal(restored_weight, weight)
     assert torch.equal(restored_step, torch.tensor(7))
     assert isinstance(io, SupportsLoadInPlace)
+
+
+def test_loading_in_place_returns_the_other_entries_read_whole(tmp_path: Path) -> None:
+    io = DistributedCheckpointIO()
+    weight = torch.randn(4, 3)
+    saved = {
+        "state_dict": {"layer.weight": weight},
+        "loops": {"epoch": 2, "seed": 7},
+        "rng_states": [{"torch": torch.arange(3)}],
+    }
+    io.save_checkpoint(saved, tmp_path / "ckpt")
+    target = torch.zeros(4, 3)
+
+    loaded = io.load_checkpoint_into(tmp_path / "ckpt", {"state_dict": {"layer.weight": target}})
+
+    assert torch.equal(target, weight)
+    assert loaded["state_dict"]["layer.weight"] is target
+    assert loaded["loops"] == {"epoch": 2, "seed": 7}
+    assert torch.equal(loaded["rng_states"][0]["torch"], torch.arange(3))
+    assert isinstance(io, SupportsCollectiveIO)
+    assert io.collective
 
 
 def test_a_full_copy_can_be_read_without_a_template(tmp_path: Path) -> None:

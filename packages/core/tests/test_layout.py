@@ -2,17 +2,17 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from plait.core import ConfigurationError, ProcessLayout, RankInfo
+from plait.core import ConfigurationError, NodeLayout, ProcessLayout, RankInfo
 
 layouts = st.builds(
-    ProcessLayout,
+    NodeLayout,
     num_nodes=st.integers(min_value=1, max_value=8),
     processes_per_node=st.integers(min_value=1, max_value=8),
 )
 
 
 @given(layout=layouts)
-def test_the_ranks_of_a_layout_number_every_process_once_in_order(layout: ProcessLayout) -> None:
+def test_the_ranks_of_a_layout_number_every_process_once_in_order(layout: NodeLayout) -> None:
     ranks = list(layout.ranks())
 
     assert [info.global_rank for info in ranks] == list(range(layout.world_size))
@@ -26,12 +26,12 @@ def test_a_layout_needs_at_least_one_node_and_process(
     num_nodes: int, processes_per_node: int
 ) -> None:
     with pytest.raises(ConfigurationError, match="must be at least 1"):
-        ProcessLayout(num_nodes=num_nodes, processes_per_node=processes_per_node)
+        NodeLayout(num_nodes=num_nodes, processes_per_node=processes_per_node)
 
 
 def test_a_bool_is_not_a_count() -> None:
     with pytest.raises(TypeError, match=r"must be an int, got True of type bool"):
-        ProcessLayout(num_nodes=True, processes_per_node=2)
+        NodeLayout(num_nodes=True, processes_per_node=2)
 
 
 @pytest.mark.parametrize(
@@ -60,3 +60,55 @@ def test_a_single_process_is_global_zero() -> None:
 
     assert info.is_global_zero
     assert (info.world_size, info.local_world_size) == (1, 1)
+
+
+@given(
+    data_parallel=st.integers(min_value=1, max_value=4),
+    tensor=st.integers(min_value=1, max_value=4),
+    data=st.data(),
+)
+def test_a_process_layout_holds_its_dimensions_and_defaults_to_plain_data_parallel(
+    data_parallel: int, tensor: int, data: st.DataObject
+) -> None:
+    world = data_parallel * tensor
+    rank = data.draw(st.integers(min_value=0, max_value=world - 1))
+    layout = ProcessLayout(
+        world_size=world,
+        global_rank=rank,
+        data_parallel_size=data_parallel,
+        data_parallel_rank=rank // tensor,
+        dimensions={"tensor": tensor},
+    )
+    assert layout.dimensions == {"tensor": tensor}
+    plain = ProcessLayout(world_size=world, global_rank=rank)
+    assert (plain.data_parallel_rank, plain.data_parallel_size) == (rank, world)
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"global_rank": 4}, "global_rank 4 is outside the world"),
+        ({"data_parallel_rank": 2}, r"data_parallel_rank 2 is outside \[0, 2\)"),
+        ({"dimensions": {"tensor": 3}}, r"hold 6 processes, and the world has 4"),
+        ({"dimensions": {"tensor": 0}}, "has size 0"),
+        ({"dimensions": {"data_parallel": 2}}, "given by data_parallel_size"),
+    ],
+)
+def test_a_process_layout_rejects_impossible_values(
+    fields: dict[str, object], message: str
+) -> None:
+    valid: dict[str, object] = {
+        "world_size": 4,
+        "global_rank": 1,
+        "data_parallel_size": 2,
+        "data_parallel_rank": 0,
+        "dimensions": {"tensor": 2},
+    }
+    with pytest.raises(ConfigurationError, match=message):
+        ProcessLayout(**{**valid, **fields})  # type: ignore[arg-type]
+
+
+def test_a_process_layout_is_frozen() -> None:
+    layout = ProcessLayout(world_size=2, global_rank=1, dimensions={})
+    with pytest.raises(TypeError):
+        layout.dimensions["tensor"] = 2  # type: ignore[index]

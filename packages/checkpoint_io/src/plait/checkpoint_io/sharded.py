@@ -39,6 +39,9 @@ def _single_process_notice_silenced() -> Iterator[None]:
         warnings.filterwarnings(
             "ignore", message="torch.distributed is disabled, unavailable or uninitialized"
         )
+        warnings.filterwarnings(
+            "ignore", message="torch.distributed is unavailable or uninitialized"
+        )
         yield
 
 
@@ -63,9 +66,13 @@ class DistributedCheckpointIO:
     (DCP writes its ``.metadata`` last), so an interrupted save leaves the previous
     checkpoint intact.
 
-    Strategies with sharded state load in place with `load_checkpoint_into`;
-    `load_checkpoint` reads a full, unsharded copy, for inspection and conversion.
+    Strategies load in place with `load_checkpoint_into` (each rank reads only
+    what its tensors hold); `load_checkpoint` reads a full, unsharded copy, for
+    inspection and conversion.
     """
+
+    collective = True
+    """Every rank calls `save_checkpoint`, `load_checkpoint_into` and `remove_checkpoint`."""
 
     def save_checkpoint(self, checkpoint: Mapping[str, object], path: PathLike) -> None:
         """Write ``checkpoint`` (collectively) to the directory ``path``.
@@ -104,25 +111,44 @@ class DistributedCheckpointIO:
         partial.rename(target)
         shutil.rmtree(previous, ignore_errors=True)
 
-    def load_checkpoint_into(self, path: PathLike, state_dict: StateDict) -> None:
+    def load_checkpoint_into(self, path: PathLike, state_dict: StateDict) -> Checkpoint:
         """Fill the tensors of ``state_dict`` in place (collectively) from ``path``.
+
+        Returns:
+            ``state_dict``'s entries, filled, with every other top-level entry of the
+            checkpoint read whole.
 
         Raises:
             CheckpointError: The checkpoint is missing or incomplete, or lacks a key.
         """
         from torch.distributed.checkpoint.api import CheckpointException  # noqa: PLC0415
+        from torch.distributed.checkpoint.filesystem import FileSystemReader  # noqa: PLC0415
+        from torch.distributed.checkpoint.state_dict_loader import (  # noqa: PLC0415
+            _load_state_dict_from_keys,
+        )
         from torch.distributed.checkpoint.state_dict_loader import load as dcp_load  # noqa: PLC0415
 
         self._require_complete(path)
         try:
             with _single_process_notice_silenced():
                 dcp_load(state_dict, checkpoint_id=os.fspath(path), no_dist=not _distributed())
+                metadata = FileSystemReader(os.fspath(path)).read_metadata()
+                mapping = metadata.planner_data or {}
+                saved = {
+                    str(mapping[key][0]) if key in mapping else key.split(".", 1)[0]
+                    for key in metadata.state_dict_metadata
+                }
+                rest = saved - set(state_dict)
+                others = (
+                    _load_state_dict_from_keys(rest, checkpoint_id=os.fspath(path)) if rest else {}
+                )
         except (RuntimeError, KeyError, ValueError, CheckpointException) as error:
             raise CheckpointError(
                 os.fspath(path),
                 f"cannot be loaded into the given state: {type(error).__name__}: {error}",
                 fix="load into a state dictionary with the keys and shapes that were saved",
             ) from error
+        return {**others, **state_dict}
 
     def load_checkpoint(
         self, path: PathLike, map_location: torch.device | str | None = None

@@ -20,7 +20,7 @@ from plait.core.errors import (
 )
 from plait.core.fingerprint import CollectiveCall
 from plait.core.imports import is_module_available, require_module
-from plait.core.layout import ProcessLayout, RankInfo
+from plait.core.layout import NodeLayout, ProcessLayout, RankInfo
 from plait.core.network import free_port
 from plait.core.protocols import (
     Accelerator,
@@ -32,6 +32,7 @@ from plait.core.protocols import (
     Precision,
     Strategy,
     SupportsAsyncCheckpoint,
+    SupportsCollectiveIO,
     SupportsCopyCheckpoint,
     SupportsDeviceStats,
     SupportsLauncher,
@@ -39,6 +40,7 @@ from plait.core.protocols import (
     SupportsNoSync,
     SupportsPartialCleanup,
     SupportsReplace,
+    is_collective,
 )
 from plait.core.rank import (
     get_global_rank,
@@ -77,6 +79,7 @@ __all__ = [
     "GradientClipAlgorithm",
     "Launcher",
     "MissingDependencyError",
+    "NodeLayout",
     "PeerFailedError",
     "PlaitError",
     "Precision",
@@ -89,6 +92,7 @@ __all__ = [
     "Strategy",
     "StrategyRegistry",
     "SupportsAsyncCheckpoint",
+    "SupportsCollectiveIO",
     "SupportsCopyCheckpoint",
     "SupportsDeviceStats",
     "SupportsLauncher",
@@ -99,6 +103,7 @@ __all__ = [
     "TrainingStopped",
     "free_port",
     "get_global_rank",
+    "is_collective",
     "is_module_available",
     "rank_zero_debug",
     "rank_zero_info",

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from types import MappingProxyType
 
 import attrs
 from typing_extensions import Self
 
 from plait.core.errors import ConfigurationError
 
-__all__ = ["ProcessLayout", "RankInfo"]
+__all__ = ["NodeLayout", "ProcessLayout", "RankInfo"]
 
 
 def _positive(instance: object, attribute: attrs.Attribute[int], value: int) -> None:
@@ -38,7 +39,7 @@ def _int(instance: object, attribute: attrs.Attribute[int], value: object) -> No
 
 
 @attrs.frozen
-class ProcessLayout:
+class NodeLayout:
     """How many nodes take part, and how many processes each runs.
 
     Attributes:
@@ -117,3 +118,110 @@ class RankInfo:
     def single_process(cls) -> Self:
         """The layout of a job that runs in one process."""
         return cls(global_rank=0, local_rank=0, node_rank=0, world_size=1, local_world_size=1)
+
+
+def _dimensions(
+    instance: ProcessLayout, attribute: attrs.Attribute[Mapping[str, int]], value: object
+) -> None:
+    if not isinstance(value, Mapping):
+        raise TypeError(
+            f"ProcessLayout.dimensions must be a mapping of names to sizes, got {value!r}"
+        )
+    for name, size in value.items():
+        if not isinstance(name, str) or isinstance(size, bool) or not isinstance(size, int):
+            raise TypeError(
+                f"ProcessLayout.dimensions maps names to int sizes; got {name!r}: {size!r}"
+            )
+        if size < 1:
+            raise ConfigurationError(
+                f"the mesh dimension {name!r} has size {size}; sizes are at least 1",
+                value=size,
+            )
+        if name == "data_parallel":
+            raise ConfigurationError(
+                "'data_parallel' is given by data_parallel_size, not among the other dimensions",
+                value=name,
+                fix="pass data_parallel_size=..., and name only the other dimensions",
+            )
+
+
+def _frozen_dimensions(value: Mapping[str, int]) -> Mapping[str, int]:
+    return MappingProxyType(dict(value))
+
+
+@attrs.frozen
+class ProcessLayout:
+    """Where this process sits in the job, as a strategy lays the job out.
+
+    Data is sharded by the data-parallel rank and size: under plain data
+    parallelism they are the global rank and world size; under tensor, pipeline or
+    hybrid-sharded layouts the ranks that hold the same data share a data-parallel
+    rank. The other mesh dimensions (``{"tensor": 2}``, ...) are named in
+    ``dimensions``; the data-parallel size times their sizes is the world size.
+
+    Attributes:
+        world_size: The number of processes in the job.
+        global_rank: This process's rank among them.
+        data_parallel_size: The number of distinct shards of the data.
+        data_parallel_rank: The shard of the data this process reads.
+        dimensions: The other mesh dimensions, by name, with their sizes.
+
+    Raises:
+        ConfigurationError: A rank outside its range, or dimensions whose sizes do not
+            multiply to the world size.
+    """
+
+    world_size: int = attrs.field(validator=[_int, _positive])
+    global_rank: int = attrs.field(validator=[_int, _non_negative])
+    data_parallel_size: int = attrs.field(
+        default=attrs.Factory(lambda self: self.world_size, takes_self=True),
+        validator=[_int, _positive],
+    )
+    data_parallel_rank: int = attrs.field(
+        default=attrs.Factory(
+            lambda self: self.global_rank if self.data_parallel_size == self.world_size else 0,
+            takes_self=True,
+        ),
+        validator=[_int, _non_negative],
+    )
+    dimensions: Mapping[str, int] = attrs.field(
+        factory=dict, validator=_dimensions, converter=_frozen_dimensions
+    )
+
+    def __attrs_post_init__(self) -> None:
+        if self.global_rank >= self.world_size:
+            raise ConfigurationError(
+                f"global_rank {self.global_rank} is outside the world [0, {self.world_size})",
+                value=self.global_rank,
+            )
+        if self.data_parallel_rank >= self.data_parallel_size:
+            raise ConfigurationError(
+                f"data_parallel_rank {self.data_parallel_rank} is outside "
+                f"[0, {self.data_parallel_size})",
+                value=self.data_parallel_rank,
+            )
+        product = self.data_parallel_size
+        for size in self.dimensions.values():
+            product *= size
+        if product != self.world_size:
+            sizes = " x ".join(
+                [f"data_parallel={self.data_parallel_size}"]
+                + [f"{name}={size}" for name, size in self.dimensions.items()]
+            )
+            raise ConfigurationError(
+                f"the layout's dimensions ({sizes}) hold {product} processes, and the world "
+                f"has {self.world_size}",
+                value=dict(self.dimensions),
+                fix="make the data-parallel size times the other dimensions' sizes equal "
+                "the world size",
+            )
+
+    @classmethod
+    def single_process(cls) -> Self:
+        """The layout of a job that runs in one process."""
+        return cls(world_size=1, global_rank=0)
+
+    @property
+    def is_global_zero(self) -> bool:
+        """Whether this is the process of global rank 0."""
+        return self.global_rank == 0

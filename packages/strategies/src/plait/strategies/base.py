@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import gc
 import inspect
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import timedelta
@@ -16,13 +17,19 @@ from typing_extensions import Self, override
 from plait.core import (
     Accelerator,
     AcceleratorRegistry,
+    CheckpointError,
     CheckpointIO,
     CheckpointIORegistry,
     Collectives,
     ConfigurationError,
+    GradientClipAlgorithm,
     Precision,
     PrecisionRegistry,
+    ProcessLayout,
+    SupportsLoadInPlace,
+    is_collective,
 )
+from plait.strategies.state import load_module_state
 
 if TYPE_CHECKING:
     from plait.core.typing import Checkpoint, PathLike, ReduceOpLike, StateDict
@@ -51,6 +58,21 @@ def _require(part: object, protocol: type, what: str) -> None:
         )
 
 
+def _one_precision(
+    precision: Precision | str | None, precision_plugin: Precision | str | None
+) -> Precision | str | None:
+    if precision_plugin is None:
+        return precision
+    if precision is not None and precision is not precision_plugin:
+        raise ConfigurationError(
+            f"two precisions were given: precision={precision!r} and "
+            f"precision_plugin={precision_plugin!r}",
+            value=precision_plugin,
+            fix="pass one of them (precision_plugin= is the other name of precision=)",
+        )
+    return precision_plugin
+
+
 class BaseStrategy(abc.ABC):
     """A strategy built from an accelerator, a precision and a checkpoint IO.
 
@@ -73,11 +95,17 @@ class BaseStrategy(abc.ABC):
     """
 
     _arguments: tuple[tuple[object, ...], dict[str, object]]
+    _model: torch.nn.Module | None
 
     def __new__(cls, *args: object, **kwargs: object) -> Self:
         """Record the arguments as given, whatever the subclass's signature."""
         instance = super().__new__(cls)
-        instance._arguments = (args, dict(kwargs))
+        given = dict(kwargs)
+        if "precision_plugin" in given and "precision" not in given:
+            # Recorded under the one name the strategy is remade with.
+            given["precision"] = given.pop("precision_plugin")
+        instance._arguments = (args, given)
+        instance._model = None
         return instance
 
     @override
@@ -134,7 +162,9 @@ class BaseStrategy(abc.ABC):
         accelerator: Accelerator | str | None = None,
         precision: Precision | str | None = None,
         checkpoint_io: CheckpointIO | str | None = None,
+        precision_plugin: Precision | str | None = None,
     ) -> None:
+        precision = _one_precision(precision, precision_plugin)
         device_type = self.default_device_type()
         built_accelerator = (
             AcceleratorRegistry.get(accelerator or device_type)
@@ -171,9 +201,31 @@ class BaseStrategy(abc.ABC):
         return self._precision
 
     @property
+    def precision_plugin(self) -> Precision:
+        """The precision, under its other name."""
+        return self._precision
+
+    @property
     def checkpoint_io(self) -> CheckpointIO:
         """How checkpoints are written and read."""
         return self._checkpoint_io
+
+    @property
+    def model(self) -> torch.nn.Module | None:
+        """The module as `setup_module` returned it (wrapped); ``None`` before and after."""
+        return self._model
+
+    @model.setter
+    def model(self, module: torch.nn.Module | None) -> None:
+        self._model = module
+
+    @property
+    def layout(self) -> ProcessLayout:
+        """Where this process sits: the world, and its data-parallel rank and size.
+
+        One process by default; parallel strategies fill it from their group.
+        """
+        return ProcessLayout.single_process()
 
     # Where this process is.
 
@@ -253,7 +305,8 @@ class BaseStrategy(abc.ABC):
         """
         module = self.precision.convert_module(module)
         module = self.model_to_device(module)
-        return self.wrap_module(module)
+        self._model = self.wrap_module(module)
+        return self._model
 
     def wrap_module(self, module: torch.nn.Module) -> torch.nn.Module:
         """Wrap the module for this strategy (DDP, FSDP, ...); unwrapped by default."""
@@ -334,6 +387,23 @@ class BaseStrategy(abc.ABC):
         """Compute gradients of ``loss`` through the precision plugin."""
         self.precision.backward(loss, module)
 
+    def clip_gradients(
+        self,
+        module: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        clip_val: float,
+        algorithm: GradientClipAlgorithm = "norm",
+    ) -> None:
+        """Clip ``optimizer``'s gradients through the precision plugin (unscaled first).
+
+        A strategy whose gradients are sharded overrides it to clip by the global norm.
+        """
+        self.precision.clip_gradients(module, optimizer, clip_val, algorithm)
+
+    def zero_grad(self, optimizer: torch.optim.Optimizer) -> None:
+        """Drop ``optimizer``'s gradients (set to ``None``) after its step."""
+        optimizer.zero_grad(set_to_none=True)
+
     def optimizer_step(
         self,
         optimizer: torch.optim.Optimizer,
@@ -356,18 +426,93 @@ class BaseStrategy(abc.ABC):
         """The state of ``optimizer``."""
         return optimizer.state_dict()
 
+    def get_state_dict(
+        self, module: torch.nn.Module, optimizers: Sequence[torch.optim.Optimizer] = ()
+    ) -> Checkpoint:
+        """This rank's share of the state of ``module`` and ``optimizers``.
+
+        Every rank calls it (a sharding strategy may gather). ``module`` is the user's
+        module, inside or outside the strategy's wrapper.
+
+        Returns:
+            ``{"state_dict": ..., "optimizer_states": [...], "precision": ...}``, the
+            keys of a checkpoint.
+        """
+        return {
+            "state_dict": self.module_state_dict(module),
+            "optimizer_states": [self.optimizer_state_dict(o) for o in optimizers],
+            "precision": self.precision.state_dict(),
+        }
+
+    def set_state_dict(
+        self,
+        module: torch.nn.Module,
+        optimizers: Sequence[torch.optim.Optimizer],
+        state: Mapping[str, object],
+        *,
+        source: object = "the state",
+    ) -> None:
+        """Load what `get_state_dict` returned into ``module`` and ``optimizers``.
+
+        Every rank calls it. Optimizer and precision states are loaded only when
+        optimizers are given (to go on training).
+
+        Raises:
+            CheckpointError: The state does not fit the module (each key that differs
+                is named), or holds another number of optimizer states.
+        """
+        module_state = state.get("state_dict")
+        if not isinstance(module_state, Mapping):
+            raise CheckpointError(str(source), "holds no module state ('state_dict')")
+        load_module_state(self.unwrap_module(module), module_state, source)
+        if not optimizers:
+            return
+        saved = state.get("optimizer_states")
+        saved = list(saved) if isinstance(saved, list | tuple) else []
+        if len(saved) != len(optimizers):
+            raise CheckpointError(
+                str(source),
+                f"holds {len(saved)} optimizer states, and there are {len(optimizers)} optimizers",
+                fix="resume with the configuration the checkpoint was written with",
+            )
+        for optimizer, optimizer_state in zip(optimizers, saved, strict=True):
+            optimizer.load_state_dict(optimizer_state)
+        precision_state = state.get("precision")
+        self.precision.load_state_dict(
+            dict(precision_state) if isinstance(precision_state, Mapping) else {}
+        )
+
+    @property
+    def writes_collectively(self) -> bool:
+        """Whether every rank saves, loads and removes checkpoints, or rank 0 alone."""
+        return is_collective(self.checkpoint_io)
+
     def save_checkpoint(self, checkpoint: Mapping[str, object], path: PathLike) -> None:
-        """Write ``checkpoint`` through the checkpoint IO, from global rank 0 only."""
-        if self.is_global_zero:
+        """Write ``checkpoint`` through the checkpoint IO.
+
+        Every rank calls it; rank 0 alone writes, unless the checkpoint IO is
+        collective (each rank writes its part).
+        """
+        if self.is_global_zero or self.writes_collectively:
             self.checkpoint_io.save_checkpoint(checkpoint, path)
 
-    def load_checkpoint(self, path: PathLike) -> Checkpoint:
-        """Read the checkpoint at ``path`` onto this process's device."""
-        return self.checkpoint_io.load_checkpoint(path, self.root_device)
+    def load_checkpoint(self, path: PathLike, module: torch.nn.Module | None = None) -> Checkpoint:
+        """Read the checkpoint at ``path`` onto this process's device.
+
+        With ``module`` (set up) and a checkpoint IO that loads in place, the module's
+        state is read straight into its tensors, each rank reading only what it holds.
+        """
+        io = self.checkpoint_io
+        if module is not None and isinstance(io, SupportsLoadInPlace):
+            return io.load_checkpoint_into(path, {"state_dict": self.module_state_dict(module)})
+        return io.load_checkpoint(path, self.root_device)
 
     def remove_checkpoint(self, path: PathLike) -> None:
-        """Delete the checkpoint at ``path``, from global rank 0 only."""
-        if self.is_global_zero:
+        """Delete the checkpoint at ``path``.
+
+        Every rank calls it; rank 0 alone removes, unless the checkpoint IO is collective.
+        """
+        if self.is_global_zero or self.writes_collectively:
             self.checkpoint_io.remove_checkpoint(path)
 
     # The end.
@@ -376,6 +521,18 @@ class BaseStrategy(abc.ABC):
         """React to an exception in the user's code; nothing by default."""
 
     def teardown(self) -> None:
-        """Finish pending checkpoint writes and release the device."""
+        """Forget the module, finish pending checkpoint writes and release the device."""
+        self._release_model()
         self.checkpoint_io.teardown()
         self.accelerator.teardown()
+
+    def _release_model(self) -> None:
+        # A wrapper (DDP's reducer) must die while the strategy still holds its
+        # process group: destroyed from the reducer's side, a gloo group joins its
+        # worker threads with the GIL held, and deadlocks if one of them is about to
+        # free a tensor of the last collective (which takes the GIL). A collection
+        # (a tenth of a second) is needed only where the strategy made a wrapper.
+        model, self._model = self._model, None
+        if model is not None and self.unwrap_module(model) is not model:
+            del model
+            gc.collect()

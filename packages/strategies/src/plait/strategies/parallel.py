@@ -21,6 +21,7 @@ from plait.core import (
     CollectiveTimeoutError,
     ConfigurationError,
     EnvironmentRegistry,
+    ProcessLayout,
     free_port,
 )
 from plait.strategies.base import BaseStrategy
@@ -165,6 +166,12 @@ class ParallelStrategy(BaseStrategy):
     @override
     def global_rank(self) -> int:
         return self.cluster_environment.global_rank
+
+    @property
+    @override
+    def layout(self) -> ProcessLayout:
+        """Plain data parallelism: every rank reads its own shard of the data."""
+        return ProcessLayout(world_size=self.world_size, global_rank=self.global_rank)
 
     @property
     def local_rank(self) -> int:
@@ -382,6 +389,7 @@ class ParallelStrategy(BaseStrategy):
         After a clean run, rank 0 first waits for the other ranks to finish with the
         job's store, which it serves; while an exception propagates, it does not.
         """
+        self._release_model()
         if self._collectives is not None and sys.exc_info()[1] is None:
             self._collectives.depart()
         if self._owns_process_group and dist.is_initialized():

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import abc
 import contextlib
-import gc
 import math
 import signal
 import sys
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from datetime import timedelta
-from typing import TYPE_CHECKING, Final, Literal, Protocol, TypeAlias, cast, runtime_checkable
+from typing import TYPE_CHECKING, Final, Literal, TypeAlias, cast
 
 import attrs
 import torch
@@ -31,7 +30,6 @@ from plait.trainer.metrics import Metrics, Number
 from plait.trainer.module import overrides
 from plait.trainer.optim import parse_optimizers
 from plait.trainer.state import (
-    load_module_state,
     preserved_rng,
     rng_state,
     set_rng_state,
@@ -249,30 +247,45 @@ class Loops(abc.ABC):
             strategy.teardown()
 
     def _release_wrapper(self) -> None:
-        # The wrapper (DDP's reducer) must die while the strategy still holds its
-        # process group: destroyed from the reducer's side, a gloo group joins its
-        # worker threads with the GIL held, and deadlocks if one of them is about to
-        # free a tensor of the last collective (which takes the GIL). A collection
-        # (a tenth of a second) is needed only where the strategy made a wrapper.
-        wrapped = self._wrapped is not None and self._wrapped is not self._steps
+        # Only the strategy holds the wrapper after this: it releases it (while it
+        # still holds its process group) in its teardown.
         self._wrapped = None
         self._steps = None
         self.optimizers = []
         self.lr_schedulers = []
-        if wrapped:
-            gc.collect()
 
     def _dispatch(self, module: Module, run: Run) -> object:
+        strategy = self.strategy
         stage, loaders, datamodule = run.stage, run.loaders, run.datamodule
-        checkpoint = self.strategy.load_checkpoint(run.ckpt_path) if run.ckpt_path else None
-        if checkpoint is not None:
+        optimizers, schedulers = (
+            parse_optimizers(module.configure_optimizers()) if stage == "fit" else ([], [])
+        )
+        # Module and optimizers are set up in one call: a strategy may need both at
+        # once (DeepSpeed), or replace the parameters the optimizers hold (sharding).
+        self._steps = Steps(module)
+        self._wrapped, prepared = strategy.setup_module_and_optimizers(self._steps, optimizers)
+        for config in schedulers:
+            # The strategy may stand a twin in for an optimizer (sharding, averaging):
+            # the scheduler must drive the twin.
+            config.scheduler.optimizer = prepared[
+                [id(o) for o in optimizers].index(id(config.optimizer))
+            ]
+        self.optimizers, self.lr_schedulers = prepared, schedulers
+        checkpoint = None
+        if run.ckpt_path:
+            # Read after set-up: a checkpoint IO that loads in place fills the module's
+            # own (possibly sharded) tensors, each rank reading only what it holds.
+            checkpoint = strategy.load_checkpoint(run.ckpt_path, module)
             self._check_checkpoint(checkpoint, run.ckpt_path)
             module.on_load_checkpoint(checkpoint)
             for callback in self.callbacks:
                 callback.on_load_checkpoint(self.me, module, checkpoint)
-            load_module_state(module, checkpoint["state_dict"], run.ckpt_path)
-        self._steps = Steps(module)
-        self._wrapped = self.strategy.setup_module(self._steps)
+            strategy.set_state_dict(
+                module,
+                self.optimizers if stage == "fit" else [],
+                checkpoint,
+                source=run.ckpt_path,
+            )
         if stage == "fit":
             self._fit(
                 module, loaders, run.val_loaders, datamodule=datamodule, checkpoint=checkpoint
@@ -313,23 +326,16 @@ class Loops(abc.ABC):
         if validate_with is not None and not overrides(module, "validation_step"):
             rank_zero_warn("validation data was given, but the module has no validation_step")
             validate_with = None
-        optimizers, schedulers = parse_optimizers(module.configure_optimizers())
-        prepared = strategy.setup_optimizers(optimizers)
-        for config in schedulers:
-            # The strategy may stand a twin in for an optimizer (sharding, averaging):
-            # the scheduler must drive the twin.
-            replacement = prepared[[id(o) for o in optimizers].index(id(config.optimizer))]
-            config.scheduler.optimizer = replacement
-        self.optimizers, self.lr_schedulers = prepared, schedulers
         # The order of every epoch follows from this seed: a resumed run keeps it.
         self._sampler_seed = (
             int(checkpoint["loops"].get("sampler_seed", 0)) if checkpoint else sampler_seed()
         )
+        layout = strategy.layout
         train_loader = prepare_loader(
             train,
             training=True,
-            rank=strategy.global_rank,
-            world_size=strategy.world_size,
+            rank=layout.data_parallel_rank,
+            world_size=layout.data_parallel_size,
             seed=self._sampler_seed,
         )
         val_loader = (
@@ -338,8 +344,8 @@ class Loops(abc.ABC):
             else prepare_loader(
                 validate_with,
                 training=False,
-                rank=strategy.global_rank,
-                world_size=strategy.world_size,
+                rank=layout.data_parallel_rank,
+                world_size=layout.data_parallel_size,
             )
         )
         resume = Resume() if checkpoint is None else self._restore(checkpoint)
@@ -447,7 +453,7 @@ class Loops(abc.ABC):
         if steps.stage != "fit":  # set only after validation: a Module's setattr is slow
             steps.stage = "fit"
         with context:
-            output = cast("StepOutput", self._forward(wrapped, on_device, batch_idx))
+            output = cast("StepOutput", strategy.training_step(wrapped, on_device, batch_idx))
             loss = _loss(output, strategy.world_size)
             if loss is not None:
                 if self.accumulate_grad_batches > 1:
@@ -482,12 +488,6 @@ class Loops(abc.ABC):
         # Any rank may have asked to stop: all stop together, or none does.
         self.should_stop = self.strategy.reduce_boolean_decision(self.should_stop, all=False)
         self.current_epoch += 1
-
-    def _forward(self, module: torch.nn.Module, batch: object, batch_idx: int) -> object:
-        precision = self.strategy.precision
-        batch = precision.convert_input(batch)
-        with precision.forward_context():
-            return module(batch, batch_idx)
 
     def _batches(self, loader: Iterable[object], total: int | None) -> Iterator[tuple[int, object]]:
         strategy = self.strategy
@@ -552,13 +552,13 @@ class Loops(abc.ABC):
         strategy = self.strategy
         for optimizer in self.optimizers:
             if self.gradient_clip_val is not None:
-                strategy.precision.clip_gradients(
+                strategy.clip_gradients(
                     wrapped, optimizer, self.gradient_clip_val, self.gradient_clip_algorithm
                 )
             for callback in self.callbacks:
                 callback.on_before_optimizer_step(self.me, module, optimizer)
             strategy.optimizer_step(optimizer)
-            optimizer.zero_grad(set_to_none=True)
+            strategy.zero_grad(optimizer)
         self.global_step += 1
         self._step_schedulers("step")
 
@@ -627,12 +627,10 @@ class Loops(abc.ABC):
         self, stage: Stage, module: Module, loader: Iterable[object]
     ) -> dict[str, Number]:
         strategy = self.strategy
-        steps = self._steps
+        steps, wrapped = self._steps, self._wrapped
         assert steps is not None
-        assert self._wrapped is not None
-        prepared = prepare_loader(
-            loader, training=False, rank=strategy.global_rank, world_size=strategy.world_size
-        )
+        assert wrapped is not None
+        prepared = self._evaluation_loader(loader)
         limit_name = "limit_val_batches" if stage == "validate" else "limit_test_batches"
         total = limit_batches(length(prepared), self.limits[stage], limit_name)
         self.num_eval_batches = total if total is not None else 0
@@ -644,15 +642,17 @@ class Loops(abc.ABC):
             hook = callback.on_validation_start if validating else callback.on_test_start
             hook(self.me, module)
         (module.on_validation_epoch_start if validating else module.on_test_epoch_start)()
-        # Evaluation calls the module inside any wrapper: ranks may hold different
-        # numbers of batches, and a wrapper's forward may communicate (DDP's does).
+        # Through the wrapper, whose forward may be collective (FSDP's is): every
+        # rank runs as many forwards, the ranks with fewer batches padding.
         steps.stage = stage
-        for batch_idx, batch in enumerate(prepared):
-            if total is not None and batch_idx >= total:
-                break
-            self._current_batch = on_device = to_device(batch, strategy.root_device)
-            with torch.no_grad():
-                output = self._forward(steps, on_device, batch_idx)
+        step = strategy.validation_step if validating else strategy.test_step
+        for batch_idx, batch, real in self._even_batches(prepared, total):
+            on_device = to_device(batch, strategy.root_device)
+            if not real:
+                self._pad(step, wrapped, on_device, batch_idx)
+                continue
+            self._current_batch = on_device
+            output = step(wrapped, on_device, batch_idx)
             for callback in self.callbacks:
                 if validating:
                     callback.on_validation_batch_end(self.me, module, output, on_device, batch_idx)
@@ -669,12 +669,10 @@ class Loops(abc.ABC):
 
     def _predict(self, module: Module, loader: Iterable[object]) -> list[object]:
         strategy = self.strategy
-        steps = self._steps
+        steps, wrapped = self._steps, self._wrapped
         assert steps is not None
-        assert self._wrapped is not None
-        prepared = prepare_loader(
-            loader, training=False, rank=strategy.global_rank, world_size=strategy.world_size
-        )
+        assert wrapped is not None
+        prepared = self._evaluation_loader(loader)
         total = limit_batches(length(prepared), self.limits["predict"], "limit_predict_batches")
         self.num_eval_batches = total if total is not None else 0
         module.eval()
@@ -682,14 +680,13 @@ class Loops(abc.ABC):
             callback.on_predict_start(self.me, module)
         steps.stage = "predict"
         outputs: list[object] = []
-        for batch_idx, batch in enumerate(prepared):
-            if total is not None and batch_idx >= total:
-                break
-            self._current_batch = on_device = to_device(batch, strategy.root_device)
-            with torch.no_grad():
-                output = strategy.precision.convert_output(
-                    self._forward(steps, on_device, batch_idx)
-                )
+        for batch_idx, batch, real in self._even_batches(prepared, total):
+            on_device = to_device(batch, strategy.root_device)
+            if not real:
+                self._pad(strategy.predict_step, wrapped, on_device, batch_idx)
+                continue
+            self._current_batch = on_device
+            output = strategy.predict_step(wrapped, on_device, batch_idx)
             outputs.append(to_device(output, torch.device("cpu")))
             for callback in self.callbacks:
                 callback.on_predict_batch_end(self.me, module, output, on_device, batch_idx)
@@ -697,13 +694,89 @@ class Loops(abc.ABC):
             callback.on_predict_end(self.me, module)
         if strategy.world_size == 1:
             return outputs
-        # Each rank predicted a contiguous block: in rank order, they are the loader's order.
-        gathered: list[object] = []
+        # Each data-parallel rank predicted a contiguous block: in rank order, they
+        # are the loader's order (ranks that read the same data predicted alike).
+        mine = (strategy.layout.data_parallel_rank, outputs)
+        blocks: dict[int, list[object]] = {}
         for rank in range(strategy.world_size):
-            share = strategy.broadcast(outputs if strategy.global_rank == rank else None, src=rank)
-            assert isinstance(share, list)
-            gathered.extend(share)
-        return gathered
+            # Every rank passes its own block; the rank ``src``'s is what all receive.
+            shard, share = strategy.broadcast(mine, src=rank)
+            blocks.setdefault(shard, share)
+        return [output for shard in sorted(blocks) for output in blocks[shard]]
+
+    def _evaluation_loader(self, loader: Iterable[object]) -> Iterable[object]:
+        layout = self.strategy.layout
+        return prepare_loader(
+            loader,
+            training=False,
+            rank=layout.data_parallel_rank,
+            world_size=layout.data_parallel_size,
+        )
+
+    def _pad(
+        self, step: Callable[..., object], wrapped: torch.nn.Module, batch: object, batch_idx: int
+    ) -> None:
+        # A forward that keeps this rank in step with ranks holding more batches: its
+        # output, its logged values and its hooks are dropped, so that every sample
+        # counts once.
+        counted = self._active_metrics
+        self._active_metrics = Metrics(stage="validate", training=False)
+        try:
+            step(wrapped, batch, batch_idx)
+        finally:
+            self._active_metrics = counted
+
+    def _even_batches(
+        self, loader: Iterable[object], total: int | None
+    ) -> Iterator[tuple[int, object, bool]]:
+        """``(index, batch, real)`` until no rank has a batch left.
+
+        A rank whose own batches ran out gets its last batch again with ``real``
+        false (or, having had none, the first batch of the first rank that has one).
+        """
+        strategy = self.strategy
+        world = strategy.world_size
+        device = strategy.root_device
+        counts = None
+        if world > 1 and total is not None:
+            counts = strategy.all_gather(torch.tensor([total], device=device)).flatten().tolist()
+        iterator = iter(loader)
+        last: object = None
+        had_one = False
+        index = 0
+        while True:
+            batch, more = None, False
+            if total is None or index < total:
+                with contextlib.suppress(StopIteration):
+                    batch, more = next(iterator), True
+            if world == 1:
+                if not more:
+                    return
+                yield index, batch, True
+                index += 1
+                continue
+            if counts is not None:
+                holding = [count > index for count in counts]
+            else:
+                # Without lengths, the ranks say at each batch which of them has one.
+                flag = torch.tensor([more], device=device)
+                holding = [bool(f) for f in strategy.all_gather(flag).flatten().tolist()]
+            if not any(holding):
+                return
+            if index == 0 and not all(holding):
+                # A rank without any batch pads with another rank's first.
+                giver = holding.index(True)
+                last = strategy.broadcast(
+                    batch if strategy.global_rank == giver else None, src=giver
+                )
+                had_one = True
+            if more:
+                last, had_one = batch, True
+                yield index, batch, True
+            else:
+                assert had_one
+                yield index, last, False
+            index += 1
 
     # Checkpoints.
 
@@ -732,10 +805,9 @@ class Loops(abc.ABC):
                     metrics.state_dict() if metrics is not None and metrics.training else None
                 ),
             },
-            "state_dict": module.state_dict(),
-            "optimizer_states": [_optimizer_state(strategy, o) for o in self.optimizers],
+            # The strategy's share: module, optimizers and precision (sharded or full).
+            **strategy.get_state_dict(module, self.optimizers),
             "lr_schedulers": [config.scheduler.state_dict() for config in self.lr_schedulers],
-            "precision": strategy.precision.state_dict(),
             "callbacks": {c.state_key: c.state_dict() for c in self.callbacks},
             "rng_states": states,
         }
@@ -749,20 +821,10 @@ class Loops(abc.ABC):
 
     def _restore(self, checkpoint: Checkpoint) -> Resume:
         strategy = self.strategy
-        saved = checkpoint.get("optimizer_states", [])
-        if len(saved) != len(self.optimizers):
-            raise ConfigurationError(
-                f"the checkpoint holds {len(saved)} optimizer states, and "
-                f"configure_optimizers returned {len(self.optimizers)} optimizers",
-                fix="resume with the module's configuration the checkpoint was written with",
-            )
-        for optimizer, state in zip(self.optimizers, saved, strict=True):
-            optimizer.load_state_dict(state)
         for config, state in zip(
             self.lr_schedulers, checkpoint.get("lr_schedulers", []), strict=False
         ):
             config.scheduler.load_state_dict(state)
-        strategy.precision.load_state_dict(checkpoint.get("precision", {}))
         for callback in self.callbacks:
             state = checkpoint.get("callbacks", {}).get(callback.state_key)
             if state is not None:
@@ -785,19 +847,6 @@ class Loops(abc.ABC):
                 f"has {strategy.world_size}: they are not restored"
             )
         return Resume(start_batch=start, rng=mine, metrics=metrics_state)
-
-
-@runtime_checkable
-class _SupportsOptimizerState(Protocol):
-    """A strategy that assembles an optimizer's state itself (from shards, say)."""
-
-    def optimizer_state_dict(self, optimizer: torch.optim.Optimizer) -> dict[str, object]: ...
-
-
-def _optimizer_state(strategy: Strategy, optimizer: torch.optim.Optimizer) -> dict[str, object]:
-    if isinstance(strategy, _SupportsOptimizerState):
-        return strategy.optimizer_state_dict(optimizer)
-    return optimizer.state_dict()
 
 
 def _datamodule_loader(datamodule: DataModule | None, stage: Stage) -> Iterable[object]:

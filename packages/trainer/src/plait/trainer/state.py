@@ -9,9 +9,9 @@ from typing import TypeVar
 
 import torch
 
-from plait.core import CheckpointError, is_module_available
+from plait.core import is_module_available
 
-__all__ = ["load_module_state", "preserved_rng", "rng_state", "set_rng_state", "to_device"]
+__all__ = ["preserved_rng", "rng_state", "set_rng_state", "to_device"]
 
 T = TypeVar("T")
 
@@ -89,30 +89,3 @@ def preserved_rng() -> Iterator[None]:
         yield
     finally:
         set_rng_state(state)
-
-
-def load_module_state(module: torch.nn.Module, state: Mapping[str, object], path: object) -> None:
-    """Load ``state`` into ``module``, or say which parameters do not fit and how."""
-    own = module.state_dict()
-    problems = []
-    for key, value in state.items():
-        mine = own.get(key)
-        if isinstance(value, torch.Tensor) and mine is not None and mine.shape != value.shape:
-            problems.append(
-                f"{key!r} has shape {tuple(value.shape)} in the checkpoint and "
-                f"{tuple(mine.shape)} in the model"
-            )
-    missing = sorted(set(own) - set(state))
-    unexpected = sorted(set(state) - set(own))
-    if missing:
-        problems.append(f"the model's {', '.join(map(repr, missing[:5]))} are not in it")
-    if unexpected:
-        problems.append(f"it holds {', '.join(map(repr, unexpected[:5]))}, which the model lacks")
-    if problems:
-        raise CheckpointError(
-            str(path),
-            "does not fit the model: " + "; ".join(problems),
-            fix="build the model with the configuration the checkpoint was saved with, or "
-            "load a checkpoint of this model",
-        )
-    module.load_state_dict(state)

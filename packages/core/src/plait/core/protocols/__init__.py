@@ -8,9 +8,11 @@ from plait.core.protocols.accelerator import Accelerator, SupportsDeviceStats
 from plait.core.protocols.checkpoint_io import (
     CheckpointIO,
     SupportsAsyncCheckpoint,
+    SupportsCollectiveIO,
     SupportsCopyCheckpoint,
     SupportsLoadInPlace,
     SupportsPartialCleanup,
+    is_collective,
 )
 from plait.core.protocols.collectives import Collectives
 from plait.core.protocols.environment import ClusterEnvironment
@@ -33,6 +35,7 @@ __all__ = [
     "Precision",
     "Strategy",
     "SupportsAsyncCheckpoint",
+    "SupportsCollectiveIO",
     "SupportsCopyCheckpoint",
     "SupportsDeviceStats",
     "SupportsLauncher",
@@ -40,4 +43,5 @@ __all__ = [
     "SupportsNoSync",
     "SupportsPartialCleanup",
     "SupportsReplace",
+    "is_collective",
 ]

@@ -14,9 +14,11 @@ if TYPE_CHECKING:
 __all__ = [
     "CheckpointIO",
     "SupportsAsyncCheckpoint",
+    "SupportsCollectiveIO",
     "SupportsCopyCheckpoint",
     "SupportsLoadInPlace",
     "SupportsPartialCleanup",
+    "is_collective",
 ]
 
 
@@ -78,12 +80,31 @@ class SupportsLoadInPlace(Protocol):
     only the shards its tensors hold.
     """
 
-    def load_checkpoint_into(self, path: PathLike, state_dict: StateDict) -> None:
+    def load_checkpoint_into(self, path: PathLike, state_dict: StateDict) -> Checkpoint:
         """Fill the tensors of ``state_dict`` in place from the checkpoint at ``path``.
+
+        Returns:
+            The checkpoint: ``state_dict``'s entries (filled in place), and every other
+            top-level entry of the checkpoint, read whole.
 
         Raises:
             CheckpointError: It is missing, incomplete or lacks a key of ``state_dict``.
         """
+        ...
+
+
+@runtime_checkable
+class SupportsCollectiveIO(Protocol):
+    """A checkpoint IO that says whether every rank calls it.
+
+    A collective IO (``collective`` true) is called by every rank to save, load and
+    remove, each rank writing or reading its own part; any other is called by
+    global rank 0 alone to save and remove. An IO that does not say is rank-0.
+    """
+
+    @property
+    def collective(self) -> bool:
+        """Whether every rank calls `save_checkpoint` and `remove_checkpoint`."""
         ...
 
 
@@ -113,3 +134,8 @@ class SupportsPartialCleanup(Protocol):
     def remove_partial(self, directory: PathLike) -> list[str]:
         """Delete what interrupted saves left in ``directory``; return the paths removed."""
         ...
+
+
+def is_collective(checkpoint_io: object) -> bool:
+    """Whether every rank calls ``checkpoint_io`` to save and remove (else rank 0 alone)."""
+    return isinstance(checkpoint_io, SupportsCollectiveIO) and bool(checkpoint_io.collective)

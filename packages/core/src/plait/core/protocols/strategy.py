@@ -14,10 +14,11 @@ if TYPE_CHECKING:
 
     import torch
 
+    from plait.core.layout import ProcessLayout
     from plait.core.protocols.accelerator import Accelerator
     from plait.core.protocols.checkpoint_io import CheckpointIO
     from plait.core.protocols.launcher import Launcher
-    from plait.core.protocols.precision import Precision
+    from plait.core.protocols.precision import GradientClipAlgorithm, Precision
     from plait.core.typing import Checkpoint, PathLike
 
 __all__ = ["Strategy", "SupportsLauncher", "SupportsNoSync", "SupportsReplace"]
@@ -27,14 +28,17 @@ __all__ = ["Strategy", "SupportsLauncher", "SupportsNoSync", "SupportsReplace"]
 class Strategy(Collectives, Protocol):
     """Owns the module and optimizers across processes, and keeps the collective contract.
 
-    Usable with or without the Trainer::
+    The strategy owns every step: a trainer (or a loop of your own) runs the forward
+    pass, backward, clipping, the optimizer step and zeroing through it, and takes and
+    restores state through it, so that a strategy which shards, casts or wraps does
+    so in one place. Usable with or without the Trainer::
 
         strategy.setup_environment()
-        model = strategy.setup_module(model)
-        [optimizer] = strategy.setup_optimizers([optimizer])
-        loss = model(batch).sum()
+        model, [optimizer] = strategy.setup_module_and_optimizers(model, [optimizer])
+        loss = strategy.training_step(model, batch)
         strategy.backward(loss, model)
         strategy.optimizer_step(optimizer)
+        strategy.zero_grad(optimizer)
         strategy.teardown()
     """
 
@@ -64,6 +68,11 @@ class Strategy(Collectives, Protocol):
         ...
 
     @property
+    def layout(self) -> ProcessLayout:
+        """Where this process sits: data is sharded by its data-parallel rank and size."""
+        ...
+
+    @property
     def global_rank(self) -> int:
         """This process's rank among all processes."""
         ...
@@ -87,8 +96,52 @@ class Strategy(Collectives, Protocol):
         """Prepare ``optimizers`` for this strategy; use what it returns, in the same order."""
         ...
 
+    def setup_module_and_optimizers(
+        self, module: torch.nn.Module, optimizers: Sequence[torch.optim.Optimizer]
+    ) -> tuple[torch.nn.Module, list[torch.optim.Optimizer]]:
+        """Set up ``module`` and the ``optimizers`` made over its parameters, together.
+
+        Use what it returns: the module as wrapped, and the optimizers in the same
+        order (a strategy that replaces parameters, or the optimizers, returns new ones).
+        """
+        ...
+
+    def unwrap_module(self, module: torch.nn.Module) -> torch.nn.Module:
+        """The module inside any wrapper the strategy added."""
+        ...
+
+    def training_step(self, module: torch.nn.Module, *args: object, **kwargs: object) -> object:
+        """Run ``module`` (as set up) on the inputs, for training (through its wrapper)."""
+        ...
+
+    def validation_step(self, module: torch.nn.Module, *args: object, **kwargs: object) -> object:
+        """Run ``module`` on the inputs without recording gradients."""
+        ...
+
+    def test_step(self, module: torch.nn.Module, *args: object, **kwargs: object) -> object:
+        """Run ``module`` on the inputs without recording gradients."""
+        ...
+
+    def predict_step(self, module: torch.nn.Module, *args: object, **kwargs: object) -> object:
+        """Run ``module`` without recording gradients; outputs in the default dtype."""
+        ...
+
     def backward(self, loss: torch.Tensor, module: torch.nn.Module | None = None) -> None:
         """Compute gradients of ``loss`` through the precision plugin."""
+        ...
+
+    def clip_gradients(
+        self,
+        module: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        clip_val: float,
+        algorithm: GradientClipAlgorithm = "norm",
+    ) -> None:
+        """Clip ``optimizer``'s gradients (unscaled first; by the global norm if sharded)."""
+        ...
+
+    def zero_grad(self, optimizer: torch.optim.Optimizer) -> None:
+        """Drop ``optimizer``'s gradients after its step."""
         ...
 
     def optimizer_step(
@@ -99,12 +152,33 @@ class Strategy(Collectives, Protocol):
         """Step ``optimizer`` through the precision plugin."""
         ...
 
-    def save_checkpoint(self, checkpoint: Mapping[str, object], path: PathLike) -> None:
-        """Save ``checkpoint`` through the checkpoint IO (on the ranks that must write)."""
+    def get_state_dict(
+        self, module: torch.nn.Module, optimizers: Sequence[torch.optim.Optimizer] = ()
+    ) -> Checkpoint:
+        """This rank's ``{"state_dict": ..., "optimizer_states": [...]}`` (every rank calls it)."""
         ...
 
-    def load_checkpoint(self, path: PathLike) -> Checkpoint:
-        """Load the checkpoint at ``path`` onto this rank's device."""
+    def set_state_dict(
+        self,
+        module: torch.nn.Module,
+        optimizers: Sequence[torch.optim.Optimizer],
+        state: Mapping[str, object],
+        *,
+        source: object = "the state",
+    ) -> None:
+        """Load what `get_state_dict` returned (every rank calls it)."""
+        ...
+
+    def save_checkpoint(self, checkpoint: Mapping[str, object], path: PathLike) -> None:
+        """Save ``checkpoint`` through the checkpoint IO (every rank calls it)."""
+        ...
+
+    def load_checkpoint(self, path: PathLike, module: torch.nn.Module | None = None) -> Checkpoint:
+        """Load the checkpoint at ``path``; with ``module``, into it in place where the IO can."""
+        ...
+
+    def remove_checkpoint(self, path: PathLike) -> None:
+        """Delete the checkpoint at ``path``; every rank calls it."""
         ...
 
     def on_exception(self, exception: BaseException) -> None:

@@ -13,6 +13,7 @@ from plait.core import (
     ConfigurationError,
     SupportsCopyCheckpoint,
     SupportsPartialCleanup,
+    is_collective,
     rank_zero_warn,
 )
 from plait.core.errors import suggest
@@ -234,14 +235,19 @@ class ModelCheckpoint(Callback):
         if keep is not None:
             trainer.save_checkpoint(keep)
         if self.save_last:
-            if keep is not None and isinstance(checkpoint_io, SupportsCopyCheckpoint):
+            if (
+                keep is not None
+                and isinstance(checkpoint_io, SupportsCopyCheckpoint)
+                and not is_collective(checkpoint_io)
+            ):
                 if trainer.is_global_zero:
                     checkpoint_io.copy_checkpoint(keep, self.last_path())
             else:
                 trainer.save_checkpoint(self.last_path())
-        if trainer.is_global_zero:
-            for path in remove:
-                self._remove(trainer, path)
+        # Every rank: a collective checkpoint IO removes on every rank, any other on
+        # rank 0 alone (the strategy knows which).
+        for path in remove:
+            self._remove(trainer, path)
 
     @staticmethod
     def _remove(trainer: Trainer, path: str) -> None:
@@ -251,7 +257,7 @@ class ModelCheckpoint(Callback):
             # nothing is lost, so training goes on.
             rank_zero_warn(f"{path} was to be removed, and is already gone")
             return
-        trainer.strategy.checkpoint_io.remove_checkpoint(path)
+        trainer.strategy.remove_checkpoint(path)
 
     def _plan(self, trainer: Trainer) -> tuple[str | None, list[str], float | None]:
         score = self._score(trainer)
