@@ -167,3 +167,27 @@ def test_a_directory_given_as_checkpoint_is_called_a_directory(tmp_path: Path) -
 
     assert done.returncode == 1
     assert "is a directory, not a checkpoint file" in done.stderr
+
+
+def test_ddp_with_the_distributed_checkpoint_io_trains_saves_and_resumes_exactly_within_180s(
+    tmp_path: Path,
+) -> None:
+    # Every rank writes its part of each checkpoint (a directory), and reads its state
+    # back in place; the run then goes on as if it had never stopped.
+    collective = "plugins=['distributed']"
+    straight_root, resumed_root = tmp_path / "straight", tmp_path / "resumed"
+    straight_root.mkdir()
+    resumed_root.mkdir()
+    straight = run(fit_command("ddp", 2, straight_root, "max_epochs=3", collective), straight_root)
+    first = run(fit_command("ddp", 2, resumed_root, "max_epochs=2", collective), resumed_root)
+    resumed = run(
+        fit_command("ddp", 2, resumed_root, "max_epochs=3", collective, "ckpt_path='last'"),
+        resumed_root,
+    )
+
+    for job in (straight, first, resumed):
+        assert job.returncode == 0, job.stderr
+    assert resumed.checkpoints() == ["epoch=2-step=24.ckpt", "last.ckpt"]
+    assert (resumed_root / "checkpoints" / "last.ckpt" / ".metadata").is_file()
+    for rank in (0, 1):
+        assert resumed.seen(rank)["losses"] == straight.seen(rank)["losses"]

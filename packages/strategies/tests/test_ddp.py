@@ -255,3 +255,72 @@ def test_parts_given_as_objects_are_the_ones_used() -> None:
     assert strategy.accelerator is accelerator
     assert strategy.precision is precision
     assert strategy.checkpoint_io is io
+
+
+@pytest.mark.parametrize(
+    ("option", "suggested"),
+    [("statc_graph", "static_graph"), ("find_unused_parameter", "find_unused_parameters")],
+)
+def test_a_misspelt_option_is_refused_when_the_strategy_is_made(
+    option: str, suggested: str
+) -> None:
+    with pytest.raises(ConfigurationError, match=f"option {option}=") as raised:
+        options: dict[str, object] = {option: True}
+        DDPStrategy(**options)  # type: ignore[arg-type]
+    assert raised.value.suggestion == suggested
+    assert "DistributedDataParallel" in str(raised.value)
+
+
+def test_an_option_the_strategy_sets_itself_is_refused() -> None:
+    with pytest.raises(ConfigurationError, match="sets DistributedDataParallel's device_ids"):
+        DDPStrategy(device_ids=[0])
+
+
+def test_the_options_of_distributed_data_parallel_are_taken() -> None:
+    strategy = DDPStrategy(static_graph=True, bucket_cap_mb=10)
+    assert strategy.ddp_kwargs == {"static_graph": True, "bucket_cap_mb": 10}
+
+
+class OwnWrapperDDP(DDPStrategy):
+    @override
+    def configure_ddp(self, module: nn.Module) -> nn.Module:
+        return module
+
+
+def test_a_subclass_that_wraps_its_own_way_takes_its_own_options() -> None:
+    assert OwnWrapperDDP(my_option=1).ddp_kwargs == {"my_option": 1}
+
+
+def test_a_precision_given_as_precision_plugin_is_used_and_kept_by_replace() -> None:
+    strategy = DDPStrategy(precision_plugin="bf16-mixed")
+    assert strategy.precision.compute_dtype == torch.bfloat16
+    assert strategy.precision_plugin is strategy.precision
+    assert strategy.arguments["precision"] == "bf16-mixed"
+    assert strategy.replace(start_method="spawn").precision.compute_dtype == torch.bfloat16
+
+
+def test_two_precisions_are_refused() -> None:
+    with pytest.raises(ConfigurationError, match="two precisions were given"):
+        DDPStrategy(precision="32-true", precision_plugin="bf16-mixed")
+
+
+class SeedStyleDDP(DDPStrategy):
+    @override
+    def configure_ddp(self) -> None:  # type: ignore[override]
+        assert self.model is not None
+        self.model = DistributedDataParallel(self.model, process_group=self.process_group)
+
+
+def test_configure_ddp_may_replace_self_model_as_in_lightning(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    as_rank(monkeypatch, 0, 1, free_port())
+    strategy = SeedStyleDDP(accelerator="cpu")
+    strategy.setup_environment()
+    try:
+        wrapped = strategy.setup_module(nn.Linear(2, 2))
+        assert isinstance(wrapped, DistributedDataParallel)
+        assert strategy.model is wrapped
+    finally:
+        strategy.teardown()
+    assert strategy.model is None

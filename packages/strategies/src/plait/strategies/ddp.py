@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import inspect
 import re
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -13,6 +14,7 @@ from torch.nn.parallel import DistributedDataParallel
 from typing_extensions import override
 
 from plait.core import ConfigurationError
+from plait.core.errors import suggest
 from plait.strategies.launchers import (
     ExternalLauncher,
     MultiprocessingLauncher,
@@ -32,6 +34,8 @@ CommHook = Callable[..., object]
 """A DDP communication hook, e.g. ``default_hooks.fp16_compress_hook`` of
 ``torch.distributed.algorithms.ddp_comm_hooks``."""
 
+
+_SET_BY_STRATEGY = ("self", "module", "device_ids", "output_device", "process_group")
 
 _UNUSED = re.compile(r"Parameter indices which did not receive grad for rank \d+: ([\d ]+)")
 
@@ -93,7 +97,8 @@ class DDPStrategy(ParallelStrategy):
     own way.
 
     Args:
-        accelerator, parallel_devices, cluster_environment, precision, checkpoint_io,
+        accelerator, parallel_devices, cluster_environment, precision, precision_plugin,
+        checkpoint_io,
         process_group_backend, timeout, start_timeout, checked_collectives: As for
             `ParallelStrategy`.
         ddp_comm_state: The state passed to ``ddp_comm_hook`` (e.g. a PowerSGD state).
@@ -107,11 +112,13 @@ class DDPStrategy(ParallelStrategy):
             ``"popen"`` (run the program again), ``"spawn"``, ``"fork"`` or
             ``"forkserver"``.
         **ddp_kwargs: Passed to `DistributedDataParallel`, e.g. ``static_graph=True``
-            or ``find_unused_parameters=True``.
+            or ``find_unused_parameters=True``; checked against its parameters when the
+            strategy is made (unless a subclass wraps the module its own way).
 
     Raises:
-        ConfigurationError: A wrapper or state without a hook, or a hook that is not
-            callable.
+        ConfigurationError: A wrapper or state without a hook, a hook that is not
+            callable, or a keyword option `DistributedDataParallel` does not take (the
+            closest name is suggested).
     """
 
     def __init__(
@@ -121,6 +128,7 @@ class DDPStrategy(ParallelStrategy):
         parallel_devices: Sequence[torch.device] | None = None,
         cluster_environment: ClusterEnvironment | str | None = None,
         precision: Precision | str | None = None,
+        precision_plugin: Precision | str | None = None,
         checkpoint_io: CheckpointIO | str | None = None,
         ddp_comm_state: object = None,
         ddp_comm_hook: CommHook | None = None,
@@ -142,6 +150,7 @@ class DDPStrategy(ParallelStrategy):
             _check_model_averaging(model_averaging_period, ddp_comm_state)
         if start_method not in START_METHODS:
             raise ConfigurationError.invalid_choice("start_method", start_method, START_METHODS)
+        self._check_ddp_kwargs(ddp_kwargs)
         if ddp_comm_hook is not None and not callable(ddp_comm_hook):
             raise ConfigurationError(
                 f"ddp_comm_hook={ddp_comm_hook!r} is not callable",
@@ -153,6 +162,7 @@ class DDPStrategy(ParallelStrategy):
             parallel_devices=parallel_devices,
             cluster_environment=cluster_environment,
             precision=precision,
+            precision_plugin=precision_plugin,
             checkpoint_io=checkpoint_io,
             process_group_backend=process_group_backend,
             timeout=timeout,
@@ -165,6 +175,33 @@ class DDPStrategy(ParallelStrategy):
         self.ddp_comm_hook = ddp_comm_hook
         self.ddp_comm_wrapper = ddp_comm_wrapper
         self.ddp_kwargs = dict(ddp_kwargs)
+
+    def _check_ddp_kwargs(self, ddp_kwargs: Mapping[str, object]) -> None:
+        # A subclass that wraps the module its own way decides what its options mean.
+        if type(self).configure_ddp is not DDPStrategy.configure_ddp:
+            return
+        parameters = inspect.signature(DistributedDataParallel.__init__).parameters
+        accepted = [name for name in parameters if name not in _SET_BY_STRATEGY]
+        own = [name for name in inspect.signature(DDPStrategy).parameters if name != "ddp_kwargs"]
+        for name in ddp_kwargs:
+            if name in _SET_BY_STRATEGY:
+                raise ConfigurationError(
+                    f"DDPStrategy sets DistributedDataParallel's {name} itself",
+                    value=name,
+                    fix="choose devices with parallel_devices= (or the Trainer's devices=); "
+                    "to wrap the module your own way, override configure_ddp",
+                )
+            if name not in accepted:
+                choices = sorted({*own, *accepted})
+                raise ConfigurationError(
+                    f"DDPStrategy got the option {name}=, which neither it nor "
+                    "DistributedDataParallel takes",
+                    value=name,
+                    choices=choices,
+                    suggestion=suggest(name, choices),
+                    fix="correct the name; DDPStrategy passes the options it does not take "
+                    "itself to DistributedDataParallel",
+                )
 
     @property
     def num_processes(self) -> int:
@@ -190,8 +227,23 @@ class DDPStrategy(ParallelStrategy):
 
     @override
     def wrap_module(self, module: torch.nn.Module) -> torch.nn.Module:
-        """Wrap ``module`` with `configure_ddp`, then register the communication hook."""
-        wrapped = self.configure_ddp(module)
+        """Wrap ``module`` with `configure_ddp`, then register the communication hook.
+
+        `configure_ddp` may take the module and return the wrapper, or (as in
+        Lightning) take nothing, and replace `model` with the wrapper.
+        """
+        self.model = module
+        takes_module = len(inspect.signature(self.configure_ddp).parameters) > 0
+        if takes_module:
+            wrapped = self.configure_ddp(module)
+        else:
+            self.configure_ddp()  # type: ignore[call-arg]
+            wrapped = self.model
+            if wrapped is None:
+                raise ConfigurationError(
+                    f"{type(self).__qualname__}.configure_ddp() set self.model to None",
+                    fix="set self.model to the wrapped module, or take the module and return it",
+                )
         if self.model_averaging_period is not None:
             self._default_local_sgd_subgroup()
         if self.ddp_comm_hook is not None and isinstance(wrapped, DistributedDataParallel):

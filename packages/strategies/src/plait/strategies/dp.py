@@ -27,7 +27,8 @@ class DataParallelStrategy(OneProcessStrategy):
 
     Args:
         parallel_devices: The CUDA devices; every visible GPU by default.
-        accelerator, precision, checkpoint_io: As for the other strategies.
+        accelerator, precision, precision_plugin, checkpoint_io: As for the other
+            strategies.
 
     Raises:
         ConfigurationError: There is no CUDA device, or a device is not a CUDA one.
@@ -39,6 +40,7 @@ class DataParallelStrategy(OneProcessStrategy):
         *,
         accelerator: Accelerator | str | None = None,
         precision: Precision | str | None = None,
+        precision_plugin: Precision | str | None = None,
         checkpoint_io: CheckpointIO | str | None = None,
     ) -> None:
         devices = (
@@ -54,7 +56,12 @@ class DataParallelStrategy(OneProcessStrategy):
                 fix="use strategy='ddp', which runs on CPUs and GPUs alike and is faster",
             )
         self._devices = devices
-        super().__init__(accelerator=accelerator, precision=precision, checkpoint_io=checkpoint_io)
+        super().__init__(
+            accelerator=accelerator,
+            precision=precision,
+            checkpoint_io=checkpoint_io,
+            precision_plugin=precision_plugin,
+        )
 
     @override
     def default_device_type(self) -> str:

@@ -74,6 +74,7 @@ class ParallelStrategy(BaseStrategy):
             of the accelerator's type (the CPU for every rank, or GPU ``local_rank``).
         cluster_environment: Where this process sits, or its name; detected by default.
         precision: The precision plugin, or its name; ``"32-true"`` by default.
+        precision_plugin: The same, under the name Lightning's strategies take it by.
         checkpoint_io: The checkpoint IO, or its name; ``"torch"`` by default.
         process_group_backend: ``"gloo"``, ``"nccl"``, ...; NCCL on CUDA, gloo otherwise.
         timeout: How long a collective waits for the other ranks.
@@ -89,6 +90,7 @@ class ParallelStrategy(BaseStrategy):
         parallel_devices: Sequence[torch.device] | None = None,
         cluster_environment: ClusterEnvironment | str | None = None,
         precision: Precision | str | None = None,
+        precision_plugin: Precision | str | None = None,
         checkpoint_io: CheckpointIO | str | None = None,
         process_group_backend: str | None = None,
         timeout: timedelta = DEFAULT_TIMEOUT,
@@ -96,7 +98,12 @@ class ParallelStrategy(BaseStrategy):
         checked_collectives: bool = True,
     ) -> None:
         self._parallel_devices = list(parallel_devices) if parallel_devices else None
-        super().__init__(accelerator=accelerator, precision=precision, checkpoint_io=checkpoint_io)
+        super().__init__(
+            accelerator=accelerator,
+            precision=precision,
+            checkpoint_io=checkpoint_io,
+            precision_plugin=precision_plugin,
+        )
         environment = (
             EnvironmentRegistry.get(cluster_environment or "auto")
             if cluster_environment is None or isinstance(cluster_environment, str)

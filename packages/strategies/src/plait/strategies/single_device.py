@@ -42,6 +42,7 @@ class SingleDeviceStrategy(OneProcessStrategy):
         device: The device, e.g. ``"cpu"``, ``"cuda:1"`` or a `torch.device`.
         accelerator: The accelerator, or its name; that of ``device``'s type by default.
         precision: The precision plugin, or its name; ``"32-true"`` by default.
+        precision_plugin: The same, under the name Lightning's strategies take it by.
         checkpoint_io: The checkpoint IO, or its name; ``"torch"`` by default.
     """
 
@@ -51,10 +52,16 @@ class SingleDeviceStrategy(OneProcessStrategy):
         *,
         accelerator: Accelerator | str | None = None,
         precision: Precision | str | None = None,
+        precision_plugin: Precision | str | None = None,
         checkpoint_io: CheckpointIO | str | None = None,
     ) -> None:
         self._device = torch.device(device)
-        super().__init__(accelerator=accelerator, precision=precision, checkpoint_io=checkpoint_io)
+        super().__init__(
+            accelerator=accelerator,
+            precision=precision,
+            checkpoint_io=checkpoint_io,
+            precision_plugin=precision_plugin,
+        )
 
     @override
     def default_device_type(self) -> str:
