@@ -86,6 +86,19 @@ def test_predictions_of_two_ranks_come_back_in_order(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+def test_evaluation_runs_as_many_forwards_on_every_rank_and_counts_each_sample_once(
+    tmp_path: Path,
+) -> None:
+    completed, result = _run(tmp_path, "even")
+
+    assert completed.returncode == 0, completed.stderr
+    assert result == {"val_seen": 9, "same": True}
+    counts = [json.loads((tmp_path / f"forwards-{rank}.json").read_text()) for rank in (0, 1)]
+    # Validation, then prediction: 3 forwards each on both ranks, one of rank 1's padding.
+    assert counts == [[3, 6], [3, 6]]
+
+
+@pytest.mark.slow
 def test_a_resumed_ddp_run_continues_exactly(tmp_path: Path) -> None:
     completed, result = _run(tmp_path, "resume")
 

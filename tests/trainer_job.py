@@ -102,6 +102,22 @@ class UnevenSampler(Sampler[int]):
         return self.count
 
 
+class ForwardCountingDDP(DDPStrategy):
+    """DDP that counts the evaluation forwards this rank runs through its wrapper."""
+
+    forwards = 0
+
+    @override
+    def validation_step(self, module: torch.nn.Module, *args: object, **kwargs: object) -> object:
+        self.forwards += 1
+        return super().validation_step(module, *args, **kwargs)
+
+    @override
+    def predict_step(self, module: torch.nn.Module, *args: object, **kwargs: object) -> object:
+        self.forwards += 1
+        return super().predict_step(module, *args, **kwargs)
+
+
 class CountingDDP(DDPStrategy):
     """DDP that counts the batches run without gradient synchronisation."""
 
@@ -193,6 +209,23 @@ def main() -> None:
             _trainer(arguments, max_epochs=1).fit(Toy(fail_at=2), train)
         except PeerFailedError as error:
             result = {"failed_rank": error.rank, "message": str(error)}
+    elif arguments.scenario == "even":
+        # 9 samples in batches of 2: rank 0 holds 3 batches, rank 1 holds 2 and pads.
+        strategy = ForwardCountingDDP()
+        trainer = _trainer(arguments, strategy=strategy)
+        [metrics] = trainer.validate(Toy(), DataLoader(dataset(9), batch_size=2))
+        after_validate = trainer.strategy.forwards  # type: ignore[attr-defined]
+        model = Toy()
+        predictions = trainer.predict(model, DataLoader(dataset(9), batch_size=2))
+        expected = model.eval()(dataset(9).tensors[0])
+        rank = int(os.environ.get("RANK", "0"))
+        Path(arguments.root, f"forwards-{rank}.json").write_text(
+            json.dumps([after_validate, trainer.strategy.forwards])  # type: ignore[attr-defined]
+        )
+        result = {
+            "val_seen": metrics["val_seen"],
+            "same": bool(torch.allclose(torch.cat(predictions), expected, atol=1e-6)),  # type: ignore[arg-type]
+        }
     elif arguments.scenario == "predict":
         model = Toy()
         loader = DataLoader(dataset(11), batch_size=4)

@@ -264,8 +264,8 @@ def test_parts_given_as_objects_are_the_ones_used() -> None:
 def test_a_misspelt_option_is_refused_when_the_strategy_is_made(
     option: str, suggested: str
 ) -> None:
+    options: dict[str, object] = {option: True}
     with pytest.raises(ConfigurationError, match=f"option {option}=") as raised:
-        options: dict[str, object] = {option: True}
         DDPStrategy(**options)  # type: ignore[arg-type]
     assert raised.value.suggestion == suggested
     assert "DistributedDataParallel" in str(raised.value)
