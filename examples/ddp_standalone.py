@@ -56,7 +56,7 @@ def train(epochs: int, checkpoint: Path) -> float:
             strategy.backward(loss, model)
             strategy.optimizer_step(optimizer)
             total, batches = total + loss.item(), batches + 1
-        epoch_loss = strategy.reduce(total / batches, "mean")
+        epoch_loss = strategy.reduce(total / batches, reduce_op="mean")
         if strategy.is_global_zero:
             print(f"epoch {epoch}: loss {epoch_loss:.4f} (mean over {strategy.world_size} ranks)")
     strategy.save_checkpoint(

@@ -18,7 +18,7 @@ from plait.strategies import DDPStrategy
 from plait.strategies.collectives import DistributedCollectives
 
 if TYPE_CHECKING:
-    from plait.core.typing import ReduceOpLike
+    from plait.core.typing import Group, ReduceOpLike
 
 T = TypeVar("T")
 
@@ -26,25 +26,35 @@ T = TypeVar("T")
 class _Flawed(DistributedCollectives):
     """The collectives of a DDP strategy, sharing its group, store and rendezvous."""
 
+    _group: Group | None = None  # of the reduce in progress
+
     def __init__(self, inner: DistributedCollectives) -> None:
         # A copy of the working collectives' state, not a second group.
         self.__dict__.update(vars(inner))
 
     @overload
-    def reduce(self, value: torch.Tensor, reduce_op: ReduceOpLike = "mean") -> torch.Tensor: ...
+    def reduce(
+        self, value: torch.Tensor, group: Group | None = None, reduce_op: ReduceOpLike = "mean"
+    ) -> torch.Tensor: ...
 
     @overload
-    def reduce(self, value: float, reduce_op: ReduceOpLike = "mean") -> float: ...
+    def reduce(
+        self, value: float, group: Group | None = None, reduce_op: ReduceOpLike = "mean"
+    ) -> float: ...
 
     @override
     def reduce(
-        self, value: torch.Tensor | float, reduce_op: ReduceOpLike = "mean"
+        self,
+        value: torch.Tensor | float,
+        group: Group | None = None,
+        reduce_op: ReduceOpLike = "mean",
     ) -> torch.Tensor | float:
+        self._group = group
         return self.flawed_reduce(value, str(reduce_op))
 
     def flawed_reduce(self, value: torch.Tensor | float, op: str) -> torch.Tensor | float:
         """The reduction as this flaw computes it; correct unless overridden."""
-        return super().reduce(value, op)
+        return super().reduce(value, self._group, reduce_op=op)
 
 
 class MeanThatSumsCollectives(_Flawed):
@@ -78,28 +88,39 @@ class MutatingReduceCollectives(_Flawed):
 
 class IgnoresSrcCollectives(_Flawed):
     @override
-    def broadcast(self, obj: T, src: int = 0) -> T:
-        return super().broadcast(obj, 0)
+    def broadcast(self, obj: T, src: int = 0, group: Group | None = None) -> T:
+        return super().broadcast(obj, 0, group)
 
 
 class ImpatientBarrierCollectives(_Flawed):
     @override
-    def barrier(self, name: str | None = None, timeout: timedelta | float | None = None) -> None:
+    def barrier(
+        self,
+        name: str | None = None,
+        timeout: timedelta | float | None = None,
+        group: Group | None = None,
+    ) -> None:
         return
 
 
 class ReversedGatherCollectives(_Flawed):
     @override
-    def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
-        return super().all_gather(tensor).flip(0)
+    def all_gather(self, tensor: torch.Tensor, group: Group | None = None) -> torch.Tensor:
+        return super().all_gather(tensor, group).flip(0)
+
+
+class GroupBlindCollectives(_Flawed):
+    @override
+    def within(self, group: Group | None) -> DistributedCollectives:
+        return self  # every collective over the whole job, whatever the group
 
 
 class DyingGatherCollectives(_Flawed):
     @override
-    def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
+    def all_gather(self, tensor: torch.Tensor, group: Group | None = None) -> torch.Tensor:
         if self.rank == self.world_size - 1:
             os._exit(3)  # a crash: no exception, no clean-up
-        return super().all_gather(tensor)
+        return super().all_gather(tensor, group)
 
 
 class _BrokenDDP(DDPStrategy):
@@ -139,6 +160,12 @@ class ImpatientBarrier(_BrokenDDP):
     """``barrier`` returns at once."""
 
     flaw = ImpatientBarrierCollectives
+
+
+class IgnoresGroups(_BrokenDDP):
+    """Collectives given a sub-group run over every rank instead."""
+
+    flaw = GroupBlindCollectives
 
 
 class ReversedAllGather(_BrokenDDP):

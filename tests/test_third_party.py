@@ -13,4 +13,4 @@ def test_an_installed_third_party_strategy_is_found_by_name() -> None:
     assert entry.description == "a third party's strategy"
     assert isinstance(strategy, Strategy)
     assert strategy.greeting() == "hello from cpu"  # type: ignore[attr-defined]
-    assert strategy.reduce(torch.tensor([1, 2]), "mean").dtype == torch.float32
+    assert strategy.reduce(torch.tensor([1, 2]), reduce_op="mean").dtype == torch.float32

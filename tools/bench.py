@@ -318,7 +318,7 @@ def _collective_cases(
         return torch.stack(rows)
 
     def plait_reduce(tensor: torch.Tensor, op: str) -> Callable[[], object]:
-        return lambda: strategy.reduce(tensor, op)
+        return lambda: strategy.reduce(tensor, reduce_op=op)
 
     def plait_broadcast(tensor: torch.Tensor) -> Callable[[], object]:
         return lambda: strategy.broadcast(tensor, src=0)

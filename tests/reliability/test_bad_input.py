@@ -230,7 +230,7 @@ CASES = [
     ),
     Case(
         "reduce(op='avgg')",
-        lambda: LocalCollectives(torch.device("cpu")).reduce(1.0, "avgg"),
+        lambda: LocalCollectives(torch.device("cpu")).reduce(1.0, reduce_op="avgg"),
         ConfigurationError,
         ("'avgg'", "'avg'?"),
     ),

@@ -16,6 +16,7 @@ from plait.conformance import (
     BarrierCase,
     BroadcastCase,
     Call,
+    GroupCase,
     MismatchCase,
     RankPool,
     ReduceCase,
@@ -77,6 +78,26 @@ def test_a_mean_that_sums_is_a_violation_on_every_rank() -> None:
     problems = check(case, wrong, ("cpu", "cpu"))
     assert len(problems) == 2
     assert "element 0 is 4.0, expected 2.0" in problems[0]
+
+
+def test_a_group_keeps_the_contract_among_its_ranks_and_refuses_outsiders() -> None:
+    case = GroupCase((0, 2), "sum", 2, (_ints(1), _ints(5), _ints(3)))
+    member = (
+        _tensor((4,), "int64"),
+        TensorData("int64", (2, 1), "cpu", (1, 3)),
+        _tensor((3,), "int64"),
+    )
+    refused = RaisedError("ValueError", frozenset({"ValueError"}), "not in the group", "")
+    right = [Outcome(0, result=member), Outcome(1, error=refused), Outcome(2, result=member)]
+
+    assert check(case, right, ("cpu",) * 3) == []
+    # The whole job's sum (9), and an outsider that reduced instead of raising.
+    whole = (_tensor((9,), "int64"), *member[1:])
+    wrong = [Outcome(0, result=whole), Outcome(1, result=_tensor((9,), "int64")), right[2]]
+    problems = check(case, wrong, ("cpu",) * 3)
+    assert any("rank 1 is not in the group [0, 2]" in problem for problem in problems)
+    problems = check(case, [Outcome(0, result=whole), right[1], right[2]], ("cpu",) * 3)
+    assert any("expected 4" in problem and "ranks [0, 2]" in problem for problem in problems)
 
 
 def test_integer_means_must_be_floating_and_bool_sums_must_count() -> None:
@@ -191,6 +212,7 @@ def test_every_drawn_case_repr_is_the_python_that_rebuilds_it(data: st.DataObjec
                 generate.barrier_cases(world_size),
                 generate.mismatch_cases(world_size),
                 generate.bad_argument_cases(world_size),
+                generate.group_cases(world_size),
             ]
         )
     )

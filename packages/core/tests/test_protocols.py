@@ -30,7 +30,14 @@ from plait.core import (
     SupportsLauncher,
     SupportsNoSync,
 )
-from plait.core.typing import Checkpoint, DeviceSpec, PathLike, ReduceOpLike, StateDict
+from plait.core.typing import (
+    Checkpoint,
+    DeviceSpec,
+    Group,
+    PathLike,
+    ReduceOpLike,
+    StateDict,
+)
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -172,13 +179,20 @@ class SoloStrategy:
         self.is_global_zero = True
 
     @overload
-    def reduce(self, value: torch.Tensor, reduce_op: ReduceOpLike = "mean") -> torch.Tensor: ...
+    def reduce(
+        self, value: torch.Tensor, group: Group | None = None, reduce_op: ReduceOpLike = "mean"
+    ) -> torch.Tensor: ...
 
     @overload
-    def reduce(self, value: float, reduce_op: ReduceOpLike = "mean") -> float: ...
+    def reduce(
+        self, value: float, group: Group | None = None, reduce_op: ReduceOpLike = "mean"
+    ) -> float: ...
 
     def reduce(
-        self, value: torch.Tensor | float, reduce_op: ReduceOpLike = "mean"
+        self,
+        value: torch.Tensor | float,
+        group: Group | None = None,
+        reduce_op: ReduceOpLike = "mean",
     ) -> torch.Tensor | float:
         op = ReduceOp.parse(reduce_op)
         if isinstance(value, torch.Tensor):
@@ -187,15 +201,20 @@ class SoloStrategy:
             return value.clone()
         return value
 
-    def broadcast(self, obj: T, src: int = 0) -> T:
+    def broadcast(self, obj: T, src: int = 0, group: Group | None = None) -> T:
         if src != 0:
             raise ValueError(f"src {src} is outside [0, 1)")
         return obj
 
-    def barrier(self, name: str | None = None, timeout: timedelta | float | None = None) -> None:
+    def barrier(
+        self,
+        name: str | None = None,
+        timeout: timedelta | float | None = None,
+        group: Group | None = None,
+    ) -> None:
         pass
 
-    def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
+    def all_gather(self, tensor: torch.Tensor, group: Group | None = None) -> torch.Tensor:
         return tensor.unsqueeze(0).clone()
 
     def reduce_boolean_decision(self, decision: bool, all: bool = True) -> bool:  # noqa: A002
@@ -378,7 +397,7 @@ def test_the_standalone_loop_runs_through_the_protocol() -> None:
             loss = model(batch).pow(2).mean()
         solo.backward(loss, model)
         solo.optimizer_step(optimizer)
-        losses.append(solo.reduce(loss.detach(), "mean").item())
+        losses.append(solo.reduce(loss.detach(), reduce_op="mean").item())
     solo.save_checkpoint({"model": model.state_dict()}, "memory://last.pt")
     restored = solo.load_checkpoint("memory://last.pt")
     solo.teardown()

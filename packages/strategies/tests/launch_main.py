@@ -28,7 +28,7 @@ def joined() -> DDPStrategy:
 def sum_of_ranks(offset: int) -> int:
     strategy = joined()
     try:
-        return int(strategy.reduce(strategy.global_rank + offset, "sum"))
+        return int(strategy.reduce(strategy.global_rank + offset, reduce_op="sum"))
     finally:
         strategy.teardown()
 
@@ -42,7 +42,7 @@ def sum_of_big_work(work: torch.Tensor) -> int:
     # ``work`` is far larger than a pipe's buffer: every rank must receive it whole.
     strategy = joined()
     try:
-        return int(strategy.reduce(int(work.sum()), "sum"))
+        return int(strategy.reduce(int(work.sum()), reduce_op="sum"))
     finally:
         strategy.teardown()
 
@@ -67,7 +67,7 @@ def place_and_sum(strategy: DDPStrategy, fail_on: int | None) -> tuple[int, int,
     try:
         if strategy.global_rank == fail_on:
             raise ValueError(f"boom on rank {fail_on}")
-        total = int(strategy.reduce(strategy.global_rank, "sum"))
+        total = int(strategy.reduce(strategy.global_rank, reduce_op="sum"))
         return strategy.global_rank, strategy.world_size, total
     except PeerFailedError as failure:
         print(f"rank {strategy.global_rank} saw rank {failure.rank} fail", flush=True)

@@ -37,25 +37,25 @@ def collectives(strategy: DDPStrategy) -> None:
     ints = torch.tensor([rank + 1, 2 * rank])
     before = ints.clone()
     all_ints = torch.stack([torch.tensor([r + 1, 2 * r]) for r in range(world)])
-    assert torch.equal(strategy.reduce(ints, "sum"), all_ints.sum(0))
-    assert torch.equal(strategy.reduce(ints, "max"), all_ints.max(0).values)
-    assert torch.equal(strategy.reduce(ints, "min"), all_ints.min(0).values)
-    assert torch.equal(strategy.reduce(ints, "product"), all_ints.prod(0))
-    mean = strategy.reduce(ints, "mean")
+    assert torch.equal(strategy.reduce(ints, reduce_op="sum"), all_ints.sum(0))
+    assert torch.equal(strategy.reduce(ints, reduce_op="max"), all_ints.max(0).values)
+    assert torch.equal(strategy.reduce(ints, reduce_op="min"), all_ints.min(0).values)
+    assert torch.equal(strategy.reduce(ints, reduce_op="product"), all_ints.prod(0))
+    mean = strategy.reduce(ints, reduce_op="mean")
     assert mean.dtype == torch.float32, mean.dtype  # never truncated
     assert torch.allclose(mean, all_ints.float().mean(0))
     assert torch.equal(ints, before)  # out of place
 
     flags = torch.tensor([rank == 0, True])
-    assert torch.equal(strategy.reduce(flags, "sum"), torch.tensor([1, world]))
-    assert torch.equal(strategy.reduce(flags, "min"), torch.tensor([world == 1, True]))
-    assert strategy.reduce(flags, "mean").dtype == torch.float32
+    assert torch.equal(strategy.reduce(flags, reduce_op="sum"), torch.tensor([1, world]))
+    assert torch.equal(strategy.reduce(flags, reduce_op="min"), torch.tensor([world == 1, True]))
+    assert strategy.reduce(flags, reduce_op="mean").dtype == torch.float32
 
-    assert strategy.reduce(rank + 1, "sum") == sum(range(1, world + 1))
-    assert isinstance(strategy.reduce(rank, "max"), int)
-    assert strategy.reduce(rank, "mean") == ranks.float().mean().item()
-    assert isinstance(strategy.reduce(rank, "avg"), float)
-    assert strategy.reduce(0.5 * rank, "sum") == 0.5 * sum(range(world))
+    assert strategy.reduce(rank + 1, reduce_op="sum") == sum(range(1, world + 1))
+    assert isinstance(strategy.reduce(rank, reduce_op="max"), int)
+    assert strategy.reduce(rank, reduce_op="mean") == ranks.float().mean().item()
+    assert isinstance(strategy.reduce(rank, reduce_op="avg"), float)
+    assert strategy.reduce(0.5 * rank, reduce_op="sum") == 0.5 * sum(range(world))
 
     src = world - 1
     sent = torch.arange(6.0).reshape(2, 3) * (rank + 1)
@@ -71,10 +71,10 @@ def collectives(strategy: DDPStrategy) -> None:
     # too large for it at any world size above 1, and take the collective.
     large = torch.full((10_000,), rank + 1, dtype=torch.int32)
     assert torch.equal(
-        strategy.reduce(large, "sum"), torch.full_like(large, world * (world + 1) // 2)
+        strategy.reduce(large, reduce_op="sum"), torch.full_like(large, world * (world + 1) // 2)
     )
-    assert torch.equal(strategy.reduce(large, "max"), torch.full_like(large, world))
-    assert strategy.reduce(large, "mean").dtype == torch.float32
+    assert torch.equal(strategy.reduce(large, reduce_op="max"), torch.full_like(large, world))
+    assert strategy.reduce(large, reduce_op="mean").dtype == torch.float32
     rows = strategy.all_gather(large)
     assert torch.equal(rows[:, 0], ranks.int() + 1)
     assert strategy.reduce_boolean_decision(rank == 0, all=False) is True
@@ -85,19 +85,19 @@ def collectives(strategy: DDPStrategy) -> None:
     # strides; int16, which gloo cannot move, still works; Python floats keep digits.
     laid_out = torch.arange(4.0).reshape(2, 2)
     mine = laid_out.t().contiguous().t() if rank % 2 else laid_out
-    assert torch.equal(strategy.reduce(mine, "sum"), laid_out * world)
+    assert torch.equal(strategy.reduce(mine, reduce_op="sum"), laid_out * world)
     shorts = torch.tensor([rank, -rank], dtype=torch.int16)
-    short_sum = strategy.reduce(shorts, "sum")
+    short_sum = strategy.reduce(shorts, reduce_op="sum")
     assert short_sum.dtype == torch.int16
     assert short_sum.tolist() == [sum(range(world)), -sum(range(world))]
     assert strategy.all_gather(shorts).dtype == torch.int16
     assert strategy.broadcast(shorts, src=0).tolist() == [0, 0]
-    assert strategy.reduce(16777217.0 if rank == 0 else 0.0, "sum") == 16777217.0
-    assert strategy.reduce(16777217 if rank == 0 else 0, "mean") == 16777217 / world
+    assert strategy.reduce(16777217.0 if rank == 0 else 0.0, reduce_op="sum") == 16777217.0
+    assert strategy.reduce(16777217 if rank == 0 else 0, reduce_op="mean") == 16777217 / world
 
     expect(ValueError, lambda: strategy.broadcast(1, src=world))
-    expect(TypeError, lambda: strategy.reduce("3", "sum"))  # type: ignore[call-overload]
-    expect(ConfigurationError, lambda: strategy.reduce(ints, "median"))
+    expect(TypeError, lambda: strategy.reduce("3", reduce_op="sum"))  # type: ignore[call-overload]
+    expect(ConfigurationError, lambda: strategy.reduce(ints, reduce_op="median"))
     strategy.barrier("after errors")  # the bad calls left the ranks in step
     print(f"rank {rank}: collectives ok")
 
@@ -142,7 +142,7 @@ def mismatch(strategy: DDPStrategy) -> None:
     rank = strategy.global_rank
     error = expect(
         CollectiveMismatchError,
-        lambda: strategy.reduce(torch.ones(2), "sum" if rank == 0 else "max"),
+        lambda: strategy.reduce(torch.ones(2), reduce_op="sum" if rank == 0 else "max"),
     )
     assert isinstance(error, CollectiveMismatchError)
     print(f"rank {rank}: disagreeing {list(error.disagreeing_ranks)}")
@@ -151,9 +151,9 @@ def mismatch(strategy: DDPStrategy) -> None:
     if rank == 0:
         expect(CollectiveMismatchError, lambda: strategy.barrier("sync"))
     else:
-        expect(CollectiveMismatchError, lambda: strategy.reduce(1.0, "sum"))
+        expect(CollectiveMismatchError, lambda: strategy.reduce(1.0, reduce_op="sum"))
     # Mismatches are found before any data moves, so the ranks are still in step.
-    assert strategy.reduce(1, "sum") == strategy.world_size
+    assert strategy.reduce(1, reduce_op="sum") == strategy.world_size
     print(f"rank {rank}: mismatch ok")
 
 
@@ -264,11 +264,52 @@ def model_averaging(strategy: DDPStrategy) -> None:
     print(f"rank {strategy.global_rank}: replicas averaged every 2 steps {same}")
 
 
+def groups(strategy: DDPStrategy) -> None:
+    """Collectives over a sub-group (ranks 0 and 2 of 3) keep the contract among its ranks."""
+    rank = strategy.global_rank
+    pair = torch.distributed.new_group([0, 2], backend="gloo")
+    # The whole job, by name: the data-parallel dimension of plain DDP.
+    assert strategy.reduce(1, group="data_parallel", reduce_op="sum") == 3
+    error = expect(ConfigurationError, lambda: strategy.reduce(1, "sum"))
+    assert "pass reduce_op='sum'" in str(error), error
+    error = expect(ConfigurationError, lambda: strategy.reduce(1, group="tensor"))
+    assert "'data_parallel'" in str(error), error
+    if rank == 1:
+        error = expect(ValueError, lambda: strategy.reduce(1, group=pair))
+        assert "not in" in str(error), error
+    else:
+        assert strategy.reduce(rank + 1, group=pair, reduce_op="sum") == 4
+        ints = torch.tensor([rank, 1])
+        mean = strategy.reduce(ints, group=pair)
+        assert torch.equal(mean, torch.tensor([1.0, 1.0])), mean
+        assert ints.tolist() == [rank, 1]  # out of place
+        large = torch.full((10_000,), float(rank))
+        assert torch.equal(strategy.reduce(large, pair, "max"), torch.full((10_000,), 2.0))
+        rows = strategy.all_gather(torch.tensor([rank, rank * 10]), group=pair)
+        assert rows.tolist() == [[0, 0], [2, 20]], rows
+        assert strategy.broadcast(f"from {rank}", src=2, group=pair) == "from 2"
+        tensor = strategy.broadcast(torch.arange(3) * rank, src=2, group=pair)
+        assert tensor.tolist() == [0, 2, 4], tensor
+        error = expect(ValueError, lambda: strategy.broadcast(1, src=1, group=pair))
+        assert "the group's ranks [0, 2]" in str(error), error
+        strategy.barrier("pair", group=pair)
+        if rank == 0:  # the ranks of the group disagree: both raise, neither hangs
+            expect(CollectiveMismatchError, lambda: strategy.barrier("first", group=pair))
+        else:
+            expect(CollectiveMismatchError, lambda: strategy.barrier("second", group=pair))
+    # The whole job is still in step after the group's collectives.
+    assert strategy.reduce(rank, reduce_op="sum") == 3
+    strategy.barrier("after groups")
+    print(f"rank {rank}: groups ok")
+
+
 SCENARIOS: dict[str, tuple[Callable[[DDPStrategy], None], dict[str, object]]] = {
     "collectives": (collectives, {}),
     "collectives_unchecked": (collectives, {"checked_collectives": False}),
     "broadcasts": (broadcasts, {}),
     "broadcasts_unchecked": (broadcasts, {"checked_collectives": False}),
+    "groups": (groups, {}),
+    "groups_unchecked": (groups, {"checked_collectives": False}),
     "mismatch": (mismatch, {}),
     "barrier_timeout": (barrier_timeout, {}),
     "ddp_equivalence": (ddp_equivalence, {}),

@@ -135,7 +135,7 @@ def test_a_second_setup_environment_is_harmless(monkeypatch: pytest.MonkeyPatch)
     strategy.setup_environment()
     try:
         strategy.setup_environment()
-        assert strategy.reduce(2, "sum") == 2
+        assert strategy.reduce(2, reduce_op="sum") == 2
     finally:
         strategy.teardown()
         strategy.teardown()  # safe to call more than once

@@ -79,6 +79,16 @@ def test_the_collective_contract_holds_on_every_rank(
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("scenario", ["groups", "groups_unchecked"])
+def test_collectives_over_a_sub_group_keep_the_contract_among_its_ranks(
+    run_ranks: RunRanks, scenario: str
+) -> None:
+    outputs = run_ranks(scenario, 3)
+
+    assert all("groups ok" in output for output in outputs)
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("scenario", ["broadcasts", "broadcasts_unchecked"])
 @pytest.mark.parametrize("world_size", [1, 2, 3])
 def test_broadcast_gives_every_rank_src_value_small_or_large(

@@ -50,15 +50,15 @@ def test_the_collectives_are_copies_that_keep_the_contract() -> None:
     strategy = SingleDeviceStrategy()
     ints = torch.tensor([1, 2, 4])
 
-    mean = strategy.reduce(ints, "mean")
+    mean = strategy.reduce(ints, reduce_op="mean")
     assert mean.dtype == torch.float32
     assert torch.equal(mean, ints.float())
-    summed = strategy.reduce(ints, "sum")
+    summed = strategy.reduce(ints, reduce_op="sum")
     assert torch.equal(summed, ints)
     assert summed is not ints
-    assert strategy.reduce(3, "mean") == 3.0
-    assert isinstance(strategy.reduce(3, "mean"), float)
-    assert strategy.reduce(3, "sum") == 3
+    assert strategy.reduce(3, reduce_op="mean") == 3.0
+    assert isinstance(strategy.reduce(3, reduce_op="mean"), float)
+    assert strategy.reduce(3, reduce_op="sum") == 3
     assert strategy.all_gather(ints).shape == (1, 3)
     assert strategy.broadcast({"a": 1}) == {"a": 1}
     assert strategy.reduce_boolean_decision(decision=True) is True
@@ -69,12 +69,16 @@ def test_the_collectives_are_copies_that_keep_the_contract() -> None:
     ("call", "error", "message"),
     [
         (
-            lambda s: s.reduce("1", "sum"),
+            lambda s: s.reduce("1", reduce_op="sum"),
             TypeError,
             "reduce takes a tensor or a Python number, got str",
         ),
-        (lambda s: s.reduce([1], "sum"), TypeError, "got list"),
-        (lambda s: s.reduce(torch.ones(1), "median"), ConfigurationError, "invalid reduce_op"),
+        (lambda s: s.reduce([1], reduce_op="sum"), TypeError, "got list"),
+        (
+            lambda s: s.reduce(torch.ones(1), reduce_op="median"),
+            ConfigurationError,
+            "invalid reduce_op",
+        ),
         (lambda s: s.broadcast(1, src=1), ValueError, r"src=1 is outside the ranks \[0, 1\)"),
         (lambda s: s.barrier(timeout=0), ValueError, "timeout=0 must be positive"),
         (lambda s: s.all_gather(3), TypeError, "all_gather takes a tensor, got int"),
@@ -144,7 +148,7 @@ def test_bad_ddp_settings_are_refused_before_anything_starts(
 
 def test_collectives_before_setup_say_what_to_do() -> None:
     with pytest.raises(ConfigurationError, match=r"call strategy.setup_environment\(\) first"):
-        DDPStrategy(accelerator="cpu").reduce(1, "sum")
+        DDPStrategy(accelerator="cpu").reduce(1, reduce_op="sum")
 
 
 def test_steps_run_the_module_in_the_precision_context() -> None:
@@ -201,3 +205,14 @@ def test_setup_does_everything_in_one_call() -> None:
     assert next(model.parameters()).dtype == torch.float64
     assert optimizer.param_groups[0]["params"][0] is next(model.parameters())
     strategy.teardown()
+
+
+def test_the_one_group_of_one_process_is_accepted_and_a_reduction_name_is_not_a_group() -> None:
+    strategy = SingleDeviceStrategy("cpu")
+    assert strategy.reduce(3, group="data_parallel", reduce_op="sum") == 3
+    assert strategy.all_gather(torch.ones(2), group="data_parallel").shape == (1, 2)
+    with pytest.raises(ConfigurationError, match="pass reduce_op='sum'"):
+        strategy.reduce(3, "sum")
+    with pytest.raises(ConfigurationError, match="'data_parallel'") as raised:
+        strategy.barrier(group="tensor")
+    assert raised.value.value == "tensor"

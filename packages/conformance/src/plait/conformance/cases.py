@@ -27,6 +27,7 @@ __all__ = [
     "Call",
     "Case",
     "DecisionCase",
+    "GroupCase",
     "MismatchCase",
     "Number",
     "ReduceCase",
@@ -183,6 +184,28 @@ class BadArgumentCase:
     expected: str
 
 
+@attrs.frozen
+class GroupCase:
+    """The ranks of ``members`` collect over a process group of just them.
+
+    Every rank makes the group (``torch.distributed.new_group(members)``). Each member
+    calls ``reduce(inputs[rank], group, op)``, ``all_gather(inputs[rank], group)`` and
+    ``broadcast(inputs[rank], src, group)``; each other rank calls ``reduce`` with the
+    group, which must raise ``ValueError`` at once (not hang, not reduce).
+    """
+
+    members: tuple[int, ...]
+    op: str = attrs.field(validator=attrs.validators.in_(OPS))
+    src: int
+    inputs: tuple[TensorSpec, ...]
+
+    def __attrs_post_init__(self) -> None:
+        if not self.members or list(self.members) != sorted(set(self.members)):
+            raise ValueError(f"members {self.members} must be distinct ranks in order")
+        if self.src not in self.members:
+            raise ValueError(f"src {self.src} is not one of the members {self.members}")
+
+
 Case: TypeAlias = (
     ReduceCase
     | BroadcastCase
@@ -192,5 +215,6 @@ Case: TypeAlias = (
     | BarrierTimeoutCase
     | MismatchCase
     | BadArgumentCase
+    | GroupCase
 )
 """Any example the ranks can run."""

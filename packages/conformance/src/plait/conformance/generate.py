@@ -28,6 +28,7 @@ from plait.conformance.cases import (
     BroadcastCase,
     Call,
     DecisionCase,
+    GroupCase,
     MismatchCase,
     Number,
     ReduceCase,
@@ -42,6 +43,7 @@ __all__ = [
     "barrier_timeout_cases",
     "broadcast_cases",
     "decision_cases",
+    "group_cases",
     "mismatch_cases",
     "objects",
     "reduce_cases",
@@ -218,6 +220,24 @@ def broadcast_cases(draw: st.DrawFn, world_size: int) -> BroadcastCase:
 @functools.cache
 def _broadcast_values() -> st.SearchStrategy[object]:
     return _any_tensor() | objects()
+
+
+@st.composite
+def group_cases(draw: st.DrawFn, world_size: int) -> GroupCase:
+    """Some ranks (at least one) collect over a group of just them; the others stay out."""
+    members = tuple(
+        sorted(
+            draw(
+                st.sets(st.integers(0, world_size - 1), min_size=1, max_size=world_size),
+                label="members",
+            )
+        )
+    )
+    op = draw(st.sampled_from(OPS), label="op")
+    src = draw(st.sampled_from(members), label="src")
+    dtype = draw(st.sampled_from(_dtypes_for(op)), label="dtype")
+    specs = tensor_specs(dtype, draw(shapes(), label="shape"), op=op, world_size=world_size)
+    return GroupCase(members, op, src, tuple(draw(specs) for _ in range(world_size)))
 
 
 @st.composite

@@ -17,6 +17,7 @@ from plait.conformance.cases import (
     BroadcastCase,
     Case,
     DecisionCase,
+    GroupCase,
     MismatchCase,
     ReduceCase,
     TensorSpec,
@@ -96,6 +97,14 @@ PROPERTIES: Final = (
         generate.all_gather_cases,
     ),
     Property(
+        "sub_groups",
+        "over a process group of some ranks, reduce, all_gather and broadcast keep the "
+        "contract among its ranks (their inputs only, rows in their order, src a global "
+        "rank), and a rank outside the group that calls with it raises ValueError",
+        generate.group_cases,
+        min_world_size=2,
+    ),
+    Property(
         "reduce_boolean_decision",
         "reduce_boolean_decision(b, all) is the logical all (or any) of every rank's b",
         generate.decision_cases,
@@ -139,6 +148,7 @@ _NAMES: Final[dict[type, str]] = {
     DecisionCase: "reduce_boolean_decision",
     BarrierCase: "barrier",
     BarrierTimeoutCase: "barrier_timeout",
+    GroupCase: "sub_groups",
     MismatchCase: "mismatch",
     BadArgumentCase: "bad_arguments",
 }

@@ -17,6 +17,8 @@ import math
 from collections.abc import Sequence
 from typing import Final
 
+import attrs
+
 from plait.conformance.cases import (
     COMPLEX_DTYPES,
     FLOAT_DTYPES,
@@ -27,6 +29,7 @@ from plait.conformance.cases import (
     BroadcastCase,
     Case,
     DecisionCase,
+    GroupCase,
     MismatchCase,
     Number,
     ReduceCase,
@@ -426,7 +429,51 @@ def _check_bad_argument(
     return problems
 
 
-_RAISING: Final = (BarrierTimeoutCase, MismatchCase, BadArgumentCase)
+@_check_case.register
+def _check_group(case: GroupCase, outcomes: Sequence[Outcome], devices: Sequence[str]) -> list[str]:
+    # Among the members, each collective keeps the contract as over the whole job
+    # (the members' inputs only, rows in the members' order); outside, a call with
+    # the group is refused.
+    problems = []
+    members = [outcomes[rank] for rank in case.members]
+    for outcome in outcomes:
+        error = outcome.error
+        if outcome.rank in case.members:
+            if error is not None:
+                problems.append(
+                    f"rank {outcome.rank} (in the group {list(case.members)}) raised "
+                    f"{error.describe()}\n{error.traceback}"
+                )
+        elif error is None or "ValueError" not in error.kinds:
+            got = error.describe() if error else f"returned {_show(outcome.result)}"
+            problems.append(
+                f"rank {outcome.rank} is not in the group {list(case.members)}: its reduce "
+                f"over the group must raise ValueError, {got}"
+            )
+    if problems:
+        return problems
+    inputs = tuple(case.inputs[rank] for rank in case.members)
+    results = {outcome.rank: outcome.result for outcome in members}
+    for rank, result in results.items():
+        if not isinstance(result, tuple) or len(result) != len(("reduce", "gather", "bcast")):
+            return [f"rank {rank}: the worker's results are malformed: {result!r}"]
+
+    def part(index: int) -> list[Outcome]:
+        return [
+            attrs.evolve(outcome, result=results[outcome.rank][index])  # type: ignore[index]
+            for outcome in members
+        ]
+
+    within = f" (over the group of ranks {list(case.members)})"
+    checks = (
+        _check_reduce(ReduceCase(case.op, inputs), part(0), devices),
+        _check_all_gather(AllGatherCase(inputs), part(1), devices),
+        _check_broadcast(BroadcastCase(case.src, case.inputs), part(2), devices),
+    )
+    return [problem + within for found in checks for problem in found]
+
+
+_RAISING: Final = (BarrierTimeoutCase, MismatchCase, BadArgumentCase, GroupCase)
 
 
 def check(case: Case, outcomes: Sequence[Outcome], devices: Sequence[str]) -> list[str]:

@@ -93,6 +93,12 @@ class ConformanceSuite:
         """all_gather: row i is rank i's tensor."""
         self._prove("all_gather", plait_pool, plait_examples, request)
 
+    def test_sub_groups(
+        self, plait_pool: RankPool, plait_examples: int, request: pytest.FixtureRequest
+    ) -> None:
+        """Sub-groups: the contract among a group's ranks; outsiders are refused."""
+        self._prove("sub_groups", plait_pool, plait_examples, request)
+
     def test_reduce_boolean_decision(
         self, plait_pool: RankPool, plait_examples: int, request: pytest.FixtureRequest
     ) -> None:

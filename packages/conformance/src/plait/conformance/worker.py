@@ -33,6 +33,7 @@ from plait.conformance.cases import (
     Call,
     Case,
     DecisionCase,
+    GroupCase,
     MismatchCase,
     ReduceCase,
     TensorSpec,
@@ -129,6 +130,23 @@ class _Context:
     device: torch.device
     evidence: dist.Store
     sequence: int = 0
+    groups: dict[tuple[int, ...], dist.ProcessGroup] = attrs.field(factory=dict)
+
+    def group(self, members: tuple[int, ...]) -> dist.ProcessGroup:
+        """The process group of ``members``, made once.
+
+        Every rank makes every group, in the same order: the ranks run the same examples.
+        """
+        if not dist.is_initialized():
+            raise RuntimeError(
+                "the strategy did not initialise torch.distributed, so no process group "
+                "of some of its ranks can be made for group="
+            )
+        found = self.groups.get(members)
+        if found is None:
+            found = dist.new_group(list(members))
+            self.groups[members] = found
+        return found
 
 
 def _argument(value: object, device: torch.device) -> object:
@@ -153,7 +171,21 @@ def _changed(before: object, after: object) -> str | None:
 
 
 def _result(value: object) -> object:
+    if isinstance(value, tuple):
+        return tuple(_result(item) for item in value)
     return describe_tensor(value) if isinstance(value, torch.Tensor) else value
+
+
+def _in_group(context: _Context, case: GroupCase, argument: object) -> object:
+    strategy = context.strategy
+    group = context.group(case.members)
+    assert isinstance(argument, torch.Tensor)
+    reduced = strategy.reduce(argument, group=group, reduce_op=case.op)
+    if context.rank not in case.members:
+        return reduced  # a rank outside the group: it must have raised
+    gathered = strategy.all_gather(argument, group=group)
+    received = strategy.broadcast(argument, src=case.src, group=group)
+    return reduced, gathered, received
 
 
 def _call(context: _Context, call: Call) -> object:
@@ -161,7 +193,7 @@ def _call(context: _Context, call: Call) -> object:
     tensor = materialize(call.tensor, context.device) if call.tensor is not None else None
     if call.collective == "reduce":
         assert tensor is not None
-        return strategy.reduce(tensor, str(call.arg))
+        return strategy.reduce(tensor, reduce_op=str(call.arg))
     if call.collective == "all_gather":
         assert tensor is not None
         return strategy.all_gather(tensor)
@@ -177,9 +209,9 @@ def _bad_argument(context: _Context, case: BadArgumentCase) -> object:
     strategy = context.strategy
     good = torch.ones(2, device=context.device)
     if case.collective == "reduce" and case.argument == "value":
-        return strategy.reduce(case.value, "sum")  # type: ignore[call-overload]
+        return strategy.reduce(case.value, reduce_op="sum")  # type: ignore[call-overload]
     if case.collective == "reduce":
-        return strategy.reduce(good, case.value)  # type: ignore[call-overload]
+        return strategy.reduce(good, reduce_op=case.value)  # type: ignore[call-overload]
     if case.collective == "broadcast":
         return strategy.broadcast(good, src=case.value)  # type: ignore[arg-type]
     if case.collective == "all_gather":
@@ -194,7 +226,7 @@ def _invoke(  # noqa: PLR0911 - one return per kind of case
     rank = context.rank
     strategy = context.strategy
     if isinstance(case, ReduceCase):
-        return strategy.reduce(argument, case.op), None  # type: ignore[call-overload]
+        return strategy.reduce(argument, reduce_op=case.op), None  # type: ignore[call-overload]
     if isinstance(case, BroadcastCase):
         return strategy.broadcast(argument, src=case.src), None
     if isinstance(case, AllGatherCase):
@@ -214,6 +246,8 @@ def _invoke(  # noqa: PLR0911 - one return per kind of case
         return None, None
     if isinstance(case, MismatchCase):
         return _call(context, case.calls[rank]), None
+    if isinstance(case, GroupCase):
+        return _in_group(context, case, argument), None
     return _bad_argument(context, case), None
 
 
@@ -223,7 +257,7 @@ def run_case(context: _Context, case: Case) -> Outcome:
     if isinstance(case, BarrierTimeoutCase) and case.absent_rank == rank:
         return Outcome(rank)
     argument: object = None
-    if isinstance(case, ReduceCase | AllGatherCase):
+    if isinstance(case, ReduceCase | AllGatherCase | GroupCase):
         argument = _argument(case.inputs[rank], context.device)
     elif isinstance(case, BroadcastCase):
         argument = _argument(case.objects[rank], context.device)

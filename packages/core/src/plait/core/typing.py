@@ -6,13 +6,17 @@ import os
 import signal
 from collections.abc import Callable, Sequence
 from types import FrameType
-from typing import Any, TypeAlias
+from typing import TYPE_CHECKING, Any, TypeAlias, Union
 
 from plait.core.reduce_op import ReduceOp
+
+if TYPE_CHECKING:
+    from torch.distributed import ProcessGroup
 
 __all__ = [
     "Checkpoint",
     "DeviceSpec",
+    "Group",
     "PathLike",
     "ReduceOpLike",
     "SignalHandler",
@@ -27,6 +31,12 @@ DeviceSpec: TypeAlias = int | str | Sequence[int]
 
 ReduceOpLike: TypeAlias = ReduceOp | str
 """A `ReduceOp` or one of its spellings, e.g. ``"sum"`` or ``"avg"``."""
+
+# Union with a forward reference, not a string: ``Group | None`` must work at run
+# time, and plait.core does not import torch.
+Group: TypeAlias = Union["ProcessGroup", str]
+"""A sub-group of the job for a collective: a torch.distributed process group, or the
+name of a dimension of the strategy's layout (``"data_parallel"``, ``"tensor"``, ...)."""
 
 # The values of state and checkpoint dictionaries are heterogeneous by nature
 # (tensors, nested dictionaries, numbers, RNG states) and are read back by key with the

@@ -32,7 +32,7 @@ from plait.core import (
 from plait.strategies.state import load_module_state
 
 if TYPE_CHECKING:
-    from plait.core.typing import Checkpoint, PathLike, ReduceOpLike, StateDict
+    from plait.core.typing import Checkpoint, Group, PathLike, ReduceOpLike, StateDict
 
 __all__ = ["BaseStrategy"]
 
@@ -261,28 +261,43 @@ class BaseStrategy(abc.ABC):
     # The collective contract, kept by `collectives`.
 
     @overload
-    def reduce(self, value: torch.Tensor, reduce_op: ReduceOpLike = "mean") -> torch.Tensor: ...
+    def reduce(
+        self, value: torch.Tensor, group: Group | None = None, reduce_op: ReduceOpLike = "mean"
+    ) -> torch.Tensor: ...
 
     @overload
-    def reduce(self, value: float, reduce_op: ReduceOpLike = "mean") -> float: ...
+    def reduce(
+        self, value: float, group: Group | None = None, reduce_op: ReduceOpLike = "mean"
+    ) -> float: ...
 
     def reduce(
-        self, value: torch.Tensor | float, reduce_op: ReduceOpLike = "mean"
+        self,
+        value: torch.Tensor | float,
+        group: Group | None = None,
+        reduce_op: ReduceOpLike = "mean",
     ) -> torch.Tensor | float:
-        """Reduce over every rank, out of place (the mean of integers is floating)."""
-        return self.collectives.reduce(value, reduce_op)
+        """Reduce over every rank (of ``group``), out of place; the mean of integers is floating.
 
-    def broadcast(self, obj: T, src: int = 0) -> T:
-        """Give every rank a value equal to rank ``src``'s ``obj``."""
-        return self.collectives.broadcast(obj, src)
+        ``group`` is a process group or the name of a dimension of `layout`.
+        """
+        return self.collectives.reduce(value, group, reduce_op)
 
-    def barrier(self, name: str | None = None, timeout: timedelta | float | None = None) -> None:
-        """Wait until every rank has entered; on timeout, name the ranks missing."""
-        self.collectives.barrier(name, timeout)
+    def broadcast(self, obj: T, src: int = 0, group: Group | None = None) -> T:
+        """Give every rank (of ``group``) a value equal to global rank ``src``'s ``obj``."""
+        return self.collectives.broadcast(obj, src, group)
 
-    def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
-        """Stack every rank's ``tensor``: row ``i`` is rank ``i``'s."""
-        return self.collectives.all_gather(tensor)
+    def barrier(
+        self,
+        name: str | None = None,
+        timeout: timedelta | float | None = None,
+        group: Group | None = None,
+    ) -> None:
+        """Wait until every rank (of ``group``) has entered; on timeout, name the missing."""
+        self.collectives.barrier(name, timeout, group)
+
+    def all_gather(self, tensor: torch.Tensor, group: Group | None = None) -> torch.Tensor:
+        """Stack every rank's ``tensor`` (of ``group``): rows in rank order."""
+        return self.collectives.all_gather(tensor, group)
 
     def reduce_boolean_decision(self, decision: bool, all: bool = True) -> bool:  # noqa: A002
         """Whether ``decision`` holds on every rank (``all``) or on any rank."""

@@ -3,11 +3,8 @@
 from __future__ import annotations
 
 import contextlib
-import itertools
-import os
 import sys
-import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Final
 
@@ -17,26 +14,18 @@ from typing_extensions import override
 
 from plait.core import (
     ClusterEnvironment,
-    CollectiveCall,
     CollectiveTimeoutError,
     ConfigurationError,
     EnvironmentRegistry,
     ProcessLayout,
-    free_port,
 )
 from plait.strategies.base import BaseStrategy
-from plait.strategies.collectives import (
-    CURRENT_RUN_KEY,
-    START_PREFIX,
-    DistributedCollectives,
-    Rendezvous,
-    run_prefix,
-)
-from plait.strategies.launchers.children import HOSTED_STORE_VARIABLE, die_with_parent, timeout_of
-from plait.strategies.launchers.subprocess import become_rank
+from plait.strategies.launchers.children import timeout_of
+from plait.strategies.process_group import init_distributed
 
 if TYPE_CHECKING:
     from plait.core import Accelerator, CheckpointIO, Precision
+    from plait.strategies.collectives import DistributedCollectives
 
 __all__ = ["BACKENDS", "ParallelStrategy"]
 
@@ -46,14 +35,8 @@ BACKENDS: Final = ("gloo", "nccl", "mpi", "ucc")
 
 DEFAULT_START_TIMEOUT: Final = timedelta(minutes=10)
 DEFAULT_TIMEOUT: Final = timedelta(minutes=5)
-_BIND_RETRY_INTERVAL: Final = 0.05
-_GROUP_STORE_KEY: Final = "plait/process-group-store-port"
-_RESTART_VARIABLE: Final = "TORCHELASTIC_RESTART_COUNT"
-_TORCHRUN_VARIABLE: Final = "TORCHELASTIC_RUN_ID"
 _PROBE: Final = "probe/"
 _PROBE_WINDOW: Final = timedelta(seconds=5)
-
-_retained: tuple[tuple[str, int, int, int], dist.TCPStore, Iterator[int]] | None = None
 
 
 class ParallelStrategy(BaseStrategy):
@@ -222,124 +205,15 @@ class ParallelStrategy(BaseStrategy):
         super().setup_environment()
         if self._collectives is not None:
             return
-        if dist.is_initialized():
-            raise ConfigurationError(
-                "torch.distributed is already initialised: the strategy joins the process "
-                "group itself, with its own timeouts and store",
-                fix="remove the call to init_process_group and let setup_environment() do it",
-            )
-        environment = self.cluster_environment
-        become_rank()  # a rank the popen launcher started: tied to its launcher
-        if _TORCHRUN_VARIABLE in os.environ:
-            # torchrun starts each worker in a session of its own: should torchrun
-            # die without stopping them (SIGKILL), they must not live on.
-            die_with_parent()
-        store = self._run_store()
-        # Every rank posts its arrival: a rank that never comes is named, not waited on.
-        Rendezvous(
-            store,
-            rank=environment.global_rank,
-            world_size=environment.world_size,
-            prefix=START_PREFIX,
-        ).meet(CollectiveCall("start-up"), self.start_timeout)
-        dist.init_process_group(
-            self.process_group_backend,
-            store=self._group_store(store),
-            rank=environment.global_rank,
-            world_size=environment.world_size,
-            timeout=self.start_timeout,
+        self._collectives = init_distributed(
+            self.cluster_environment,
+            backend=self.process_group_backend,
+            device=self.root_device,
+            timeout=self.timeout,
+            start_timeout=self.start_timeout,
+            checked=self.checked_collectives,
         )
         self._owns_process_group = True
-        group = dist.new_group(backend=self.process_group_backend, timeout=self.timeout)
-        self._collectives = DistributedCollectives(
-            group=group,
-            store=store,
-            rank=environment.global_rank,
-            world_size=environment.world_size,
-            device=self.root_device,
-            checked=self.checked_collectives,
-            timeout=self.timeout,
-        )
-
-    def _run_store(self) -> dist.Store:
-        # The job's store is kept for the life of the process and shared by every run
-        # in it (a test after a fit), each run under a prefix of its own: ranks count
-        # their runs alike, as they run the same program. A store made anew per run
-        # could be reached, by a fast rank, while the previous one was still closing.
-        environment = self.cluster_environment
-        key = (
-            environment.main_address,
-            environment.main_port,
-            environment.world_size,
-            environment.global_rank,
-        )
-        global _retained  # noqa: PLW0603 (one job store per process, kept for its life)
-        if _retained is None or _retained[0] != key:
-            _retained = (key, self._connect(), itertools.count())
-        _, job_store, runs = _retained
-        store: dist.Store = job_store
-        # torchrun keeps its store across the restarts of a job: each attempt keeps
-        # its keys apart, or a restarted rank would read the dead attempt's.
-        attempt = int(os.environ.get(_RESTART_VARIABLE, "0") or 0)
-        if attempt:
-            store = dist.PrefixStore(f"plait/attempt-{attempt}/", store)
-        run = next(runs)
-        if environment.global_rank == 0:
-            store.set(CURRENT_RUN_KEY, str(run))
-        return dist.PrefixStore(run_prefix(run), store)
-
-    def _group_store(self, store: dist.Store) -> dist.TCPStore:
-        # The process group gets a store of its own, on a port rank 0 picks and
-        # shares: a DDP wrapper keeps its group, and the group's store, alive for
-        # the life of the process, and the job's port must be free for the next run
-        # in the same program (a test after a fit).
-        environment = self.cluster_environment
-        if environment.global_rank == 0:
-            group_store = self._tcp_store(free_port(environment.main_address))
-            store.set(_GROUP_STORE_KEY, str(group_store.port))
-            return group_store
-        store.wait([_GROUP_STORE_KEY], self.start_timeout)
-        return self._tcp_store(int(store.get(_GROUP_STORE_KEY)))
-
-    def _tcp_store(self, port: int, *, hosted: bool = False) -> dist.TCPStore:
-        environment = self.cluster_environment
-        return dist.TCPStore(
-            environment.main_address,
-            port,
-            environment.world_size,
-            is_master=environment.global_rank == 0 and not hosted,
-            timeout=self.start_timeout,
-            wait_for_workers=False,
-        )
-
-    def _connect(self) -> dist.TCPStore:
-        environment = self.cluster_environment
-        deadline = time.monotonic() + self.start_timeout.total_seconds()
-        while True:
-            try:
-                # A launcher that serves the job's store itself says so: then rank 0
-                # connects to it, as every other rank does.
-                hosted = os.environ.get(HOSTED_STORE_VARIABLE) == "1"
-                return self._tcp_store(environment.main_port, hosted=hosted)
-            except dist.DistNetworkError as error:  # noqa: PERF203 (a retry: the error is the signal)
-                # Rank 0 of a second run in one program (a test after a fit) binds the
-                # port of the first run's store, which may still be closing: wait for
-                # the port, as the other ranks wait to connect.
-                if "EADDRINUSE" not in str(error) or time.monotonic() > deadline:
-                    raise self._start_up_failed() from error
-                time.sleep(_BIND_RETRY_INTERVAL)
-            except (RuntimeError, dist.DistError) as error:
-                raise self._start_up_failed() from error
-
-    def _start_up_failed(self) -> CollectiveTimeoutError:
-        environment = self.cluster_environment
-        return CollectiveTimeoutError(
-            "start-up",
-            name=f"{environment.main_address}:{environment.main_port}",
-            timeout=self.start_timeout.total_seconds(),
-            missing_ranks=[0],
-            arrived_ranks=[environment.global_rank],
-        )
 
     @override
     def on_exception(self, exception: BaseException) -> None:

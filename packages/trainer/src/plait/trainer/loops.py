@@ -381,7 +381,7 @@ class Loops(abc.ABC):
             return limited
         # Every rank must run as many batches as the others, or one would wait in a
         # gradient all-reduce for a rank that has finished: take the least.
-        fewest = int(strategy.reduce(limited, "min"))
+        fewest = int(strategy.reduce(limited, reduce_op="min"))
         if fewest != limited:
             rank_zero_warn(
                 f"the ranks hold different numbers of training batches; each runs {fewest}"

@@ -305,7 +305,7 @@ class Metrics:
             )
             if any(abs(int(self._epoch[n].total)) >= 2**53 for n in integers):
                 integers = set()  # beyond float64's exact integers: reduced as floats
-            folded = collectives.reduce(packed, "sum").tolist()
+            folded = collectives.reduce(packed, reduce_op="sum").tolist()
             for index, name in enumerate(synced):
                 total, weight = folded[2 * index], folded[2 * index + 1]
                 if self._epoch[name].options.reduce_fx == "mean":
@@ -318,7 +318,9 @@ class Metrics:
                 continue
             value = self._value(accumulator)
             if accumulator.options.sync_dist:
-                value = collectives.reduce(value, _EPOCH_OPS[accumulator.options.reduce_fx])
+                value = collectives.reduce(
+                    value, reduce_op=_EPOCH_OPS[accumulator.options.reduce_fx]
+                )
             values[name] = value
         return values
 

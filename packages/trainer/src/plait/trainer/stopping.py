@@ -138,7 +138,7 @@ class GracefulStop:
             [self.received.value if self.received else 0, min(max(proposal, 1), _MAX_INTERVAL)],
             dtype=torch.int64,
         )
-        agreed = collectives.reduce(vote, "max").tolist()
+        agreed = collectives.reduce(vote, reduce_op="max").tolist()
         self._countdown = int(agreed[1])
         self._since, self._batches = time.monotonic(), 0
         return signal.Signals(int(agreed[0])) if agreed[0] else None

@@ -12,6 +12,9 @@ The contract (proved for each strategy by ``plait.conformance``):
 - Ranks that disagree on a collective raise
   `CollectiveMismatchError` on every rank; a rank that dies
   makes the others raise `PeerFailedError`. Nothing hangs.
+- With ``group``, all of the above holds among the group's ranks: every rank of the
+  group calls, and no other; ranks keep their global numbers (``src`` is a global
+  rank; rows of `all_gather` come in the group's order).
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from typing import TYPE_CHECKING, Protocol, TypeVar, overload, runtime_checkable
 if TYPE_CHECKING:
     import torch
 
-    from plait.core.typing import ReduceOpLike
+    from plait.core.typing import Group, ReduceOpLike
 
 __all__ = ["Collectives"]
 
@@ -34,40 +37,54 @@ class Collectives(Protocol):
     """Reduce, broadcast, barrier and all-gather across every rank of the job."""
 
     @overload
-    def reduce(self, value: torch.Tensor, reduce_op: ReduceOpLike = "mean") -> torch.Tensor: ...
+    def reduce(
+        self, value: torch.Tensor, group: Group | None = None, reduce_op: ReduceOpLike = "mean"
+    ) -> torch.Tensor: ...
 
     @overload
-    def reduce(self, value: float, reduce_op: ReduceOpLike = "mean") -> float: ...
+    def reduce(
+        self, value: float, group: Group | None = None, reduce_op: ReduceOpLike = "mean"
+    ) -> float: ...
 
     def reduce(
-        self, value: torch.Tensor | float, reduce_op: ReduceOpLike = "mean"
+        self,
+        value: torch.Tensor | float,
+        group: Group | None = None,
+        reduce_op: ReduceOpLike = "mean",
     ) -> torch.Tensor | float:
-        """Reduce ``value`` over all ranks with ``reduce_op``; ``value`` is never changed.
+        """Reduce ``value`` over the ranks (of ``group``) with ``reduce_op``, out of place.
 
         Raises:
             TypeError: ``value`` is neither a tensor nor a Python number.
-            ConfigurationError: ``reduce_op`` is not a reduction.
+            ConfigurationError: ``reduce_op`` is not a reduction, or ``group`` is not a
+                group of this job (a reduction's name given as ``group`` says to pass
+                it as ``reduce_op=``).
         """
         ...
 
-    def broadcast(self, obj: T, src: int = 0) -> T:
-        """Give every rank a value equal to rank ``src``'s ``obj``.
+    def broadcast(self, obj: T, src: int = 0, group: Group | None = None) -> T:
+        """Give every rank (of ``group``) a value equal to global rank ``src``'s ``obj``.
 
         Raises:
-            ValueError: ``src`` is outside ``[0, world_size)``.
+            ValueError: ``src`` is not a rank of the job (or of ``group``).
         """
         ...
 
-    def barrier(self, name: str | None = None, timeout: timedelta | float | None = None) -> None:
-        """Wait until every rank has entered the barrier.
+    def barrier(
+        self,
+        name: str | None = None,
+        timeout: timedelta | float | None = None,
+        group: Group | None = None,
+    ) -> None:
+        """Wait until every rank (of ``group``) has entered the barrier.
 
         Raises:
             CollectiveTimeoutError: ``timeout`` passed first; names the missing ranks.
         """
         ...
 
-    def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
-        """Stack every rank's ``tensor`` into shape ``[world_size, *tensor.shape]``."""
+    def all_gather(self, tensor: torch.Tensor, group: Group | None = None) -> torch.Tensor:
+        """Stack every rank's ``tensor`` into ``[ranks, *tensor.shape]``, in rank order."""
         ...
 
     def reduce_boolean_decision(self, decision: bool, all: bool = True) -> bool:  # noqa: A002

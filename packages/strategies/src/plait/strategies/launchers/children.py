@@ -20,7 +20,8 @@ import attrs
 import torch.distributed as dist
 
 from plait.core import ConfigurationError, PeerFailedError, stopped_by
-from plait.strategies.collectives import START_PREFIX, STORE_PREFIX, post_failure
+from plait.strategies.failures import post_failure
+from plait.strategies.store import START_PREFIX, STORE_PREFIX
 
 if TYPE_CHECKING:
     from plait.core.typing import SignalHandler

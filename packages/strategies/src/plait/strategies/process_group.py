@@ -1,0 +1,194 @@
+"""Forming the job's process group: one function, used by every parallel strategy.
+
+`init_distributed` takes a process from its cluster environment to a joined
+torch.distributed group with checked collectives: it connects to the job's store,
+meets every rank there (a rank that never comes is named), initialises the default
+group on a store of its own, and makes the group the collectives run on, with the
+steady-state timeout.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import time
+from collections.abc import Iterator, Mapping
+from datetime import timedelta
+from typing import Final
+
+import torch
+import torch.distributed as dist
+
+from plait.core import (
+    ClusterEnvironment,
+    CollectiveCall,
+    CollectiveTimeoutError,
+    ConfigurationError,
+    free_port,
+)
+from plait.strategies.collectives import DistributedCollectives, Rendezvous
+from plait.strategies.launchers.children import HOSTED_STORE_VARIABLE, die_with_parent
+from plait.strategies.launchers.subprocess import become_rank
+from plait.strategies.store import CURRENT_RUN_KEY, START_PREFIX, run_prefix
+
+__all__ = ["init_distributed"]
+
+_BIND_RETRY_INTERVAL: Final = 0.05
+_GROUP_STORE_KEY: Final = "plait/process-group-store-port"
+_RESTART_VARIABLE: Final = "TORCHELASTIC_RESTART_COUNT"
+_TORCHRUN_VARIABLE: Final = "TORCHELASTIC_RUN_ID"
+
+_retained: tuple[tuple[str, int, int, int], dist.TCPStore, Iterator[int]] | None = None
+
+
+def init_distributed(
+    environment: ClusterEnvironment,
+    *,
+    backend: str,
+    device: torch.device,
+    timeout: timedelta,
+    start_timeout: timedelta,
+    checked: bool = True,
+    dimensions: Mapping[str, dist.ProcessGroup | None] | None = None,
+) -> DistributedCollectives:
+    """Join this process to the job's process group and return its collectives.
+
+    Args:
+        environment: Where this process sits (address, port, ranks).
+        backend: The torch.distributed backend, e.g. ``"gloo"`` or ``"nccl"``.
+        device: This process's device, where collective results land.
+        timeout: How long a collective waits for the other ranks.
+        start_timeout: How long start-up waits for the other ranks.
+        checked: Compare every rank's call before each control collective.
+        dimensions: The groups of the layout's dimensions, by name (``None``: the
+            whole group); plain data parallelism by default.
+
+    Raises:
+        ConfigurationError: torch.distributed was initialised by someone else, so
+            plait cannot own the group's store and timeouts.
+        CollectiveTimeoutError: Ranks did not all arrive within ``start_timeout``
+            (they are named), or rank 0's store could not be reached.
+    """
+    if dist.is_initialized():
+        raise ConfigurationError(
+            "torch.distributed is already initialised: the strategy joins the process "
+            "group itself, with its own timeouts and store",
+            fix="remove the call to init_process_group and let setup_environment() do it",
+        )
+    become_rank()  # a rank the popen launcher started: tied to its launcher
+    if _TORCHRUN_VARIABLE in os.environ:
+        # torchrun starts each worker in a session of its own: should torchrun die
+        # without stopping them (SIGKILL), they must not live on.
+        die_with_parent()
+    store = _run_store(environment, start_timeout)
+    # Every rank posts its arrival: a rank that never comes is named, not waited on.
+    Rendezvous(
+        store,
+        rank=environment.global_rank,
+        world_size=environment.world_size,
+        prefix=START_PREFIX,
+    ).meet(CollectiveCall("start-up"), start_timeout)
+    dist.init_process_group(
+        backend,
+        store=_group_store(environment, store, start_timeout),
+        rank=environment.global_rank,
+        world_size=environment.world_size,
+        timeout=start_timeout,
+    )
+    group = dist.new_group(backend=backend, timeout=timeout)
+    return DistributedCollectives(
+        group=group,
+        store=store,
+        rank=environment.global_rank,
+        world_size=environment.world_size,
+        device=device,
+        checked=checked,
+        timeout=timeout,
+        dimensions=dimensions,
+    )
+
+
+def _run_store(environment: ClusterEnvironment, start_timeout: timedelta) -> dist.Store:
+    # The job's store is kept for the life of the process and shared by every run in
+    # it (a test after a fit), each run under a prefix of its own: ranks count their
+    # runs alike, as they run the same program. A store made anew per run could be
+    # reached, by a fast rank, while the previous one was still closing.
+    key = (
+        environment.main_address,
+        environment.main_port,
+        environment.world_size,
+        environment.global_rank,
+    )
+    global _retained  # noqa: PLW0603 (one job store per process, kept for its life)
+    if _retained is None or _retained[0] != key:
+        _retained = (key, _connect(environment, start_timeout), itertools.count())
+    _, job_store, runs = _retained
+    store: dist.Store = job_store
+    # torchrun keeps its store across the restarts of a job: each attempt keeps its
+    # keys apart, or a restarted rank would read the dead attempt's.
+    attempt = int(os.environ.get(_RESTART_VARIABLE, "0") or 0)
+    if attempt:
+        store = dist.PrefixStore(f"plait/attempt-{attempt}/", store)
+    run = next(runs)
+    if environment.global_rank == 0:
+        store.set(CURRENT_RUN_KEY, str(run))
+    return dist.PrefixStore(run_prefix(run), store)
+
+
+def _group_store(
+    environment: ClusterEnvironment, store: dist.Store, start_timeout: timedelta
+) -> dist.TCPStore:
+    # The process group gets a store of its own, on a port rank 0 picks and shares:
+    # a DDP wrapper keeps its group, and the group's store, alive for the life of
+    # the process, and the job's port must be free for the next run in the same
+    # program (a test after a fit).
+    if environment.global_rank == 0:
+        group_store = _tcp_store(environment, free_port(environment.main_address), start_timeout)
+        store.set(_GROUP_STORE_KEY, str(group_store.port))
+        return group_store
+    store.wait([_GROUP_STORE_KEY], start_timeout)
+    return _tcp_store(environment, int(store.get(_GROUP_STORE_KEY)), start_timeout)
+
+
+def _tcp_store(
+    environment: ClusterEnvironment, port: int, start_timeout: timedelta, *, hosted: bool = False
+) -> dist.TCPStore:
+    return dist.TCPStore(
+        environment.main_address,
+        port,
+        environment.world_size,
+        is_master=environment.global_rank == 0 and not hosted,
+        timeout=start_timeout,
+        wait_for_workers=False,
+    )
+
+
+def _connect(environment: ClusterEnvironment, start_timeout: timedelta) -> dist.TCPStore:
+    deadline = time.monotonic() + start_timeout.total_seconds()
+    while True:
+        try:
+            # A launcher that serves the job's store itself says so: then rank 0
+            # connects to it, as every other rank does.
+            hosted = os.environ.get(HOSTED_STORE_VARIABLE) == "1"
+            return _tcp_store(environment, environment.main_port, start_timeout, hosted=hosted)
+        except dist.DistNetworkError as error:  # noqa: PERF203 (a retry: the error is the signal)
+            # Rank 0 of a second run in one program (a test after a fit) binds the
+            # port of the first run's store, which may still be closing: wait for the
+            # port, as the other ranks wait to connect.
+            if "EADDRINUSE" not in str(error) or time.monotonic() > deadline:
+                raise _start_up_failed(environment, start_timeout) from error
+            time.sleep(_BIND_RETRY_INTERVAL)
+        except (RuntimeError, dist.DistError) as error:
+            raise _start_up_failed(environment, start_timeout) from error
+
+
+def _start_up_failed(
+    environment: ClusterEnvironment, start_timeout: timedelta
+) -> CollectiveTimeoutError:
+    return CollectiveTimeoutError(
+        "start-up",
+        name=f"{environment.main_address}:{environment.main_port}",
+        timeout=start_timeout.total_seconds(),
+        missing_ranks=[0],
+        arrived_ranks=[environment.global_rank],
+    )
