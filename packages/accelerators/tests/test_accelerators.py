@@ -1,5 +1,8 @@
+from collections.abc import Iterator
+
 import pytest
 import torch
+from typing_extensions import override
 
 from plait.accelerators import (
     CPUAccelerator,
@@ -117,3 +120,38 @@ def test_cuda_devices_are_indexed_and_set_up() -> None:
     torch.ones(1, device=device)
     assert cuda.get_device_stats(device)["allocated_bytes.all.current"] > 0
     cuda.teardown()
+
+
+class FakeGPU(CPUAccelerator):
+    """A plugin's accelerator: here, the CPU under another name."""
+
+    name = "fakegpu"
+
+
+class MissingGPU(CPUAccelerator):
+    name = "missinggpu"
+
+    @override
+    def is_available(self) -> bool:
+        return False
+
+
+@pytest.fixture
+def plugin_accelerators() -> Iterator[None]:
+    AcceleratorRegistry.register("fakegpu", FakeGPU)
+    AcceleratorRegistry.register("missinggpu", MissingGPU)
+    try:
+        yield
+    finally:
+        AcceleratorRegistry.remove("fakegpu")
+        AcceleratorRegistry.remove("missinggpu")
+
+
+@pytest.mark.usefixtures("plugin_accelerators")
+def test_auto_asks_the_registry_and_prefers_a_plugins_accelerator() -> None:
+    assert auto_accelerator().name == "fakegpu"
+    assert available_accelerators()[0] == "fakegpu"
+    assert "missinggpu" not in available_accelerators()
+    with pytest.raises(ConfigurationError, match="'missinggpu' is not available") as caught:
+        MissingGPU().require_available()
+    assert "fakegpu" in caught.value.choices

@@ -272,7 +272,7 @@ def test_targets_name_what_they_cannot_find() -> None:
     with pytest.raises(ConfigurationError, match="not defined at module level"):
         StrategyTarget.of(lambda: None)  # type: ignore[arg-type, return-value]
     with pytest.raises(ConfigurationError, match="not a callable"):
-        StrategyTarget.of("plait.conformance:BACKENDS").factory()
+        StrategyTarget.of("plait.conformance:LANES").factory()
     assert StrategyTarget.of(materialize).name == "worker:materialize"  # type: ignore[arg-type]
 
 

@@ -1,37 +1,50 @@
-"""Choosing the best accelerator this machine has."""
+"""Choosing the best accelerator this machine has, among every registered one."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Final
 
-from plait.accelerators.cpu import CPUAccelerator
-from plait.accelerators.cuda import CUDAAccelerator
-from plait.accelerators.mps import MPSAccelerator
-from plait.accelerators.xla import XLAAccelerator
+from plait.core import Accelerator, AcceleratorRegistry, PlaitError
 
-if TYPE_CHECKING:
-    from plait.accelerators.base import DeviceAccelerator
+__all__ = ["PREFERENCE", "auto_accelerator", "available_accelerators"]
 
-__all__ = ["BUILT_IN", "auto_accelerator", "available_accelerators"]
+PREFERENCE: Final = ("xla", "cuda", "mps")
+"""The built-in accelerators ``"auto"`` prefers, best first, after any accelerator a
+plugin registered (installed for its hardware) and before the CPU, which is last."""
 
-BUILT_IN: tuple[type[DeviceAccelerator], ...] = (
-    XLAAccelerator,
-    CUDAAccelerator,
-    MPSAccelerator,
-    CPUAccelerator,
-)
-"""The built-in accelerators, best first: what ``"auto"`` tries in order."""
+_AUTO: Final = "auto"
 
 
-def auto_accelerator() -> DeviceAccelerator:
-    """The best accelerator available: XLA, then CUDA, then MPS, then the CPU."""
-    for accelerator_class in BUILT_IN:
-        accelerator = accelerator_class()
+def _candidates() -> list[Accelerator]:
+    # Every registered accelerator once (aliases build the same one), best first.
+    found: dict[str, Accelerator] = {}
+    for name in AcceleratorRegistry.available():
+        if name == _AUTO:
+            continue
+        try:
+            accelerator = AcceleratorRegistry.get(name)
+        except PlaitError:  # one that needs arguments to be made is never "auto"
+            continue
+        found.setdefault(accelerator.name, accelerator)
+
+    def rank(accelerator: Accelerator) -> int:
+        if accelerator.name == "cpu":
+            return len(PREFERENCE) + 1
+        if accelerator.name in PREFERENCE:
+            return PREFERENCE.index(accelerator.name) + 1
+        return 0  # a plugin's: chosen first
+
+    return sorted(found.values(), key=rank)
+
+
+def auto_accelerator() -> Accelerator:
+    """The best registered accelerator available: a plugin's, XLA, CUDA, MPS, the CPU."""
+    for accelerator in _candidates():
         if accelerator.is_available():
             return accelerator
-    return CPUAccelerator()  # always available; reached only if a subclass says otherwise
+    return AcceleratorRegistry.get("cpu")  # always available
 
 
 def available_accelerators() -> list[str]:
-    """The names of the built-in accelerators available here, best first."""
-    return [cls.name for cls in BUILT_IN if cls().is_available()]
+    """The names of the registered accelerators available here, best first."""
+    return [accelerator.name for accelerator in _candidates() if accelerator.is_available()]

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 import torch
 
+from plait.accelerators.auto import available_accelerators
 from plait.accelerators.devices import parse_device_spec
 from plait.core import ConfigurationError
 
@@ -77,8 +78,6 @@ class DeviceAccelerator(abc.ABC):
         """
         if self.is_available():
             return
-        from plait.accelerators.auto import available_accelerators  # noqa: PLC0415 (cycle)
-
         available = available_accelerators()
         raise ConfigurationError(
             f"accelerator {self.name!r} is not available on this machine",

@@ -25,5 +25,7 @@ def register(registry: Registry[Accelerator]) -> None:
     registry.register("xla", XLAAccelerator, description="XLA devices through torch_xla")
     registry.register("tpu", XLAAccelerator, description="TPU cores (alias of xla)")
     registry.register(
-        "auto", auto_accelerator, description="the best available: xla, cuda, mps, then cpu"
+        "auto",
+        auto_accelerator,
+        description="the best available: a plugin's, then xla, cuda, mps, then cpu",
     )

@@ -24,7 +24,7 @@ from plait.conformance.cases import (
     TensorSpec,
 )
 from plait.conformance.pool import (
-    BACKENDS,
+    LANES,
     PoolError,
     PoolStartError,
     RankCrashError,
@@ -46,7 +46,7 @@ from plait.conformance.suite import ConformanceSuite
 from plait.conformance.target import StrategyFactory, StrategyTarget
 
 __all__ = [
-    "BACKENDS",
+    "LANES",
     "PROPERTIES",
     "AllGatherCase",
     "BadArgumentCase",

@@ -19,7 +19,7 @@ import attrs
 import pytest
 import torch
 
-from plait.conformance.pool import BACKENDS, RankPool, backend_unavailable
+from plait.conformance.pool import LANES, RankPool, backend_unavailable
 from plait.conformance.target import StrategyTarget
 
 if TYPE_CHECKING:
@@ -107,7 +107,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "or 'path/file.py:factory'; repeat for several",
     )  # fmt: skip
     group.addoption(
-        "--plait-backend", choices=tuple(BACKENDS), default=None,
+        "--plait-backend", choices=tuple(LANES), default=None,
         help="lane: gloo (CPU), nccl (CUDA) or xla; default: each suite's own (gloo)",
     )  # fmt: skip
     group.addoption(

@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from plait.conformance.cases import Case
 
 __all__ = [
-    "BACKENDS",
+    "LANES",
     "PoolError",
     "PoolStartError",
     "RankCrashError",
@@ -43,7 +43,7 @@ __all__ = [
     "backend_unavailable",
 ]
 
-BACKENDS: Final = {"gloo": "cpu", "nccl": "cuda", "xla": "xla"}
+LANES: Final = {"gloo": "cpu", "nccl": "cuda", "xla": "xla"}
 """Each backend lane and the device type its ranks must run on."""
 
 _STACK_WAIT: Final = 5.0  # seconds a stuck rank has to answer for its stack
@@ -92,8 +92,8 @@ def backend_unavailable(backend: str, world_size: int) -> str | None:
     Raises:
         ConfigurationError: ``backend`` is not a lane.
     """
-    if backend not in BACKENDS:
-        raise ConfigurationError.invalid_choice("backend", backend, tuple(BACKENDS))
+    if backend not in LANES:
+        raise ConfigurationError.invalid_choice("backend", backend, tuple(LANES))
     if backend == "nccl":
         count = torch.cuda.device_count()
         if count < world_size:
@@ -162,8 +162,8 @@ class RankPool:
                 value=world_size,
                 fix="pass the number of ranks, e.g. world_size=2",
             )
-        if backend not in BACKENDS:
-            raise ConfigurationError.invalid_choice("backend", backend, tuple(BACKENDS))
+        if backend not in LANES:
+            raise ConfigurationError.invalid_choice("backend", backend, tuple(LANES))
         for name, value in (("deadline", deadline), ("start_timeout", start_timeout)):
             if not value > 0:
                 raise ConfigurationError(
@@ -271,9 +271,9 @@ class RankPool:
             raise
         self.devices = tuple(info.root_device for info in infos)
 
-    def _gather_start(self) -> list[worker.RankInfo]:
+    def _gather_start(self) -> list[worker.WorkerReport]:
         pending: dict[Connection, int] = dict(zip(self._tasks, range(self.world_size), strict=True))
-        infos: dict[int, worker.RankInfo] = {}
+        infos: dict[int, worker.WorkerReport] = {}
         failures: dict[int, str] = {}
         limit = time.monotonic() + self.start_timeout
         while pending and not failures:
@@ -292,7 +292,7 @@ class RankPool:
                     failures[rank] = f"the process exited with code {code} while starting"
                 elif isinstance(message, RaisedError):
                     failures[rank] = message.traceback
-                elif isinstance(message, worker.RankInfo):
+                elif isinstance(message, worker.WorkerReport):
                     infos[rank] = message
                 else:
                     failures[rank] = f"the rank sent {message!r} instead of its place"
@@ -303,7 +303,7 @@ class RankPool:
         self._check_ranks(ordered)
         return ordered
 
-    def _check_ranks(self, infos: list[worker.RankInfo]) -> None:
+    def _check_ranks(self, infos: list[worker.WorkerReport]) -> None:
         for info in infos:
             if info.world_size != self.world_size or info.global_rank != info.rank:
                 raise PoolStartError(
@@ -312,10 +312,10 @@ class RankPool:
                     f"tested at world size {self.world_size}"
                 )
             device_type = info.root_device.split(":")[0]
-            if device_type != BACKENDS[self.backend]:
+            if device_type != LANES[self.backend]:
                 raise PoolStartError(
                     f"{self!r}: rank {info.rank} runs on {info.root_device}, but the "
-                    f"{self.backend} lane tests strategies on {BACKENDS[self.backend]} devices"
+                    f"{self.backend} lane tests strategies on {LANES[self.backend]} devices"
                 )
 
     def close(self) -> None:

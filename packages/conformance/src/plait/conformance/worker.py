@@ -54,7 +54,7 @@ if TYPE_CHECKING:
     from plait.conformance.target import StrategyTarget
     from plait.core import Strategy
 
-__all__ = ["RankInfo", "describe_tensor", "main", "materialize", "raised", "run_case"]
+__all__ = ["WorkerReport", "describe_tensor", "main", "materialize", "raised", "run_case"]
 
 _KINDS: Final[tuple[type[BaseException], ...]] = (
     CollectiveMismatchError,
@@ -71,7 +71,7 @@ _PR_SET_PDEATHSIG: Final = 1
 
 
 @attrs.frozen
-class RankInfo:
+class WorkerReport:
     """What a rank reports once its strategy has joined the process group."""
 
     rank: int
@@ -315,7 +315,7 @@ def main(
         strategy.setup_environment()
         evidence = dist.TCPStore(*evidence_address, is_master=False, timeout=timedelta(seconds=60))
         tasks.send(
-            RankInfo(
+            WorkerReport(
                 rank=rank,
                 world_size=strategy.world_size,
                 global_rank=strategy.global_rank,

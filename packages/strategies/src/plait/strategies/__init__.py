@@ -10,12 +10,12 @@ from plait.strategies.base import BaseStrategy
 from plait.strategies.collectives import DistributedCollectives, LocalCollectives
 from plait.strategies.ddp import DDPStrategy
 from plait.strategies.dp import DataParallelStrategy
-from plait.strategies.parallel import BACKENDS, ParallelStrategy
+from plait.strategies.parallel import PROCESS_GROUP_BACKENDS, ParallelStrategy
 from plait.strategies.sharded import DDPShardedStrategy
 from plait.strategies.single_device import SingleDeviceStrategy
 
 __all__ = [
-    "BACKENDS",
+    "PROCESS_GROUP_BACKENDS",
     "BaseStrategy",
     "DDPShardedStrategy",
     "DDPStrategy",

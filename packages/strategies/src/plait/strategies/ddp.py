@@ -7,7 +7,7 @@ import inspect
 import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 import torch
 from torch.nn.parallel import DistributedDataParallel
@@ -16,6 +16,7 @@ from typing_extensions import override
 from plait.core import ConfigurationError
 from plait.core.errors import suggest
 from plait.strategies.launchers import (
+    MULTIPROCESSING_METHODS,
     ExternalLauncher,
     MultiprocessingLauncher,
     SubprocessScriptLauncher,
@@ -27,8 +28,9 @@ if TYPE_CHECKING:
 
 __all__ = ["START_METHODS", "DDPStrategy", "NamingDistributedDataParallel"]
 
-START_METHODS = ("popen", "spawn", "fork", "forkserver")
-"""How DDP starts its processes: run the program again, or torch.multiprocessing."""
+START_METHODS: Final = ("popen", *MULTIPROCESSING_METHODS)
+"""How DDP starts its processes: run the program again (``"popen"``), or one of
+torch.multiprocessing's methods."""
 
 CommHook = Callable[..., object]
 """A DDP communication hook, e.g. ``default_hooks.fp16_compress_hook`` of

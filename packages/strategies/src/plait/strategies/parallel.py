@@ -27,10 +27,10 @@ if TYPE_CHECKING:
     from plait.core import Accelerator, CheckpointIO, Precision
     from plait.strategies.collectives import DistributedCollectives
 
-__all__ = ["BACKENDS", "ParallelStrategy"]
+__all__ = ["PROCESS_GROUP_BACKENDS", "ParallelStrategy"]
 
 
-BACKENDS: Final = ("gloo", "nccl", "mpi", "ucc")
+PROCESS_GROUP_BACKENDS: Final = ("gloo", "nccl", "mpi", "ucc")
 """The torch.distributed backends a parallel strategy can join with."""
 
 DEFAULT_START_TIMEOUT: Final = timedelta(minutes=10)
@@ -101,8 +101,10 @@ class ParallelStrategy(BaseStrategy):
         self.cluster_environment = environment
         self._root_device = self._choose_device()
         backend = process_group_backend or ("nccl" if self._root_device.type == "cuda" else "gloo")
-        if backend not in BACKENDS:
-            raise ConfigurationError.invalid_choice("process_group_backend", backend, BACKENDS)
+        if backend not in PROCESS_GROUP_BACKENDS:
+            raise ConfigurationError.invalid_choice(
+                "process_group_backend", backend, PROCESS_GROUP_BACKENDS
+            )
         self.process_group_backend = backend
         given: tuple[tuple[str, object], ...] = (
             ("timeout", timeout),

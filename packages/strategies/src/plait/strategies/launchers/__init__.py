@@ -2,13 +2,16 @@
 
 from plait.strategies.launchers.children import GRACE_PERIOD, die_with_parent, launch_variables
 from plait.strategies.launchers.external import ExternalLauncher
-from plait.strategies.launchers.multiprocessing import START_METHODS, MultiprocessingLauncher
+from plait.strategies.launchers.multiprocessing import (
+    MULTIPROCESSING_METHODS,
+    MultiprocessingLauncher,
+)
 from plait.strategies.launchers.subprocess import LAUNCHED_VARIABLE, SubprocessScriptLauncher
 
 __all__ = [
     "GRACE_PERIOD",
     "LAUNCHED_VARIABLE",
-    "START_METHODS",
+    "MULTIPROCESSING_METHODS",
     "ExternalLauncher",
     "MultiprocessingLauncher",
     "SubprocessScriptLauncher",

@@ -34,12 +34,12 @@ if TYPE_CHECKING:
     from multiprocessing.connection import Connection
     from multiprocessing.context import ForkContext, ForkServerContext, SpawnContext
 
-__all__ = ["START_METHODS", "MultiprocessingLauncher"]
+__all__ = ["MULTIPROCESSING_METHODS", "MultiprocessingLauncher"]
 
 P = ParamSpec("P")
 R = TypeVar("R")
 
-START_METHODS: Final = ("spawn", "fork", "forkserver")
+MULTIPROCESSING_METHODS: Final = ("spawn", "fork", "forkserver")
 
 
 def pickled_work(
@@ -178,7 +178,9 @@ class MultiprocessingLauncher:
         grace_period: float = GRACE_PERIOD,
     ) -> None:
         available = [
-            method for method in START_METHODS if method in multiprocessing.get_all_start_methods()
+            method
+            for method in MULTIPROCESSING_METHODS
+            if method in multiprocessing.get_all_start_methods()
         ]
         if start_method not in available:
             raise ConfigurationError.invalid_choice("start_method", start_method, available)
