@@ -4,19 +4,26 @@
 torch.distributed group, with the collective contract checked), `DDPStrategy` and
 `DDPShardedStrategy` (optimizer state sharded),
 each meeting the `plait.core.Strategy` protocol, usable with or without a trainer.
+`StrategyRegistry` (from `plait.core`) names them; `CheckpointIO` is a base class for
+checkpoint IOs of your own; `init_distributed` forms a process group for a loop of
+your own.
 """
 
+from plait.core import StrategyRegistry
 from plait.strategies.base import BaseStrategy
+from plait.strategies.checkpoint_io import CheckpointIO
 from plait.strategies.collectives import DistributedCollectives, LocalCollectives
 from plait.strategies.ddp import DDPStrategy
 from plait.strategies.dp import DataParallelStrategy
 from plait.strategies.parallel import PROCESS_GROUP_BACKENDS, ParallelStrategy
+from plait.strategies.process_group import init_distributed
 from plait.strategies.sharded import DDPShardedStrategy
 from plait.strategies.single_device import SingleDeviceStrategy
 
 __all__ = [
     "PROCESS_GROUP_BACKENDS",
     "BaseStrategy",
+    "CheckpointIO",
     "DDPShardedStrategy",
     "DDPStrategy",
     "DataParallelStrategy",
@@ -24,4 +31,6 @@ __all__ = [
     "LocalCollectives",
     "ParallelStrategy",
     "SingleDeviceStrategy",
+    "StrategyRegistry",
+    "init_distributed",
 ]

@@ -512,15 +512,24 @@ class BaseStrategy(abc.ABC):
             self.checkpoint_io.save_checkpoint(checkpoint, path)
 
     def load_checkpoint(self, path: PathLike, module: torch.nn.Module | None = None) -> Checkpoint:
-        """Read the checkpoint at ``path`` onto this process's device.
+        """Read the checkpoint at ``path``, its tensors on the CPU.
 
-        With ``module`` (set up) and a checkpoint IO that loads in place, the module's
-        state is read straight into its tensors, each rank reading only what it holds.
+        `set_state_dict` copies them into the module's and optimizers' own tensors on
+        their devices, so no device holds a second copy of the state. With ``module``
+        (set up) and a checkpoint IO that loads in place, the module's state is read
+        straight into its tensors instead, each rank reading only what it holds.
         """
         io = self.checkpoint_io
         if module is not None and isinstance(io, SupportsLoadInPlace):
             return io.load_checkpoint_into(path, {"state_dict": self.module_state_dict(module)})
-        return io.load_checkpoint(path, self.root_device)
+        # A checkpoint IO of the user's may take no map_location (as Lightning's
+        # examples write them).
+        parameters = inspect.signature(io.load_checkpoint).parameters
+        if "map_location" in parameters or any(
+            p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()
+        ):
+            return io.load_checkpoint(path, map_location="cpu")
+        return io.load_checkpoint(path)
 
     def remove_checkpoint(self, path: PathLike) -> None:
         """Delete the checkpoint at ``path``.

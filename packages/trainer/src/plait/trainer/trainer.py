@@ -693,7 +693,7 @@ class Trainer(Loops):
         self.write_checkpoint(path)
 
     def load_checkpoint(self, path: PathLike) -> Checkpoint:
-        """Read a checkpoint onto this rank's device."""
+        """Read a checkpoint, its tensors on the CPU."""
         return self.strategy.load_checkpoint(path)
 
     @override

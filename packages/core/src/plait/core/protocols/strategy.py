@@ -174,7 +174,7 @@ class Strategy(Collectives, Protocol):
         ...
 
     def load_checkpoint(self, path: PathLike, module: torch.nn.Module | None = None) -> Checkpoint:
-        """Load the checkpoint at ``path``; with ``module``, into it in place where the IO can."""
+        """Load the checkpoint at ``path`` (tensors on the CPU, or into ``module`` in place)."""
         ...
 
     def remove_checkpoint(self, path: PathLike) -> None:
