@@ -8,7 +8,9 @@ are this machine's.
 Sections:
   imports      import cost over `import torch`, each in a fresh interpreter
   steps        seconds per training step on one process: a plain loop, plait's
-               strategy in that loop, plait's Trainer (with and without logging)
+               strategy in that loop, plait's Trainer (with and without logging), and
+               the Trainer against the plain loop on batches made beforehand (no
+               loader: the framework's own cost per step)
   ddp          two gloo processes: plain DDP (torch.multiprocessing, torchrun)
                against plait's ddp and ddp_spawn, per step and launch to first step
   collectives  plait's collectives (and Lightning's) against raw torch.distributed,
@@ -148,7 +150,14 @@ def _checked_run(command: list[str], what: str) -> str:
 def bench_steps(rounds: int, steps: int, widths: list[int]) -> list[Row]:
     """Seconds per training step on one process, each side against the plain loop."""
     lightning = _installed("lightning.pytorch")
-    sides = ["plain", "plait-strategy", "plait-trainer", "plait-trainer-log"]
+    sides = [
+        "plain",
+        "plait-strategy",
+        "plait-trainer",
+        "plait-trainer-log",
+        "plain-memory",
+        "plait-trainer-memory",
+    ]
     if lightning:
         sides += ["lightning", "lightning-log"]
     rows = []
@@ -165,6 +174,8 @@ def bench_steps(rounds: int, steps: int, widths: list[int]) -> list[Row]:
             ("plait-trainer", "plait Trainer", "plain", "plain loop"),
             ("plait-trainer-log", "plait Trainer logging a scalar", "plait-trainer",
              "plait Trainer"),
+            ("plait-trainer-memory", "plait Trainer, batches in memory (its own cost)",
+             "plain-memory", "plain loop, batches in memory"),
         ]  # fmt: skip
         if lightning:
             pairs += [

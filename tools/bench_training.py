@@ -10,7 +10,9 @@ time its first step ended and the seconds per step to ``--out``; tools/bench kno
 when it started the command, and so the launch-to-first-step time.
 
 Every side trains the same model (an MLP of 32 inputs, two hidden layers of
-``--width`` and 10 classes) on the same batches of 64 from a DataLoader, with SGD.
+``--width`` and 10 classes) on the same batches of 64 from a DataLoader, with SGD;
+the ``-memory`` sides take the same batches from a list made beforehand, so that
+no loader's cost dilutes the framework's own.
 Seconds per step are taken in the steady state: from the end of step `WARMUP` to
 the end of step ``WARMUP + steps``.
 """
@@ -79,6 +81,15 @@ def loader(steps: int, ranks: int = 1) -> DataLoader[tuple[torch.Tensor, ...]]:
     return DataLoader(dataset(steps, ranks), batch_size=BATCH, shuffle=True)
 
 
+def in_memory(steps: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The same batches made beforehand, as a list: no loader's cost in the step."""
+    inputs, targets = dataset(steps).tensors
+    return [
+        (inputs[start : start + BATCH], targets[start : start + BATCH])
+        for start in range(0, len(inputs), BATCH)
+    ]
+
+
 class Clock:
     """The steady-state seconds per step, from the step ends it is told of."""
 
@@ -119,6 +130,20 @@ def plain_loop(width: int, steps: int) -> float:
     for done, batch in enumerate(loader(steps), start=1):
         optimizer.zero_grad()
         torch.autograd.backward(_loss(model, batch))  # loss.backward(), typed
+        optimizer.step()
+        clock.step_ended(done)
+    return clock.per_step
+
+
+def plain_memory_loop(width: int, steps: int) -> float:
+    """A hand-written PyTorch loop over batches made beforehand."""
+    torch.manual_seed(0)
+    model = mlp(width)
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR)
+    clock = Clock(steps)
+    for done, batch in enumerate(in_memory(steps), start=1):
+        optimizer.zero_grad()
+        torch.autograd.backward(_loss(model, batch))
         optimizer.step()
         clock.step_ended(done)
     return clock.per_step
@@ -214,15 +239,21 @@ def plait_trainer(
     strategy: str = "auto",
     devices: int = 1,
     out: Path | None = None,
+    memory: bool = False,
 ) -> Clock:
-    """plait's Trainer, with no progress bar, logger or checkpoints."""
+    """plait's Trainer, with no progress bar, logger or checkpoints.
+
+    With ``memory``, it trains on the batches made beforehand (`in_memory`), so that
+    the time per step is the framework's own cost over the plain loop's.
+    """
     torch.manual_seed(0)
     clock = Clock(steps, out)
     trainer = Trainer(
         **_trainer_options(steps, strategy, devices),
         callbacks=[Timing(clock)],
     )
-    trainer.fit(Classifier(width, log=log), loader(steps, devices))
+    data = in_memory(steps) if memory else loader(steps, devices)
+    trainer.fit(Classifier(width, log=log), data)
     return clock
 
 
@@ -274,6 +305,8 @@ STEP_SIDES: Final[dict[str, Callable[[int, int], float]]] = {
     "plait-strategy": plait_strategy_loop,
     "plait-trainer": lambda width, steps: plait_trainer(width, steps).per_step,
     "plait-trainer-log": lambda width, steps: plait_trainer(width, steps, log=True).per_step,
+    "plain-memory": plain_memory_loop,
+    "plait-trainer-memory": lambda width, steps: plait_trainer(width, steps, memory=True).per_step,
     "lightning": lambda width, steps: lightning_trainer(width, steps).per_step,
     "lightning-log": lambda width, steps: lightning_trainer(width, steps, log=True).per_step,
 }

@@ -1,5 +1,6 @@
 """Launching real ranks: results come back, failures stop every rank and are named."""
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -7,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from plait.core import ConfigurationError
-from plait.strategies.launchers import MultiprocessingLauncher
+from plait.strategies.launchers import MultiprocessingLauncher, SubprocessScriptLauncher
 
 PROGRAM = Path(__file__).resolve().parent / "launch_main.py"
 
@@ -112,3 +113,22 @@ def test_a_registered_ddp_strategy_stops_every_rank_when_one_fails(name: str) ->
     # The surviving ranks raised PeerFailedError themselves, before being stopped.
     assert "rank 0 saw rank 1 fail" in output
     assert "rank 2 saw rank 1 fail" in output
+
+
+def _place() -> tuple[str, str]:
+    return os.environ["RANK"], os.environ["WORLD_SIZE"]
+
+
+def test_a_job_of_one_process_leaves_the_programs_variables_as_they_were(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A process the program starts later must not think itself rank 0 of a job.
+    for name in ("RANK", "WORLD_SIZE", "MASTER_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+
+    assert SubprocessScriptLauncher(1).launch(_place) == ("0", "1")
+
+    assert "RANK" not in os.environ
+    assert "MASTER_PORT" not in os.environ
+    assert os.environ["MASTER_ADDR"] == "127.0.0.1"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator, Mapping
-from typing import Final, TypeVar
+from typing import Final, TypeVar, cast
 
 import torch
 
@@ -39,23 +39,68 @@ def check_supported(name: str, device_type: str) -> None:
 
 
 def convert_floats(data: T, dtype: torch.dtype) -> T:
-    """Cast every floating tensor in ``data`` (nested dicts, lists, tuples) to ``dtype``."""
-    # The dtype is compared first: even a no-op `to` dispatches into torch.
+    """Cast every floating tensor in ``data`` (nested dicts, lists, tuples) to ``dtype``.
+
+    What needs no cast is returned as it is, containers included: a batch already in
+    ``dtype`` (the usual case) costs a walk, not a copy.
+    """
+    kind = type(data)
+    if kind in _LEAVES:
+        return data
+    if isinstance(data, torch.Tensor):
+        # The dtype is compared first: even a no-op `to` dispatches into torch.
+        if data.dtype == dtype or not data.is_floating_point():
+            return data
+        return data.to(dtype)  # type: ignore[return-value]
+    if kind is tuple or kind is list:  # the usual batch: walked without the ABCs
+        sequence = cast("tuple[object, ...] | list[object]", data)
+        replaced: list[object] | None = None
+        for index, item in enumerate(sequence):
+            new = convert_floats(item, dtype)
+            if new is not item:
+                if replaced is None:
+                    replaced = list(sequence)
+                replaced[index] = new
+        if replaced is None:
+            return data
+        return cast("T", tuple(replaced) if kind is tuple else replaced)
     return _map_tensors(
-        data, lambda t: t.to(dtype) if t.is_floating_point() and t.dtype != dtype else t
+        data, lambda t: t.to(dtype) if t.dtype != dtype and t.is_floating_point() else t
     )
 
 
-def _map_tensors(data: T, function: Callable[[torch.Tensor], torch.Tensor]) -> T:
+_LEAVES: Final = frozenset({int, float, bool, str, bytes, type(None)})
+"""Types that hold no tensor: checked by identity before any isinstance."""
+
+
+def _map_tensors(data: T, function: Callable[[torch.Tensor], torch.Tensor]) -> T:  # noqa: PLR0911 (one return per kind)
+    kind = type(data)
+    if kind in _LEAVES:
+        return data
     result: object
     if isinstance(data, torch.Tensor):
         result = function(data)
+    elif kind is tuple or kind is list:  # the usual batch: checked before the ABCs
+        sequence = cast("tuple[object, ...] | list[object]", data)
+        items = [_map_tensors(item, function) for item in sequence]
+        if all(new is old for new, old in zip(items, sequence, strict=True)):
+            return data
+        result = tuple(items) if kind is tuple else items
     elif isinstance(data, Mapping):
-        result = type(data)({k: _map_tensors(v, function) for k, v in data.items()})  # type: ignore[call-arg]
+        mapped = {key: _map_tensors(value, function) for key, value in data.items()}
+        if all(mapped[key] is value for key, value in data.items()):
+            return data
+        result = type(data)(mapped)  # type: ignore[call-arg]
     elif isinstance(data, tuple) and hasattr(data, "_fields"):  # a namedtuple
-        result = type(data)(*(_map_tensors(v, function) for v in data))
+        fields = [_map_tensors(v, function) for v in data]
+        if all(new is old for new, old in zip(fields, data, strict=True)):
+            return data
+        result = type(data)(*fields)
     elif isinstance(data, list | tuple):
-        result = type(data)(_map_tensors(v, function) for v in data)
+        items = [_map_tensors(v, function) for v in data]
+        if all(new is old for new, old in zip(items, data, strict=True)):
+            return data
+        result = type(data)(items)
     else:
         return data
     return result  # type: ignore[return-value]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Final, TypeVar
@@ -27,6 +28,10 @@ _TRUE_NAMES: Final = {
     torch.bfloat16: "bf16-true",
 }
 _MIXED_NAMES: Final = {torch.float16: "16-mixed", torch.bfloat16: "bf16-mixed"}
+
+
+_NOTHING: Final = contextlib.nullcontext()
+"""A context that does nothing (reusable: it holds no state)."""
 
 
 def _step(optimizer: torch.optim.Optimizer, closure: Callable[[], object] | None) -> object:
@@ -105,6 +110,8 @@ class TruePrecision:
 
     def forward_context(self) -> AbstractContextManager[object]:
         """New floating tensors default to the dtype inside the block."""
+        if torch.get_default_dtype() == self.dtype:  # the usual case: nothing to set
+            return _NOTHING
         return default_dtype(self.dtype)
 
     def convert_input(self, data: T) -> T:

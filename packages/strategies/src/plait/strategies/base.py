@@ -394,13 +394,16 @@ class BaseStrategy(abc.ABC):
     def _forward(
         self, module: torch.nn.Module, args: tuple[object, ...], kwargs: dict[str, object]
     ) -> object:
-        args, kwargs = self.precision.convert_input((args, kwargs))
-        with self.precision.forward_context():
+        precision = self._precision
+        args = precision.convert_input(args)
+        if kwargs:
+            kwargs = precision.convert_input(kwargs)
+        with precision.forward_context():
             return module(*args, **kwargs)
 
     def backward(self, loss: torch.Tensor, module: torch.nn.Module | None = None) -> None:
         """Compute gradients of ``loss`` through the precision plugin."""
-        self.precision.backward(loss, module)
+        self._precision.backward(loss, module)
 
     def clip_gradients(
         self,
@@ -425,7 +428,7 @@ class BaseStrategy(abc.ABC):
         closure: Callable[[], object] | None = None,
     ) -> object:
         """Step ``optimizer`` through the precision plugin."""
-        return self.precision.optimizer_step(optimizer, closure)
+        return self._precision.optimizer_step(optimizer, closure)
 
     # State.
 

@@ -9,7 +9,7 @@ import signal
 import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from datetime import timedelta
-from typing import TYPE_CHECKING, Final, Literal, TypeAlias, cast
+from typing import TYPE_CHECKING, Final, Literal, TypeAlias
 
 import attrs
 import torch
@@ -112,7 +112,8 @@ class Steps(torch.nn.Module):
     @override
     def forward(self, batch: object, batch_idx: int) -> object:
         """The current stage's step of the user module."""
-        step = getattr(self.module, _STEP_METHODS[self.stage])
+        # Read from the instance's dict: a submodule's lookup (self.module) is slow.
+        step = getattr(self.__dict__["_modules"]["module"], _STEP_METHODS[self.stage])
         return step(batch, batch_idx)
 
 
@@ -173,6 +174,8 @@ class Loops(abc.ABC):
     stop_signals: tuple[signal.Signals, ...]
     default_root_dir: str
     _active_metrics: Metrics | None
+    _world_size: int = 1
+    _global_rank: int = 0
     _current_batch: object
     _steps: Steps | None
     _wrapped: torch.nn.Module | None
@@ -186,7 +189,7 @@ class Loops(abc.ABC):
     @property
     def me(self) -> Trainer:
         """This object as the `Trainer` it is (hooks take the trainer)."""
-        return cast("Trainer", self)
+        return self  # type: ignore[return-value] # a Loops is always a Trainer
 
     @property
     @abc.abstractmethod
@@ -256,6 +259,7 @@ class Loops(abc.ABC):
 
     def _dispatch(self, module: Module, run: Run) -> object:
         strategy = self.strategy
+        self._world_size, self._global_rank = strategy.world_size, strategy.global_rank
         stage, loaders, datamodule = run.stage, run.loaders, run.datamodule
         optimizers, schedulers = (
             parse_optimizers(module.configure_optimizers()) if stage == "fit" else ([], [])
@@ -432,48 +436,55 @@ class Loops(abc.ABC):
         self._end_epoch(module, metrics, complete=total is None)
 
     def _train_batch(self, module: Module, metrics: Metrics, batch_idx: int, batch: object) -> None:
+        # The hottest code of the trainer: properties are read once, into locals.
         strategy = self.strategy
+        world_size = self._world_size
         wrapped, steps = self._wrapped, self._steps
         assert wrapped is not None
         assert steps is not None
+        me = self.me
         self._current_batch = on_device = to_device(batch, strategy.root_device)
         self._active_metrics = metrics
         metrics.start_step()
         for callback in self.callbacks:
-            callback.on_train_batch_start(self.me, module, on_device, batch_idx)
+            callback.on_train_batch_start(me, module, on_device, batch_idx)
         module.on_train_batch_start(on_device, batch_idx)
         stepping = self.is_optimizer_step_batch(batch_idx)
-        # Between optimizer steps, gradients accumulate without synchronisation.
-        # (A batch that steps, the usual one, skips the Protocol check: it is slow.)
-        context = (
-            strategy.no_sync(wrapped)
-            if not stepping and isinstance(strategy, SupportsNoSync)
-            else contextlib.nullcontext()
-        )
         if steps.stage != "fit":  # set only after validation: a Module's setattr is slow
             steps.stage = "fit"
-        with context:
-            output = cast("StepOutput", strategy.training_step(wrapped, on_device, batch_idx))
-            loss = _loss(output, strategy.world_size)
-            if loss is not None:
-                if self.accumulate_grad_batches > 1:
-                    loss = loss / self.accumulate_grad_batches
-                strategy.backward(loss, wrapped)
-        if stepping:
-            self._optimizer_step(wrapped, module)
+        if stepping:  # the usual batch: no context, and no (slow) Protocol check
+            output = self._forward_backward(strategy, wrapped, on_device, batch_idx)
+            self._optimizer_step(strategy, wrapped, module)
+        elif isinstance(strategy, SupportsNoSync):
+            # Between optimizer steps, gradients accumulate without synchronisation.
+            with strategy.no_sync(wrapped):
+                output = self._forward_backward(strategy, wrapped, on_device, batch_idx)
+        else:
+            output = self._forward_backward(strategy, wrapped, on_device, batch_idx)
         self._batches_done = batch_idx + 1
         # Agreed at each epoch's first batch, then at every batch while any rank
         # syncs step values: a metric synced on one rank only fails at once.
         self._step_sync = metrics.sync_step(
             strategy,
-            strategy.global_rank,
-            strategy.world_size,
+            self._global_rank,
+            world_size,
             required=self._step_sync or batch_idx == 0,
         )
         self._publish_step(metrics, stepping=stepping)
         for callback in self.callbacks:
-            callback.on_train_batch_end(self.me, module, output, on_device, batch_idx)
+            callback.on_train_batch_end(me, module, output, on_device, batch_idx)
         module.on_train_batch_end(output, on_device, batch_idx)
+
+    def _forward_backward(
+        self, strategy: Strategy, wrapped: torch.nn.Module, batch: object, batch_idx: int
+    ) -> StepOutput:
+        output: StepOutput = strategy.training_step(wrapped, batch, batch_idx)  # type: ignore[assignment]
+        loss = _loss(output, self._world_size)
+        if loss is not None:
+            if self.accumulate_grad_batches > 1:
+                loss = loss / self.accumulate_grad_batches
+            strategy.backward(loss, wrapped)
+        return output
 
     def _end_epoch(self, module: Module, metrics: Metrics, *, complete: bool) -> None:
         self._active_metrics = metrics
@@ -548,8 +559,7 @@ class Loops(abc.ABC):
         every = self.accumulate_grad_batches
         return (batch_idx + 1) % every == 0 or batch_idx + 1 == self.num_training_batches
 
-    def _optimizer_step(self, wrapped: torch.nn.Module, module: Module) -> None:
-        strategy = self.strategy
+    def _optimizer_step(self, strategy: Strategy, wrapped: torch.nn.Module, module: Module) -> None:
         for optimizer in self.optimizers:
             if self.gradient_clip_val is not None:
                 strategy.clip_gradients(

@@ -230,7 +230,10 @@ class Metrics:
         Raises:
             CollectiveMismatchError: The ranks sync different metric names.
         """
-        pending, self._pending = self._pending, {}
+        pending = self._pending
+        if not pending and (world_size == 1 or not required):
+            return False  # the usual step: nothing to agree on, nothing to fold
+        self._pending = {}
         names = sorted(f"{name}:{self.options[name].reduce_fx}" for name in pending)
         if world_size > 1 and (pending or required):
             agree_on_names(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import random
 from collections.abc import Iterator, Mapping
-from typing import TypeVar
+from typing import TypeVar, cast
 
 import torch
 
@@ -16,12 +16,28 @@ __all__ = ["preserved_rng", "rng_state", "set_rng_state", "to_device"]
 T = TypeVar("T")
 
 
-def to_device(data: T, device: torch.device) -> T:
-    """``data`` with every tensor (in tuples, lists and dicts, at any depth) on ``device``."""
+def to_device(data: T, device: torch.device) -> T:  # noqa: PLR0911 (one return per kind)
+    """``data`` with every tensor (in tuples, lists and dicts, at any depth) on ``device``.
+
+    What is on ``device`` already is returned as it is, containers included.
+    """
+    kind = type(data)
     if isinstance(data, torch.Tensor):
         if data.device == device:  # the usual case on CPU: a comparison beats a no-op `to`
             return data
         return data.to(device, non_blocking=True)  # type: ignore[return-value]
+    if kind is tuple or kind is list:  # the usual batch: walked without the ABCs
+        sequence = cast("tuple[object, ...] | list[object]", data)
+        replaced: list[object] | None = None
+        for index, item in enumerate(sequence):
+            new = to_device(item, device)
+            if new is not item:
+                if replaced is None:
+                    replaced = list(sequence)
+                replaced[index] = new
+        if replaced is None:
+            return data
+        return cast("T", tuple(replaced) if kind is tuple else replaced)
     if isinstance(data, tuple) and hasattr(data, "_fields"):  # a named tuple
         return type(data)(*(to_device(item, device) for item in data))
     if isinstance(data, list | tuple):

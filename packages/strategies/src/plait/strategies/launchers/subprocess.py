@@ -15,7 +15,7 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
-from typing import Final, ParamSpec, TypeVar
+from typing import Final, ParamSpec, TypeVar, cast
 
 from typing_extensions import override
 
@@ -369,6 +369,8 @@ class SubprocessScriptLauncher:
             become_rank()
             return function(*args, **kwargs)
         payload = pickled_work(function, args, kwargs)
+        if self.num_processes == 1 and _job is None:
+            return cast("R", self._run_alone(payload))
         if _job is not None and _job.alive:
             if _job.num_processes != self.num_processes:
                 raise ConfigurationError(
@@ -387,6 +389,26 @@ class SubprocessScriptLauncher:
         # place: a strategy in it finds rank 0 of the whole job.
         function, args, kwargs = pickle.loads(payload)
         return job.run(function, args, kwargs)
+
+    def _run_alone(self, payload: bytes) -> object:
+        # A job of one process starts nothing, so nothing outlives the run: its
+        # variables hold while it runs, and the program's own come back after (a
+        # process the program starts later must not think itself rank 0 of a job).
+        port = self.main_port or free_port(self.main_address)
+        mine = launch_variables(
+            rank=0, world_size=1, main_address=self.main_address, main_port=port
+        )
+        saved = {name: os.environ.get(name) for name in mine}
+        os.environ.update(mine)
+        try:
+            function, args, kwargs = pickle.loads(payload)
+            return function(*args, **kwargs)
+        finally:
+            for name, value in saved.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
 
     def _start(self) -> _Job:
         port = self.main_port or free_port(self.main_address)
