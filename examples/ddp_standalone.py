@@ -37,8 +37,9 @@ def train(epochs: int, checkpoint: Path) -> float:
     strategy = DDPStrategy(accelerator="cpu")
     strategy.setup_environment()
     dataset = regression_data()
+    layout = strategy.layout  # data is sharded by the data-parallel rank and size
     sampler: DistributedSampler[tuple[torch.Tensor, ...]] = DistributedSampler(
-        dataset, num_replicas=strategy.world_size, rank=strategy.global_rank, seed=0
+        dataset, num_replicas=layout.data_parallel_size, rank=layout.data_parallel_rank, seed=0
     )
     loader = DataLoader(dataset, batch_size=32, sampler=sampler)
     layer = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
@@ -50,11 +51,12 @@ def train(epochs: int, checkpoint: Path) -> float:
         sampler.set_epoch(epoch)
         total, batches = 0.0, 0
         for inputs, targets in loader:
-            optimizer.zero_grad()
-            with strategy.precision.forward_context():
-                loss = nn.functional.mse_loss(model(inputs), targets)
+            prediction = strategy.training_step(model, inputs)  # through DDP's wrapper
+            assert isinstance(prediction, torch.Tensor)
+            loss = nn.functional.mse_loss(prediction, targets)
             strategy.backward(loss, model)
             strategy.optimizer_step(optimizer)
+            strategy.zero_grad(optimizer)
             total, batches = total + loss.item(), batches + 1
         epoch_loss = strategy.reduce(total / batches, reduce_op="mean")
         if strategy.is_global_zero:

@@ -176,6 +176,7 @@ class Loops(abc.ABC):
     _active_metrics: Metrics | None
     _world_size: int = 1
     _global_rank: int = 0
+    _final_state: dict[str, torch.Tensor] | None = None
     _current_batch: object
     _steps: Steps | None
     _wrapped: torch.nn.Module | None
@@ -228,6 +229,10 @@ class Loops(abc.ABC):
             for callback in self.callbacks:
                 callback.setup(self.me, module, stage)
             results = self._dispatch(module, run)
+            # Where the run worked on a copy, the caller's module gets this state: taken
+            # through the strategy (gathered, if sharded) while it is still set up, on
+            # every rank alike (the gathering may be collective).
+            self._final_state = self._gather_module_state(module)
             status = "success"
             return results
         except BaseException as error:
@@ -248,6 +253,10 @@ class Loops(abc.ABC):
             module._trainer = None
             self._release_wrapper()
             strategy.teardown()
+
+    def _gather_module_state(self, module: Module) -> dict[str, torch.Tensor]:
+        state = self.strategy.get_state_dict(module)["state_dict"]
+        return {key: value.detach().cpu() for key, value in state.items()}
 
     def _release_wrapper(self) -> None:
         # Only the strategy holds the wrapper after this: it releases it (while it

@@ -659,7 +659,10 @@ class Trainer(Loops):
         in_place = _origin(model) == origin
         state = None
         if not in_place:
-            state = {key: value.detach().cpu() for key, value in model.state_dict().items()}
+            # Taken through the strategy at the run's end (gathered, if it was sharded).
+            state = self._final_state
+            if state is None:
+                state = {key: value.detach().cpu() for key, value in model.state_dict().items()}
         return Outcome(
             in_place=in_place,
             state_dict=state,
@@ -683,6 +686,7 @@ class Trainer(Loops):
             _steps=None,
             _wrapped=None,
             _graceful=None,
+            _final_state=None,
             optimizers=[],
             lr_schedulers=[],
         )
