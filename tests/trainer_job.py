@@ -108,6 +108,11 @@ class ForwardCountingDDP(DDPStrategy):
     forwards = 0
 
     @override
+    def setup_environment(self) -> None:
+        super().setup_environment()
+        self.forwards = 0  # counted per run
+
+    @override
     def validation_step(self, module: torch.nn.Module, *args: object, **kwargs: object) -> object:
         self.forwards += 1
         return super().validation_step(module, *args, **kwargs)
@@ -116,6 +121,29 @@ class ForwardCountingDDP(DDPStrategy):
     def predict_step(self, module: torch.nn.Module, *args: object, **kwargs: object) -> object:
         self.forwards += 1
         return super().predict_step(module, *args, **kwargs)
+
+
+class CountForwards(Callback):
+    """Writes, in each rank, how many evaluation forwards its strategy ran so far."""
+
+    def __init__(self, root: str) -> None:
+        self.root = root
+
+    def _write(self, trainer: Trainer) -> None:
+        # Inside the rank: the strategy that ran (a launcher works on copies).
+        strategy = trainer.strategy
+        assert isinstance(strategy, ForwardCountingDDP)
+        path = Path(self.root, f"forwards-{trainer.global_rank}.json")
+        seen = json.loads(path.read_text()) if path.exists() else []
+        path.write_text(json.dumps([*seen, strategy.forwards]))
+
+    @override
+    def on_validation_end(self, trainer: Trainer, module: Module) -> None:
+        self._write(trainer)
+
+    @override
+    def on_predict_end(self, trainer: Trainer, module: Module) -> None:
+        self._write(trainer)
 
 
 class CountingDDP(DDPStrategy):
@@ -211,17 +239,12 @@ def main() -> None:
             result = {"failed_rank": error.rank, "message": str(error)}
     elif arguments.scenario == "even":
         # 9 samples in batches of 2: rank 0 holds 3 batches, rank 1 holds 2 and pads.
-        strategy = ForwardCountingDDP()
-        trainer = _trainer(arguments, strategy=strategy)
+        counts = CountForwards(arguments.root)
+        trainer = _trainer(arguments, strategy=ForwardCountingDDP(), callbacks=[counts])
         [metrics] = trainer.validate(Toy(), DataLoader(dataset(9), batch_size=2))
-        after_validate = trainer.strategy.forwards  # type: ignore[attr-defined]
         model = Toy()
         predictions = trainer.predict(model, DataLoader(dataset(9), batch_size=2))
         expected = model.eval()(dataset(9).tensors[0])
-        rank = int(os.environ.get("RANK", "0"))
-        Path(arguments.root, f"forwards-{rank}.json").write_text(
-            json.dumps([after_validate, trainer.strategy.forwards])  # type: ignore[attr-defined]
-        )
         result = {
             "val_seen": metrics["val_seen"],
             "same": bool(torch.allclose(torch.cat(predictions), expected, atol=1e-6)),  # type: ignore[arg-type]
