@@ -95,6 +95,20 @@ def test_inputs_are_converted_through_nested_structures() -> None:
     assert converted["b"].label.dtype == torch.int64  # integers are left alone
 
 
+def test_a_batch_that_needs_no_cast_is_returned_as_it_is_and_one_that_does_is_rebuilt() -> None:
+    first = torch.ones(2)
+    untouched = [first, {"n": (torch.tensor([1]), "label")}, Pair(torch.ones(1), 2)]
+    assert TruePrecision(torch.float32).convert_input(untouched) is untouched
+
+    converted = TruePrecision(torch.float64).convert_input(untouched)
+
+    assert converted is not untouched
+    assert converted[1] is untouched[1]  # nothing floating in it: the same dict
+    assert isinstance(converted[2], Pair)
+    assert converted[2].x.dtype == torch.float64
+    assert first.dtype == torch.float32  # the input itself is unchanged
+
+
 def inf_gradient_step(precision: MixedPrecision) -> tuple[torch.Tensor, torch.Tensor]:
     model, optimizer = model_and_optimizer()
     before = [p.detach().clone() for p in model.parameters()]

@@ -6,7 +6,15 @@
 ``64``, ``16`` and ``"bf16"``, in `plait.core.PrecisionRegistry`.
 """
 
+from plait.precision.base import map_tensors
 from plait.precision.names import ALIASES, PRECISIONS, parse_precision
 from plait.precision.plugins import MixedPrecision, TruePrecision
 
-__all__ = ["ALIASES", "PRECISIONS", "MixedPrecision", "TruePrecision", "parse_precision"]
+__all__ = [
+    "ALIASES",
+    "PRECISIONS",
+    "MixedPrecision",
+    "TruePrecision",
+    "map_tensors",
+    "parse_precision",
+]

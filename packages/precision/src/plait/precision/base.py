@@ -10,7 +10,7 @@ import torch
 
 from plait.core import ConfigurationError, GradientClipAlgorithm
 
-__all__ = ["clip_gradients", "convert_floats", "default_dtype"]
+__all__ = ["clip_gradients", "convert_floats", "default_dtype", "map_tensors"]
 
 T = TypeVar("T")
 
@@ -44,66 +44,66 @@ def convert_floats(data: T, dtype: torch.dtype) -> T:
     What needs no cast is returned as it is, containers included: a batch already in
     ``dtype`` (the usual case) costs a walk, not a copy.
     """
-    kind = type(data)
-    if kind in _LEAVES:
-        return data
-    if isinstance(data, torch.Tensor):
+
+    def cast_float(tensor: torch.Tensor) -> torch.Tensor:
         # The dtype is compared first: even a no-op `to` dispatches into torch.
-        if data.dtype == dtype or not data.is_floating_point():
-            return data
-        return data.to(dtype)  # type: ignore[return-value]
-    if kind is tuple or kind is list:  # the usual batch: walked without the ABCs
-        sequence = cast("tuple[object, ...] | list[object]", data)
-        replaced: list[object] | None = None
-        for index, item in enumerate(sequence):
-            new = convert_floats(item, dtype)
-            if new is not item:
-                if replaced is None:
-                    replaced = list(sequence)
-                replaced[index] = new
-        if replaced is None:
-            return data
-        return cast("T", tuple(replaced) if kind is tuple else replaced)
-    return _map_tensors(
-        data, lambda t: t.to(dtype) if t.dtype != dtype and t.is_floating_point() else t
-    )
+        if tensor.dtype == dtype or not tensor.is_floating_point():
+            return tensor
+        return tensor.to(dtype)
+
+    return map_tensors(data, cast_float)
 
 
 _LEAVES: Final = frozenset({int, float, bool, str, bytes, type(None)})
 """Types that hold no tensor: checked by identity before any isinstance."""
 
 
-def _map_tensors(data: T, function: Callable[[torch.Tensor], torch.Tensor]) -> T:  # noqa: PLR0911 (one return per kind)
+def map_tensors(data: T, function: Callable[[torch.Tensor], torch.Tensor]) -> T:  # noqa: PLR0911 (one return per kind)
+    """``data`` with ``function`` applied to every tensor in it, at any depth.
+
+    Dicts (any mapping), lists, tuples and named tuples are walked.
+
+    A container none of whose tensors ``function`` replaced is returned as it is, not
+    copied: the usual batch, already as wanted, costs a walk.
+    """
     kind = type(data)
     if kind in _LEAVES:
         return data
-    result: object
     if isinstance(data, torch.Tensor):
-        result = function(data)
-    elif kind is tuple or kind is list:  # the usual batch: checked before the ABCs
-        sequence = cast("tuple[object, ...] | list[object]", data)
-        items = [_map_tensors(item, function) for item in sequence]
-        if all(new is old for new, old in zip(items, sequence, strict=True)):
+        return function(data)  # type: ignore[return-value]
+    if kind is tuple or kind is list:  # the usual batch: checked before the ABCs
+        replaced = _map_items(cast("tuple[object, ...] | list[object]", data), function)
+        if replaced is None:
             return data
-        result = tuple(items) if kind is tuple else items
-    elif isinstance(data, Mapping):
-        mapped = {key: _map_tensors(value, function) for key, value in data.items()}
+        return cast("T", tuple(replaced) if kind is tuple else replaced)
+    if isinstance(data, Mapping):
+        mapped = {key: map_tensors(value, function) for key, value in data.items()}
         if all(mapped[key] is value for key, value in data.items()):
             return data
-        result = type(data)(mapped)  # type: ignore[call-arg]
-    elif isinstance(data, tuple) and hasattr(data, "_fields"):  # a namedtuple
-        fields = [_map_tensors(v, function) for v in data]
-        if all(new is old for new, old in zip(fields, data, strict=True)):
+        return type(data)(mapped)  # type: ignore[call-arg]
+    if isinstance(data, list | tuple):
+        replaced = _map_items(data, function)
+        if replaced is None:
             return data
-        result = type(data)(*fields)
-    elif isinstance(data, list | tuple):
-        items = [_map_tensors(v, function) for v in data]
-        if all(new is old for new, old in zip(items, data, strict=True)):
-            return data
-        result = type(data)(items)
-    else:
-        return data
-    return result  # type: ignore[return-value]
+        rebuild: Callable[..., T] = type(data)
+        if hasattr(data, "_fields"):  # a named tuple
+            return rebuild(*replaced)
+        return rebuild(replaced)
+    return data
+
+
+def _map_items(
+    items: tuple[object, ...] | list[object], function: Callable[[torch.Tensor], torch.Tensor]
+) -> list[object] | None:
+    """``items`` mapped by `map_tensors`, or ``None`` when every one came back as it was."""
+    replaced: list[object] | None = None
+    for index, item in enumerate(items):
+        new = map_tensors(item, function)
+        if new is not item:
+            if replaced is None:
+                replaced = list(items)
+            replaced[index] = new
+    return replaced
 
 
 @contextlib.contextmanager

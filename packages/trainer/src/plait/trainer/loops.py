@@ -5,6 +5,7 @@ from __future__ import annotations
 import abc
 import contextlib
 import math
+import os
 import signal
 import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -213,6 +214,7 @@ class Loops(abc.ABC):
         strategy = self.strategy
         stage, datamodule = run.stage, run.datamodule
         self.state_stage = stage
+        self._final_state = None
         self._wrapped = None
         self._steps = None
         module._trainer = self.me
@@ -231,8 +233,9 @@ class Loops(abc.ABC):
             results = self._dispatch(module, run)
             # Where the run worked on a copy, the caller's module gets this state: taken
             # through the strategy (gathered, if sharded) while it is still set up, on
-            # every rank alike (the gathering may be collective).
-            self._final_state = self._gather_module_state(module)
+            # every rank of several alike (the gathering may be collective).
+            if self._world_size > 1 or (os.getpid(), id(module)) != run.origin:
+                self._final_state = self._gather_module_state(module)
             status = "success"
             return results
         except BaseException as error:

@@ -5,46 +5,30 @@ from __future__ import annotations
 import contextlib
 import random
 from collections.abc import Iterator, Mapping
-from typing import TypeVar, cast
+from typing import TypeVar
 
 import torch
 
 from plait.core import is_module_available
+from plait.precision import map_tensors
 
 __all__ = ["preserved_rng", "rng_state", "set_rng_state", "to_device"]
 
 T = TypeVar("T")
 
 
-def to_device(data: T, device: torch.device) -> T:  # noqa: PLR0911 (one return per kind)
+def to_device(data: T, device: torch.device) -> T:
     """``data`` with every tensor (in tuples, lists and dicts, at any depth) on ``device``.
 
     What is on ``device`` already is returned as it is, containers included.
     """
-    kind = type(data)
-    if isinstance(data, torch.Tensor):
-        if data.device == device:  # the usual case on CPU: a comparison beats a no-op `to`
-            return data
-        return data.to(device, non_blocking=True)  # type: ignore[return-value]
-    if kind is tuple or kind is list:  # the usual batch: walked without the ABCs
-        sequence = cast("tuple[object, ...] | list[object]", data)
-        replaced: list[object] | None = None
-        for index, item in enumerate(sequence):
-            new = to_device(item, device)
-            if new is not item:
-                if replaced is None:
-                    replaced = list(sequence)
-                replaced[index] = new
-        if replaced is None:
-            return data
-        return cast("T", tuple(replaced) if kind is tuple else replaced)
-    if isinstance(data, tuple) and hasattr(data, "_fields"):  # a named tuple
-        return type(data)(*(to_device(item, device) for item in data))
-    if isinstance(data, list | tuple):
-        return type(data)(to_device(item, device) for item in data)
-    if isinstance(data, Mapping):
-        return type(data)({key: to_device(value, device) for key, value in data.items()})  # type: ignore[call-arg]
-    return data
+
+    def move(tensor: torch.Tensor) -> torch.Tensor:
+        if tensor.device == device:  # the usual case on CPU: a comparison beats a no-op `to`
+            return tensor
+        return tensor.to(device, non_blocking=True)
+
+    return map_tensors(data, move)
 
 
 def rng_state() -> dict[str, object]:

@@ -657,12 +657,8 @@ class Trainer(Loops):
     def outcome(self, model: Module, results: object, origin: tuple[int, int]) -> Outcome:
         """What rank 0 sends back at the end of a run."""
         in_place = _origin(model) == origin
-        state = None
-        if not in_place:
-            # Taken through the strategy at the run's end (gathered, if it was sharded).
-            state = self._final_state
-            if state is None:
-                state = {key: value.detach().cpu() for key, value in model.state_dict().items()}
+        # Taken through the strategy at the run's end (gathered, if it was sharded).
+        state = None if in_place else self._final_state
         return Outcome(
             in_place=in_place,
             state_dict=state,
