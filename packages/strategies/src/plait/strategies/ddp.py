@@ -26,7 +26,13 @@ from plait.strategies.parallel import DEFAULT_START_TIMEOUT, DEFAULT_TIMEOUT, Pa
 if TYPE_CHECKING:
     from plait.core import Accelerator, CheckpointIO, ClusterEnvironment, Launcher, Precision
 
-__all__ = ["START_METHODS", "DDPStrategy", "NamingDistributedDataParallel"]
+__all__ = [
+    "START_METHODS",
+    "DDPStrategy",
+    "NamingDistributedDataParallel",
+    "process_launcher",
+    "processes_per_node",
+]
 
 START_METHODS: Final = ("popen", *MULTIPROCESSING_METHODS)
 """How DDP starts its processes: run the program again (``"popen"``), or one of
@@ -40,6 +46,33 @@ CommHook = Callable[..., object]
 _SET_BY_STRATEGY = ("self", "module", "device_ids", "output_device", "process_group")
 
 _UNUSED = re.compile(r"Parameter indices which did not receive grad for rank \d+: ([\d ]+)")
+
+
+def processes_per_node(
+    parallel_devices: Sequence[torch.device] | None, root_device: torch.device
+) -> int:
+    """One process per parallel device; by default one per CUDA GPU, or one on the CPU."""
+    if parallel_devices is not None:
+        return len(parallel_devices)
+    return max(torch.cuda.device_count(), 1) if root_device.type == "cuda" else 1
+
+
+def process_launcher(
+    environment: ClusterEnvironment, start_method: str, num_processes: int
+) -> Launcher:
+    """What starts a process-group strategy's ranks (nothing, if a scheduler already did).
+
+    ``start_method`` is one of `START_METHODS`: ``"popen"`` runs the program again
+    per rank; the others are torch.multiprocessing's.
+    """
+    if environment.creates_processes_externally:
+        return ExternalLauncher()
+    address, port = environment.main_address, environment.main_port
+    if start_method == "popen":
+        return SubprocessScriptLauncher(num_processes, main_address=address, main_port=port)
+    return MultiprocessingLauncher(
+        num_processes, start_method=start_method, main_address=address, main_port=port
+    )
 
 
 class NamingDistributedDataParallel(DistributedDataParallel):
@@ -208,24 +241,12 @@ class DDPStrategy(ParallelStrategy):
     @property
     def num_processes(self) -> int:
         """How many processes the launcher starts: one per parallel device."""
-        if self._parallel_devices is not None:
-            return len(self._parallel_devices)
-        return max(torch.cuda.device_count(), 1) if self.root_device.type == "cuda" else 1
+        return processes_per_node(self._parallel_devices, self.root_device)
 
     @property
     def launcher(self) -> Launcher:
         """What starts the ranks: nothing, when a scheduler or launcher already did."""
-        environment = self.cluster_environment
-        if environment.creates_processes_externally:
-            return ExternalLauncher()
-        address, port = environment.main_address, environment.main_port
-        if self.start_method == "popen":
-            return SubprocessScriptLauncher(
-                self.num_processes, main_address=address, main_port=port
-            )
-        return MultiprocessingLauncher(
-            self.num_processes, start_method=self.start_method, main_address=address, main_port=port
-        )
+        return process_launcher(self.cluster_environment, self.start_method, self.num_processes)
 
     @override
     def wrap_module(self, module: torch.nn.Module) -> torch.nn.Module:

@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING
 
 from plait.strategies.ddp import DDPStrategy
 from plait.strategies.dp import DataParallelStrategy
+from plait.strategies.fsdp import FSDPStrategy
 from plait.strategies.sharded import DDPShardedStrategy
 from plait.strategies.single_device import SingleDeviceStrategy
 
@@ -16,7 +17,7 @@ __all__ = ["register"]
 
 
 def register(registry: Registry[Strategy]) -> None:
-    """Register ``single_device``, the DDP family, ``ddp_sharded`` and ``dp``."""
+    """Register ``single_device``, the DDP family, ``ddp_sharded``, the FSDP family and ``dp``."""
     registry.register(
         "single_device", SingleDeviceStrategy, description="one process on one device"
     )
@@ -49,3 +50,36 @@ def register(registry: Registry[Strategy]) -> None:
     registry.register(
         "dp", DataParallelStrategy, description="DataParallel over this machine's CUDA GPUs"
     )
+    registry.register(
+        "fsdp", FSDPStrategy,
+        description="fully sharded: parameters, gradients, optimizer state split across ranks",
+    )  # fmt: skip
+    registry.register(
+        "fsdp_cpu_offload", FSDPStrategy,
+        description="fully sharded, parameters and optimizer state kept on the CPU",
+        cpu_offload=True,
+    )  # fmt: skip
+    registry.register(
+        "fsdp_native", FSDPStrategy,
+        description="fully sharded (the name Lightning 1.x used for 'fsdp')",
+    )  # fmt: skip
+    registry.register(
+        "fsdp_native_full_shard_offload", FSDPStrategy,
+        description="fully sharded with CPU offload (Lightning 1.x's name)",
+        cpu_offload=True,
+    )  # fmt: skip
+    registry.register(
+        "fsdp_shard_grad_op", FSDPStrategy,
+        description="sharded, parameters kept gathered from forward to backward (ZeRO-2)",
+        sharding_strategy="SHARD_GRAD_OP",
+    )  # fmt: skip
+    registry.register(
+        "fsdp_no_shard", FSDPStrategy,
+        description="FSDP's machinery with whole parameters on every rank (as DDP)",
+        sharding_strategy="NO_SHARD",
+    )  # fmt: skip
+    registry.register(
+        "fsdp_hybrid_shard", FSDPStrategy,
+        description="sharded within each node, replicated across nodes",
+        sharding_strategy="HYBRID_SHARD",
+    )  # fmt: skip

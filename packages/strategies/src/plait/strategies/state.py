@@ -8,7 +8,7 @@ import torch
 
 from plait.core import CheckpointError
 
-__all__ = ["load_module_state"]
+__all__ = ["check_state_fits", "load_module_state"]
 
 
 def load_module_state(module: torch.nn.Module, state: Mapping[str, object], source: object) -> None:
@@ -18,11 +18,27 @@ def load_module_state(module: torch.nn.Module, state: Mapping[str, object], sour
         CheckpointError: Keys are missing or unexpected, or shapes differ; each is
             named (``source`` is the checkpoint's path, for the message).
     """
-    own = module.state_dict()
+    check_state_fits(module.state_dict(), state, source)
+    module.load_state_dict(state)
+
+
+def check_state_fits(own: Mapping[str, object], state: Mapping[str, object], source: object) -> None:
+    """Say which entries of ``state`` do not fit a module whose state is ``own``.
+
+    Shapes are compared whole (a sharded tensor's shape is its global one).
+
+    Raises:
+        CheckpointError: Keys are missing or unexpected, or shapes differ; each is
+            named (``source`` is the checkpoint's path, for the message).
+    """
     problems = []
     for key, value in state.items():
         mine = own.get(key)
-        if isinstance(value, torch.Tensor) and mine is not None and mine.shape != value.shape:
+        if (
+            isinstance(value, torch.Tensor)
+            and isinstance(mine, torch.Tensor)
+            and mine.shape != value.shape
+        ):
             problems.append(
                 f"{key!r} has shape {tuple(value.shape)} in the checkpoint and "
                 f"{tuple(mine.shape)} in the model"
@@ -40,4 +56,3 @@ def load_module_state(module: torch.nn.Module, state: Mapping[str, object], sour
             fix="build the model with the configuration the checkpoint was saved with, or "
             "load a checkpoint of this model",
         )
-    module.load_state_dict(state)

@@ -22,6 +22,7 @@ from plait.core import (
     ConfigurationError,
     GradientClipAlgorithm,
     Strategy,
+    SupportsModelShardedContext,
     SupportsNoSync,
     TrainingStopped,
     rank_zero_warn,
@@ -259,7 +260,12 @@ class Loops(abc.ABC):
 
     def _gather_module_state(self, module: Module) -> dict[str, torch.Tensor]:
         state = self.strategy.get_state_dict(module)["state_dict"]
-        return {key: value.detach().cpu() for key, value in state.items()}
+        gathered = {}
+        for key, value in state.items():
+            # A sharded tensor (a DTensor) is gathered whole, on every rank alike.
+            whole = getattr(value, "full_tensor", None)
+            gathered[key] = (whole() if callable(whole) else value).detach().cpu()
+        return gathered
 
     def _release_wrapper(self) -> None:
         # Only the strategy holds the wrapper after this: it releases it (while it
@@ -273,6 +279,15 @@ class Loops(abc.ABC):
         strategy = self.strategy
         self._world_size, self._global_rank = strategy.world_size, strategy.global_rank
         stage, loaders, datamodule = run.stage, run.loaders, run.datamodule
+        # Layers made here may be created on the meta device (a sharding strategy's
+        # context), to be materialised shard by shard at set-up.
+        context = (
+            strategy.model_sharded_context()
+            if isinstance(strategy, SupportsModelShardedContext)
+            else contextlib.nullcontext()
+        )
+        with context:
+            module.configure_model()
         optimizers, schedulers = (
             parse_optimizers(module.configure_optimizers()) if stage == "fit" else ([], [])
         )

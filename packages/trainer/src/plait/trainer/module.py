@@ -106,6 +106,20 @@ class Module(torch.nn.Module):
         """The prediction for one batch; by default the module's output on it."""
         return self(batch)
 
+    def configure_model(self) -> None:
+        """Create the layers that should be built under the strategy's control; none by default.
+
+        Runs on every rank at the start of every run (fit, validate, test, predict),
+        inside ``strategy.model_sharded_context()``: with a sharding strategy
+        (``FSDPStrategy``) layers made here are created on the meta device and each
+        rank materialises only its shards, so a model larger than one process's
+        memory can be built. Create a layer only if it is not there yet (the hook
+        runs once per run). Lightning 1.x called it ``configure_sharded_model``.
+        """
+        legacy = getattr(self, "configure_sharded_model", None)
+        if callable(legacy):
+            legacy()
+
     def configure_optimizers(self) -> object:
         """The optimizers, and optionally learning-rate schedulers.
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import glob
 import os
 import tempfile
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Final, Literal
 
@@ -21,6 +21,7 @@ from plait.core import (
     Strategy,
     SupportsLauncher,
     rank_zero_warn,
+    is_collective,
     seed_everything,
 )
 from plait.core.seed import SEED_ENV_VAR
@@ -563,6 +564,12 @@ class Trainer(Loops):
                 fix=f"pass a DataLoader, or a DataModule that defines {method}()",
             )
 
+    def _is_checkpoint(self, path: str) -> bool:
+        # A collective checkpoint IO writes each checkpoint as a directory of parts.
+        if os.path.isfile(path):
+            return True
+        return os.path.isdir(path) and is_collective(self.strategy.checkpoint_io)
+
     def _resolve_checkpoint(self, ckpt_path: PathLike | None, stage: Stage) -> str | None:
         if ckpt_path is None:
             return None
@@ -585,9 +592,9 @@ class Trainer(Loops):
                     )
                 return callback.best_model_path
             last = os.path.join(directory, "last" + ModelCheckpoint.FILE_EXTENSION)
-            if os.path.isfile(last):
+            if self._is_checkpoint(last):
                 return last
-            newest = _newest_checkpoint(directory)
+            newest = _newest_checkpoint(directory, self._is_checkpoint)
             if newest is not None:
                 rank_zero_warn(
                     f"ckpt_path='last': {last} does not exist (its save did not complete); "
@@ -598,7 +605,7 @@ class Trainer(Loops):
                 raise CheckpointError(last, "does not exist", fix="run fit first")
             rank_zero_warn(f"ckpt_path='last': {last} does not exist; training starts afresh")
             return None
-        if "://" not in path and not os.path.isfile(path):
+        if "://" not in path and not self._is_checkpoint(path):
             reason = (
                 "is a directory, not a checkpoint file" if os.path.isdir(path) else "does not exist"
             )
@@ -641,6 +648,9 @@ class Trainer(Loops):
         # The run may have worked on copies (in other processes): bring rank 0's back.
         if not outcome.in_place:
             if outcome.state_dict is not None:
+                if set(outcome.state_dict) - set(model.state_dict()):
+                    # Layers the ranks made in configure_model: made here too.
+                    model.configure_model()
                 model.load_state_dict(outcome.state_dict)
             for callback in self.callbacks:
                 state = outcome.callback_states.get(callback.state_key)
@@ -720,14 +730,14 @@ def _check_root(root: PathLike | None, *, writes: bool) -> str:
     return path
 
 
-def _newest_checkpoint(directory: str) -> str | None:
-    # Saves rename complete files into place: every *.ckpt here is whole.
+def _newest_checkpoint(directory: str, is_checkpoint: Callable[[str], bool]) -> str | None:
+    # Saves rename complete checkpoints into place: every *.ckpt here is whole.
     found = [
         path
         for path in glob.glob(
             os.path.join(glob.escape(directory), "*" + ModelCheckpoint.FILE_EXTENSION)
         )
-        if os.path.isfile(path)
+        if is_checkpoint(path)
     ]
     return max(found, key=os.path.getmtime) if found else None
 

@@ -21,6 +21,7 @@ from plait.core.protocols.precision import GradientClipAlgorithm, Precision
 from plait.core.protocols.strategy import (
     Strategy,
     SupportsLauncher,
+    SupportsModelShardedContext,
     SupportsNoSync,
     SupportsReplace,
 )
@@ -40,6 +41,7 @@ __all__ = [
     "SupportsDeviceStats",
     "SupportsLauncher",
     "SupportsLoadInPlace",
+    "SupportsModelShardedContext",
     "SupportsNoSync",
     "SupportsPartialCleanup",
     "SupportsReplace",

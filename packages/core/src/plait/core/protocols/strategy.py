@@ -21,7 +21,13 @@ if TYPE_CHECKING:
     from plait.core.protocols.precision import GradientClipAlgorithm, Precision
     from plait.core.typing import Checkpoint, PathLike
 
-__all__ = ["Strategy", "SupportsLauncher", "SupportsNoSync", "SupportsReplace"]
+__all__ = [
+    "Strategy",
+    "SupportsLauncher",
+    "SupportsModelShardedContext",
+    "SupportsNoSync",
+    "SupportsReplace",
+]
 
 
 @runtime_checkable
@@ -200,6 +206,15 @@ class SupportsNoSync(Protocol):
 
     def no_sync(self, module: torch.nn.Module) -> AbstractContextManager[None]:
         """Inside this context, backward passes accumulate locally without communicating."""
+        ...
+
+
+@runtime_checkable
+class SupportsModelShardedContext(Protocol):
+    """A strategy that builds models under a context of its own (sharded at creation)."""
+
+    def model_sharded_context(self) -> AbstractContextManager[None]:
+        """Inside this context, modules are created as the strategy needs (e.g. on meta)."""
         ...
 
 

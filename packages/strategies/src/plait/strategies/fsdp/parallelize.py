@@ -1,0 +1,216 @@
+"""Fully sharded data parallelism as ordered functions over a module.
+
+`FSDPStrategy` applies them in this order, each on what the previous one left:
+
+1. `apply_activation_checkpointing`: the chosen blocks recompute their forward in
+   backward instead of keeping activations;
+2. `apply_fully_shard`: the chosen blocks, innermost first, then the root, are sharded
+   with FSDP2's ``fully_shard`` (each block is one all-gather in forward and one
+   reduce-scatter in backward);
+3. `set_backward_prefetch`: blocks ask for the next blocks' parameters ahead of time;
+4. `materialize`: a model built on the meta device gets its memory (this rank's shards
+   only) and its initial values.
+
+Each may be used on its own, in a loop of your own.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING
+
+import torch
+
+from plait.core import ConfigurationError
+from plait.strategies.fsdp.options import ModulePolicy, SizeBasedPolicy
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, OffloadPolicy
+
+__all__ = [
+    "apply_activation_checkpointing",
+    "apply_fully_shard",
+    "cast_buffers",
+    "check_materializable",
+    "is_meta",
+    "materialize",
+    "set_backward_prefetch",
+]
+
+_CHECKPOINTED = "_plait_activation_checkpointed"
+
+
+def _post_order(module: torch.nn.Module) -> Iterator[torch.nn.Module]:
+    for child in module.children():
+        yield from _post_order(child)
+    yield module
+
+
+def _checkpointed(forward: Callable[..., object]) -> Callable[..., object]:
+    from torch.utils.checkpoint import checkpoint  # noqa: PLC0415
+
+    @functools.wraps(forward)
+    def run(*args: object, **kwargs: object) -> object:
+        if not torch.is_grad_enabled():
+            return forward(*args, **kwargs)  # nothing to keep for a backward
+        return checkpoint(forward, *args, use_reentrant=False, **kwargs)
+
+    return run
+
+
+def apply_activation_checkpointing(
+    module: torch.nn.Module, policy: ModulePolicy
+) -> list[torch.nn.Module]:
+    """Make each submodule ``policy`` chooses recompute its forward during backward.
+
+    The module keeps its class, its parameters' names and its state dict: its
+    ``forward`` runs under ``torch.utils.checkpoint.checkpoint`` (non-reentrant), which
+    keeps only its inputs and runs it again when backward needs its activations.
+    Under ``torch.no_grad()`` it runs plainly.
+
+    Returns:
+        The chosen submodules.
+    """
+    chosen = [m for m in module.modules() if policy(m) and not getattr(m, _CHECKPOINTED, False)]
+    for block in chosen:
+        block.forward = _checkpointed(block.forward)  # type: ignore[method-assign]
+        setattr(block, _CHECKPOINTED, True)
+    return chosen
+
+
+def _blocks(root: torch.nn.Module, policy: ModulePolicy | SizeBasedPolicy | None) -> list[torch.nn.Module]:
+    # Innermost first: FSDP2 shards a block's own parameters, those its sharded
+    # children do not hold.
+    if policy is None:
+        return []
+    if not isinstance(policy, SizeBasedPolicy):
+        return [m for m in _post_order(root) if m is not root and policy(m)]
+    chosen: list[torch.nn.Module] = []
+
+    def uncovered(module: torch.nn.Module) -> int:
+        count = sum(p.numel() for p in module.parameters(recurse=False))
+        count += sum(uncovered(child) for child in module.children())
+        if module is not root and count >= policy.min_num_params:
+            chosen.append(module)
+            return 0
+        return count
+
+    uncovered(root)
+    return chosen
+
+
+def apply_fully_shard(
+    module: torch.nn.Module,
+    *,
+    mesh: DeviceMesh,
+    policy: ModulePolicy | SizeBasedPolicy | None,
+    reshard_after_forward: bool,
+    mp_policy: MixedPrecisionPolicy,
+    offload_policy: OffloadPolicy | None,
+    options: Mapping[str, object] | None = None,
+) -> list[FSDPModule]:
+    """Shard each block ``policy`` chooses (innermost first), then ``module`` itself.
+
+    Args:
+        module: The root; sharded last, so that it holds every parameter no block does.
+        mesh: A 1-D mesh (shard across it), or 2-D (replicate across the first
+            dimension, shard across the second).
+        policy: Which submodules are blocks; none (the root alone) by default.
+        reshard_after_forward: Free each block's gathered parameters after forward.
+            The root keeps FSDP2's heuristic (its parameters are needed again at once).
+        mp_policy: Parameter, gradient-reduction and output dtypes.
+        offload_policy: Where parameters, gradients and optimizer state live
+            between uses (``CPUOffloadPolicy``), or on the device.
+        options: More keyword arguments of ``fully_shard``.
+
+    Returns:
+        The sharded blocks in forward order (the root not among them).
+    """
+    from torch.distributed.fsdp import FSDPModule, OffloadPolicy, fully_shard  # noqa: PLC0415
+
+    common: dict[str, object] = {
+        "mesh": mesh,
+        "mp_policy": mp_policy,
+        "offload_policy": offload_policy or OffloadPolicy(),
+        **(options or {}),
+    }
+    blocks = _blocks(module, policy)
+    for block in blocks:
+        fully_shard(block, reshard_after_forward=reshard_after_forward, **common)  # type: ignore[arg-type]
+    root_reshard = None if reshard_after_forward else False
+    fully_shard(module, reshard_after_forward=root_reshard, **common)  # type: ignore[arg-type]
+    forward_order = {id(m): index for index, m in enumerate(module.modules())}
+    ordered = sorted(blocks, key=lambda block: forward_order[id(block)])
+    return [block for block in ordered if isinstance(block, FSDPModule)]
+
+
+def set_backward_prefetch(blocks: Sequence[FSDPModule], depth: int) -> None:
+    """Have each block, in backward, gather the parameters of the ``depth`` blocks after it.
+
+    ``blocks`` are in forward order; backward runs them in reverse.
+    """
+    backward = list(reversed(blocks))
+    for index, block in enumerate(backward):
+        following = backward[index + 1 : index + 1 + depth]
+        if following:
+            block.set_modules_to_backward_prefetch(following)
+
+
+def cast_buffers(module: torch.nn.Module, dtype: torch.dtype) -> None:
+    """Cast ``module``'s floating-point buffers to ``dtype`` (FSDP2 leaves buffers as they are)."""
+    for submodule in module.modules():
+        for name, buffer in list(submodule.named_buffers(recurse=False)):
+            if buffer.is_floating_point():
+                setattr(submodule, name, buffer.to(dtype))
+
+
+def is_meta(module: torch.nn.Module) -> bool:
+    """Whether any parameter or buffer of ``module`` is on the meta device (no memory yet)."""
+    tensors = [*module.parameters(), *module.buffers()]
+    return any(tensor.is_meta for tensor in tensors)
+
+
+def check_materializable(module: torch.nn.Module) -> None:
+    """Refuse a meta-device model that `materialize` could not give initial values.
+
+    Raises:
+        ConfigurationError: Some submodule holds meta tensors of its own and has no
+            ``reset_parameters()``; each such tensor is named.
+    """
+    lacking = [
+        f"{prefix + '.' if prefix else ''}{name}"
+        for prefix, submodule in module.named_modules()
+        if not callable(getattr(submodule, "reset_parameters", None))
+        for name, tensor in [
+            *submodule.named_parameters(recurse=False),
+            *submodule.named_buffers(recurse=False),
+        ]
+        if tensor.is_meta
+    ]
+    if lacking:
+        raise ConfigurationError(
+            "the model was built on the meta device, and nothing can give initial values "
+            f"to {', '.join(lacking[:5])}{' ...' if len(lacking) > 5 else ''}: their modules "
+            "have no reset_parameters()",
+            value=lacking,
+            fix="define reset_parameters() on those modules (initialising their own "
+            "parameters and buffers), or build them outside model_sharded_context()",
+        )
+
+
+def materialize(module: torch.nn.Module, device: torch.device) -> None:
+    """Give a sharded meta-device model this rank's memory on ``device``, and initial values.
+
+    Each submodule's ``reset_parameters()`` initialises its own tensors (on sharded
+    parameters, each rank fills only its shard). Every rank must call it, with the
+    same random state.
+    """
+    check_materializable(module)
+    module.to_empty(device=device)
+    with torch.no_grad():
+        for submodule in module.modules():
+            reset = getattr(submodule, "reset_parameters", None)
+            if callable(reset):
+                reset()

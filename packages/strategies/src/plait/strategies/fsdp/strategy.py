@@ -1,0 +1,570 @@
+"""`FSDPStrategy`: fully sharded data parallelism on FSDP2 (``fully_shard``) over a device mesh."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Mapping, Sequence
+from datetime import timedelta
+from typing import TYPE_CHECKING
+
+import torch
+import torch.distributed as dist
+from typing_extensions import override
+
+from plait.core import CheckpointError, ConfigurationError, SupportsLoadInPlace
+from plait.strategies.ddp import START_METHODS, process_launcher, processes_per_node
+from plait.strategies.fsdp import parallelize
+from plait.strategies.fsdp.options import (
+    backward_prefetch_depth,
+    buffer_dtype_of,
+    check_fully_shard_kwargs,
+    module_policy,
+    offload_policy,
+    precision_policy,
+    sharding_plan,
+    state_dict_type,
+)
+from plait.strategies.parallel import DEFAULT_START_TIMEOUT, DEFAULT_TIMEOUT, ParallelStrategy
+from plait.strategies.state import check_state_fits
+
+if TYPE_CHECKING:
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.fsdp import FSDPModule
+
+    from plait.core import Accelerator, CheckpointIO, ClusterEnvironment, Launcher, Precision
+    from plait.core.typing import Checkpoint, PathLike, StateDict
+
+__all__ = ["FSDPStrategy"]
+
+_SHARDED_BY = "_plait_sharded_by"
+
+
+def _is_dtensor(value: object) -> bool:
+    # By its method, not its class: torch.distributed.tensor is slow to import.
+    return isinstance(value, torch.Tensor) and callable(getattr(value, "full_tensor", None))
+
+
+def _remake(
+    optimizer: torch.optim.Optimizer,
+    names: Mapping[int, str],
+    parameters: Mapping[str, torch.nn.Parameter],
+    index: int,
+) -> torch.optim.Optimizer:
+    # Sharding replaces each parameter by a DTensor: the optimizer is made again over
+    # the new ones, group by group (each group carries every hyper-parameter).
+    groups = [
+        {**group, "params": [parameters[names[id(p)]] for p in group["params"]]}
+        for group in optimizer.param_groups
+    ]
+    maker = type(optimizer)
+    try:
+        return maker(groups, **optimizer.defaults)
+    except TypeError:
+        try:
+            return maker(groups)
+        except TypeError as error:
+            raise ConfigurationError(
+                f"optimizer {index} ({maker.__name__}) cannot be made again over the sharded "
+                f"parameters from its parameter groups: {error}",
+                value=optimizer,
+                fix="give the optimizer class a constructor (params, **defaults), as torch's "
+                "optimizers have, or shard the model yourself and build the optimizer after",
+            ) from error
+
+
+class FSDPStrategy(ParallelStrategy):
+    """Fully sharded data parallel training with FSDP2 (``torch.distributed.fsdp.fully_shard``).
+
+    Every rank holds ``1/world_size`` of each parameter, its gradient and its optimizer
+    state; a block's parameters are gathered for its forward and backward, and its
+    gradients are reduce-scattered. The module is prepared by ordered functions
+    (`plait.strategies.fsdp.parallelize`): activation checkpointing, then sharding per
+    block (innermost first), then the root, then backward prefetching, then (for a
+    model built under `model_sharded_context`) materialisation of this rank's shards.
+
+    Args:
+        accelerator, parallel_devices, cluster_environment, precision, precision_plugin,
+        process_group_backend, timeout, start_timeout, checked_collectives: As for
+            `ParallelStrategy`.
+        checkpoint_io: The checkpoint IO, or its name; ``"distributed"`` for sharded
+            checkpoints (the default), ``"torch"`` for full ones.
+        cpu_offload: Keep parameters, gradients and optimizer state on the CPU between
+            uses: ``True``, FSDP2's ``CPUOffloadPolicy`` or FSDP1's ``CPUOffload``.
+        mixed_precision: FSDP2's ``MixedPrecisionPolicy`` or FSDP1's ``MixedPrecision``
+            (whose ``buffer_dtype`` casts buffers); by default derived from the precision
+            plugin: parameters gathered in its compute dtype, gradients reduced in its
+            reduce dtype.
+        activation_checkpointing: Blocks that recompute their forward in backward: a
+            layer class, several, or a function ``module -> bool``.
+        activation_checkpointing_policy: The same, under Lightning 2's name.
+        auto_wrap_policy: Blocks sharded on their own (one all-gather each): layer
+            classes, a function ``module -> bool``, `SizeBasedPolicy` (or FSDP1's
+            ``ModuleWrapPolicy`` or ``partial(size_based_auto_wrap_policy, ...)``).
+            ``None`` shards the model as one block.
+        backward_prefetch: How many blocks ahead backward gathers parameters:
+            ``None`` (FSDP2's implicit prefetch of one), ``"BACKWARD_PRE"`` (or FSDP1's
+            enum: one block, explicitly), or an int.
+        sharding_strategy: ``"FULL_SHARD"`` (parameters freed after forward),
+            ``"SHARD_GRAD_OP"`` (kept until backward), ``"NO_SHARD"`` (replicated, as
+            DDP), ``"HYBRID_SHARD"`` / ``"HYBRID_SHARD_ZERO2"`` (sharded within a group
+            of ranks, replicated across groups); FSDP1's enum is understood.
+        state_dict_type: ``"sharded"``: every rank saves and loads its shards (a
+            checkpoint saved by one world size loads in another); ``"full"``: the whole
+            state gathered on rank 0, a file plain PyTorch can load.
+        device_mesh: For the hybrid strategies, ``(replicas, shard_size)``; by default
+            one replica per node, sharded across its processes.
+        start_method: How the ranks are started when no scheduler did: ``"popen"`` (run
+            the program again) or one of torch.multiprocessing's.
+        **kwargs: Passed to ``fully_shard`` (e.g. ``reshard_after_forward=2``),
+            checked against its parameters when the strategy is made.
+
+    Raises:
+        ConfigurationError: An option FSDP2 cannot honour (the replacement is
+            named), a value of the wrong kind, or a checkpoint IO that does not fit
+            ``state_dict_type``.
+    """
+
+    def __init__(
+        self,
+        *,
+        accelerator: Accelerator | str | None = None,
+        parallel_devices: Sequence[torch.device] | None = None,
+        cluster_environment: ClusterEnvironment | str | None = None,
+        precision: Precision | str | None = None,
+        precision_plugin: Precision | str | None = None,
+        checkpoint_io: CheckpointIO | str | None = None,
+        cpu_offload: object = None,
+        mixed_precision: object = None,
+        activation_checkpointing: object = None,
+        activation_checkpointing_policy: object = None,
+        auto_wrap_policy: object = None,
+        backward_prefetch: object = None,
+        sharding_strategy: object = "FULL_SHARD",
+        state_dict_type: object = "sharded",
+        device_mesh: tuple[int, int] | None = None,
+        start_method: str = "popen",
+        process_group_backend: str | None = None,
+        timeout: timedelta = DEFAULT_TIMEOUT,
+        start_timeout: timedelta = DEFAULT_START_TIMEOUT,
+        checked_collectives: bool = True,
+        **kwargs: object,
+    ) -> None:
+        if activation_checkpointing is not None and activation_checkpointing_policy is not None:
+            raise ConfigurationError(
+                "activation_checkpointing and activation_checkpointing_policy are the same "
+                "option under two names, and both were given",
+                fix="pass one of them",
+            )
+        if start_method not in START_METHODS:
+            raise ConfigurationError.invalid_choice("start_method", start_method, START_METHODS)
+        self.plan = sharding_plan(sharding_strategy)
+        self.state_dict_type = _state_dict_type(state_dict_type)
+        self.activation_checkpointing = module_policy(
+            "activation_checkpointing",
+            activation_checkpointing
+            if activation_checkpointing is not None
+            else activation_checkpointing_policy,
+        )
+        if not (self.activation_checkpointing is None or callable(self.activation_checkpointing)):
+            raise ConfigurationError(
+                "activation_checkpointing takes layer classes or a function module -> bool, "
+                "not a size-based policy",
+                value=self.activation_checkpointing,
+                fix="pass activation_checkpointing={TransformerBlock}",
+            )
+        self.auto_wrap_policy = module_policy("auto_wrap_policy", auto_wrap_policy)
+        self.backward_prefetch = backward_prefetch_depth(backward_prefetch)
+        self.device_mesh_shape = self._check_mesh_shape(device_mesh)
+        check_fully_shard_kwargs(kwargs)
+        self.fully_shard_kwargs = dict(kwargs)
+        self.mixed_precision = mixed_precision
+        if checkpoint_io is None:
+            checkpoint_io = "distributed" if self.state_dict_type == "sharded" else "torch"
+        super().__init__(
+            accelerator=accelerator,
+            parallel_devices=parallel_devices,
+            cluster_environment=cluster_environment,
+            precision=precision,
+            precision_plugin=precision_plugin,
+            checkpoint_io=checkpoint_io,
+            process_group_backend=process_group_backend,
+            timeout=timeout,
+            start_timeout=start_timeout,
+            checked_collectives=checked_collectives,
+        )
+        self.cpu_offload = offload_policy(cpu_offload, self.root_device)
+        self._check_checkpoint_io()
+        self.start_method = start_method
+        self._mesh: DeviceMesh | None = None
+        self._optimizers: list[torch.optim.Optimizer] = []
+        self.blocks: list[FSDPModule] = []
+        """The blocks sharded on their own, in forward order (after set-up)."""
+        self.checkpointed: list[torch.nn.Module] = []
+        """The blocks that recompute their forward in backward (after set-up)."""
+
+    def _check_mesh_shape(self, shape: object) -> tuple[int, int] | None:
+        if shape is None:
+            return None
+        if not self.plan.hybrid:
+            raise ConfigurationError(
+                f"device_mesh={shape!r} applies to the hybrid strategies, and "
+                f"sharding_strategy is {self.plan.name}",
+                value=shape,
+                fix="pass sharding_strategy='HYBRID_SHARD' with it, or leave device_mesh out",
+            )
+        if (
+            not isinstance(shape, tuple)
+            or len(shape) != 2
+            or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in shape)
+        ):
+            raise ConfigurationError(
+                f"device_mesh={shape!r} must be a tuple (replicas, shard_size) of positive ints",
+                value=shape,
+                fix="pass e.g. device_mesh=(2, 8): 2 replicas, each sharded across 8 ranks",
+            )
+        return (shape[0], shape[1])
+
+    def _check_checkpoint_io(self) -> None:
+        if self.state_dict_type == "sharded" and not self.writes_collectively:
+            raise ConfigurationError(
+                f"state_dict_type='sharded' has every rank save its shards, and "
+                f"{self.checkpoint_io!r} writes on rank 0 alone",
+                value=self.checkpoint_io,
+                fix="pass checkpoint_io='distributed' (the default), or state_dict_type='full'",
+            )
+        if self.state_dict_type == "full" and self.writes_collectively:
+            raise ConfigurationError(
+                f"state_dict_type='full' gathers the state on rank 0 for one file, and "
+                f"{self.checkpoint_io!r} writes on every rank",
+                value=self.checkpoint_io,
+                fix="pass checkpoint_io='torch' (the default for 'full'), or "
+                "state_dict_type='sharded'",
+            )
+
+    # Processes.
+
+    @property
+    def num_processes(self) -> int:
+        """How many processes the launcher starts: one per parallel device."""
+        return processes_per_node(self._parallel_devices, self.root_device)
+
+    @property
+    def launcher(self) -> Launcher:
+        """What starts the ranks: nothing, when a scheduler or launcher already did."""
+        return process_launcher(self.cluster_environment, self.start_method, self.num_processes)
+
+    @property
+    def device_mesh(self) -> DeviceMesh:
+        """The mesh the parameters are sharded over (1-D, or 2-D for hybrid sharding).
+
+        Raises:
+            ConfigurationError: `setup_environment` has not run yet.
+        """
+        if self._mesh is None:
+            raise ConfigurationError(
+                "the strategy has no device mesh before it joins its process group",
+                fix="call strategy.setup_environment() first",
+            )
+        return self._mesh
+
+    @override
+    def setup_environment(self) -> None:
+        """Join the process group, then build the device mesh over it."""
+        super().setup_environment()
+        if self._mesh is None:
+            self._mesh = self._make_mesh()
+
+    def _mesh_shape(self) -> tuple[int, int] | None:
+        world = self.world_size
+        if self.plan.replicate_only:
+            return (world, 1)
+        if not self.plan.hybrid:
+            return None
+        shape = self.device_mesh_shape
+        if shape is None:
+            per_node = min(self.num_processes, world)
+            shape = (world // per_node, per_node) if world % per_node == 0 else (1, world)
+        if shape[0] * shape[1] != world:
+            raise ConfigurationError(
+                f"device_mesh={shape} holds {shape[0] * shape[1]} ranks, and the world has {world}",
+                value=shape,
+                fix=f"pass device_mesh=(replicas, shard_size) with replicas * shard_size == {world}",
+            )
+        return shape
+
+    def _make_mesh(self) -> DeviceMesh:
+        from torch.distributed.device_mesh import DeviceMesh  # noqa: PLC0415
+
+        device_type = self.root_device.type
+        shape = self._mesh_shape()
+        if shape is None:
+            return DeviceMesh.from_group(
+                self.process_group, device_type, mesh_dim_names=("shard",)
+            )
+        ranks = torch.arange(self.world_size).view(shape)
+        # Groups of their own, with the strategy's collective timeout.
+        shard, _ = dist.new_subgroups_by_enumeration(  # type: ignore[no-untyped-call]
+            [row.tolist() for row in ranks],
+            timeout=self.timeout,
+            backend=self.process_group_backend,
+        )
+        replicate, _ = dist.new_subgroups_by_enumeration(  # type: ignore[no-untyped-call]
+            [column.tolist() for column in ranks.T],
+            timeout=self.timeout,
+            backend=self.process_group_backend,
+        )
+        return DeviceMesh.from_group(
+            [replicate, shard], device_type, mesh=ranks, mesh_dim_names=("replicate", "shard")
+        )
+
+    # The module.
+
+    @contextlib.contextmanager
+    @override
+    def model_sharded_context(self) -> Iterator[None]:
+        """Build the model on the meta device: no memory until set-up shards it.
+
+        Set-up gives each rank only its shards and calls every submodule's
+        ``reset_parameters()`` to initialise them; a submodule with tensors of its own
+        and no ``reset_parameters()`` is refused (named) before anything is sharded.
+        """
+        with torch.device("meta"):
+            yield
+
+    @override
+    def model_to_device(self, module: torch.nn.Module) -> torch.nn.Module:
+        """Move ``module`` to the device, unless it is on the meta device (sharded first)."""
+        if parallelize.is_meta(module):
+            return module
+        return super().model_to_device(module)
+
+    @override
+    def wrap_module(self, module: torch.nn.Module) -> torch.nn.Module:
+        """Checkpoint activations, shard the blocks and the root, prefetch, materialise."""
+        from torch.distributed.fsdp import FSDPModule  # noqa: PLC0415
+
+        if any(isinstance(m, FSDPModule) for m in module.modules()):
+            if getattr(module, _SHARDED_BY, None) is not None:
+                raise ConfigurationError(
+                    "the module was sharded by an earlier run, over process groups that "
+                    "ended with it (FSDP2 shards a module object once)",
+                    value=type(module).__name__,
+                    fix="validate during fit (val_dataloaders), or give the next run a "
+                    "module made anew and the checkpoint: trainer.test(Model(), "
+                    "ckpt_path='last')",
+                )
+            return module  # sharded by the user, over the mesh they made
+        meta = parallelize.is_meta(module)
+        if meta:
+            parallelize.check_materializable(module)
+        buffer_dtype = buffer_dtype_of(self.mixed_precision)
+        if buffer_dtype is not None:
+            parallelize.cast_buffers(module, buffer_dtype)
+        if self.activation_checkpointing is not None:
+            assert callable(self.activation_checkpointing)  # checked when made
+            self.checkpointed = parallelize.apply_activation_checkpointing(
+                module, self.activation_checkpointing
+            )
+        precision = self.precision
+        self.blocks = parallelize.apply_fully_shard(
+            module,
+            mesh=self.device_mesh,
+            policy=self.auto_wrap_policy,
+            reshard_after_forward=self.plan.reshard_after_forward,
+            mp_policy=precision_policy(
+                self.mixed_precision,
+                compute_dtype=precision.compute_dtype,
+                param_dtype=precision.param_dtype,
+                reduce_dtype=precision.reduce_dtype,
+            ),
+            offload_policy=self.cpu_offload,
+            options=self.fully_shard_kwargs,
+        )
+        if self.backward_prefetch is not None:
+            parallelize.set_backward_prefetch(self.blocks, self.backward_prefetch)
+        if meta:
+            parallelize.materialize(module, self.root_device)
+        setattr(module, _SHARDED_BY, repr(self))
+        return module
+
+    @override
+    def setup_module_and_optimizers(
+        self, module: torch.nn.Module, optimizers: Sequence[torch.optim.Optimizer]
+    ) -> tuple[torch.nn.Module, list[torch.optim.Optimizer]]:
+        """Shard ``module``, then make each optimizer again over the sharded parameters.
+
+        The optimizers keep their classes, groups and hyper-parameters; schedulers
+        must drive the returned ones (the Trainer rebinds them).
+        """
+        names = {id(parameter): name for name, parameter in module.named_parameters()}
+        for index, optimizer in enumerate(optimizers):
+            for group in optimizer.param_groups:
+                if any(id(parameter) not in names for parameter in group["params"]):
+                    raise ConfigurationError(
+                        f"optimizer {index} holds parameters that are not the module's",
+                        value=optimizer,
+                        fix="make the optimizer from module.parameters() of this module",
+                    )
+        wrapped = self.setup_module(module)
+        sharded = dict(wrapped.named_parameters())
+        self._optimizers = [
+            _remake(optimizer, names, sharded, index) for index, optimizer in enumerate(optimizers)
+        ]
+        return wrapped, list(self._optimizers)
+
+    @contextlib.contextmanager
+    @override
+    def no_sync(self, module: torch.nn.Module) -> Iterator[None]:
+        """Accumulate unsharded gradients locally inside the block (no reduce-scatter)."""
+        from torch.distributed.fsdp import FSDPModule  # noqa: PLC0415
+
+        if not isinstance(module, FSDPModule):
+            yield
+            return
+        module.set_requires_gradient_sync(False)
+        try:
+            yield
+        finally:
+            module.set_requires_gradient_sync(True)
+
+    # State.
+
+    def _options(self, *, full: bool) -> StateDictOptions:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions  # noqa: PLC0415
+
+        if full:
+            return StateDictOptions(full_state_dict=True, cpu_offload=True)
+        return StateDictOptions(full_state_dict=False)
+
+    def _optimizer_state(
+        self, module: torch.nn.Module, optimizer: torch.optim.Optimizer, options: StateDictOptions
+    ) -> StateDict:
+        from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict  # noqa: PLC0415
+
+        fresh = not optimizer.state
+        state = get_optimizer_state_dict(module, optimizer, options=options)
+        if fresh:
+            # torch initialises an optimizer that never stepped by stepping it (with a
+            # learning rate of 0), which counts a step in Adam's bias correction: an
+            # optimizer that never stepped is left, and saved, as it was.
+            optimizer.state.clear()
+            state = {**state, "state": {}}
+        return dict(state)
+
+    @override
+    def get_state_dict(
+        self, module: torch.nn.Module, optimizers: Sequence[torch.optim.Optimizer] = ()
+    ) -> Checkpoint:
+        """The state of ``module`` and ``optimizers``, by parameter name; every rank calls it.
+
+        With ``state_dict_type="sharded"``, each rank's shards (DTensors); with
+        ``"full"``, the whole state on rank 0 (on the CPU) and nothing elsewhere.
+        """
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict  # noqa: PLC0415
+
+        options = self._options(full=self.state_dict_type == "full")
+        return {
+            "state_dict": dict(get_model_state_dict(module, options=options)),
+            "optimizer_states": [self._optimizer_state(module, o, options) for o in optimizers],
+            "precision": self.precision.state_dict(),
+        }
+
+    @override
+    def set_state_dict(
+        self,
+        module: torch.nn.Module,
+        optimizers: Sequence[torch.optim.Optimizer],
+        state: Mapping[str, object],
+        *,
+        source: object = "the state",
+    ) -> None:
+        """Load a sharded or a full state (saved at any world size) into the shards.
+
+        Every rank calls it. A full state is one each rank can read whole (it takes
+        its shards from it); a sharded one holds this rank's DTensors.
+
+        Raises:
+            CheckpointError: The state does not fit the module (each key that differs
+                is named), or holds another number of optimizer states.
+        """
+        from torch.distributed.checkpoint.state_dict import (  # noqa: PLC0415
+            get_model_state_dict,
+            set_model_state_dict,
+            set_optimizer_state_dict,
+        )
+
+        module_state = state.get("state_dict")
+        if not isinstance(module_state, Mapping):
+            raise CheckpointError(str(source), "holds no module state ('state_dict')")
+        check_state_fits(get_model_state_dict(module), module_state, source)
+        full = not any(_is_dtensor(value) for value in module_state.values())
+        options = self._options(full=full)
+        set_model_state_dict(module, dict(module_state), options=options)
+        if not optimizers:
+            return
+        saved = state.get("optimizer_states")
+        saved = list(saved) if isinstance(saved, list | tuple) else []
+        if len(saved) != len(optimizers):
+            raise CheckpointError(
+                str(source),
+                f"holds {len(saved)} optimizer states, and there are {len(optimizers)} optimizers",
+                fix="resume with the configuration the checkpoint was written with",
+            )
+        for optimizer, optimizer_state in zip(optimizers, saved, strict=True):
+            if isinstance(optimizer_state, Mapping) and not optimizer_state.get("state"):
+                continue  # saved before its first step: nothing to restore
+            set_optimizer_state_dict(module, optimizer, dict(optimizer_state), options=options)
+        precision_state = state.get("precision")
+        self.precision.load_state_dict(
+            dict(precision_state) if isinstance(precision_state, Mapping) else {}
+        )
+
+    @override
+    def load_checkpoint(self, path: PathLike, module: torch.nn.Module | None = None) -> Checkpoint:
+        """Read the checkpoint at ``path``.
+
+        A sharded checkpoint is read in place (with ``module``, after set-up): each
+        rank reads its shards of the module's and the optimizers' state, whatever the
+        world size that saved it. A full one is read whole on every rank, on the CPU.
+        """
+        io = self.checkpoint_io
+        if module is None or not isinstance(io, SupportsLoadInPlace):
+            return super().load_checkpoint(path, module)
+        from torch.distributed.checkpoint.state_dict import (  # noqa: PLC0415
+            get_model_state_dict,
+            get_optimizer_state_dict,
+        )
+
+        # The live shards to read into; an optimizer that never stepped is given its
+        # state first (torch steps it with a learning rate of 0), to be overwritten.
+        options = self._options(full=False)
+        target: StateDict = {
+            "state_dict": dict(get_model_state_dict(module, options=options)),
+            "optimizer_states": [
+                dict(get_optimizer_state_dict(module, optimizer, options=options))
+                for optimizer in self._optimizers
+            ],
+        }
+        return io.load_checkpoint_into(path, target)
+
+    @override
+    def teardown(self) -> None:
+        """Forget the mesh and the optimizers, then leave the process group."""
+        self._mesh = None
+        self._optimizers = []
+        self.blocks = []
+        self.checkpointed = []
+        super().teardown()
+
+    @override
+    def __repr__(self) -> str:
+        return (
+            f"FSDPStrategy(sharding_strategy={self.plan.name!r}, "
+            f"state_dict_type={self.state_dict_type!r}, world_size={self.world_size}, "
+            f"device={str(self.root_device)!r})"
+        )
+
+
+def _state_dict_type(value: object) -> str:
+    return state_dict_type(value)
