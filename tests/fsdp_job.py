@@ -13,19 +13,22 @@ parameters lived; the caller writes ``ROOT/TAG-final.json`` with the trained wei
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
+import os
+import resource
 from collections.abc import Iterable
 from pathlib import Path
 
 import torch
 from typing_extensions import override
 
-from plait.core import seed_everything
+from plait.core import ConfigurationError, seed_everything
 from plait.strategies import DDPStrategy, FSDPStrategy
 from plait.strategies.fsdp import SizeBasedPolicy, consolidate_checkpoint
 from plait.trainer import Callback, ModelCheckpoint, Module, Trainer
 
-WIDTH = 16
+WIDTH = int(os.environ.get("FSDP_JOB_WIDTH", "16"))
 
 
 class Block(torch.nn.Module):
@@ -44,9 +47,11 @@ class Block(torch.nn.Module):
 
 
 class Net(Module):
-    def __init__(self, *, depth: int, lazy: bool) -> None:
+    def __init__(self, *, depth: int, lazy: bool, sgd: bool = False) -> None:
         super().__init__()
         self.depth = depth
+        self.sgd = sgd
+        self.peak_before_build = 0
         self.blocks: torch.nn.Sequential | None = None
         self.head: torch.nn.Linear | None = None
         if not lazy:
@@ -56,6 +61,12 @@ class Net(Module):
     @override
     def configure_model(self) -> None:
         if self.blocks is None:
+            # What sharding imports and allocates once is not the model's: paid first.
+            import torch.distributed.checkpoint.state_dict  # noqa: PLC0415
+            import torch.distributed.fsdp  # noqa: PLC0415
+
+            torch.nn.Linear(WIDTH, WIDTH)(torch.randn(8, WIDTH)).sum().backward()
+            self.peak_before_build = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
             self.blocks = torch.nn.Sequential(*(Block() for _ in range(self.depth)))
             self.head = torch.nn.Linear(WIDTH, 1)
 
@@ -76,14 +87,21 @@ class Net(Module):
 
     @override
     def validation_step(self, batch: object, batch_idx: int) -> None:
-        assert isinstance(batch, tuple)
+        assert isinstance(batch, list | tuple)
         x, _ = batch
         self(x)
         self.log("val_seen", len(x), reduce_fx="sum", sync_dist=True)
 
     @override
     def configure_optimizers(self) -> object:
+        if self.sgd:
+            return torch.optim.SGD(self.parameters(), lr=0.01)
         return torch.optim.AdamW(self.parameters(), lr=0.01, weight_decay=0.01)
+
+
+def _blocks(module: Net) -> list[Block]:
+    assert module.blocks is not None
+    return [block for block in module.blocks if isinstance(block, Block)]
 
 
 def _local(tensor: torch.Tensor) -> torch.Tensor:
@@ -110,8 +128,10 @@ class Measure(Callback):
     ) -> None:
         assert isinstance(module, Net)
         assert module.blocks is not None
-        self.forwards_per_step.append(sum(b.forwards for b in module.blocks))
-        if optimizer.state:  # from the second step on: the optimizer holds its state
+        self.forwards_per_step.append(sum(b.forwards for b in _blocks(module)))
+        if (
+            optimizer.state or self.forwards_per_step[1:]
+        ):  # the optimizer holds its state: the optimizer holds its state
             parameters = list(module.parameters())
             self.state_bytes = {
                 "parameters": _bytes(parameters),
@@ -134,13 +154,15 @@ class Measure(Callback):
         result = {
             "losses": {str(step): loss for step, loss in module.losses.items()},
             "state_bytes": self.state_bytes,
-            "forwards_per_step": [b - a for a, b in zip(counts, counts[1:], strict=False)],
-            "dtypes": sorted({d for b in module.blocks for d in b.dtypes}),
+            "forwards_per_step": [b - a for a, b in itertools.pairwise(counts)],
+            "dtypes": sorted({d for b in _blocks(module) for d in b.dtypes}),
             "devices": sorted({_local(p).device.type for p in module.parameters()}),
             "val_seen": float(trainer.callback_metrics.get("val_seen", -1)),
             "checkpointed": len(getattr(strategy, "checkpointed", [])),
             "blocks": len(getattr(strategy, "blocks", [])),
             "offload": getattr(strategy, "cpu_offload", None) is not None,
+            "peak_growth": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+            - module.peak_before_build,
         }
         path = self.root / f"{self.tag}-rank{trainer.global_rank}.json"
         path.write_text(json.dumps(result))
@@ -188,6 +210,12 @@ def main() -> None:
     parser.add_argument("--lazy", action="store_true", help="build under model_sharded_context")
     parser.add_argument("--resume-from", default=None)
     parser.add_argument("--uneven-validation", action="store_true")
+    parser.add_argument("--sgd", action="store_true")
+    parser.add_argument("--no-checkpoints", action="store_true")
+    parser.add_argument(
+        "--then-validate", action="store_true",
+        help="after fit: validate a new module from the checkpoint, then the fitted one",
+    )  # fmt: skip
     arguments = parser.parse_args()
     seed_everything(0)
     train = _batches(4, seed=1, size=8)
@@ -210,12 +238,32 @@ def main() -> None:
         logger=False,
         callbacks=[
             Measure(root, arguments.tag),
-            ModelCheckpoint(dirpath=root / "checkpoints", save_last=True),
+            *(
+                []
+                if arguments.no_checkpoints
+                else [ModelCheckpoint(dirpath=root / "checkpoints", save_last=True)]
+            ),
         ],
+        enable_checkpointing=not arguments.no_checkpoints,
     )
-    model = Net(depth=arguments.depth, lazy=arguments.lazy)
+    model = Net(depth=arguments.depth, lazy=arguments.lazy, sgd=arguments.sgd)
     trainer.fit(model, train, validation, ckpt_path=arguments.resume_from)
-    if not trainer.is_global_zero:
+    if arguments.then_validate:
+        # What users do next. A module made anew, from the last checkpoint:
+        fresh = Net(depth=arguments.depth, lazy=arguments.lazy)
+        [metrics] = trainer.validate(fresh, train, ckpt_path="last")  # type: ignore[misc]
+        # The module fit sharded in place (FSDP2 shards a module once): refused on
+        # every rank alike, not left waiting for a rank that refused.
+        try:
+            trainer.validate(model, train)
+            refusal = "none"
+        except ConfigurationError as error:
+            refusal = str(error)
+        path = root / f"{arguments.tag}-rank{trainer.global_rank}.json"
+        after = {"fresh_val_seen": metrics["val_seen"], "refusal": refusal}
+        path.write_text(json.dumps({**json.loads(path.read_text()), **after}))
+        return
+    if not trainer.is_global_zero or arguments.no_checkpoints:
         return
     # The trained weights, from the last checkpoint: a sharded one is consolidated
     # into one file plain PyTorch loads.

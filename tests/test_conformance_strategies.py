@@ -18,16 +18,31 @@ NOT_ON_CPU: Final = {"dp": "DataParallel runs over CUDA GPUs"}
 ONE_PROCESS: Final = ("example_strategy", "single_device")
 """Strategies of one process: world size 1 is the only one they have."""
 
+FSDP_VARIANTS: Final = (
+    "fsdp_cpu_offload",
+    "fsdp_hybrid_shard",
+    "fsdp_native",
+    "fsdp_native_full_shard_offload",
+    "fsdp_no_shard",
+    "fsdp_shard_grad_op",
+)
+"""``fsdp`` with other sharding options: its collectives, so run at world size 2 only."""
+
 MULTI_PROCESS: Final = tuple(
     name
     for name in StrategyRegistry.available_strategies()
-    if name not in NOT_ON_CPU and name not in ONE_PROCESS
+    if name not in NOT_ON_CPU and name not in ONE_PROCESS and name not in FSDP_VARIANTS
 )
 
 
 class TestMultiProcessStrategies(ConformanceSuite):
     strategies = MULTI_PROCESS
     world_sizes = (1, 2, 3, 4)
+
+
+class TestFSDPVariants(ConformanceSuite):
+    strategies = FSDP_VARIANTS
+    world_sizes = (2,)
 
 
 class TestOneProcessStrategies(ConformanceSuite):
@@ -40,5 +55,8 @@ def test_every_registered_strategy_is_run_or_excused() -> None:
 
     assert set(ONE_PROCESS) <= registered
     assert set(NOT_ON_CPU) <= registered
-    assert {"ddp", "ddp_spawn", "ddp_fork", "ddp_sharded"} <= set(MULTI_PROCESS)
-    assert registered == set(MULTI_PROCESS) | set(ONE_PROCESS) | set(NOT_ON_CPU)
+    assert {"ddp", "ddp_spawn", "ddp_fork", "ddp_sharded", "fsdp"} <= set(MULTI_PROCESS)
+    assert set(FSDP_VARIANTS) <= registered
+    assert registered == (
+        set(MULTI_PROCESS) | set(FSDP_VARIANTS) | set(ONE_PROCESS) | set(NOT_ON_CPU)
+    )

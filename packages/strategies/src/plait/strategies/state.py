@@ -22,7 +22,9 @@ def load_module_state(module: torch.nn.Module, state: Mapping[str, object], sour
     module.load_state_dict(state)
 
 
-def check_state_fits(own: Mapping[str, object], state: Mapping[str, object], source: object) -> None:
+def check_state_fits(
+    own: Mapping[str, object], state: Mapping[str, object], source: object
+) -> None:
     """Say which entries of ``state`` do not fit a module whose state is ``own``.
 
     Shapes are compared whole (a sharded tensor's shape is its global one).

@@ -20,8 +20,8 @@ from plait.core import (
     Precision,
     Strategy,
     SupportsLauncher,
-    rank_zero_warn,
     is_collective,
+    rank_zero_warn,
     seed_everything,
 )
 from plait.core.seed import SEED_ENV_VAR

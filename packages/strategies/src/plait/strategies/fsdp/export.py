@@ -16,7 +16,9 @@ if TYPE_CHECKING:
 __all__ = ["consolidate_checkpoint"]
 
 
-def consolidate_checkpoint(sharded: PathLike, output: PathLike, *, weights_only: bool = False) -> None:
+def consolidate_checkpoint(
+    sharded: PathLike, output: PathLike, *, weights_only: bool = False
+) -> None:
     """Write the sharded checkpoint directory ``sharded`` as one ``torch.save`` file.
 
     Runs in one process, without a process group; the whole state is read into this

@@ -200,7 +200,7 @@ class SizeBasedPolicy:
     min_num_params: int = 100_000_000
 
     def __post_init__(self) -> None:
-        count = self.min_num_params
+        count: object = self.min_num_params  # checked as given: callers pass user input
         if isinstance(count, bool) or not isinstance(count, int) or count < 1:
             raise ConfigurationError(
                 f"min_num_params={count!r} must be a positive int",
@@ -218,7 +218,9 @@ def _classes_policy(classes: Collection[type[torch.nn.Module]]) -> ModulePolicy:
     return policy
 
 
-def module_policy(option: str, value: object) -> ModulePolicy | SizeBasedPolicy | None:
+def module_policy(  # noqa: PLR0911 (one return per kind of value accepted)
+    option: str, value: object
+) -> ModulePolicy | SizeBasedPolicy | None:
     """A policy from layer classes, a callable ``module -> bool``, or a size-based policy.
 
     FSDP1's ``ModuleWrapPolicy`` and ``partial(size_based_auto_wrap_policy, ...)`` are
@@ -231,7 +233,11 @@ def module_policy(option: str, value: object) -> ModulePolicy | SizeBasedPolicy 
     if isinstance(value, type) and issubclass(value, torch.nn.Module):
         return _classes_policy([value])
     if isinstance(value, list | tuple | set | frozenset):
-        bad = [item for item in value if not (isinstance(item, type) and issubclass(item, torch.nn.Module))]
+        bad = [
+            item
+            for item in value
+            if not (isinstance(item, type) and issubclass(item, torch.nn.Module))
+        ]
         if bad or not value:
             raise ConfigurationError(
                 f"{option}={value!r} must list torch.nn.Module subclasses; "
@@ -243,15 +249,17 @@ def module_policy(option: str, value: object) -> ModulePolicy | SizeBasedPolicy 
     classes = getattr(value, "_module_classes", None)  # FSDP1's ModuleWrapPolicy
     if isinstance(classes, set | frozenset | list | tuple):
         return _classes_policy(classes)
-    if isinstance(value, functools.partial):
-        if getattr(value.func, "__name__", "") == "size_based_auto_wrap_policy":
-            return SizeBasedPolicy(int(value.keywords.get("min_num_params", 100_000_000)))
+    if (
+        isinstance(value, functools.partial)
+        and getattr(value.func, "__name__", "") == "size_based_auto_wrap_policy"
+    ):
+        return SizeBasedPolicy(int(value.keywords.get("min_num_params", 100_000_000)))
     if callable(value):
         try:
-            parameters = inspect.signature(value).parameters
+            arity = len(inspect.signature(value).parameters)
         except (TypeError, ValueError):
-            parameters = {}  # a builtin: taken as module -> bool
-        if len(parameters) > 1:
+            arity = 1  # a builtin: taken as module -> bool
+        if arity > 1:
             raise ConfigurationError(
                 f"{option}={value!r} takes FSDP1's (module, recurse, nonwrapped_numel); "
                 "FSDP2 shards each chosen module once, and asks only which",
@@ -259,7 +267,7 @@ def module_policy(option: str, value: object) -> ModulePolicy | SizeBasedPolicy 
                 fix=f"pass {option}= a set of layer classes, a function module -> bool, "
                 "or SizeBasedPolicy(min_num_params)",
             )
-        return value  # type: ignore[return-value]  # a callable of one argument
+        return value  # a callable of one argument: module -> bool
     raise ConfigurationError(
         f"{option}={value!r} is not a layer class, a set of them, or a function module -> bool",
         value=value,
@@ -326,7 +334,9 @@ def check_fully_shard_kwargs(kwargs: Mapping[str, object]) -> None:
         return
     from torch.distributed.fsdp import fully_shard  # noqa: PLC0415
 
-    accepted = [name for name in inspect.signature(fully_shard).parameters if name not in _SET_BY_STRATEGY]
+    accepted = [
+        name for name in inspect.signature(fully_shard).parameters if name not in _SET_BY_STRATEGY
+    ]
     for name in kwargs:
         if name in _SET_BY_STRATEGY:
             raise ConfigurationError(

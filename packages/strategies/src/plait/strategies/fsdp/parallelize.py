@@ -17,6 +17,7 @@ Each may be used on its own, in a loop of your own.
 from __future__ import annotations
 
 import functools
+import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING
 
@@ -55,7 +56,7 @@ def _checkpointed(forward: Callable[..., object]) -> Callable[..., object]:
     def run(*args: object, **kwargs: object) -> object:
         if not torch.is_grad_enabled():
             return forward(*args, **kwargs)  # nothing to keep for a backward
-        return checkpoint(forward, *args, use_reentrant=False, **kwargs)
+        return checkpoint(functools.partial(forward, **kwargs), *args, use_reentrant=False)
 
     return run
 
@@ -75,12 +76,14 @@ def apply_activation_checkpointing(
     """
     chosen = [m for m in module.modules() if policy(m) and not getattr(m, _CHECKPOINTED, False)]
     for block in chosen:
-        block.forward = _checkpointed(block.forward)  # type: ignore[method-assign]
+        block.forward = _checkpointed(block.forward)
         setattr(block, _CHECKPOINTED, True)
     return chosen
 
 
-def _blocks(root: torch.nn.Module, policy: ModulePolicy | SizeBasedPolicy | None) -> list[torch.nn.Module]:
+def _blocks(
+    root: torch.nn.Module, policy: ModulePolicy | SizeBasedPolicy | None
+) -> list[torch.nn.Module]:
     # Innermost first: FSDP2 shards a block's own parameters, those its sharded
     # children do not hold.
     if policy is None:
@@ -138,9 +141,9 @@ def apply_fully_shard(
     }
     blocks = _blocks(module, policy)
     for block in blocks:
-        fully_shard(block, reshard_after_forward=reshard_after_forward, **common)  # type: ignore[arg-type]
+        fully_shard(block, reshard_after_forward=reshard_after_forward, **common)  # type: ignore[call-overload]
     root_reshard = None if reshard_after_forward else False
-    fully_shard(module, reshard_after_forward=root_reshard, **common)  # type: ignore[arg-type]
+    fully_shard(module, reshard_after_forward=root_reshard, **common)  # type: ignore[call-overload]
     forward_order = {id(m): index for index, m in enumerate(module.modules())}
     ordered = sorted(blocks, key=lambda block: forward_order[id(block)])
     return [block for block in ordered if isinstance(block, FSDPModule)]
@@ -209,7 +212,10 @@ def materialize(module: torch.nn.Module, device: torch.device) -> None:
     """
     check_materializable(module)
     module.to_empty(device=device)
-    with torch.no_grad():
+    with torch.no_grad(), warnings.catch_warnings():
+        # Each rank fills its own shard from its own generator, which is all torch's
+        # notice about random DTensor operators on a CPU mesh warns of.
+        warnings.filterwarnings("ignore", message="DTensor random operators may not")
         for submodule in module.modules():
             reset = getattr(submodule, "reset_parameters", None)
             if callable(reset):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
@@ -57,7 +57,7 @@ def _remake(
         {**group, "params": [parameters[names[id(p)]] for p in group["params"]]}
         for group in optimizer.param_groups
     ]
-    maker = type(optimizer)
+    maker: Callable[..., torch.optim.Optimizer] = type(optimizer)
     try:
         return maker(groups, **optimizer.defaults)
     except TypeError:
@@ -65,8 +65,8 @@ def _remake(
             return maker(groups)
         except TypeError as error:
             raise ConfigurationError(
-                f"optimizer {index} ({maker.__name__}) cannot be made again over the sharded "
-                f"parameters from its parameter groups: {error}",
+                f"optimizer {index} ({type(optimizer).__name__}) cannot be made again over "
+                f"the sharded parameters from its parameter groups: {error}",
                 value=optimizer,
                 fix="give the optimizer class a constructor (params, **defaults), as torch's "
                 "optimizers have, or shard the model yourself and build the optimizer after",
@@ -178,6 +178,8 @@ class FSDPStrategy(ParallelStrategy):
         self.device_mesh_shape = self._check_mesh_shape(device_mesh)
         check_fully_shard_kwargs(kwargs)
         self.fully_shard_kwargs = dict(kwargs)
+        if mixed_precision is not None:  # checked now, applied at set-up
+            precision_policy(mixed_precision, torch.float32, torch.float32, torch.float32)
         self.mixed_precision = mixed_precision
         if checkpoint_io is None:
             checkpoint_io = "distributed" if self.state_dict_type == "sharded" else "torch"
@@ -289,7 +291,8 @@ class FSDPStrategy(ParallelStrategy):
             raise ConfigurationError(
                 f"device_mesh={shape} holds {shape[0] * shape[1]} ranks, and the world has {world}",
                 value=shape,
-                fix=f"pass device_mesh=(replicas, shard_size) with replicas * shard_size == {world}",
+                fix="pass device_mesh=(replicas, shard_size) with "
+                f"replicas * shard_size == {world}",
             )
         return shape
 
@@ -299,9 +302,7 @@ class FSDPStrategy(ParallelStrategy):
         device_type = self.root_device.type
         shape = self._mesh_shape()
         if shape is None:
-            return DeviceMesh.from_group(
-                self.process_group, device_type, mesh_dim_names=("shard",)
-            )
+            return DeviceMesh.from_group(self.process_group, device_type, mesh_dim_names=("shard",))
         ranks = torch.arange(self.world_size).view(shape)
         # Groups of their own, with the strategy's collective timeout.
         shard, _ = dist.new_subgroups_by_enumeration(  # type: ignore[no-untyped-call]
@@ -344,17 +345,20 @@ class FSDPStrategy(ParallelStrategy):
         """Checkpoint activations, shard the blocks and the root, prefetch, materialise."""
         from torch.distributed.fsdp import FSDPModule  # noqa: PLC0415
 
+        # Decided together: a launcher may hand one rank a fresh copy of the module
+        # and another the module an earlier run sharded in place.
+        stale = any(getattr(m, _SHARDED_BY, None) is not None for m in module.modules())
+        if self.reduce_boolean_decision(stale, all=False):
+            raise ConfigurationError(
+                "the module was sharded by an earlier run (on "
+                f"{'this rank' if stale else 'another rank'}), over process groups that ended "
+                "with it (FSDP2 shards a module object once)",
+                value=type(module).__name__,
+                fix="validate during fit (val_dataloaders), or give the next run a module "
+                "made anew and the checkpoint: trainer.validate(Model(), ckpt_path='last')",
+            )
         if any(isinstance(m, FSDPModule) for m in module.modules()):
-            if getattr(module, _SHARDED_BY, None) is not None:
-                raise ConfigurationError(
-                    "the module was sharded by an earlier run, over process groups that "
-                    "ended with it (FSDP2 shards a module object once)",
-                    value=type(module).__name__,
-                    fix="validate during fit (val_dataloaders), or give the next run a "
-                    "module made anew and the checkpoint: trainer.test(Model(), "
-                    "ckpt_path='last')",
-                )
-            return module  # sharded by the user, over the mesh they made
+            return module  # sharded already, by the user over a mesh of theirs
         meta = parallelize.is_meta(module)
         if meta:
             parallelize.check_materializable(module)
@@ -385,7 +389,8 @@ class FSDPStrategy(ParallelStrategy):
             parallelize.set_backward_prefetch(self.blocks, self.backward_prefetch)
         if meta:
             parallelize.materialize(module, self.root_device)
-        setattr(module, _SHARDED_BY, repr(self))
+        for submodule in module.modules():  # the trainer wraps the user's module anew per run
+            setattr(submodule, _SHARDED_BY, repr(self))
         return module
 
     @override
@@ -414,7 +419,6 @@ class FSDPStrategy(ParallelStrategy):
         return wrapped, list(self._optimizers)
 
     @contextlib.contextmanager
-    @override
     def no_sync(self, module: torch.nn.Module) -> Iterator[None]:
         """Accumulate unsharded gradients locally inside the block (no reduce-scatter)."""
         from torch.distributed.fsdp import FSDPModule  # noqa: PLC0415
@@ -539,13 +543,12 @@ class FSDPStrategy(ParallelStrategy):
         # The live shards to read into; an optimizer that never stepped is given its
         # state first (torch steps it with a learning rate of 0), to be overwritten.
         options = self._options(full=False)
-        target: StateDict = {
-            "state_dict": dict(get_model_state_dict(module, options=options)),
-            "optimizer_states": [
+        target: StateDict = {"state_dict": dict(get_model_state_dict(module, options=options))}
+        if self._optimizers:  # to go on training; evaluation reads the module's alone
+            target["optimizer_states"] = [
                 dict(get_optimizer_state_dict(module, optimizer, options=options))
                 for optimizer in self._optimizers
-            ],
-        }
+            ]
         return io.load_checkpoint_into(path, target)
 
     @override

@@ -1,0 +1,206 @@
+"""FSDPStrategy trains as DDP does, holds 1/world_size of the state, and resumes at any world size.
+
+The jobs (``fsdp_job.py``) give every rank the same batches, so a run's losses do
+not depend on its world size: runs at 1, 2, 3 and 4 processes, and runs resumed
+at another world size, are compared step by step.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from tests.reliability.jobs import processes_mentioning
+
+JOB = Path(__file__).resolve().with_name("fsdp_job.py")
+
+pytestmark = pytest.mark.slow
+
+
+def _run(
+    root: Path, tag: str, *options: str, env: dict[str, str] | None = None
+) -> dict[str, object]:
+    root.mkdir(parents=True, exist_ok=True)
+    command = [sys.executable, str(JOB), str(root), tag, *options]
+    done = subprocess.run(
+        command, capture_output=True, text=True, timeout=300, check=False,
+        env={**os.environ, **(env or {})},
+    )  # fmt: skip
+    assert not processes_mentioning(str(root)), "a rank was left running"
+    assert done.returncode == 0, done.stderr[-6000:]
+    result: dict[str, object] = json.loads((root / f"{tag}-rank0.json").read_text())
+    return result
+
+
+def _rank(root: Path, tag: str, rank: int) -> dict[str, object]:
+    result: dict[str, object] = json.loads((root / f"{tag}-rank{rank}.json").read_text())
+    return result
+
+
+def _losses(result: dict[str, object]) -> dict[str, float]:
+    losses = result["losses"]
+    assert isinstance(losses, dict)
+    return losses
+
+
+def _close(a: dict[str, float], b: dict[str, float], tolerance: float) -> None:
+    assert a.keys() == b.keys()
+    for step, value in a.items():
+        assert abs(value - b[step]) <= tolerance * max(1.0, abs(b[step])), (step, a, b)
+
+
+def _weights(root: Path, tag: str) -> dict[str, torch.Tensor]:
+    final = json.loads((root / f"{tag}-final.json").read_text())
+    return {key: torch.tensor(value) for key, value in final.items()}
+
+
+def _state_bytes(result: dict[str, object]) -> int:
+    held = result["state_bytes"]
+    assert isinstance(held, dict)
+    return int(held["parameters"] + held["gradients"] + held["optimizer"])
+
+
+@pytest.mark.parametrize("devices", [2, 3])
+def test_fsdp_trains_as_ddp_does_and_holds_a_world_size_share_of_the_state(
+    tmp_path: Path, devices: int
+) -> None:
+    common = ("--devices", str(devices), "--epochs", "2")
+    ddp = _run(tmp_path / "ddp", "ddp", "--strategy", "ddp", *common)
+    fsdp = _run(tmp_path / "fsdp", "fsdp", *common, "--options", '{"wrap": "blocks"}')
+
+    _close(_losses(fsdp), _losses(ddp), 1e-5)
+    ddp_weights, fsdp_weights = (
+        _weights(tmp_path / "ddp", "ddp"),
+        _weights(tmp_path / "fsdp", "fsdp"),
+    )
+    assert ddp_weights.keys() == fsdp_weights.keys()
+    for key, value in ddp_weights.items():
+        torch.testing.assert_close(fsdp_weights[key], value, rtol=1e-4, atol=1e-5)
+    # Parameters, gradients and optimizer state: each rank holds about 1/world_size
+    # (a parameter's rows are split as evenly as they go: 16 rows over 3 ranks is
+    # 6, 6 and 4, and the head's single row sits on rank 0).
+    full = _state_bytes(ddp)
+    share = {2: 0.55, 3: 0.40}[devices]
+    for rank in range(devices):
+        held = _state_bytes(_rank(tmp_path / "fsdp", "fsdp", rank))
+        assert held <= full * share, (rank, held, full)
+    assert sum(_state_bytes(_rank(tmp_path / "fsdp", "fsdp", r)) for r in range(devices)) >= full
+
+
+def test_a_sharded_checkpoint_resumes_exactly_and_at_other_world_sizes(tmp_path: Path) -> None:
+    straight = _run(tmp_path / "straight", "straight", "--devices", "2", "--epochs", "3")
+    _run(tmp_path / "first", "first", "--devices", "2", "--epochs", "2")
+    saved = tmp_path / "first" / "checkpoints" / "last.ckpt"
+    assert saved.is_dir()  # every rank wrote its shards
+    expected = {k: v for k, v in _losses(straight).items() if int(k) >= 8}
+
+    same = _run(tmp_path / "same", "same", "--devices", "2", "--epochs", "3",
+                "--resume-from", str(saved))  # fmt: skip
+    assert _losses(same) == expected  # exact at the same world size
+
+    for devices in (1, 3):
+        resumed = _run(tmp_path / f"on{devices}", f"on{devices}", "--devices", str(devices),
+                       "--epochs", "3", "--resume-from", str(saved))  # fmt: skip
+        _close(_losses(resumed), expected, 1e-5)
+        # Then it keeps training and checkpointing at its own world size.
+        assert (tmp_path / f"on{devices}" / "checkpoints" / "last.ckpt" / ".metadata").is_file()
+
+
+def test_bf16_activation_checkpointing_prefetch_and_uneven_validation(tmp_path: Path) -> None:
+    fp32 = _run(tmp_path / "fp32", "fp32", "--devices", "2", "--epochs", "1")
+    options = '{"checkpoint_blocks": true, "wrap": "blocks", "backward_prefetch": "BACKWARD_PRE"}'
+    result = _run(tmp_path / "bf16", "bf16", "--devices", "2", "--epochs", "1",
+                  "--precision", "bf16-mixed", "--options", options,
+                  "--uneven-validation")  # fmt: skip
+
+    assert result["dtypes"] == ["torch.bfloat16"]  # the blocks computed with bf16 parameters
+    _close(_losses(result), _losses(fp32), 2e-2)
+    # Three checkpointed blocks: each runs forward twice per step (once more in backward).
+    assert result["checkpointed"] == 3
+    assert result["forwards_per_step"] == [6, 6, 6]
+    assert fp32["forwards_per_step"] == [3, 3, 3]
+    # 9 validation samples over 2 ranks: every one seen once, no rank waiting forever.
+    assert result["val_seen"] == 9
+
+
+def test_a_model_built_on_meta_with_cpu_offload_trains_from_each_ranks_shards(
+    tmp_path: Path,
+) -> None:
+    result = _run(tmp_path, "offload", "--strategy", "fsdp_cpu_offload", "--devices", "2",
+                  "--epochs", "2", "--lazy")  # fmt: skip
+
+    assert result["offload"] is True
+    assert result["devices"] == ["cpu"]
+    losses = list(_losses(result).values())
+    assert losses[-1] < losses[0]
+
+
+def test_a_full_state_dict_is_one_file_plain_pytorch_loads(tmp_path: Path) -> None:
+    options = '{"state_dict_type": "full", "sharding_strategy": "SHARD_GRAD_OP", "wrap": 200}'
+    sharded = _run(tmp_path / "sharded", "sharded", "--devices", "2", "--epochs", "1")
+    full = _run(tmp_path / "full", "full", "--devices", "2", "--epochs", "1",
+                "--options", options)  # fmt: skip
+
+    _close(_losses(full), _losses(sharded), 1e-5)
+    assert full["blocks"] == 3  # the size-based policy chose the three blocks
+    last = tmp_path / "full" / "checkpoints" / "last.ckpt"
+    assert last.is_file()
+    state = torch.load(last, map_location="cpu", weights_only=False)["state_dict"]
+    layer = torch.nn.Linear(16, 1)
+    layer.load_state_dict({"weight": state["head.weight"], "bias": state["head.bias"]})
+
+
+@pytest.mark.parametrize("kind", ["sharded", "full"])
+def test_after_fit_a_new_module_validates_from_the_checkpoint_and_the_fitted_one_is_refused(
+    tmp_path: Path, kind: str
+) -> None:
+    options = json.dumps({"state_dict_type": kind})
+    _run(tmp_path, "next", "--devices", "2", "--epochs", "1", "--options", options,
+         "--then-validate")  # fmt: skip
+
+    for rank in range(2):
+        result = _rank(tmp_path, "next", rank)
+        assert result["fresh_val_seen"] == 64  # 32 samples (not sharded: a list) on 2 ranks
+        refusal = str(result["refusal"])
+        assert "sharded by an earlier run" in refusal, refusal
+        assert "ckpt_path='last'" in refusal
+
+
+@pytest.mark.parametrize(
+    ("strategy", "options"),
+    [
+        ("fsdp_no_shard", "{}"),
+        ("fsdp", '{"sharding_strategy": "HYBRID_SHARD", "device_mesh": [2, 2]}'),
+    ],
+)
+def test_replicated_and_hybrid_sharding_train_as_full_sharding_does(
+    tmp_path: Path, strategy: str, options: str
+) -> None:
+    reference = _run(tmp_path / "full", "full", "--devices", "2", "--epochs", "1")
+    result = _run(tmp_path / "other", "other", "--strategy", strategy, "--devices", "4",
+                  "--epochs", "1", "--options", options)  # fmt: skip
+
+    _close(_losses(result), _losses(reference), 1e-5)
+
+
+def test_a_model_larger_than_the_per_process_budget_is_built_and_trained(tmp_path: Path) -> None:
+    # 16 blocks of 2048 x 2048: 268 MB of parameters, more than the 242 MB each
+    # process may grow by. Built on the meta device, each of 4 ranks materialises its
+    # quarter; training (SGD) adds a quarter of the gradients and one gathered block.
+    # Large allocations are mapped and unmapped (no heap fragments): the peak resident
+    # size then follows the live tensors.
+    env = {"FSDP_JOB_WIDTH": "2048", "MALLOC_MMAP_THRESHOLD_": "131072"}
+    _run(tmp_path, "big", "--devices", "4", "--epochs", "1", "--depth", "16", "--lazy",
+         "--sgd", "--no-checkpoints", "--options", '{"wrap": "blocks"}', env=env)  # fmt: skip
+
+    for rank in range(4):
+        result = _rank(tmp_path, "big", rank)
+        held = result["state_bytes"]
+        assert isinstance(held, dict)
+        budget = 0.9 * held["full_parameters"]
+        assert result["peak_growth"] < budget, (rank, result["peak_growth"], budget)
