@@ -251,7 +251,7 @@ def main() -> None:
     if arguments.then_validate:
         # What users do next. A module made anew, from the last checkpoint:
         fresh = Net(depth=arguments.depth, lazy=arguments.lazy)
-        [metrics] = trainer.validate(fresh, train, ckpt_path="last")  # type: ignore[misc]
+        [metrics] = trainer.validate(fresh, train, ckpt_path="last")
         # The module fit sharded in place (FSDP2 shards a module once): refused on
         # every rank alike, not left waiting for a rank that refused.
         try:

@@ -15,6 +15,11 @@ Sections:
                against plait's ddp and ddp_spawn, per step and launch to first step
   collectives  plait's collectives (and Lightning's) against raw torch.distributed,
                in the same 2 gloo ranks
+  fsdp         two gloo processes, one model of 4 blocks with AdamW on batches made
+               beforehand: bytes of parameters + gradients + optimizer state each rank
+               holds, peak resident growth, and seconds per step, for hand-written DDP
+               and FSDP2 loops, FSDPStrategy in that loop, plait's Trainer with
+               FSDPStrategy (Lightning's FSDP refuses the CPU: no side)
   conformance  the conformance suite's examples per second per property
 
 Lightning's Trainer and collectives join the comparison where lightning is
@@ -44,7 +49,7 @@ import attrs
 if TYPE_CHECKING:
     import torch
 
-SECTIONS: Final = ("imports", "steps", "ddp", "collectives", "conformance")
+SECTIONS: Final = ("imports", "steps", "ddp", "fsdp", "collectives", "conformance")
 IMPORTED: Final = ("plait.core", "plait.strategies", "plait.trainer", "lightning.pytorch")
 
 
@@ -237,6 +242,58 @@ def bench_ddp(rounds: int, steps: int, width: int, scratch: Path) -> list[Row]:
             spawned = times["plain DDP, torch.multiprocessing"]
             rows.append(Row("ddp", f"{unit_name}: plait ddp_spawn", "s", times["plait ddp_spawn"],
                             spawned, "torch.multiprocessing"))  # fmt: skip
+    return rows
+
+
+FSDP_TOOL: Final = Path(__file__).resolve().with_name("bench_fsdp.py")
+_FSDP_SIDES: Final = {
+    # name in the table: the side of tools/bench_fsdp.py
+    "hand-written DDP": "plain-ddp",
+    "hand-written FSDP2": "plain-fsdp2",
+    "plait FSDPStrategy in that loop": "plait-strategy",
+    "plait Trainer, fsdp": "plait-trainer",
+}
+"""Lightning's FSDP strategy refuses the CPU, so it has no side on this CPU benchmark."""
+
+
+def bench_fsdp(rounds: int, steps: int, width: int, scratch: Path) -> list[Row]:
+    """Memory each rank holds and seconds per step, DDP against FSDP, on 2 gloo ranks."""
+    sides = list(_FSDP_SIDES)
+    figures: dict[str, dict[str, list[float]]] = {
+        kind: {side: [] for side in sides} for kind in ("per_step", "held_bytes", "peak_growth")
+    }
+    out = scratch / "fsdp.json"
+    # Large blocks are mapped and unmapped, not kept in the heap: the peak resident
+    # size then follows the tensors alive, on every side alike.
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "131072"}
+    for index in range(rounds):
+        shift = index % len(sides)
+        for side in [*sides[shift:], *sides[:shift]]:
+            out.unlink(missing_ok=True)
+            command = [sys.executable, str(FSDP_TOOL), "--side", _FSDP_SIDES[side],
+                       "--width", str(width), "--steps", str(steps), "--out", str(out)]  # fmt: skip
+            done = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
+            if done.returncode != 0:
+                raise RuntimeError(f"{side} failed:\n{done.stderr[-3000:]}")
+            result = json.loads(out.read_text(encoding="utf-8"))
+            for kind, values in figures.items():
+                values[side].append(float(result[kind]))
+    ddp, fsdp2 = "hand-written DDP", "hand-written FSDP2"
+    rows = [
+        Row("fsdp", f"held per rank: {side}", "B", figures["held_bytes"][side],
+            figures["held_bytes"][ddp], ddp)
+        for side in sides if side != ddp
+    ]  # fmt: skip
+    rows += [
+        Row("fsdp", f"peak growth per rank: {side}", "B", figures["peak_growth"][side],
+            figures["peak_growth"][ddp], ddp)
+        for side in sides if side != ddp
+    ]  # fmt: skip
+    rows += [
+        Row("fsdp", f"per step: {side}", "s", figures["per_step"][side],
+            figures["per_step"][fsdp2], fsdp2)
+        for side in sides if side != fsdp2
+    ]  # fmt: skip
     return rows
 
 
@@ -549,6 +606,8 @@ def main(argv: list[str] | None = None) -> int:
         rows += bench_steps(rounds, 60 if args.quick else 300, [32, 256])
     if "ddp" in sections:
         rows += bench_ddp(1 if args.quick else rounds, 60 if args.quick else 300, 256, scratch)
+    if "fsdp" in sections:
+        rows += bench_fsdp(1 if args.quick else rounds, 20 if args.quick else 100, 512, scratch)
     if "collectives" in sections:
         rows += bench_collectives(rounds, scratch)
     if "conformance" in sections:
