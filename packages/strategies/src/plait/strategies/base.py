@@ -17,7 +17,6 @@ from typing_extensions import Self, override
 from plait.core import (
     Accelerator,
     AcceleratorRegistry,
-    CheckpointError,
     CheckpointIO,
     CheckpointIORegistry,
     Collectives,
@@ -29,7 +28,7 @@ from plait.core import (
     SupportsLoadInPlace,
     is_collective,
 )
-from plait.strategies.state import load_module_state
+from plait.strategies.state import load_module_state, module_state_of, optimizer_states_of
 
 if TYPE_CHECKING:
     from plait.core.typing import Checkpoint, Group, PathLike, ReduceOpLike, StateDict
@@ -479,20 +478,11 @@ class BaseStrategy(abc.ABC):
             CheckpointError: The state does not fit the module (each key that differs
                 is named), or holds another number of optimizer states.
         """
-        module_state = state.get("state_dict")
-        if not isinstance(module_state, Mapping):
-            raise CheckpointError(str(source), "holds no module state ('state_dict')")
+        module_state = module_state_of(state, source)
         load_module_state(self.unwrap_module(module), module_state, source)
         if not optimizers:
             return
-        saved = state.get("optimizer_states")
-        saved = list(saved) if isinstance(saved, list | tuple) else []
-        if len(saved) != len(optimizers):
-            raise CheckpointError(
-                str(source),
-                f"holds {len(saved)} optimizer states, and there are {len(optimizers)} optimizers",
-                fix="resume with the configuration the checkpoint was written with",
-            )
+        saved = optimizer_states_of(state, len(optimizers), source)
         for optimizer, optimizer_state in zip(optimizers, saved, strict=True):
             optimizer.load_state_dict(optimizer_state)
         precision_state = state.get("precision")

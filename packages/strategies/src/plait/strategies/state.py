@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 import torch
 
 from plait.core import CheckpointError
 
-__all__ = ["check_state_fits", "load_module_state"]
+if TYPE_CHECKING:
+    from plait.core.typing import StateDict
+
+__all__ = ["check_state_fits", "load_module_state", "module_state_of", "optimizer_states_of"]
 
 
 def load_module_state(module: torch.nn.Module, state: Mapping[str, object], source: object) -> None:
@@ -58,3 +62,34 @@ def check_state_fits(
             fix="build the model with the configuration the checkpoint was saved with, or "
             "load a checkpoint of this model",
         )
+
+
+def module_state_of(state: Mapping[str, object], source: object) -> StateDict:
+    """The module's entry of a strategy's state (``"state_dict"``).
+
+    Raises:
+        CheckpointError: There is none.
+    """
+    module_state = state.get("state_dict")
+    if not isinstance(module_state, Mapping):
+        raise CheckpointError(str(source), "holds no module state ('state_dict')")
+    return dict(module_state)
+
+
+def optimizer_states_of(state: Mapping[str, object], count: int, source: object) -> list[StateDict]:
+    """The ``count`` optimizer states of a strategy's state (``"optimizer_states"``).
+
+    Raises:
+        CheckpointError: It holds another number of them, or one is not a mapping.
+    """
+    saved = state.get("optimizer_states")
+    saved = list(saved) if isinstance(saved, list | tuple) else []
+    if len(saved) != count:
+        raise CheckpointError(
+            str(source),
+            f"holds {len(saved)} optimizer states, and there are {count} optimizers",
+            fix="resume with the configuration the checkpoint was written with",
+        )
+    if not all(isinstance(one, Mapping) for one in saved):
+        raise CheckpointError(str(source), "holds an optimizer state that is not a mapping")
+    return [dict(one) for one in saved]

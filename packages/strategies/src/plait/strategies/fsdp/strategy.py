@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 from typing_extensions import override
 
-from plait.core import CheckpointError, ConfigurationError, SupportsLoadInPlace
+from plait.core import ConfigurationError, SupportsLoadInPlace
 from plait.strategies.ddp import START_METHODS, process_launcher, processes_per_node
 from plait.strategies.fsdp import parallelize
 from plait.strategies.fsdp.options import (
@@ -25,7 +25,7 @@ from plait.strategies.fsdp.options import (
     state_dict_type,
 )
 from plait.strategies.parallel import DEFAULT_START_TIMEOUT, DEFAULT_TIMEOUT, ParallelStrategy
-from plait.strategies.state import check_state_fits
+from plait.strategies.state import check_state_fits, module_state_of, optimizer_states_of
 
 if TYPE_CHECKING:
     from torch.distributed.checkpoint.state_dict import StateDictOptions
@@ -498,27 +498,18 @@ class FSDPStrategy(ParallelStrategy):
             set_optimizer_state_dict,
         )
 
-        module_state = state.get("state_dict")
-        if not isinstance(module_state, Mapping):
-            raise CheckpointError(str(source), "holds no module state ('state_dict')")
+        module_state = module_state_of(state, source)
         check_state_fits(get_model_state_dict(module), module_state, source)
         full = not any(_is_dtensor(value) for value in module_state.values())
         options = self._options(full=full)
-        set_model_state_dict(module, dict(module_state), options=options)
+        set_model_state_dict(module, module_state, options=options)
         if not optimizers:
             return
-        saved = state.get("optimizer_states")
-        saved = list(saved) if isinstance(saved, list | tuple) else []
-        if len(saved) != len(optimizers):
-            raise CheckpointError(
-                str(source),
-                f"holds {len(saved)} optimizer states, and there are {len(optimizers)} optimizers",
-                fix="resume with the configuration the checkpoint was written with",
-            )
+        saved = optimizer_states_of(state, len(optimizers), source)
         for optimizer, optimizer_state in zip(optimizers, saved, strict=True):
-            if isinstance(optimizer_state, Mapping) and not optimizer_state.get("state"):
+            if not optimizer_state.get("state"):
                 continue  # saved before its first step: nothing to restore
-            set_optimizer_state_dict(module, optimizer, dict(optimizer_state), options=options)
+            set_optimizer_state_dict(module, optimizer, optimizer_state, options=options)
         precision_state = state.get("precision")
         self.precision.load_state_dict(
             dict(precision_state) if isinstance(precision_state, Mapping) else {}
