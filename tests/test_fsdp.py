@@ -176,6 +176,8 @@ def test_after_fit_a_new_module_validates_from_the_checkpoint_and_the_fitted_one
     [
         ("fsdp_no_shard", "{}"),
         ("fsdp", '{"sharding_strategy": "HYBRID_SHARD", "device_mesh": [2, 2]}'),
+        ("fsdp_hybrid_shard", "{}"),  # one node: its 4 ranks shard, one replica
+        ("fsdp", '{"reshard_after_forward": false, "wrap": "blocks"}'),
     ],
 )
 def test_replicated_and_hybrid_sharding_train_as_full_sharding_does(

@@ -139,10 +139,12 @@ def apply_fully_shard(
         "offload_policy": offload_policy or OffloadPolicy(),
         **(options or {}),
     }
+    # Given among the options, it overrides the sharding strategy's, for the blocks.
+    reshard = common.pop("reshard_after_forward", reshard_after_forward)
     blocks = _blocks(module, policy)
     for block in blocks:
-        fully_shard(block, reshard_after_forward=reshard_after_forward, **common)  # type: ignore[call-overload]
-    root_reshard = None if reshard_after_forward else False
+        fully_shard(block, reshard_after_forward=reshard, **common)  # type: ignore[call-overload]
+    root_reshard = None if reshard is True else False
     fully_shard(module, reshard_after_forward=root_reshard, **common)  # type: ignore[call-overload]
     forward_order = {id(m): index for index, m in enumerate(module.modules())}
     ordered = sorted(blocks, key=lambda block: forward_order[id(block)])

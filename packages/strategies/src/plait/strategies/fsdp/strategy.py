@@ -285,8 +285,8 @@ class FSDPStrategy(ParallelStrategy):
             return None
         shape = self.device_mesh_shape
         if shape is None:
-            per_node = min(self.num_processes, world)
-            shape = (world // per_node, per_node) if world % per_node == 0 else (1, world)
+            per_node = self._ranks_per_node()
+            shape = (world // per_node, per_node)
         if shape[0] * shape[1] != world:
             raise ConfigurationError(
                 f"device_mesh={shape} holds {shape[0] * shape[1]} ranks, and the world has {world}",
@@ -295,6 +295,20 @@ class FSDPStrategy(ParallelStrategy):
                 f"replicas * shard_size == {world}",
             )
         return shape
+
+    def _ranks_per_node(self) -> int:
+        # Counted, not assumed: every rank says which node it is on.
+        mine = torch.tensor([self.cluster_environment.node_rank])
+        nodes = self.all_gather(mine).flatten().tolist()
+        counts = {node: nodes.count(node) for node in nodes}
+        if len(set(counts.values())) != 1:
+            raise ConfigurationError(
+                f"hybrid sharding replicates across nodes, and the nodes hold different "
+                f"numbers of ranks: {dict(sorted(counts.items()))}",
+                value=counts,
+                fix="pass device_mesh=(replicas, shard_size) to say how to group the ranks",
+            )
+        return next(iter(counts.values()))
 
     def _make_mesh(self) -> DeviceMesh:
         from torch.distributed.device_mesh import DeviceMesh  # noqa: PLC0415
