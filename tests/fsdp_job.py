@@ -203,6 +203,7 @@ def main() -> None:
     parser.add_argument("tag")
     parser.add_argument("--strategy", default="fsdp")
     parser.add_argument("--devices", type=int, default=2)
+    parser.add_argument("--accelerator", default="cpu")
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--precision", default="32-true")
     parser.add_argument("--options", default="{}")
@@ -229,7 +230,7 @@ def main() -> None:
     root: Path = arguments.root
     trainer = Trainer(
         strategy=_strategy(arguments),  # type: ignore[arg-type]
-        accelerator="cpu",
+        accelerator=arguments.accelerator,
         devices=arguments.devices,
         precision=arguments.precision,
         max_epochs=arguments.epochs,

@@ -206,3 +206,14 @@ def test_a_model_larger_than_the_per_process_budget_is_built_and_trained(tmp_pat
         assert isinstance(held, dict)
         budget = 0.9 * held["full_parameters"]
         assert result["peak_growth"] < budget, (rank, result["peak_growth"], budget)
+
+
+@pytest.mark.cuda
+def test_on_gpus_over_nccl_fsdp_trains_as_ddp_does(tmp_path: Path) -> None:
+    devices = str(min(torch.cuda.device_count(), 2))
+    common = ("--accelerator", "cuda", "--devices", devices, "--epochs", "1")
+    ddp = _run(tmp_path / "ddp", "ddp", "--strategy", "ddp", *common)
+    fsdp = _run(tmp_path / "fsdp", "fsdp", *common, "--options", '{"wrap": "blocks"}')
+
+    assert fsdp["devices"] == ["cuda"]
+    _close(_losses(fsdp), _losses(ddp), 1e-4)
