@@ -111,6 +111,17 @@ def test_a_sharded_checkpoint_resumes_exactly_and_at_other_world_sizes(tmp_path:
         assert (tmp_path / f"on{devices}" / "checkpoints" / "last.ckpt" / ".metadata").is_file()
 
 
+def test_an_optimizer_without_per_parameter_state_resumes_exactly(tmp_path: Path) -> None:
+    # Plain SGD keeps no state: the sharded checkpoint holds its groups alone.
+    straight = _run(tmp_path / "straight", "straight", "--sgd", "--epochs", "2")
+    _run(tmp_path / "first", "first", "--sgd", "--epochs", "1")
+    saved = tmp_path / "first" / "checkpoints" / "last.ckpt"
+    resumed = _run(tmp_path / "resumed", "resumed", "--sgd", "--epochs", "2",
+                   "--resume-from", str(saved))  # fmt: skip
+
+    assert _losses(resumed) == {k: v for k, v in _losses(straight).items() if int(k) >= 4}
+
+
 def test_bf16_activation_checkpointing_prefetch_and_uneven_validation(tmp_path: Path) -> None:
     fp32 = _run(tmp_path / "fp32", "fp32", "--devices", "2", "--epochs", "1")
     options = '{"checkpoint_blocks": true, "wrap": "blocks", "backward_prefetch": "BACKWARD_PRE"}'

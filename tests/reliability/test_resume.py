@@ -187,6 +187,10 @@ def test_ddp_with_the_distributed_checkpoint_io_trains_saves_and_resumes_exactly
 
     for job in (straight, first, resumed):
         assert job.returncode == 0, job.stderr
+    # 'last' is a directory: it is resumed from, not passed over for a fresh start
+    # (which would give the same losses, as each rank records them by step).
+    assert "does not exist" not in resumed.stderr, resumed.stderr
+    assert "starts afresh" not in resumed.stderr, resumed.stderr
     assert resumed.checkpoints() == ["epoch=2-step=24.ckpt", "last.ckpt"]
     assert (resumed_root / "checkpoints" / "last.ckpt" / ".metadata").is_file()
     for rank in (0, 1):

@@ -92,4 +92,6 @@ def optimizer_states_of(state: Mapping[str, object], count: int, source: object)
         )
     if not all(isinstance(one, Mapping) for one in saved):
         raise CheckpointError(str(source), "holds an optimizer state that is not a mapping")
-    return [dict(one) for one in saved]
+    # DCP writes no entry for an empty mapping: an optimizer without per-parameter
+    # state (plain SGD) comes back without its "state".
+    return [{"state": {}, **one} for one in saved]

@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 from typing_extensions import override
 
-from plait.core import ConfigurationError, SupportsLoadInPlace
+from plait.core import CheckpointError, ConfigurationError, SupportsLoadInPlace
 from plait.strategies.ddp import START_METHODS, process_launcher, processes_per_node
 from plait.strategies.fsdp import parallelize
 from plait.strategies.fsdp.options import (
@@ -521,9 +521,22 @@ class FSDPStrategy(ParallelStrategy):
             return
         saved = optimizer_states_of(state, len(optimizers), source)
         for optimizer, optimizer_state in zip(optimizers, saved, strict=True):
-            if not optimizer_state.get("state"):
-                continue  # saved before its first step: nothing to restore
-            set_optimizer_state_dict(module, optimizer, optimizer_state, options=options)
+            if optimizer_state["state"]:
+                set_optimizer_state_dict(module, optimizer, optimizer_state, options=options)
+                continue
+            # No per-parameter state (saved before the first step, or plain SGD): the
+            # groups' hyper-parameters alone, as torch's loader would initialise the
+            # state by stepping (which counts a step in Adam's bias correction).
+            groups = list(optimizer_state.get("param_groups", []))
+            if len(groups) != len(optimizer.param_groups):
+                raise CheckpointError(
+                    str(source),
+                    f"holds {len(groups)} parameter groups for an optimizer with "
+                    f"{len(optimizer.param_groups)}",
+                    fix="resume with the configuration the checkpoint was written with",
+                )
+            for group, saved in zip(optimizer.param_groups, groups, strict=True):
+                group.update({key: value for key, value in saved.items() if key != "params"})
         precision_state = state.get("precision")
         self.precision.load_state_dict(
             dict(precision_state) if isinstance(precision_state, Mapping) else {}
