@@ -632,3 +632,64 @@ def test_step_level_sync_in_evaluation_is_refused(tmp_path: Path) -> None:
 
     with pytest.raises(ConfigurationError, match="on_step=True, sync_dist=True"):
         _trainer(tmp_path).validate(Bad(), _loader())
+
+
+class BuiltLate(Module):
+    """Layers made in configure_model (or its Lightning 1.x name), counted per run."""
+
+    def __init__(self, *, legacy: bool) -> None:
+        super().__init__()
+        self.net: torch.nn.Linear | None = None
+        self.built = 0
+        if legacy:
+            self.configure_sharded_model = self._build
+
+    def _build(self) -> None:
+        self.built += 1
+        if self.net is None:
+            self.net = torch.nn.Linear(4, 1)
+
+    @override
+    def configure_model(self) -> None:
+        if not hasattr(self, "configure_sharded_model"):
+            self._build()
+        else:
+            super().configure_model()
+
+    @override
+    def training_step(self, batch: object, batch_idx: int) -> torch.Tensor:
+        x, y = _xy(batch)
+        assert self.net is not None
+        loss: torch.Tensor = torch.nn.functional.mse_loss(self.net(x), y)
+        return loss
+
+    @override
+    def validation_step(self, batch: object, batch_idx: int) -> None:
+        x, y = _xy(batch)
+        assert self.net is not None
+        self.log("val_loss", torch.nn.functional.mse_loss(self.net(x), y))
+
+    @override
+    def configure_optimizers(self) -> object:
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+
+@pytest.mark.parametrize("legacy", [False, True])
+def test_layers_made_in_configure_model_train_and_the_hook_runs_once_per_run(
+    tmp_path: Path, legacy: bool
+) -> None:
+    model = BuiltLate(legacy=legacy)
+    trainer = Trainer(
+        accelerator="cpu",
+        max_epochs=1,
+        default_root_dir=tmp_path,
+        enable_progress_bar=False,
+        logger=False,
+        enable_checkpointing=False,
+    )
+    trainer.fit(model, _loader())
+    trainer.validate(model, _loader(shuffle=False))
+
+    assert model.net is not None
+    assert model.built == 2  # fit, then validate: each run once, the layer made once
+    assert "val_loss" in trainer.callback_metrics
