@@ -46,6 +46,41 @@ def test_list_strategies_shows_the_registered_names() -> None:
 
 
 @pytest.mark.slow
+def test_fit_trains_digits_with_fsdp_and_validates_from_its_sharded_checkpoint(
+    tmp_path: Path,
+) -> None:
+    completed = _plait(
+        "fit", "--example", "digits", "--strategy", "fsdp", "--accelerator", "cpu",
+        "--devices", "2", "--max-epochs", "3", "--default-root-dir", str(tmp_path),
+    )  # fmt: skip
+
+    assert completed.returncode == 0, completed.stderr
+    out = completed.stdout
+    assert "trained digits with fsdp on 2 process(es) (cpu) for 3 epoch(s)" in out
+    accuracy = re.search(r"^val_acc = (\d\.\d+)$", out, re.MULTILINE)
+    assert accuracy is not None, out
+    assert float(accuracy.group(1)) > 0.8
+    checkpoint = tmp_path / "checkpoints" / "last.ckpt"
+    assert (checkpoint / ".metadata").is_file()  # every rank wrote its shards
+
+    validated = _plait(
+        "validate", "--example", "digits", "--strategy", "fsdp", "--accelerator", "cpu",
+        "--devices", "2", "--no-progress-bar", "--ckpt-path", str(checkpoint),
+        "--default-root-dir", str(tmp_path),
+    )  # fmt: skip
+    assert validated.returncode == 0, validated.stderr
+    assert f"val_acc = {accuracy.group(1)}" in validated.stdout  # the same weights
+
+    # One process with a checkpoint IO that reads files: told what the directory is.
+    refused = _plait(
+        "validate", "--example", "digits", "--accelerator", "cpu", "--no-progress-bar",
+        "--ckpt-path", str(checkpoint), "--default-root-dir", str(tmp_path),
+    )  # fmt: skip
+    assert refused.returncode != 0
+    assert "consolidate_checkpoint" in refused.stderr
+
+
+@pytest.mark.slow
 def test_fit_trains_digits_with_ddp_on_two_processes_and_reports(tmp_path: Path) -> None:
     completed = _plait(
         "fit", "--example", "digits", "--strategy", "ddp", "--accelerator", "cpu",

@@ -606,12 +606,19 @@ class Trainer(Loops):
             rank_zero_warn(f"ckpt_path='last': {last} does not exist; training starts afresh")
             return None
         if "://" not in path and not self._is_checkpoint(path):
-            reason = (
-                "is a directory, not a checkpoint file" if os.path.isdir(path) else "does not exist"
-            )
+            if os.path.isdir(path):
+                raise CheckpointError(
+                    path,
+                    "is a directory, not a checkpoint file, and this strategy's checkpoint "
+                    f"IO ({self.strategy.checkpoint_io!r}) reads files",
+                    fix="pass a .ckpt file; a sharded checkpoint (a directory each rank wrote "
+                    "its part of) loads with a checkpoint IO that reads directories (the "
+                    "strategy that wrote it, e.g. strategy='fsdp', or plugins=['distributed']),"
+                    " or as one file made by plait.strategies.fsdp.consolidate_checkpoint",
+                )
             raise CheckpointError(
                 path,
-                reason,
+                "does not exist",
                 fix="pass the path of a .ckpt file, or ckpt_path='last' to resume from the "
                 "newest checkpoint",
             )
