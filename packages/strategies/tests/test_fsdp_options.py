@@ -193,3 +193,9 @@ def test_the_fsdp_family_is_registered_with_descriptions() -> None:
         activation_checkpointing=[Block],
     )
     assert seed.backward_prefetch == 1
+
+
+def test_optimizers_are_made_again_only_over_a_module_set_up_first() -> None:
+    layer = torch.nn.Linear(2, 2)
+    with pytest.raises(ConfigurationError, match="no module was set up yet"):
+        FSDPStrategy(accelerator="cpu").setup_optimizers([torch.optim.SGD(layer.parameters())])

@@ -22,7 +22,9 @@ from plait.strategies.fsdp.options import (
     offload_policy,
     precision_policy,
     sharding_plan,
-    state_dict_type,
+)
+from plait.strategies.fsdp.options import (
+    state_dict_type as parse_state_dict_type,
 )
 from plait.strategies.parallel import DEFAULT_START_TIMEOUT, DEFAULT_TIMEOUT, ParallelStrategy
 from plait.strategies.state import check_state_fits, module_state_of, optimizer_states_of
@@ -159,7 +161,7 @@ class FSDPStrategy(ParallelStrategy):
         if start_method not in START_METHODS:
             raise ConfigurationError.invalid_choice("start_method", start_method, START_METHODS)
         self.plan = sharding_plan(sharding_strategy)
-        self.state_dict_type = _state_dict_type(state_dict_type)
+        self.state_dict_type = parse_state_dict_type(state_dict_type)
         self.activation_checkpointing = module_policy(
             "activation_checkpointing",
             activation_checkpointing
@@ -200,6 +202,7 @@ class FSDPStrategy(ParallelStrategy):
         self.start_method = start_method
         self._mesh: DeviceMesh | None = None
         self._optimizers: list[torch.optim.Optimizer] = []
+        self._names: dict[int, str] = {}
         self.blocks: list[FSDPModule] = []
         """The blocks sharded on their own, in forward order (after set-up)."""
         self.checkpointed: list[torch.nn.Module] = []
@@ -359,6 +362,9 @@ class FSDPStrategy(ParallelStrategy):
         """Checkpoint activations, shard the blocks and the root, prefetch, materialise."""
         from torch.distributed.fsdp import FSDPModule  # noqa: PLC0415
 
+        # The parameters' names, before sharding replaces them: optimizers made over
+        # them are made again over their sharded twins (`setup_optimizers`).
+        self._names = {id(parameter): name for name, parameter in module.named_parameters()}
         # Decided together: a launcher may hand one rank a fresh copy of the module
         # and another the module an earlier run sharded in place.
         stale = any(getattr(m, _SHARDED_BY, None) is not None for m in module.modules())
@@ -408,29 +414,31 @@ class FSDPStrategy(ParallelStrategy):
         return module
 
     @override
-    def setup_module_and_optimizers(
-        self, module: torch.nn.Module, optimizers: Sequence[torch.optim.Optimizer]
-    ) -> tuple[torch.nn.Module, list[torch.optim.Optimizer]]:
-        """Shard ``module``, then make each optimizer again over the sharded parameters.
+    def setup_optimizers(
+        self, optimizers: Sequence[torch.optim.Optimizer]
+    ) -> list[torch.optim.Optimizer]:
+        """Make each optimizer again over the sharded parameters of the set-up module.
 
-        The optimizers keep their classes, groups and hyper-parameters; schedulers
-        must drive the returned ones (the Trainer rebinds them).
+        The optimizers, made over the module's parameters before set-up, keep their
+        classes, groups and hyper-parameters; schedulers must drive the returned ones
+        (the Trainer rebinds them).
+
+        Raises:
+            ConfigurationError: No module was set up yet.
         """
-        names = {id(parameter): name for name, parameter in module.named_parameters()}
-        for index, optimizer in enumerate(optimizers):
-            for group in optimizer.param_groups:
-                if any(id(parameter) not in names for parameter in group["params"]):
-                    raise ConfigurationError(
-                        f"optimizer {index} holds parameters that are not the module's",
-                        value=optimizer,
-                        fix="make the optimizer from module.parameters() of this module",
-                    )
-        wrapped = self.setup_module(module)
-        sharded = dict(wrapped.named_parameters())
+        if self._model is None:
+            raise ConfigurationError(
+                "the optimizers are made again over the sharded parameters, and no module "
+                "was set up yet",
+                fix="call strategy.setup_module(module) first, or "
+                "setup_module_and_optimizers(module, optimizers)",
+            )
+        sharded = dict(self._model.named_parameters())
         self._optimizers = [
-            _remake(optimizer, names, sharded, index) for index, optimizer in enumerate(optimizers)
+            _remake(optimizer, self._names, sharded, index)
+            for index, optimizer in enumerate(optimizers)
         ]
-        return wrapped, list(self._optimizers)
+        return list(self._optimizers)
 
     @contextlib.contextmanager
     def no_sync(self, module: torch.nn.Module) -> Iterator[None]:
@@ -574,6 +582,7 @@ class FSDPStrategy(ParallelStrategy):
         """Forget the mesh and the optimizers, then leave the process group."""
         self._mesh = None
         self._optimizers = []
+        self._names = {}
         self.blocks = []
         self.checkpointed = []
         super().teardown()
@@ -585,7 +594,3 @@ class FSDPStrategy(ParallelStrategy):
             f"state_dict_type={self.state_dict_type!r}, world_size={self.world_size}, "
             f"device={str(self.root_device)!r})"
         )
-
-
-def _state_dict_type(value: object) -> str:
-    return state_dict_type(value)
