@@ -3,7 +3,8 @@
 `SingleDeviceStrategy` (one process), `ParallelStrategy` (processes in a
 torch.distributed group, with the collective contract checked), `DDPStrategy` and
 `DDPShardedStrategy` (optimizer state sharded), `FSDPStrategy` (everything sharded, on
-FSDP2; ``plait.strategies.fsdp`` holds its parts),
+FSDP2; ``plait.strategies.fsdp`` holds its parts), `DeepSpeedStrategy` (ZeRO through
+DeepSpeed, behind the ``deepspeed`` extra; ``plait.strategies.deepspeed``),
 each meeting the `plait.core.Strategy` protocol, usable with or without a trainer.
 `StrategyRegistry` (from `plait.core`) names them; `CheckpointIO` is a base class for
 checkpoint IOs of your own; `init_distributed` forms a process group for a loop of
@@ -15,6 +16,7 @@ from plait.strategies.base import BaseStrategy
 from plait.strategies.checkpoint_io import CheckpointIO
 from plait.strategies.collectives import DistributedCollectives, LocalCollectives
 from plait.strategies.ddp import DDPStrategy
+from plait.strategies.deepspeed import DeepSpeedStrategy
 from plait.strategies.dp import DataParallelStrategy
 from plait.strategies.fsdp import DDPFullyShardedNativeStrategy, FSDPStrategy
 from plait.strategies.parallel import PROCESS_GROUP_BACKENDS, ParallelStrategy
@@ -30,6 +32,7 @@ __all__ = [
     "DDPShardedStrategy",
     "DDPStrategy",
     "DataParallelStrategy",
+    "DeepSpeedStrategy",
     "DistributedCollectives",
     "FSDPStrategy",
     "LocalCollectives",

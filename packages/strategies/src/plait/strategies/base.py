@@ -341,6 +341,20 @@ class BaseStrategy(abc.ABC):
             ConfigurationError: An optimizer holds parameters that are not the
                 module's (for instance, made from another copy of the model).
         """
+        self.check_optimizers_belong(module, optimizers)
+        wrapped = self.setup_module(module)
+        return wrapped, self.setup_optimizers(optimizers)
+
+    @staticmethod
+    def check_optimizers_belong(
+        module: torch.nn.Module, optimizers: Sequence[torch.optim.Optimizer]
+    ) -> None:
+        """Refuse an optimizer that holds parameters ``module`` does not have.
+
+        Raises:
+            ConfigurationError: Naming the optimizer (made from another copy of the
+                model, say).
+        """
         parameters = {id(parameter) for parameter in module.parameters()}
         for index, optimizer in enumerate(optimizers):
             for group in optimizer.param_groups:
@@ -350,8 +364,6 @@ class BaseStrategy(abc.ABC):
                         value=optimizer,
                         fix="make the optimizer from module.parameters() of this module",
                     )
-        wrapped = self.setup_module(module)
-        return wrapped, self.setup_optimizers(optimizers)
 
     def setup(
         self, module: torch.nn.Module, optimizers: Sequence[torch.optim.Optimizer] = ()

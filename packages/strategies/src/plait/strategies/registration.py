@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from plait.strategies.ddp import DDPStrategy
+from plait.strategies.deepspeed import DeepSpeedStrategy
 from plait.strategies.dp import DataParallelStrategy
 from plait.strategies.fsdp import FSDPStrategy
 from plait.strategies.sharded import DDPShardedStrategy
@@ -17,7 +18,11 @@ __all__ = ["register"]
 
 
 def register(registry: Registry[Strategy]) -> None:
-    """Register ``single_device``, the DDP family, ``ddp_sharded``, the FSDP family and ``dp``."""
+    """Register ``single_device``, the DDP family, ``ddp_sharded``, FSDP, DeepSpeed and ``dp``.
+
+    The DeepSpeed names are registered whether or not deepspeed is installed: choosing
+    one without it raises an error that names the extra to install.
+    """
     registry.register(
         "single_device", SingleDeviceStrategy, description="one process on one device"
     )
@@ -82,4 +87,33 @@ def register(registry: Registry[Strategy]) -> None:
         "fsdp_hybrid_shard", FSDPStrategy,
         description="sharded within each node, replicated across nodes",
         sharding_strategy="HYBRID_SHARD",
+    )  # fmt: skip
+    registry.register(
+        "deepspeed", DeepSpeedStrategy,
+        description="DeepSpeed ZeRO (stage 2 unless its config says otherwise)",
+    )  # fmt: skip
+    registry.register(
+        "deepspeed_stage_1", DeepSpeedStrategy,
+        description="DeepSpeed ZeRO stage 1: optimizer state partitioned across ranks",
+        stage=1,
+    )  # fmt: skip
+    registry.register(
+        "deepspeed_stage_2", DeepSpeedStrategy,
+        description="DeepSpeed ZeRO stage 2: optimizer state and gradients partitioned",
+        stage=2,
+    )  # fmt: skip
+    registry.register(
+        "deepspeed_stage_2_offload", DeepSpeedStrategy,
+        description="DeepSpeed ZeRO stage 2, optimizer state kept and stepped on the CPU",
+        stage=2, offload_optimizer=True,
+    )  # fmt: skip
+    registry.register(
+        "deepspeed_stage_3", DeepSpeedStrategy,
+        description="DeepSpeed ZeRO stage 3: parameters partitioned too",
+        stage=3,
+    )  # fmt: skip
+    registry.register(
+        "deepspeed_stage_3_offload", DeepSpeedStrategy,
+        description="DeepSpeed ZeRO stage 3, parameters and optimizer state on the CPU",
+        stage=3, offload_optimizer=True, offload_parameters=True,
     )  # fmt: skip

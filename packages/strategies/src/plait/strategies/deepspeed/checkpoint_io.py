@@ -1,0 +1,156 @@
+"""DeepSpeed's checkpoints: a directory the engine writes, each rank its partitions.
+
+A checkpoint at ``path`` is a directory holding one tag directory (the engine's files:
+the module's state, each rank's optimizer partitions) and a file ``latest`` naming it.
+Saving again to the same path writes a new tag, points ``latest`` at it, then removes
+the old one: a save that dies half-way leaves the previous checkpoint whole.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Final
+
+from typing_extensions import override
+
+from plait.core import CheckpointError
+
+if TYPE_CHECKING:
+    from plait.core.typing import Checkpoint, PathLike
+    from plait.strategies.deepspeed.strategy import DeepSpeedStrategy
+
+__all__ = ["DeepSpeedCheckpointIO", "is_deepspeed_checkpoint", "latest_tag"]
+
+LATEST: Final = "latest"
+_TAG_PREFIX: Final = "checkpoint-"
+# What the engine writes itself; the rest of a checkpoint is its "client state".
+_ENGINE_KEYS: Final = ("state_dict", "optimizer_states")
+
+
+def is_deepspeed_checkpoint(path: PathLike) -> bool:
+    """Whether ``path`` is a directory DeepSpeed's engine wrote (it has ``latest``)."""
+    return isinstance(path, str | os.PathLike) and (Path(path) / LATEST).is_file()
+
+
+def latest_tag(path: PathLike) -> str:
+    """The tag ``latest`` names in the checkpoint directory ``path``.
+
+    Raises:
+        CheckpointError: ``path`` is not a complete DeepSpeed checkpoint.
+    """
+    latest = Path(path) / LATEST
+    try:
+        tag = latest.read_text(encoding="utf-8").strip()
+    except OSError as error:
+        raise CheckpointError(
+            os.fspath(path),
+            f"is not a DeepSpeed checkpoint: {error.strerror or error}",
+            fix="pass a directory written by DeepSpeedStrategy (it holds a 'latest' file)",
+        ) from error
+    if not (Path(path) / tag).is_dir():
+        raise CheckpointError(
+            os.fspath(path),
+            f"names the tag {tag!r} in 'latest', and has no directory {tag!r}",
+            fix="the checkpoint is incomplete: resume from an earlier one",
+        )
+    return tag
+
+
+class DeepSpeedCheckpointIO:
+    """Saves, loads and removes checkpoints through a strategy's DeepSpeed engine.
+
+    Collective: every rank calls each method (the engine writes each rank's part).
+    """
+
+    collective: Final = True
+
+    def __init__(self, strategy: DeepSpeedStrategy) -> None:
+        self._strategy = strategy
+
+    def save_checkpoint(self, checkpoint: Mapping[str, object], path: PathLike) -> None:
+        """Have the engine write its state, and ``checkpoint``'s other entries, to ``path``.
+
+        Raises:
+            CheckpointError: ``path`` is a file.
+        """
+        strategy = self._strategy
+        directory = Path(path)
+        if directory.exists() and not directory.is_dir():
+            raise CheckpointError(
+                os.fspath(path),
+                "is a file, and a DeepSpeed checkpoint is a directory",
+                fix="save to another path, or remove the file",
+            )
+        # The ranks agree on the new tag: one more than rank 0 sees.
+        tag = strategy.broadcast(_next_tag(directory) if strategy.is_global_zero else "")
+        client_state = {key: value for key, value in checkpoint.items() if key not in _ENGINE_KEYS}
+        strategy.engine.save_checkpoint(os.fspath(path), tag=tag, client_state=client_state)
+        strategy.barrier("deepspeed save_checkpoint")
+        if strategy.is_global_zero:
+            for old in directory.glob(f"{_TAG_PREFIX}*"):
+                if old.name != tag and old.is_dir():
+                    shutil.rmtree(old, ignore_errors=True)
+
+    def load_checkpoint(
+        self, path: PathLike, map_location: object = None
+    ) -> Checkpoint:
+        """Load ``path`` into the engine (see `load_into_engine`)."""
+        del map_location  # the engine places each partition on its device
+        return self.load_into_engine(path)
+
+    def load_into_engine(self, path: PathLike) -> Checkpoint:
+        """Load the engine's state from ``path`` in place, and return the other entries.
+
+        The optimizer's partitions are loaded when the engine has an optimizer.
+
+        Raises:
+            CheckpointError: ``path`` is not a complete DeepSpeed checkpoint, or the
+                engine cannot read it (another model, another ZeRO stage).
+        """
+        tag = latest_tag(path)
+        engine = self._strategy.engine
+        try:
+            loaded, client_state = engine.load_checkpoint(
+                os.fspath(path),
+                tag=tag,
+                load_module_strict=True,
+                load_optimizer_states=self._strategy.has_optimizer,
+                load_lr_scheduler_states=False,
+            )
+        except (RuntimeError, KeyError, AssertionError, ValueError) as error:
+            raise CheckpointError(
+                os.fspath(path),
+                f"cannot be loaded by this DeepSpeed engine: {error}",
+                fix="resume with the model and the ZeRO stage the checkpoint was written with",
+            ) from error
+        if loaded is None or client_state is None:
+            raise CheckpointError(
+                os.fspath(path), f"has no readable tag {tag!r}", fix="resume from another"
+            )
+        return {**client_state, "state_dict": {}, "optimizer_states": []}
+
+    def remove_checkpoint(self, path: PathLike) -> None:
+        """Remove the checkpoint directory ``path`` (on rank 0, once every rank is here)."""
+        strategy = self._strategy
+        strategy.barrier("deepspeed remove_checkpoint")
+        if strategy.is_global_zero:
+            shutil.rmtree(os.fspath(path), ignore_errors=True)
+
+    def teardown(self) -> None:
+        """Nothing pending: the engine's saves are synchronous."""
+
+    @override
+    def __repr__(self) -> str:
+        return "DeepSpeedCheckpointIO()"
+
+
+def _next_tag(directory: Path) -> str:
+    numbers = [
+        int(child.name.removeprefix(_TAG_PREFIX))
+        for child in directory.glob(f"{_TAG_PREFIX}*")
+        if child.name.removeprefix(_TAG_PREFIX).isdigit()
+    ] if directory.is_dir() else []
+    return f"{_TAG_PREFIX}{max(numbers, default=0) + 1}"

@@ -1,0 +1,88 @@
+"""From a DeepSpeed checkpoint to one file of fp32 weights that plain PyTorch loads."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Final
+
+import torch
+
+from plait.core import CheckpointError
+from plait.strategies.deepspeed import library
+from plait.strategies.deepspeed.checkpoint_io import latest_tag
+
+if TYPE_CHECKING:
+    from plait.core.typing import PathLike, StateDict
+
+__all__ = ["consolidate_checkpoint", "fp32_state_dict"]
+
+# The Trainer's engine wraps the user's module in a router whose attribute is "module".
+_TRAINER_PREFIX: Final = "module."
+_WHOLE_MODULE: Final = "mp_rank_00_model_states.pt"
+
+
+def fp32_state_dict(checkpoint: PathLike, *, tag: str | None = None) -> StateDict:
+    """The module's whole state in fp32, rebuilt from a DeepSpeed checkpoint's partitions.
+
+    Runs in one process, without a process group (the checkpoint of any world size);
+    the whole state is read into this process's memory. Keys are the user module's
+    (a checkpoint the Trainer wrote loses the prefix of its step router).
+
+    Args:
+        checkpoint: A checkpoint directory `DeepSpeedStrategy` wrote.
+        tag: The tag to read (``latest``'s by default).
+
+    Raises:
+        CheckpointError: ``checkpoint`` is not a complete DeepSpeed checkpoint.
+    """
+    deepspeed = library.import_deepspeed()
+    del deepspeed  # imported for its zero_to_fp32 module (and with the op left out)
+    from deepspeed.utils.zero_to_fp32 import (  # noqa: PLC0415
+        get_fp32_state_dict_from_zero_checkpoint,
+    )
+
+    chosen = tag if tag is not None else latest_tag(checkpoint)
+    whole = Path(checkpoint) / chosen / _WHOLE_MODULE
+    try:
+        if whole.is_file():
+            # ZeRO stage 0 partitions nothing: the module's state is whole in one file.
+            state = torch.load(whole, map_location="cpu", weights_only=False)["module"]
+        else:
+            with contextlib.redirect_stdout(io.StringIO()):  # it prints its progress
+                state = get_fp32_state_dict_from_zero_checkpoint(
+                    os.fspath(checkpoint), tag=chosen
+                )
+    except (FileNotFoundError, ValueError, KeyError, TypeError) as error:
+        raise CheckpointError(
+            os.fspath(checkpoint),
+            f"cannot be consolidated: {error}",
+            fix="pass a complete checkpoint directory written by DeepSpeedStrategy",
+        ) from error
+    keys = list(state)
+    if keys and all(key.startswith(_TRAINER_PREFIX) for key in keys):
+        state = {key.removeprefix(_TRAINER_PREFIX): value for key, value in state.items()}
+    return {key: value.detach().to(torch.float32).contiguous() for key, value in state.items()}
+
+
+def consolidate_checkpoint(
+    checkpoint: PathLike, output: PathLike, *, tag: str | None = None
+) -> None:
+    """Write a DeepSpeed checkpoint's weights as one ``torch.save`` file, in fp32.
+
+    The file loads with plain PyTorch, without deepspeed:
+    ``model.load_state_dict(torch.load(output)["state_dict"])``.
+
+    Raises:
+        CheckpointError: ``checkpoint`` is not a complete DeepSpeed checkpoint, or
+            ``output`` cannot be written.
+    """
+    state = fp32_state_dict(checkpoint, tag=tag)
+    try:
+        torch.save({"state_dict": state}, os.fspath(output))
+    except OSError as error:
+        raise CheckpointError(
+            os.fspath(output), f"cannot be written: {error}", fix="check its directory exists"
+        ) from error

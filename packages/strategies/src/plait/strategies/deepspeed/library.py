@@ -1,0 +1,143 @@
+"""The DeepSpeed library, imported on first use, without compiling anything.
+
+DeepSpeed JIT-compiles C++ ops the first time they are used (minutes each). The
+strategy uses none that need compiling: the optimizer is the user's torch optimizer,
+and the shared-memory collective op DeepSpeed builds when it joins a CPU process
+group is left out (collectives go through torch.distributed's gloo). An op that the
+user's configuration asks for (DeepSpeed's own ``Adam`` offloaded, say) still
+compiles; a compilation killed half-way leaves a lock file in the extensions
+directory that makes every later one wait forever, and `check_extension_locks`
+names it instead.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+import sys
+import time
+from pathlib import Path
+from types import ModuleType
+from typing import Final
+
+from plait.core import ConfigurationError
+
+__all__ = [
+    "EXTRA",
+    "check_extension_locks",
+    "extensions_dir",
+    "import_deepspeed",
+    "is_available",
+    "require_deepspeed",
+    "skip_shared_memory_op",
+]
+
+EXTRA: Final = "plait-strategies[deepspeed]"
+
+# A lock younger than this may belong to a compilation under way.
+STALE_LOCK_AGE: Final = 15 * 60.0
+
+
+def is_available() -> bool:
+    """Whether deepspeed is installed (without importing it)."""
+    return importlib.util.find_spec("deepspeed") is not None
+
+
+def require_deepspeed() -> None:
+    """Refuse early, naming the extra, when deepspeed is not installed.
+
+    Raises:
+        ConfigurationError: deepspeed cannot be imported.
+    """
+    if not is_available():
+        raise ConfigurationError(
+            "the DeepSpeed strategies need the deepspeed library, which is not installed",
+            value="deepspeed",
+            fix=f"pip install '{EXTRA}'",
+        )
+
+
+def import_deepspeed() -> ModuleType:
+    """``import deepspeed``, with its compiled shared-memory op left out.
+
+    Raises:
+        ConfigurationError: deepspeed is not installed (the extra is named).
+    """
+    require_deepspeed()
+    already = "deepspeed" in sys.modules
+    module = importlib.import_module("deepspeed")
+    if not already:
+        skip_shared_memory_op()
+    return module
+
+
+def skip_shared_memory_op() -> None:
+    """Have DeepSpeed's torch backend skip building its shared-memory collective op.
+
+    Where DeepSpeed's backend module has no such builder (another version), nothing
+    is replaced.
+    """
+    # Through sys.modules: `import deepspeed.comm.torch as x` binds PyTorch's torch.
+    backend = importlib.import_module("deepspeed.comm.torch")
+    if callable(getattr(backend, "build_shm_op", None)):
+        backend.build_shm_op = _no_op
+
+
+def _no_op() -> None:
+    return None
+
+
+def extensions_dir() -> Path:
+    """Where torch keeps JIT-compiled extensions (``TORCH_EXTENSIONS_DIR``, or its default)."""
+    configured = os.environ.get("TORCH_EXTENSIONS_DIR")
+    if configured:
+        return Path(configured)
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(cache) / "torch_extensions"
+
+
+def check_extension_locks(
+    directory: Path | None = None, *, stale_after: float = STALE_LOCK_AGE, remove: bool = False
+) -> list[Path]:
+    """Find lock files left by compilations that died, and remove or name them.
+
+    A lock older than ``stale_after`` seconds belongs to no compilation still under
+    way (each takes minutes), and makes the next one wait forever.
+
+    Args:
+        directory: The extensions directory (`extensions_dir` by default).
+        stale_after: The age, in seconds, from which a lock is stale.
+        remove: Remove stale locks (for a directory no other job shares) instead
+            of raising.
+
+    Returns:
+        The stale locks removed.
+
+    Raises:
+        ConfigurationError: A stale lock was found and ``remove`` is false; it is named.
+    """
+    root = directory if directory is not None else extensions_dir()
+    if not root.is_dir():
+        return []
+    now = time.time()
+    stale = []
+    for lock in root.glob("**/lock"):
+        try:
+            age = now - lock.stat().st_mtime
+        except FileNotFoundError:  # its compilation just finished
+            continue
+        if age >= stale_after:
+            stale.append(lock)
+    if stale and not remove:
+        raise ConfigurationError(
+            f"a stale lock from a C++ extension build that died is in the way: "
+            f"{stale[0]} (left {int((now - stale[0].stat().st_mtime) // 60)} minutes ago); "
+            "DeepSpeed would wait for it forever",
+            value=str(stale[0]),
+            fix=f"remove {stale[0]} (no build is using it), or set TORCH_EXTENSIONS_DIR "
+            "to a directory of this job's own",
+        )
+    for lock in stale:
+        lock.unlink(missing_ok=True)
+    return stale

@@ -1,0 +1,603 @@
+"""`DeepSpeedStrategy`: ZeRO stages 0-3 and CPU offload, through DeepSpeed's engine."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from datetime import timedelta
+from typing import TYPE_CHECKING, Protocol
+
+import torch
+from typing_extensions import override
+
+from plait.core import CheckpointError, ConfigurationError, GradientClipAlgorithm
+from plait.strategies.ddp import START_METHODS, process_launcher, processes_per_node
+from plait.strategies.deepspeed import library
+from plait.strategies.deepspeed.checkpoint_io import DeepSpeedCheckpointIO, is_deepspeed_checkpoint
+from plait.strategies.deepspeed.config import (
+    STAGES,
+    config_precision,
+    config_stage,
+    derive_config,
+    known_keys,
+    merge_config,
+    offloads,
+    precision_name,
+    read_config,
+    check_keys,
+)
+from plait.strategies.parallel import DEFAULT_START_TIMEOUT, DEFAULT_TIMEOUT, ParallelStrategy
+from plait.strategies.state import load_module_state, module_state_of
+
+if TYPE_CHECKING:
+    from plait.core import Accelerator, CheckpointIO, ClusterEnvironment, Launcher, Precision
+    from plait.core.typing import Checkpoint, PathLike, StateDict
+
+__all__ = ["DeepSpeedStrategy"]
+
+_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+class Engine(Protocol):
+    """The part of DeepSpeed's ``DeepSpeedEngine`` the strategy drives."""
+
+    module: torch.nn.Module
+    optimizer: object
+
+    def __call__(self, *args: object, **kwargs: object) -> object: ...
+    def backward(self, loss: torch.Tensor) -> object: ...
+    def step(self) -> None: ...
+    def gradient_clipping(self) -> float: ...
+    def save_checkpoint(
+        self, save_dir: str, tag: str | None = None, client_state: Mapping[str, object] = ...
+    ) -> bool: ...
+    def load_checkpoint(
+        self,
+        load_dir: str,
+        tag: str | None = None,
+        load_module_strict: bool = True,
+        load_optimizer_states: bool = True,
+        load_lr_scheduler_states: bool = True,
+    ) -> tuple[str | None, dict[str, object] | None]: ...
+    def destroy(self) -> None: ...
+
+
+def _cast_floating(data: object, dtype: torch.dtype) -> object:
+    if isinstance(data, torch.Tensor):
+        return data.to(dtype) if data.is_floating_point() else data
+    if isinstance(data, tuple | list):
+        cast = [_cast_floating(item, dtype) for item in data]
+        return type(data)(cast) if not hasattr(data, "_fields") else type(data)(*cast)
+    if isinstance(data, Mapping):
+        return {key: _cast_floating(value, dtype) for key, value in data.items()}
+    return data
+
+
+def _check_flag(name: str, value: object) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigurationError(
+            f"{name}={value!r} must be True or False",
+            value=value,
+            fix=f"pass {name}=True or {name}=False",
+        )
+    return value
+
+
+class DeepSpeedStrategy(ParallelStrategy):
+    """Data-parallel training with DeepSpeed's ZeRO: optimizer state, gradients and
+    parameters partitioned across ranks (stages 1, 2, 3), optionally kept on the CPU.
+
+    The engine is made from the module and the one optimizer the user configured
+    (`setup_module_and_optimizers`); backward, the optimizer step and gradient
+    clipping go through it and nowhere else. Gradient accumulation is plait's: the
+    engine's backward accumulates locally, and each `optimizer_step` is a boundary
+    (the Trainer's ``accumulate_grad_batches``, or several backward passes before a
+    step in a loop of your own). The precision maps to DeepSpeed's by its dtypes:
+    bf16, fp16 (loss scaled dynamically) or fp32.
+
+    deepspeed is imported when the strategy joins its process group, never before;
+    without it installed, making the strategy raises an error that names the extra
+    (``plait-strategies[deepspeed]``). Nothing is compiled: the optimizer is the
+    user's torch optimizer, and DeepSpeed's shared-memory collective op is left out.
+
+    Args:
+        stage: The ZeRO stage: 0 (plain data parallelism), 1 (optimizer state
+            partitioned), 2 (and gradients), 3 (and parameters). By default the
+            config's, else 2.
+        offload_optimizer: Keep the optimizer state on the CPU and step there (stages 1-3).
+        offload_parameters: Keep the parameters on the CPU between uses (stage 3).
+        config: DeepSpeed's configuration, a dict or the path of a JSON file; merged
+            with the settings plait derives (a setting plait requires that the config
+            sets otherwise raises, naming both values; keys DeepSpeed does not read
+            are refused, with the closest known one).
+        logging_level: The level of DeepSpeed's logger (``logging.WARNING`` by default).
+        pin_memory: Pin offloaded tensors (by default, on GPUs only).
+        accelerator, parallel_devices, cluster_environment, precision, precision_plugin,
+        process_group_backend, timeout, start_timeout, checked_collectives: As for
+            `ParallelStrategy`.
+        checkpoint_io: Only DeepSpeed's own (the default): the engine writes its
+            partitioned state, every rank its part.
+        start_method: How the ranks are started when no scheduler did: ``"popen"``
+            (run the program again) or one of torch.multiprocessing's.
+
+    Raises:
+        ConfigurationError: deepspeed is not installed, an option is out of range or
+            cannot go with another, or the config conflicts with them.
+    """
+
+    def __init__(
+        self,
+        *,
+        stage: int | None = None,
+        offload_optimizer: bool = False,
+        offload_parameters: bool = False,
+        config: Mapping[str, object] | PathLike | None = None,
+        logging_level: int = logging.WARNING,
+        pin_memory: bool | None = None,
+        accelerator: Accelerator | str | None = None,
+        parallel_devices: Sequence[torch.device] | None = None,
+        cluster_environment: ClusterEnvironment | str | None = None,
+        precision: Precision | str | None = None,
+        precision_plugin: Precision | str | None = None,
+        checkpoint_io: CheckpointIO | str | None = None,
+        start_method: str = "popen",
+        process_group_backend: str | None = None,
+        timeout: timedelta = DEFAULT_TIMEOUT,
+        start_timeout: timedelta = DEFAULT_START_TIMEOUT,
+        checked_collectives: bool = True,
+    ) -> None:
+        library.require_deepspeed()
+        if stage is not None and (isinstance(stage, bool) or stage not in STAGES):
+            raise ConfigurationError.invalid_choice(
+                "stage", stage, [str(s) for s in STAGES], fix="pass stage=0, 1, 2 or 3"
+            )
+        if start_method not in START_METHODS:
+            raise ConfigurationError.invalid_choice("start_method", start_method, START_METHODS)
+        if checkpoint_io is not None:
+            raise ConfigurationError(
+                f"checkpoint_io={checkpoint_io!r}: DeepSpeed's engine writes its checkpoints "
+                "itself (each rank its partitions), through no other checkpoint IO",
+                value=checkpoint_io,
+                fix="leave checkpoint_io out; export one file with "
+                "plait.strategies.deepspeed.consolidate_checkpoint",
+            )
+        offload_optimizer = _check_flag("offload_optimizer", offload_optimizer)
+        offload_parameters = _check_flag("offload_parameters", offload_parameters)
+        if not isinstance(logging_level, int) or isinstance(logging_level, bool):
+            raise ConfigurationError(
+                f"logging_level={logging_level!r} must be a logging level",
+                value=logging_level,
+                fix="pass e.g. logging_level=logging.INFO",
+            )
+        self.logging_level = logging_level
+        self.start_method = start_method
+        self._engine: Engine | None = None
+        self._client_optimizer: torch.optim.Optimizer | None = None
+        self._loaded_by_engine = False
+        super().__init__(
+            accelerator=accelerator,
+            parallel_devices=parallel_devices,
+            cluster_environment=cluster_environment,
+            precision=precision,
+            precision_plugin=precision_plugin,
+            checkpoint_io=DeepSpeedCheckpointIO(self),
+            process_group_backend=process_group_backend,
+            timeout=timeout,
+            start_timeout=start_timeout,
+            checked_collectives=checked_collectives,
+        )
+        user = read_config(config)
+        check_keys(user, known_keys())
+        explicit_precision = precision is not None or precision_plugin is not None
+        required, defaults = derive_config(
+            stage=stage,
+            offload_optimizer=offload_optimizer,
+            offload_parameters=offload_parameters,
+            pin_memory=self.root_device.type == "cuda" if pin_memory is None else pin_memory,
+            precision=self._precision_name() if explicit_precision else None,
+            client_optimizer="optimizer" not in user,
+        )
+        if "train_batch_size" not in user:
+            # DeepSpeed insists on a batch size; it counts samples with it, nothing more.
+            defaults["train_micro_batch_size_per_gpu"] = 1
+        self.config: dict[str, object] = merge_config(user, required, defaults)
+        """DeepSpeed's configuration: the user's, merged with plait's settings."""
+        self.stage = config_stage(self.config)
+        self.precision_name = config_precision(self.config)
+        self.offload_optimizer = offloads(self.config, "offload_optimizer")
+        self.offload_parameters = offloads(self.config, "offload_param")
+        self._check_offload()
+
+    def _precision_name(self) -> str:
+        precision = self.precision
+        return precision_name(
+            str(precision.compute_dtype).removeprefix("torch."), scaled=precision.needs_scaler
+        )
+
+    def _check_offload(self) -> None:
+        if self.offload_parameters and self.stage != 3:
+            raise ConfigurationError(
+                f"parameters are offloaded at ZeRO stage 3 only, and the stage is {self.stage}",
+                value=self.stage,
+                fix="pass stage=3 with offload_parameters=True",
+            )
+        if self.offload_optimizer and self.stage == 0:
+            raise ConfigurationError(
+                "the optimizer is offloaded at ZeRO stages 1-3 only, and the stage is 0",
+                value=self.stage,
+                fix="pass stage=1, 2 or 3 with offload_optimizer=True",
+            )
+
+    # Processes.
+
+    @property
+    def num_processes(self) -> int:
+        """How many processes the launcher starts: one per parallel device."""
+        return processes_per_node(self._parallel_devices, self.root_device)
+
+    @property
+    def launcher(self) -> Launcher:
+        """What starts the ranks: nothing, when a scheduler or launcher already did."""
+        return process_launcher(self.cluster_environment, self.start_method, self.num_processes)
+
+    @property
+    def compute_dtype(self) -> torch.dtype:
+        """The dtype the engine holds the module in (its optimizer keeps fp32 copies)."""
+        return _DTYPES[self.precision_name]
+
+    @property
+    def engine(self) -> Engine:
+        """DeepSpeed's engine (after set-up).
+
+        Raises:
+            ConfigurationError: No module was set up yet.
+        """
+        if self._engine is None:
+            raise ConfigurationError(
+                "the strategy has no DeepSpeed engine before a module is set up",
+                fix="call strategy.setup_module_and_optimizers(module, [optimizer]) first",
+            )
+        return self._engine
+
+    @override
+    def setup_environment(self) -> None:
+        """Join the process group, then hand it to DeepSpeed's communication layer."""
+        super().setup_environment()
+        deepspeed = library.import_deepspeed()
+        logging.getLogger("DeepSpeed").setLevel(self.logging_level)
+        deepspeed.init_distributed(
+            dist_backend=self.process_group_backend, dist_init_required=False
+        )
+
+    # The module.
+
+    @contextlib.contextmanager
+    @override
+    def model_sharded_context(self) -> Iterator[None]:
+        """At stage 3, build the model partitioned: each rank holds only its share.
+
+        Outside stage 3, the model is built as usual.
+
+        Raises:
+            ConfigurationError: The strategy has not joined its process group yet.
+        """
+        if self.stage != 3:
+            yield
+            return
+        if self._collectives is None:
+            raise ConfigurationError(
+                "a model is partitioned at creation across the process group, which the "
+                "strategy has not joined yet",
+                fix="call strategy.setup_environment() first",
+            )
+        deepspeed = library.import_deepspeed()
+        with deepspeed.zero.Init(
+            config_dict_or_path=self.config,
+            remote_device="cpu" if self.offload_parameters else None,
+            dtype=self.compute_dtype,
+        ):
+            yield
+
+    @override
+    def setup_module(self, module: torch.nn.Module) -> torch.nn.Module:
+        """Make the engine from ``module`` alone (for evaluation: no optimizer)."""
+        return self._initialize(module, None)
+
+    @override
+    def setup_optimizers(
+        self, optimizers: Sequence[torch.optim.Optimizer]
+    ) -> list[torch.optim.Optimizer]:
+        """Nothing to prepare after `setup_module`: the engine takes its optimizer at set-up.
+
+        Raises:
+            ConfigurationError: Optimizers were given, which the engine made without
+                one cannot take.
+        """
+        if optimizers:
+            raise ConfigurationError(
+                "DeepSpeed's engine takes its optimizer when it is made, and it was made "
+                "by setup_module without one",
+                fix="call setup_module_and_optimizers(module, [optimizer]) instead",
+            )
+        return []
+
+    @override
+    def setup_module_and_optimizers(
+        self, module: torch.nn.Module, optimizers: Sequence[torch.optim.Optimizer]
+    ) -> tuple[torch.nn.Module, list[torch.optim.Optimizer]]:
+        """Make the engine from ``module`` and its one optimizer.
+
+        Returns:
+            The engine (a module: call it for the forward pass) and the optimizer,
+            which `optimizer_step` steps through the engine and schedulers drive.
+
+        Raises:
+            ConfigurationError: More than one optimizer, an optimizer that is not the
+                module's, or one given with an ``optimizer`` section in the config.
+        """
+        self.check_optimizers_belong(module, optimizers)
+        if len(optimizers) > 1:
+            raise ConfigurationError(
+                f"DeepSpeed's engine drives one optimizer, and {len(optimizers)} were given",
+                value=[type(o).__name__ for o in optimizers],
+                fix="use one optimizer, with a parameter group per set of hyper-parameters",
+            )
+        if optimizers and "optimizer" in self.config:
+            raise ConfigurationError(
+                f"an optimizer was given ({type(optimizers[0]).__name__}) and the DeepSpeed "
+                f"config makes one too ({self.config['optimizer']!r})",
+                value=self.config["optimizer"],
+                fix="remove 'optimizer' from the config, or configure no optimizer",
+            )
+        engine = self._initialize(module, optimizers[0] if optimizers else None)
+        return engine, list(optimizers)
+
+    def _initialize(
+        self, module: torch.nn.Module, optimizer: torch.optim.Optimizer | None
+    ) -> torch.nn.Module:
+        if self._collectives is None:
+            raise ConfigurationError(
+                "DeepSpeed's engine is made over the process group, which the strategy "
+                "has not joined yet",
+                fix="call strategy.setup_environment() first",
+            )
+        if self.offload_optimizer or self.offload_parameters or self.uses_config_optimizer:
+            # Only these may compile an op: a dead build's lock would stall it silently.
+            library.check_extension_locks()
+        deepspeed = library.import_deepspeed()
+        engine, *_ = deepspeed.initialize(
+            model=module,
+            optimizer=optimizer,
+            config=self.config,
+            dist_init_required=False,
+        )
+        self._engine = engine
+        self._client_optimizer = optimizer
+        self._model = engine
+        wrapped: torch.nn.Module = engine
+        return wrapped
+
+    @property
+    def has_optimizer(self) -> bool:
+        """Whether the engine was made with an optimizer (to train, not only evaluate)."""
+        return self._engine is not None and (
+            self._client_optimizer is not None or self.uses_config_optimizer
+        )
+
+    @property
+    def uses_config_optimizer(self) -> bool:
+        """Whether DeepSpeed makes the optimizer from the config's ``optimizer`` section."""
+        return "optimizer" in self.config
+
+    @override
+    def unwrap_module(self, module: torch.nn.Module) -> torch.nn.Module:
+        """The module inside the engine."""
+        engine = self._engine
+        if engine is not None and module is engine:
+            return engine.module
+        return module
+
+    # Steps.
+
+    @override
+    def _forward(
+        self, module: torch.nn.Module, args: tuple[object, ...], kwargs: dict[str, object]
+    ) -> object:
+        # The engine holds the module in its dtype: floating inputs follow it.
+        dtype = self.compute_dtype
+        if dtype is not torch.float32:
+            args = tuple(_cast_floating(arg, dtype) for arg in args)
+            kwargs = {key: _cast_floating(value, dtype) for key, value in kwargs.items()}
+        return module(*args, **kwargs)
+
+    @override
+    def backward(self, loss: torch.Tensor, module: torch.nn.Module | None = None) -> None:
+        """Backward through the engine (loss scaled for fp16), accumulating locally."""
+        self.engine.backward(loss)
+
+    @override
+    def optimizer_step(
+        self,
+        optimizer: torch.optim.Optimizer,
+        closure: Callable[[], object] | None = None,
+    ) -> object:
+        """Step through the engine: reduce the accumulated gradients, clip, and step.
+
+        ``closure`` (which runs forward and `backward`) is called first.
+
+        Raises:
+            ConfigurationError: ``optimizer`` is not the engine's.
+        """
+        if optimizer is not self._client_optimizer:
+            raise ConfigurationError(
+                f"{type(optimizer).__name__} is not the optimizer the DeepSpeed engine "
+                "was made with",
+                value=optimizer,
+                fix="step the optimizer setup_module_and_optimizers returned",
+            )
+        result = closure() if closure is not None else None
+        self.engine.step()
+        return result
+
+    @override
+    def zero_grad(self, optimizer: torch.optim.Optimizer) -> None:
+        """Nothing: the engine clears the gradients in its step."""
+
+    @override
+    def clip_gradients(
+        self,
+        module: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        clip_val: float,
+        algorithm: GradientClipAlgorithm = "norm",
+    ) -> None:
+        """Have the engine clip the gradients' global norm to ``clip_val`` at its next step.
+
+        DeepSpeed clips in its step (after reducing the partitioned gradients), so
+        the bound is set on the engine here and applied there, once.
+
+        Raises:
+            ConfigurationError: ``algorithm`` is ``"value"`` (DeepSpeed clips by norm
+                only), or the config's ``gradient_clipping`` is another bound.
+        """
+        if algorithm != "norm":
+            raise ConfigurationError(
+                f"DeepSpeed clips gradients by their norm, and the algorithm is {algorithm!r}",
+                value=algorithm,
+                choices=["norm"],
+                fix="pass gradient_clip_algorithm='norm'",
+            )
+        configured = self.config.get("gradient_clipping")
+        if isinstance(configured, int | float) and configured > 0 and configured != clip_val:
+            raise ConfigurationError(
+                f"DeepSpeed configuration conflict at 'gradient_clipping': the config says "
+                f"{configured!r}, and the clipping asked for is {clip_val!r}",
+                value=configured,
+                fix="remove gradient_clipping from the config, or clip with the same value",
+            )
+        engine = self.engine
+        # Read at each step: by the engine (fp32 stage 0), by its optimizer (the rest).
+        engine._config.gradient_clipping = float(clip_val)  # type: ignore[attr-defined]  # noqa: SLF001
+        inner = engine.optimizer
+        if hasattr(inner, "clip_grad"):
+            inner.clip_grad = float(clip_val)
+
+    # State.
+
+    @override
+    def get_state_dict(
+        self, module: torch.nn.Module, optimizers: Sequence[torch.optim.Optimizer] = ()
+    ) -> Checkpoint:
+        """The module's whole state; with ``optimizers``, nothing (the engine saves them).
+
+        Every rank calls it. Without optimizers, the module's state is whole on
+        every rank (at stage 3 it is gathered one submodule at a time, to the CPU).
+        With them (a checkpoint to resume from), the engine writes the module's and
+        the optimizer's partitions itself in `save_checkpoint`, and ``state_dict``
+        and ``optimizer_states`` are left empty.
+        """
+        if optimizers:
+            return {"state_dict": {}, "optimizer_states": [], "precision": {}}
+        return {
+            "state_dict": self._whole_module_state(self.unwrap_module(module)),
+            "optimizer_states": [],
+            "precision": {},
+        }
+
+    def _whole_module_state(self, module: torch.nn.Module) -> StateDict:
+        if self.stage != 3:
+            return {key: value.detach().cpu() for key, value in module.state_dict().items()}
+        deepspeed = library.import_deepspeed()
+        state: StateDict = {}
+        for prefix, submodule in module.named_modules():
+            own = list(submodule.parameters(recurse=False))
+            with deepspeed.zero.GatheredParameters(own, modifier_rank=None):
+                for name, tensor in submodule.named_parameters(recurse=False):
+                    state[f"{prefix}.{name}" if prefix else name] = tensor.detach().cpu().clone()
+            for name, buffer in submodule.named_buffers(recurse=False):
+                if name not in submodule._non_persistent_buffers_set:  # noqa: SLF001
+                    state[f"{prefix}.{name}" if prefix else name] = buffer.detach().cpu()
+        return state
+
+    @override
+    def set_state_dict(
+        self,
+        module: torch.nn.Module,
+        optimizers: Sequence[torch.optim.Optimizer],
+        state: Mapping[str, object],
+        *,
+        source: object = "the state",
+    ) -> None:
+        """Load a whole module state (a checkpoint of another strategy, say) into the engine.
+
+        A checkpoint `load_checkpoint` read through the engine is in place already.
+
+        Raises:
+            CheckpointError: The state does not fit the module, or holds optimizer
+                states, which ZeRO's partitions cannot take from a whole state.
+        """
+        if self._loaded_by_engine:
+            self._loaded_by_engine = False
+            return
+        if optimizers and state.get("optimizer_states"):
+            raise CheckpointError(
+                str(source),
+                "holds whole optimizer states, which DeepSpeed's partitioned optimizer "
+                "cannot load",
+                fix="resume from a checkpoint this strategy wrote, or load the weights "
+                "alone (model.load_state_dict) and start a new fit",
+            )
+        module_state = module_state_of(state, source)
+        target = self.unwrap_module(module)
+        if self.stage != 3:
+            load_module_state(target, module_state, source)
+            return
+        deepspeed = library.import_deepspeed()
+        with deepspeed.zero.GatheredParameters(list(target.parameters()), modifier_rank=0):
+            if self.is_global_zero:
+                load_module_state(target, module_state, source)
+
+    @override
+    def load_checkpoint(self, path: PathLike, module: torch.nn.Module | None = None) -> Checkpoint:
+        """Read a checkpoint: through the engine, in place, if DeepSpeed wrote it.
+
+        The engine loads its module's partitions (and, when it has an optimizer, the
+        optimizer's), each rank its own. Another checkpoint (a file) is read whole,
+        for `set_state_dict`.
+
+        Raises:
+            CheckpointError: A DeepSpeed checkpoint given before set-up, or one the
+                engine cannot read.
+        """
+        if not is_deepspeed_checkpoint(path):
+            return super().load_checkpoint(path, module)
+        if self._engine is None:
+            raise CheckpointError(
+                str(path),
+                "is a DeepSpeed checkpoint, which the engine loads after set-up",
+                fix="call setup_module_and_optimizers first, or consolidate it to one file "
+                "with plait.strategies.deepspeed.consolidate_checkpoint",
+            )
+        assert isinstance(self.checkpoint_io, DeepSpeedCheckpointIO)
+        checkpoint = self.checkpoint_io.load_into_engine(path)
+        self._loaded_by_engine = True
+        return checkpoint
+
+    @override
+    def teardown(self) -> None:
+        """Release the engine, then leave the process group."""
+        engine, self._engine = self._engine, None
+        self._client_optimizer = None
+        self._loaded_by_engine = False
+        if engine is not None:
+            engine.destroy()
+        super().teardown()
+
+    @override
+    def __repr__(self) -> str:
+        return (
+            f"DeepSpeedStrategy(stage={self.stage}, offload_optimizer={self.offload_optimizer}, "
+            f"offload_parameters={self.offload_parameters}, precision={self.precision_name!r}, "
+            f"world_size={self.world_size}, device={str(self.root_device)!r})"
+        )
