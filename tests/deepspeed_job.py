@@ -20,9 +20,10 @@ from pathlib import Path
 import torch
 from typing_extensions import override
 
-from plait.core import seed_everything
-from plait.strategies import DDPStrategy, DeepSpeedStrategy
+from plait.core import ConfigurationError, seed_everything
+from plait.strategies import BaseStrategy, DDPStrategy, DeepSpeedStrategy
 from plait.strategies.deepspeed import consolidate_checkpoint
+from plait.strategies.deepspeed.library import import_deepspeed
 from plait.trainer import Callback, ModelCheckpoint, Module, Trainer
 
 WIDTH = int(os.environ.get("DEEPSPEED_JOB_WIDTH", "16"))
@@ -94,12 +95,11 @@ class Measure(Callback):
         if isinstance(strategy, DeepSpeedStrategy):
             module = strategy.engine.module
             if strategy.stage == 3:
-                import deepspeed  # noqa: PLC0415
-
                 parameters = list(module.parameters())
-                with deepspeed.zero.GatheredParameters(parameters):
+                with import_deepspeed().zero.GatheredParameters(parameters):
                     return [p.detach().float().clone() for p in parameters]
             return [p.detach().float().clone() for p in module.parameters()]
+        assert isinstance(strategy, BaseStrategy)
         model = strategy.model
         assert model is not None
         return [p.detach().float().clone() for p in model.parameters()]
@@ -121,20 +121,18 @@ class Measure(Callback):
         self.updates.append(float(delta.norm()))
         self.before = None
         strategy = trainer.strategy
-        tensors: list[torch.Tensor] = []
         if isinstance(strategy, DeepSpeedStrategy):
-            inner = strategy.engine.optimizer
-            for group in getattr(inner, "optimizer", inner).param_groups:
-                tensors += list(group["params"])
+            # ZeRO's optimizer wraps the user's, whose state holds this rank's partitions.
+            wrapper = strategy.engine.optimizer
+            inner = getattr(wrapper, "optimizer", wrapper)
+            assert isinstance(inner, torch.optim.Optimizer)
             held = [
                 value
-                for state in getattr(inner, "optimizer", inner).state.values()
+                for state in inner.state.values()
                 for value in state.values()
                 if isinstance(value, torch.Tensor) and value.dim() > 0
             ]
-            local = [
-                getattr(p, "ds_tensor", p) for p in strategy.engine.module.parameters()
-            ]
+            local = [getattr(p, "ds_tensor", p) for p in strategy.engine.module.parameters()]
         else:
             optimizer = trainer.optimizers[0]
             held = [
@@ -143,6 +141,7 @@ class Measure(Callback):
                 for value in state.values()
                 if isinstance(value, torch.Tensor) and value.dim() > 0
             ]
+            assert isinstance(strategy, BaseStrategy)
             model = strategy.model
             assert model is not None
             local = list(model.parameters())
@@ -226,9 +225,15 @@ def main() -> None:
         # fitted one itself.
         fresh = Net(depth=arguments.depth, lazy=arguments.lazy)
         [from_checkpoint] = trainer.validate(fresh, train, ckpt_path="last")
-        [fitted] = trainer.validate(model, train)
+        # The fitted module: partitioned in place at stage 3 (refused on every rank
+        # alike, not left waiting for a rank that refused), whole otherwise.
+        try:
+            [fitted] = trainer.validate(model, train)
+            outcome: object = fitted["val_loss"]
+        except ConfigurationError as error:
+            outcome = str(error)
         path = root / f"{arguments.tag}-rank{trainer.global_rank}.json"
-        after = {"val_from_checkpoint": from_checkpoint["val_loss"], "val_fitted": fitted["val_loss"]}
+        after = {"val_from_checkpoint": from_checkpoint["val_loss"], "val_fitted": outcome}
         path.write_text(json.dumps({**json.loads(path.read_text()), **after}))
     if not trainer.is_global_zero:
         return

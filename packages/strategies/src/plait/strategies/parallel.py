@@ -276,7 +276,14 @@ class ParallelStrategy(BaseStrategy):
         if self._collectives is not None and sys.exc_info()[1] is None:
             self._collectives.depart()
         if self._owns_process_group and dist.is_initialized():
-            dist.destroy_process_group()
+            self.destroy_process_group()
         self._owns_process_group = False
         self._collectives = None
         super().teardown()
+
+    def destroy_process_group(self) -> None:
+        """Destroy the job's process groups.
+
+        A strategy on a library that keeps references to them releases them here.
+        """
+        dist.destroy_process_group()

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
+import torch
 from typing_extensions import override
 
 from plait.core import CheckpointError
@@ -28,11 +29,21 @@ LATEST: Final = "latest"
 _TAG_PREFIX: Final = "checkpoint-"
 # What the engine writes itself; the rest of a checkpoint is its "client state".
 _ENGINE_KEYS: Final = ("state_dict", "optimizer_states")
+_STAGE3_MODEL_STATES: Final = "zero_pp_rank_0_mp_rank_00_model_states.pt"
+# What the engine itself keeps in its model-states file, beside the client state.
+_ENGINE_STATE: Final = frozenset(
+    {
+        "module", "buffer_names", "optimizer", "param_shapes", "frozen_param_shapes",
+        "shared_params", "frozen_param_fragments", "lr_scheduler", "data_sampler",
+        "random_ltd", "sparse_tensor_module_names", "skipped_steps", "global_steps",
+        "global_samples", "dp_world_size", "mp_world_size", "ds_config", "ds_version",
+    }
+)  # fmt: skip
 
 
 def is_deepspeed_checkpoint(path: PathLike) -> bool:
     """Whether ``path`` is a directory DeepSpeed's engine wrote (it has ``latest``)."""
-    return isinstance(path, str | os.PathLike) and (Path(path) / LATEST).is_file()
+    return (Path(path) / LATEST).is_file()
 
 
 def latest_tag(path: PathLike) -> str:
@@ -94,9 +105,7 @@ class DeepSpeedCheckpointIO:
                 if old.name != tag and old.is_dir():
                     shutil.rmtree(old, ignore_errors=True)
 
-    def load_checkpoint(
-        self, path: PathLike, map_location: object = None
-    ) -> Checkpoint:
+    def load_checkpoint(self, path: PathLike, map_location: object = None) -> Checkpoint:
         """Load ``path`` into the engine (see `load_into_engine`)."""
         del map_location  # the engine places each partition on its device
         return self.load_into_engine(path)
@@ -111,7 +120,12 @@ class DeepSpeedCheckpointIO:
                 engine cannot read it (another model, another ZeRO stage).
         """
         tag = latest_tag(path)
-        engine = self._strategy.engine
+        strategy = self._strategy
+        engine = strategy.engine
+        if strategy.stage == 3 and not strategy.has_optimizer:
+            # An engine without an optimizer (to evaluate) has no partitions of fp32
+            # weights to read into: the weights are rebuilt whole, and set from rank 0.
+            return self._load_weights(path, tag)
         try:
             loaded, client_state = engine.load_checkpoint(
                 os.fspath(path),
@@ -132,6 +146,24 @@ class DeepSpeedCheckpointIO:
             )
         return {**client_state, "state_dict": {}, "optimizer_states": []}
 
+    def _load_weights(self, path: PathLike, tag: str) -> Checkpoint:
+        from plait.strategies.deepspeed.export import read_fp32_state  # noqa: PLC0415
+
+        strategy = self._strategy
+        first = Path(path) / tag / _STAGE3_MODEL_STATES
+        try:
+            saved = torch.load(first, map_location="cpu", weights_only=False)
+        except (OSError, RuntimeError) as error:
+            raise CheckpointError(
+                os.fspath(path),
+                f"has no readable {first.name} in {tag!r}: {error}",
+                fix="pass a checkpoint DeepSpeedStrategy wrote at ZeRO stage 3",
+            ) from error
+        state = read_fp32_state(path, tag=tag) if strategy.is_global_zero else {}
+        strategy.load_whole_module_state(state, source=path)
+        client_state = {key: value for key, value in saved.items() if key not in _ENGINE_STATE}
+        return {**client_state, "state_dict": {}, "optimizer_states": []}
+
     def remove_checkpoint(self, path: PathLike) -> None:
         """Remove the checkpoint directory ``path`` (on rank 0, once every rank is here)."""
         strategy = self._strategy
@@ -148,9 +180,13 @@ class DeepSpeedCheckpointIO:
 
 
 def _next_tag(directory: Path) -> str:
-    numbers = [
-        int(child.name.removeprefix(_TAG_PREFIX))
-        for child in directory.glob(f"{_TAG_PREFIX}*")
-        if child.name.removeprefix(_TAG_PREFIX).isdigit()
-    ] if directory.is_dir() else []
+    numbers = (
+        [
+            int(child.name.removeprefix(_TAG_PREFIX))
+            for child in directory.glob(f"{_TAG_PREFIX}*")
+            if child.name.removeprefix(_TAG_PREFIX).isdigit()
+        ]
+        if directory.is_dir()
+        else []
+    )
     return f"{_TAG_PREFIX}{max(numbers, default=0) + 1}"

@@ -106,7 +106,7 @@ def _checked_object(config: object, source: str) -> dict[str, object]:
             f"the DeepSpeed configuration from {source} is a {type(config).__name__}, "
             "not a JSON object with string keys",
             value=config,
-            fix="write the configuration as {\"key\": value, ...}",
+            fix='write the configuration as {"key": value, ...}',
         )
     return config
 
@@ -265,7 +265,7 @@ def _same(mine: object, value: object) -> bool:
 
 
 def _conflict(path: str, mine: object, value: object) -> ConfigurationError:
-    why = _WHY.get(path.split(".")[-1], "the strategy was made with it")
+    why = _WHY.get(path.rsplit(".", 1)[-1], "the strategy was made with it")
     return ConfigurationError(
         f"DeepSpeed configuration conflict at {path!r}: the config says {mine!r}, and "
         f"plait requires {value!r} ({why})",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
@@ -17,7 +18,7 @@ from plait.strategies.deepspeed.checkpoint_io import latest_tag
 if TYPE_CHECKING:
     from plait.core.typing import PathLike, StateDict
 
-__all__ = ["consolidate_checkpoint", "fp32_state_dict"]
+__all__ = ["consolidate_checkpoint", "fp32_state_dict", "read_fp32_state"]
 
 # The Trainer's engine wraps the user's module in a router whose attribute is "module".
 _TRAINER_PREFIX: Final = "module."
@@ -38,10 +39,22 @@ def fp32_state_dict(checkpoint: PathLike, *, tag: str | None = None) -> StateDic
     Raises:
         CheckpointError: ``checkpoint`` is not a complete DeepSpeed checkpoint.
     """
-    deepspeed = library.import_deepspeed()
-    del deepspeed  # imported for its zero_to_fp32 module (and with the op left out)
-    from deepspeed.utils.zero_to_fp32 import (  # noqa: PLC0415
-        get_fp32_state_dict_from_zero_checkpoint,
+    state = read_fp32_state(checkpoint, tag=tag)
+    keys = list(state)
+    if keys and all(key.startswith(_TRAINER_PREFIX) for key in keys):
+        state = {key.removeprefix(_TRAINER_PREFIX): value for key, value in state.items()}
+    return state
+
+
+def read_fp32_state(checkpoint: PathLike, *, tag: str | None = None) -> StateDict:
+    """The engine's module state in fp32, with the keys the engine's module has.
+
+    Raises:
+        CheckpointError: ``checkpoint`` is not a complete DeepSpeed checkpoint.
+    """
+    zero_to_fp32 = library.import_submodule("utils.zero_to_fp32")
+    rebuild: Callable[..., Mapping[str, torch.Tensor]] = (
+        zero_to_fp32.get_fp32_state_dict_from_zero_checkpoint
     )
 
     chosen = tag if tag is not None else latest_tag(checkpoint)
@@ -50,20 +63,16 @@ def fp32_state_dict(checkpoint: PathLike, *, tag: str | None = None) -> StateDic
         if whole.is_file():
             # ZeRO stage 0 partitions nothing: the module's state is whole in one file.
             state = torch.load(whole, map_location="cpu", weights_only=False)["module"]
+            assert isinstance(state, Mapping)
         else:
             with contextlib.redirect_stdout(io.StringIO()):  # it prints its progress
-                state = get_fp32_state_dict_from_zero_checkpoint(
-                    os.fspath(checkpoint), tag=chosen
-                )
+                state = rebuild(os.fspath(checkpoint), tag=chosen)
     except (FileNotFoundError, ValueError, KeyError, TypeError) as error:
         raise CheckpointError(
             os.fspath(checkpoint),
             f"cannot be consolidated: {error}",
             fix="pass a complete checkpoint directory written by DeepSpeedStrategy",
         ) from error
-    keys = list(state)
-    if keys and all(key.startswith(_TRAINER_PREFIX) for key in keys):
-        state = {key.removeprefix(_TRAINER_PREFIX): value for key, value in state.items()}
     return {key: value.detach().to(torch.float32).contiguous() for key, value in state.items()}
 
 

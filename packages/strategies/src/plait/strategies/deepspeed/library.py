@@ -18,16 +18,24 @@ import os
 import sys
 import time
 from pathlib import Path
-from types import ModuleType
-from typing import Final
+from typing import TYPE_CHECKING, Final, Protocol, cast
 
 from plait.core import ConfigurationError
 
+if TYPE_CHECKING:
+    from collections.abc import Mapping, Sequence
+    from contextlib import AbstractContextManager
+    from types import ModuleType
+
+    import torch
+
 __all__ = [
     "EXTRA",
+    "DeepSpeed",
     "check_extension_locks",
     "extensions_dir",
     "import_deepspeed",
+    "import_submodule",
     "is_available",
     "require_deepspeed",
     "skip_shared_memory_op",
@@ -58,7 +66,60 @@ def require_deepspeed() -> None:
         )
 
 
-def import_deepspeed() -> ModuleType:
+class ZeroModule(Protocol):
+    """``deepspeed.zero``: what the strategy uses of it."""
+
+    def Init(  # noqa: N802 (DeepSpeed's name)
+        self, *, config_dict_or_path: object, remote_device: str | None
+    ) -> AbstractContextManager[object]:
+        """Partition the parameters of modules made inside, as they are made."""
+        ...
+
+    def GatheredParameters(  # noqa: N802 (DeepSpeed's name)
+        self, params: Sequence[torch.nn.Parameter], modifier_rank: int | None = None
+    ) -> AbstractContextManager[object]:
+        """Gather partitioned parameters whole for the block (re-partitioned after)."""
+        ...
+
+
+class CommModule(Protocol):
+    """``deepspeed.comm``: what the strategy uses of it."""
+
+    def destroy_process_group(self) -> None:
+        """Destroy the process groups, and DeepSpeed's references to them."""
+        ...
+
+
+class DeepSpeed(Protocol):
+    """The ``deepspeed`` module: what the strategy uses of it."""
+
+    @property
+    def zero(self) -> ZeroModule:
+        """``deepspeed.zero``."""
+        ...
+
+    @property
+    def comm(self) -> CommModule:
+        """``deepspeed.comm``."""
+        ...
+
+    def initialize(
+        self,
+        *,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer | None,
+        config: Mapping[str, object],
+        dist_init_required: bool,
+    ) -> tuple[object, ...]:
+        """Make the engine: ``(engine, optimizer, dataloader, lr_scheduler)``."""
+        ...
+
+    def init_distributed(self, *, dist_backend: str, dist_init_required: bool) -> None:
+        """Bind DeepSpeed's communication layer to torch.distributed's default group."""
+        ...
+
+
+def import_deepspeed() -> DeepSpeed:
     """``import deepspeed``, with its compiled shared-memory op left out.
 
     Raises:
@@ -69,7 +130,13 @@ def import_deepspeed() -> ModuleType:
     module = importlib.import_module("deepspeed")
     if not already:
         skip_shared_memory_op()
-    return module
+    return cast("DeepSpeed", module)
+
+
+def import_submodule(name: str) -> ModuleType:
+    """``import deepspeed.<name>`` (after `import_deepspeed`), e.g. ``utils.zero_to_fp32``."""
+    import_deepspeed()
+    return importlib.import_module(f"deepspeed.{name}")
 
 
 def skip_shared_memory_op() -> None:
@@ -81,7 +148,7 @@ def skip_shared_memory_op() -> None:
     # Through sys.modules: `import deepspeed.comm.torch as x` binds PyTorch's torch.
     backend = importlib.import_module("deepspeed.comm.torch")
     if callable(getattr(backend, "build_shm_op", None)):
-        backend.build_shm_op = _no_op
+        setattr(backend, "build_shm_op", _no_op)  # noqa: B010 (mypy cannot see the module's)
 
 
 def _no_op() -> None:

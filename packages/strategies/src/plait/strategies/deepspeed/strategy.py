@@ -6,7 +6,7 @@ import contextlib
 import logging
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import timedelta
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, cast
 
 import torch
 from typing_extensions import override
@@ -17,6 +17,7 @@ from plait.strategies.deepspeed import library
 from plait.strategies.deepspeed.checkpoint_io import DeepSpeedCheckpointIO, is_deepspeed_checkpoint
 from plait.strategies.deepspeed.config import (
     STAGES,
+    check_keys,
     config_precision,
     config_stage,
     derive_config,
@@ -25,7 +26,6 @@ from plait.strategies.deepspeed.config import (
     offloads,
     precision_name,
     read_config,
-    check_keys,
 )
 from plait.strategies.parallel import DEFAULT_START_TIMEOUT, DEFAULT_TIMEOUT, ParallelStrategy
 from plait.strategies.state import load_module_state, module_state_of
@@ -36,6 +36,7 @@ if TYPE_CHECKING:
 
 __all__ = ["DeepSpeedStrategy"]
 
+_PARTITIONED_BY = "_plait_partitioned_by"
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
@@ -66,9 +67,14 @@ class Engine(Protocol):
 def _cast_floating(data: object, dtype: torch.dtype) -> object:
     if isinstance(data, torch.Tensor):
         return data.to(dtype) if data.is_floating_point() else data
-    if isinstance(data, tuple | list):
-        cast = [_cast_floating(item, dtype) for item in data]
-        return type(data)(cast) if not hasattr(data, "_fields") else type(data)(*cast)
+    if isinstance(data, list):
+        return [_cast_floating(item, dtype) for item in data]
+    if isinstance(data, tuple):
+        items = [_cast_floating(item, dtype) for item in data]
+        if hasattr(data, "_fields"):  # a named tuple
+            maker: Callable[..., object] = type(data)
+            return maker(*items)
+        return tuple(items)
     if isinstance(data, Mapping):
         return {key: _cast_floating(value, dtype) for key, value in data.items()}
     return data
@@ -85,8 +91,10 @@ def _check_flag(name: str, value: object) -> bool:
 
 
 class DeepSpeedStrategy(ParallelStrategy):
-    """Data-parallel training with DeepSpeed's ZeRO: optimizer state, gradients and
-    parameters partitioned across ranks (stages 1, 2, 3), optionally kept on the CPU.
+    """Data-parallel training with DeepSpeed's ZeRO, optionally offloaded to the CPU.
+
+    ZeRO partitions the optimizer state (stage 1), then the gradients (2), then the
+    parameters (3) across ranks; offload keeps them on the CPU.
 
     The engine is made from the module and the one optimizer the user configured
     (`setup_module_and_optimizers`); backward, the optimizer step and gradient
@@ -164,7 +172,8 @@ class DeepSpeedStrategy(ParallelStrategy):
             )
         offload_optimizer = _check_flag("offload_optimizer", offload_optimizer)
         offload_parameters = _check_flag("offload_parameters", offload_parameters)
-        if not isinstance(logging_level, int) or isinstance(logging_level, bool):
+        level: object = logging_level
+        if isinstance(level, bool) or not isinstance(level, int):
             raise ConfigurationError(
                 f"logging_level={logging_level!r} must be a logging level",
                 value=logging_level,
@@ -208,6 +217,13 @@ class DeepSpeedStrategy(ParallelStrategy):
         self.offload_optimizer = offloads(self.config, "offload_optimizer")
         self.offload_parameters = offloads(self.config, "offload_param")
         self._check_offload()
+        if self.precision_name == "fp16" and self.root_device.type == "cpu":
+            raise ConfigurationError(
+                "DeepSpeed trains in fp16 on GPUs only, and the strategy's device is the CPU",
+                value="fp16",
+                choices=["32-true", "bf16-mixed", "bf16-true"],
+                fix="pass precision='bf16-mixed' (or '32-true') on the CPU",
+            )
 
     def _precision_name(self) -> str:
         precision = self.precision
@@ -295,8 +311,7 @@ class DeepSpeedStrategy(ParallelStrategy):
         with deepspeed.zero.Init(
             config_dict_or_path=self.config,
             remote_device="cpu" if self.offload_parameters else None,
-            dtype=self.compute_dtype,
-        ):
+        ):  # the dtype from the config (an explicit one is overridden on CPUs)
             yield
 
     @override
@@ -362,21 +377,47 @@ class DeepSpeedStrategy(ParallelStrategy):
                 "has not joined yet",
                 fix="call strategy.setup_environment() first",
             )
+        # Decided together: a launcher may hand one rank a fresh copy of the module
+        # and another the module an earlier run partitioned in place.
+        stale = any(getattr(m, _PARTITIONED_BY, None) is not None for m in module.modules())
+        if self.reduce_boolean_decision(stale, all=False):
+            raise ConfigurationError(
+                "the module was partitioned by an earlier run at ZeRO stage 3 (on "
+                f"{'this rank' if stale else 'another rank'}), in place, over process "
+                "groups that ended with it",
+                value=type(module).__name__,
+                fix="validate during fit (val_dataloaders), or give the next run a module "
+                "made anew and the checkpoint: trainer.validate(Model(), ckpt_path='last')",
+            )
         if self.offload_optimizer or self.offload_parameters or self.uses_config_optimizer:
             # Only these may compile an op: a dead build's lock would stall it silently.
             library.check_extension_locks()
         deepspeed = library.import_deepspeed()
-        engine, *_ = deepspeed.initialize(
+        made, *_ = deepspeed.initialize(
             model=module,
             optimizer=optimizer,
-            config=self.config,
+            config=self.config if optimizer is not None else self._evaluation_config(),
             dist_init_required=False,
         )
-        self._engine = engine
+        if not isinstance(made, torch.nn.Module):  # DeepSpeedEngine is a module
+            raise TypeError(f"deepspeed.initialize made a {type(made).__name__}, not a module")
+        if self.stage == 3:
+            for submodule in module.modules():
+                setattr(submodule, _PARTITIONED_BY, repr(self))
+        self._engine = cast("Engine", made)
         self._client_optimizer = optimizer
-        self._model = engine
-        wrapped: torch.nn.Module = engine
-        return wrapped
+        self._model = made
+        return made
+
+    def _evaluation_config(self) -> dict[str, object]:
+        if self.stage == 3 or self.uses_config_optimizer:
+            return self.config
+        # Stages 1 and 2 partition only what an optimizer holds, and DeepSpeed makes
+        # them with one: without it, the engine is made at stage 0.
+        zero = self.config.get("zero_optimization")
+        assert isinstance(zero, Mapping)
+        kept = {key: value for key, value in zero.items() if key != "offload_optimizer"}
+        return {**self.config, "zero_optimization": {**kept, "stage": 0}}
 
     @property
     def has_optimizer(self) -> bool:
@@ -393,9 +434,8 @@ class DeepSpeedStrategy(ParallelStrategy):
     @override
     def unwrap_module(self, module: torch.nn.Module) -> torch.nn.Module:
         """The module inside the engine."""
-        engine = self._engine
-        if engine is not None and module is engine:
-            return engine.module
+        if self._engine is not None and module is self._model:
+            return self._engine.module
         return module
 
     # Steps.
@@ -478,7 +518,7 @@ class DeepSpeedStrategy(ParallelStrategy):
             )
         engine = self.engine
         # Read at each step: by the engine (fp32 stage 0), by its optimizer (the rest).
-        engine._config.gradient_clipping = float(clip_val)  # type: ignore[attr-defined]  # noqa: SLF001
+        engine._config.gradient_clipping = float(clip_val)  # type: ignore[attr-defined]
         inner = engine.optimizer
         if hasattr(inner, "clip_grad"):
             inner.clip_grad = float(clip_val)
@@ -516,7 +556,7 @@ class DeepSpeedStrategy(ParallelStrategy):
                 for name, tensor in submodule.named_parameters(recurse=False):
                     state[f"{prefix}.{name}" if prefix else name] = tensor.detach().cpu().clone()
             for name, buffer in submodule.named_buffers(recurse=False):
-                if name not in submodule._non_persistent_buffers_set:  # noqa: SLF001
+                if name not in submodule._non_persistent_buffers_set:
                     state[f"{prefix}.{name}" if prefix else name] = buffer.detach().cpu()
         return state
 
@@ -543,8 +583,7 @@ class DeepSpeedStrategy(ParallelStrategy):
         if optimizers and state.get("optimizer_states"):
             raise CheckpointError(
                 str(source),
-                "holds whole optimizer states, which DeepSpeed's partitioned optimizer "
-                "cannot load",
+                "holds whole optimizer states, which DeepSpeed's partitioned optimizer cannot load",
                 fix="resume from a checkpoint this strategy wrote, or load the weights "
                 "alone (model.load_state_dict) and start a new fit",
             )
@@ -553,10 +592,27 @@ class DeepSpeedStrategy(ParallelStrategy):
         if self.stage != 3:
             load_module_state(target, module_state, source)
             return
+        self._load_partitioned(target, module_state, source)
+
+    def load_whole_module_state(self, state: Mapping[str, object], *, source: object) -> None:
+        """Load a whole state (keys of the engine's module) into the engine's module.
+
+        Every rank calls it; at stage 3 only rank 0's ``state`` is read (and its
+        partitions sent to the others).
+        """
+        target = self.engine.module
+        if self.stage != 3:
+            load_module_state(target, state, source)
+            return
+        self._load_partitioned(target, state, source)
+
+    def _load_partitioned(
+        self, target: torch.nn.Module, state: Mapping[str, object], source: object
+    ) -> None:
         deepspeed = library.import_deepspeed()
         with deepspeed.zero.GatheredParameters(list(target.parameters()), modifier_rank=0):
             if self.is_global_zero:
-                load_module_state(target, module_state, source)
+                load_module_state(target, state, source)
 
     @override
     def load_checkpoint(self, path: PathLike, module: torch.nn.Module | None = None) -> Checkpoint:
@@ -593,6 +649,15 @@ class DeepSpeedStrategy(ParallelStrategy):
         if engine is not None:
             engine.destroy()
         super().teardown()
+
+    @override
+    def destroy_process_group(self) -> None:
+        """Destroy the process groups through DeepSpeed, which forgets its own with them.
+
+        DeepSpeed keeps the groups it made (data parallel, ...) in globals: a later
+        run would reuse them, destroyed, without this.
+        """
+        library.import_deepspeed().comm.destroy_process_group()
 
     @override
     def __repr__(self) -> str:
