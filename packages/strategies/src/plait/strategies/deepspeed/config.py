@@ -341,9 +341,15 @@ def offloads(config: Mapping[str, object], section: str) -> bool:
 
 
 def known_keys() -> frozenset[str]:
-    """`KNOWN_KEYS`, with the names the installed deepspeed declares in its constants.
+    """`KNOWN_KEYS`, with the names the installed deepspeed declares in its constants."""
+    return KNOWN_KEYS | declared_keys()
 
-    Read from its source files, without importing it (which takes seconds).
+
+def declared_keys() -> frozenset[str]:
+    """The configuration keys the installed deepspeed declares in its constants.
+
+    Read from its source files, without importing it (which takes seconds); empty
+    when deepspeed is not installed.
     """
     import importlib.util  # noqa: PLC0415
     import re  # noqa: PLC0415
@@ -351,12 +357,27 @@ def known_keys() -> frozenset[str]:
 
     spec = importlib.util.find_spec("deepspeed")
     if spec is None or spec.origin is None:
-        return KNOWN_KEYS
+        return frozenset()
     root = Path(spec.origin).parent
-    declared = set(KNOWN_KEYS)
+    declared: set[str] = set()
     pattern = re.compile(r"^[A-Z][A-Z0-9_]*\s*=\s*[\"']([a-z][a-z0-9_]*)[\"']\s*$", re.MULTILINE)
     for name in ("runtime/constants.py", "runtime/zero/constants.py", "profiling/constants.py"):
         path = root / name
         if path.is_file():
             declared.update(pattern.findall(path.read_text(encoding="utf-8")))
     return frozenset(declared)
+
+
+def check_supported(declared: frozenset[str]) -> None:
+    """Refuse a deepspeed too old to let plait say where gradient accumulation ends.
+
+    Raises:
+        ConfigurationError: Its configuration has no ``managed_gradient_accumulation``.
+    """
+    if declared and "managed_gradient_accumulation" not in declared:
+        raise ConfigurationError(
+            "the installed deepspeed has no 'managed_gradient_accumulation' setting, "
+            "which plait needs to say where gradient accumulation ends",
+            value="deepspeed",
+            fix="pip install --upgrade 'plait-strategies[deepspeed]' (deepspeed>=0.19.8)",
+        )

@@ -65,7 +65,11 @@ def read_fp32_state(checkpoint: PathLike, *, tag: str | None = None) -> StateDic
             state = torch.load(whole, map_location="cpu", weights_only=False)["module"]
             assert isinstance(state, Mapping)
         else:
-            with contextlib.redirect_stdout(io.StringIO()):  # it prints its progress
+            # It reports its progress on both streams.
+            with (
+                contextlib.redirect_stdout(io.StringIO()),
+                contextlib.redirect_stderr(io.StringIO()),
+            ):
                 state = rebuild(os.fspath(checkpoint), tag=chosen)
     except (FileNotFoundError, ValueError, KeyError, TypeError) as error:
         raise CheckpointError(

@@ -119,14 +119,24 @@ class DeepSpeed(Protocol):
         ...
 
 
-def import_deepspeed() -> DeepSpeed:
+_ACCELERATORS: Final = {"cpu": "cpu", "cuda": "cuda", "xpu": "xpu", "mps": "mps"}
+
+
+def import_deepspeed(device_type: str | None = None) -> DeepSpeed:
     """``import deepspeed``, with its compiled shared-memory op left out.
+
+    Args:
+        device_type: The strategy's device type: DeepSpeed is told to use it (it
+            otherwise guesses, and picks CUDA wherever a GPU is visible), unless
+            ``DS_ACCELERATOR`` says otherwise. Only the first import decides.
 
     Raises:
         ConfigurationError: deepspeed is not installed (the extra is named).
     """
     require_deepspeed()
     already = "deepspeed" in sys.modules
+    if not already and device_type in _ACCELERATORS:
+        os.environ.setdefault("DS_ACCELERATOR", _ACCELERATORS[device_type])
     module = importlib.import_module("deepspeed")
     if not already:
         skip_shared_memory_op()
@@ -134,8 +144,11 @@ def import_deepspeed() -> DeepSpeed:
 
 
 def import_submodule(name: str) -> ModuleType:
-    """``import deepspeed.<name>`` (after `import_deepspeed`), e.g. ``utils.zero_to_fp32``."""
-    import_deepspeed()
+    """``import deepspeed.<name>`` (after `import_deepspeed`), e.g. ``utils.zero_to_fp32``.
+
+    For work on the CPU (reading checkpoints): a first import tells DeepSpeed so.
+    """
+    import_deepspeed("cpu")
     return importlib.import_module(f"deepspeed.{name}")
 
 

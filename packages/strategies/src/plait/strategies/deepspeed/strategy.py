@@ -16,12 +16,14 @@ from plait.strategies.ddp import START_METHODS, process_launcher, processes_per_
 from plait.strategies.deepspeed import library
 from plait.strategies.deepspeed.checkpoint_io import DeepSpeedCheckpointIO, is_deepspeed_checkpoint
 from plait.strategies.deepspeed.config import (
+    KNOWN_KEYS,
     STAGES,
     check_keys,
+    check_supported,
     config_precision,
     config_stage,
+    declared_keys,
     derive_config,
-    known_keys,
     merge_config,
     offloads,
     precision_name,
@@ -196,8 +198,10 @@ class DeepSpeedStrategy(ParallelStrategy):
             start_timeout=start_timeout,
             checked_collectives=checked_collectives,
         )
+        declared = declared_keys()
+        check_supported(declared)
         user = read_config(config)
-        check_keys(user, known_keys())
+        check_keys(user, KNOWN_KEYS | declared)
         explicit_precision = precision is not None or precision_plugin is not None
         required, defaults = derive_config(
             stage=stage,
@@ -280,7 +284,7 @@ class DeepSpeedStrategy(ParallelStrategy):
     def setup_environment(self) -> None:
         """Join the process group, then hand it to DeepSpeed's communication layer."""
         super().setup_environment()
-        deepspeed = library.import_deepspeed()
+        deepspeed = library.import_deepspeed(self.root_device.type)
         logging.getLogger("DeepSpeed").setLevel(self.logging_level)
         deepspeed.init_distributed(
             dist_backend=self.process_group_backend, dist_init_required=False
