@@ -1,0 +1,345 @@
+"""DeepSpeedStrategy's options and configuration, checked when the strategy is made.
+
+Every refusal names the bad value and a fix; nothing here joins a process group.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections import namedtuple
+from pathlib import Path
+
+import pytest
+import torch
+
+from plait.core import CheckpointError, ConfigurationError, StrategyRegistry
+from plait.strategies import DeepSpeedStrategy
+from plait.strategies.deepspeed import consolidate_checkpoint, library
+from plait.strategies.deepspeed.checkpoint_io import (
+    _next_tag,
+    is_deepspeed_checkpoint,
+    latest_tag,
+)
+from plait.strategies.deepspeed.config import (
+    KNOWN_KEYS,
+    check_supported,
+    declared_keys,
+    merge_config,
+    read_config,
+)
+from plait.strategies.deepspeed.strategy import _cast_floating
+
+
+def _made(**options: object) -> DeepSpeedStrategy:
+    return DeepSpeedStrategy(accelerator="cpu", **options)  # type: ignore[arg-type]
+
+
+def test_the_deepspeed_family_is_registered_with_descriptions() -> None:
+    expected = {
+        "deepspeed": (2, False, False),
+        "deepspeed_stage_1": (1, False, False),
+        "deepspeed_stage_2": (2, False, False),
+        "deepspeed_stage_2_offload": (2, True, False),
+        "deepspeed_stage_3": (3, False, False),
+        "deepspeed_stage_3_offload": (3, True, True),
+    }
+    for name, (stage, offload_optimizer, offload_parameters) in expected.items():
+        assert StrategyRegistry.entry(name).description
+        strategy = StrategyRegistry.get(name, accelerator="cpu")
+        assert isinstance(strategy, DeepSpeedStrategy)
+        assert (strategy.stage, strategy.offload_optimizer, strategy.offload_parameters) == (
+            stage,
+            offload_optimizer,
+            offload_parameters,
+        )
+
+
+def test_without_deepspeed_choosing_it_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(library, "is_available", lambda: False)
+
+    with pytest.raises(ConfigurationError, match=r"plait-strategies\[deepspeed\]"):
+        StrategyRegistry.get("deepspeed_stage_2", accelerator="cpu")
+    with pytest.raises(ConfigurationError, match=r"pip install 'plait-strategies\[deepspeed\]'"):
+        _made()
+
+
+def test_importing_plait_strategies_does_not_import_deepspeed() -> None:
+    import subprocess  # noqa: PLC0415
+    import sys  # noqa: PLC0415
+
+    code = (
+        "import sys, plait.strategies, plait.strategies.deepspeed\n"
+        "from plait.core import StrategyRegistry\n"
+        "StrategyRegistry.get('deepspeed_stage_3', accelerator='cpu')\n"
+        "assert 'deepspeed' not in sys.modules, 'deepspeed was imported'\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert result.returncode == 0, result.stderr
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"stage": 4}, r"invalid stage: 4"),
+        ({"stage": True}, r"invalid stage: True"),
+        ({"stage": 2, "offload_parameters": True}, r"stage 3 only, and the stage is 2"),
+        ({"stage": 0, "offload_optimizer": True}, r"stages 1-3 only, and the stage is 0"),
+        ({"offload_optimizer": "yes"}, r"offload_optimizer='yes' must be True or False"),
+        ({"precision": "16-mixed"}, r"fp16 on GPUs only"),
+        ({"precision": "64-true"}, r"computes in float64"),
+        ({"checkpoint_io": "torch"}, r"engine writes its checkpoints"),
+        ({"logging_level": "INFO"}, r"logging_level='INFO' must be a logging level"),
+        ({"start_method": "spwan"}, r"invalid start_method: 'spwan'"),
+        ({"config": {"bf16": {"enabled": True}, "fp16": {"enabled": True}}}, r"both bf16 and fp16"),
+        ({"config": 3}, r"dict or the path of a JSON file"),
+        ({"config": {"zero_optimization": {"stage": 5}}}, r"invalid ZeRO stage: 5"),
+    ],
+)
+def test_bad_options_are_refused_when_the_strategy_is_made(
+    options: dict[str, object], message: str
+) -> None:
+    with pytest.raises(ConfigurationError, match=message) as caught:
+        _made(**options)
+    assert "fix:" in str(caught.value) or "did you mean" in str(caught.value)
+
+
+def test_a_user_config_is_kept_and_completed_by_plaits_settings() -> None:
+    strategy = _made(
+        config={
+            "zero_optimization": {"stage": 3, "reduce_bucket_size": 1000},
+            "gradient_clipping": 0.5,
+            "steps_per_print": 7,
+        }
+    )
+    config = strategy.config
+    assert strategy.stage == 3
+    assert config["zero_optimization"] == {"stage": 3, "reduce_bucket_size": 1000}
+    assert config["gradient_clipping"] == 0.5
+    assert config["steps_per_print"] == 7
+    # What plait derives: accumulation is its own, a micro-batch size DeepSpeed needs.
+    assert config["gradient_accumulation_steps"] == 1
+    assert config["managed_gradient_accumulation"] is False
+    assert config["train_micro_batch_size_per_gpu"] == 1
+    assert config["zero_force_ds_cpu_optimizer"] is False
+
+
+def test_deepspeed_does_not_clip_unless_asked() -> None:
+    # DeepSpeed's own default is to clip the gradients' norm to 1.0.
+    assert _made().config["gradient_clipping"] == 0.0
+
+
+def test_the_precision_maps_onto_deepspeeds() -> None:
+    bf16 = _made(precision="bf16-mixed")
+    assert bf16.config["bf16"] == {"enabled": True}
+    assert bf16.config["fp16"] == {"enabled": False}
+    assert (bf16.precision_name, bf16.compute_dtype) == ("bf16", torch.bfloat16)
+    assert _made(precision="bf16-true").precision_name == "bf16"
+    fp32 = _made(precision="32-true")
+    assert fp32.config["bf16"] == {"enabled": False}
+    assert fp32.compute_dtype == torch.float32
+    # No precision given: the config's is used.
+    assert _made(config={"bf16": {"enabled": True}}).precision_name == "bf16"
+
+
+@pytest.mark.parametrize(
+    ("options", "path", "config_value", "plait_value"),
+    [
+        ({"stage": 3, "config": {"zero_optimization": {"stage": 2}}},
+         "zero_optimization.stage", "2", "3"),
+        ({"precision": "32-true", "config": {"bf16": {"enabled": True}}},
+         "bf16.enabled", "True", "False"),
+        ({"config": {"gradient_accumulation_steps": 4}},
+         "gradient_accumulation_steps", "4", "1"),
+        ({"stage": 3, "offload_parameters": True,
+          "config": {"zero_optimization": {"offload_param": {"device": "nvme"}}}},
+         "zero_optimization.offload_param.device", "'nvme'", "'cpu'"),
+    ],
+)  # fmt: skip
+def test_a_conflict_with_plaits_settings_names_both_values(
+    options: dict[str, object], path: str, config_value: str, plait_value: str
+) -> None:
+    with pytest.raises(ConfigurationError) as caught:
+        _made(**options)
+    message = str(caught.value)
+    assert f"conflict at {path!r}" in message
+    assert f"the config says {config_value}" in message
+    assert f"plait requires {plait_value}" in message
+
+
+def test_accumulating_in_the_config_points_to_the_trainers_setting() -> None:
+    with pytest.raises(ConfigurationError, match=r"accumulate_grad_batches"):
+        _made(config={"gradient_accumulation_steps": 8})
+
+
+def test_unknown_config_keys_are_reported_with_the_closest_known_one() -> None:
+    with pytest.raises(ConfigurationError) as caught:
+        _made(config={"zero_optimisation": {"stage": 2}, "fp16": {"enabled": False}, "x": 1})
+    message = str(caught.value)
+    assert "'zero_optimisation' (did you mean 'zero_optimization'?)" in message
+    assert "'x'" in message
+    assert "fp16" not in message.split("read:")[1]
+
+
+def test_a_json_config_file_is_read_and_its_errors_located(tmp_path: Path) -> None:
+    good = tmp_path / "ds.json"
+    good.write_text(json.dumps({"zero_optimization": {"stage": 1}}))
+    assert _made(config=good).stage == 1
+    assert _made(config=str(good)).stage == 1
+
+    bad = tmp_path / "bad.json"
+    bad.write_text('{\n  "zero_optimization": {"stage": 1},\n}\n')
+    with pytest.raises(ConfigurationError, match=r"not valid JSON: .* at line 3, column 1"):
+        read_config(bad)
+    with pytest.raises(ConfigurationError, match=r"no such file"):
+        read_config(tmp_path / "missing.json")
+    listed = tmp_path / "list.json"
+    listed.write_text("[1, 2]")
+    with pytest.raises(ConfigurationError, match=r"is a list, not a JSON object"):
+        read_config(listed)
+
+
+def test_merging_fills_defaults_only_where_the_user_said_nothing() -> None:
+    merged = merge_config(
+        {"a": {"x": 1}, "b": 2},
+        required={"c": 3},
+        defaults={"a": {"x": 9, "y": 4}, "b": 7, "d": 5},
+    )
+    assert merged == {"a": {"x": 1, "y": 4}, "b": 2, "c": 3, "d": 5}
+    # A required bool is not satisfied by an equal int.
+    with pytest.raises(ConfigurationError, match=r"conflict at 'flag'"):
+        merge_config({"flag": 0}, required={"flag": False}, defaults={})
+
+
+def test_the_installed_deepspeed_declares_what_plait_relies_on() -> None:
+    declared = declared_keys()
+    assert {"managed_gradient_accumulation", "gradient_clipping", "zero_optimization"} <= (
+        declared | KNOWN_KEYS
+    )
+    check_supported(declared)
+    with pytest.raises(ConfigurationError, match=r"no 'managed_gradient_accumulation'"):
+        check_supported(frozenset({"gradient_clipping"}))
+
+
+def test_gradient_clipping_by_value_or_against_the_config_is_refused() -> None:
+    strategy = _made()
+    module = torch.nn.Linear(2, 2)
+    optimizer = torch.optim.SGD(module.parameters(), lr=0.1)
+    with pytest.raises(ConfigurationError, match=r"by their norm, and the algorithm is 'value'"):
+        strategy.clip_gradients(module, optimizer, 1.0, algorithm="value")
+    configured = _made(config={"gradient_clipping": 0.5})
+    with pytest.raises(ConfigurationError, match=r"the config says 0.5, and the clipping asked"):
+        configured.clip_gradients(module, optimizer, 1.0)
+
+
+def test_the_engine_takes_one_optimizer_of_the_modules_and_none_from_the_config_too() -> None:
+    strategy = _made()
+    module = torch.nn.Linear(2, 2)
+    first = torch.optim.SGD(module.parameters(), lr=0.1)
+    second = torch.optim.SGD(module.parameters(), lr=0.2)
+    with pytest.raises(ConfigurationError, match=r"drives one optimizer, and 2 were given"):
+        strategy.setup_module_and_optimizers(module, [first, second])
+    other = torch.optim.SGD(torch.nn.Linear(2, 2).parameters(), lr=0.1)
+    with pytest.raises(ConfigurationError, match=r"not the module's"):
+        strategy.setup_module_and_optimizers(module, [other])
+    configured = _made(config={"optimizer": {"type": "AdamW", "params": {"lr": 0.1}}})
+    with pytest.raises(ConfigurationError, match=r"the DeepSpeed config makes one too"):
+        configured.setup_module_and_optimizers(module, [first])
+    with pytest.raises(ConfigurationError, match=r"has not joined"):
+        strategy.setup_module_and_optimizers(module, [first])
+    with pytest.raises(ConfigurationError, match=r"no DeepSpeed engine"):
+        strategy.backward(torch.tensor(1.0, requires_grad=True))
+
+
+def test_building_partitioned_needs_the_process_group_and_only_stage_3_partitions() -> None:
+    with _made(stage=2).model_sharded_context():
+        layer = torch.nn.Linear(2, 2)
+    assert layer.weight.shape == (2, 2)
+    with pytest.raises(ConfigurationError, match=r"setup_environment"):  # noqa: SIM117
+        with _made(stage=3).model_sharded_context():
+            pass
+
+
+def test_floating_inputs_follow_the_engines_dtype_and_keep_their_structure() -> None:
+    Pair = namedtuple("Pair", ["x", "index"])
+    data = {"pair": Pair(torch.ones(2), torch.arange(2)), "rest": [torch.zeros(1), "text"]}
+    cast = _cast_floating(data, torch.bfloat16)
+    assert isinstance(cast, dict)
+    assert isinstance(cast["pair"], Pair)
+    assert cast["pair"].x.dtype == torch.bfloat16
+    assert cast["pair"].index.dtype == torch.int64
+    assert cast["rest"][0].dtype == torch.bfloat16
+    assert cast["rest"][1] == "text"
+
+
+def test_a_stale_extensions_lock_is_named_or_removed_and_a_fresh_one_left(tmp_path: Path) -> None:
+    build = tmp_path / "py311_cpu" / "cpu_adam"
+    build.mkdir(parents=True)
+    lock = build / "lock"
+    lock.touch()
+    assert library.check_extension_locks(tmp_path) == []  # a build may be under way
+    old = time.time() - 3600
+    os.utime(lock, (old, old))
+    with pytest.raises(ConfigurationError) as caught:
+        library.check_extension_locks(tmp_path)
+    assert str(lock) in str(caught.value)
+    assert "60 minutes ago" in str(caught.value)
+    assert "TORCH_EXTENSIONS_DIR" in str(caught.value)
+    assert library.check_extension_locks(tmp_path, remove=True) == [lock]
+    assert not lock.exists()
+
+
+def test_the_extensions_directory_follows_torch_extensions_dir(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    assert library.extensions_dir() == tmp_path
+    monkeypatch.delenv("TORCH_EXTENSIONS_DIR")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    assert library.extensions_dir() == tmp_path / "cache" / "torch_extensions"
+
+
+def test_deepspeed_builds_no_shared_memory_op() -> None:
+    library.import_deepspeed("cpu")
+    backend = library.import_submodule("comm.torch")
+    assert backend.build_shm_op() is None
+
+
+def test_checkpoint_directories_are_recognised_and_their_tags_checked(tmp_path: Path) -> None:
+    assert not is_deepspeed_checkpoint(tmp_path)
+    assert _next_tag(tmp_path / "none") == "checkpoint-1"
+    (tmp_path / "checkpoint-1").mkdir()
+    (tmp_path / "checkpoint-7").mkdir()
+    assert _next_tag(tmp_path) == "checkpoint-8"
+    (tmp_path / "latest").write_text("checkpoint-9")
+    assert is_deepspeed_checkpoint(tmp_path)
+    with pytest.raises(CheckpointError, match=r"names the tag 'checkpoint-9'"):
+        latest_tag(tmp_path)
+    (tmp_path / "latest").write_text("checkpoint-7\n")
+    assert latest_tag(tmp_path) == "checkpoint-7"
+    with pytest.raises(CheckpointError, match=r"not a DeepSpeed checkpoint"):
+        latest_tag(tmp_path / "elsewhere")
+
+
+def test_a_deepspeed_checkpoint_is_loaded_after_set_up_and_saved_to_a_directory(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "checkpoint-1").mkdir()
+    (tmp_path / "latest").write_text("checkpoint-1")
+    strategy = _made()
+    with pytest.raises(CheckpointError, match=r"loads after set-up"):
+        strategy.load_checkpoint(tmp_path)
+    file = tmp_path / "file.ckpt"
+    file.write_text("")
+    with pytest.raises(CheckpointError, match=r"is a file, and a DeepSpeed checkpoint is a dir"):
+        strategy.save_checkpoint({"epoch": 1}, file)
+    with pytest.raises(CheckpointError, match=r"cannot be consolidated"):
+        consolidate_checkpoint(tmp_path, tmp_path / "out.pt")
+    # With optimizers, the engine saves the state: nothing is gathered for it.
+    module = torch.nn.Linear(2, 2)
+    state = strategy.get_state_dict(module, [torch.optim.SGD(module.parameters(), lr=0.1)])
+    assert state["state_dict"] == {}
+    assert state["optimizer_states"] == []
