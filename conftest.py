@@ -6,9 +6,23 @@ and ``tools/check`` selects it when the CI variable is set. Choose one with
 per-example time limit fails tests for the machine's load, not for the code.
 """
 
+import os
+import tempfile
+from pathlib import Path
+
 import pytest
 import torch
 from hypothesis import HealthCheck, settings
+
+from plait.strategies.deepspeed.library import check_extension_locks
+
+# C++ extensions (which DeepSpeed builds on first use of some ops) go to a directory of
+# the tests' own, cleared of locks left by a build that died: a lock makes every later
+# build wait for it forever. The strategies build none; this guards against one that would.
+os.environ.setdefault(
+    "TORCH_EXTENSIONS_DIR", str(Path(tempfile.gettempdir()) / "plait-tests-torch-extensions")
+)
+check_extension_locks(Path(os.environ["TORCH_EXTENSIONS_DIR"]), remove=True)
 
 settings.register_profile("default", max_examples=60, deadline=None)
 settings.register_profile(

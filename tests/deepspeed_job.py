@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 from pathlib import Path
 
 import torch
@@ -35,6 +36,7 @@ class Net(Module):
         self.depth = depth
         self.optimizer = optimizer
         self.layers: torch.nn.Sequential | None = None
+        self.build_growth = 0
         if not lazy:
             self.configure_model()
         self.losses: dict[int, float] = {}
@@ -43,10 +45,13 @@ class Net(Module):
     @override
     def configure_model(self) -> None:
         if self.layers is None:
+            before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
             layers: list[torch.nn.Module] = []
             for _ in range(self.depth):
                 layers += [torch.nn.Linear(WIDTH, WIDTH), torch.nn.Tanh()]
             self.layers = torch.nn.Sequential(*layers, torch.nn.Linear(WIDTH, 1))
+            # How much this process's peak memory grew to build the model.
+            self.build_growth = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - before
 
     @override
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -156,6 +161,10 @@ class Measure(Callback):
             "updates": self.updates,
             "dtypes": sorted(module.dtypes),
             "global_step": trainer.global_step,
+            "build_growth": module.build_growth,
+            "model_bytes": sum(p.numel() for p in module.parameters()) * 4
+            if trainer.strategy.__class__ is not DeepSpeedStrategy
+            else int(sum(getattr(p, "ds_numel", p.numel()) for p in module.parameters()) * 4),
         }
         path = self.root / f"{self.tag}-rank{trainer.global_rank}.json"
         path.write_text(json.dumps(result))
@@ -198,6 +207,7 @@ def main() -> None:
     parser.add_argument("--lazy", action="store_true", help="build under model_sharded_context")
     parser.add_argument("--resume-from", default=None)
     parser.add_argument("--then-validate", action="store_true")
+    parser.add_argument("--no-export", action="store_true", help="skip writing the weights")
     arguments = parser.parse_args()
     seed_everything(0)
     train = _batches(arguments.batches, seed=1, size=arguments.batch_size)
@@ -235,7 +245,7 @@ def main() -> None:
         path = root / f"{arguments.tag}-rank{trainer.global_rank}.json"
         after = {"val_from_checkpoint": from_checkpoint["val_loss"], "val_fitted": outcome}
         path.write_text(json.dumps({**json.loads(path.read_text()), **after}))
-    if not trainer.is_global_zero:
+    if not trainer.is_global_zero or arguments.no_export:
         return
     last = root / "checkpoints" / "last.ckpt"
     if last.is_dir():
