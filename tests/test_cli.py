@@ -46,6 +46,33 @@ def test_list_strategies_shows_the_registered_names() -> None:
 
 
 @pytest.mark.slow
+def test_fit_trains_digits_with_deepspeed_stage_2_and_validates_from_its_checkpoint(
+    tmp_path: Path,
+) -> None:
+    completed = _plait(
+        "fit", "--example", "digits", "--strategy", "deepspeed_stage_2", "--accelerator",
+        "cpu", "--devices", "2", "--max-epochs", "3", "--default-root-dir", str(tmp_path),
+    )  # fmt: skip
+
+    assert completed.returncode == 0, completed.stderr
+    out = completed.stdout
+    assert "trained digits with deepspeed_stage_2 on 2 process(es) (cpu) for 3 epoch(s)" in out
+    accuracy = re.search(r"^val_acc = (\d\.\d+)$", out, re.MULTILINE)
+    assert accuracy is not None, out
+    assert float(accuracy.group(1)) > 0.8
+    checkpoint = tmp_path / "checkpoints" / "last.ckpt"
+    assert (checkpoint / "latest").is_file()  # the engine's directory of partitions
+
+    validated = _plait(
+        "validate", "--example", "digits", "--strategy", "deepspeed_stage_2", "--accelerator",
+        "cpu", "--devices", "2", "--no-progress-bar", "--ckpt-path", str(checkpoint),
+        "--default-root-dir", str(tmp_path),
+    )  # fmt: skip
+    assert validated.returncode == 0, validated.stderr
+    assert f"val_acc = {accuracy.group(1)}" in validated.stdout  # the same weights
+
+
+@pytest.mark.slow
 def test_fit_trains_digits_with_fsdp_and_validates_from_its_sharded_checkpoint(
     tmp_path: Path,
 ) -> None:

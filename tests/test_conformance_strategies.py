@@ -28,10 +28,22 @@ FSDP_VARIANTS: Final = (
 )
 """``fsdp`` with other sharding options: its collectives, so run at world size 2 only."""
 
+DEEPSPEED_VARIANTS: Final = (
+    "deepspeed_stage_1",
+    "deepspeed_stage_2",
+    "deepspeed_stage_2_offload",
+    "deepspeed_stage_3",
+    "deepspeed_stage_3_offload",
+)
+"""``deepspeed`` at other ZeRO stages: its collectives, so run at world size 2 only."""
+
 MULTI_PROCESS: Final = tuple(
     name
     for name in StrategyRegistry.available_strategies()
-    if name not in NOT_ON_CPU and name not in ONE_PROCESS and name not in FSDP_VARIANTS
+    if name not in NOT_ON_CPU
+    and name not in ONE_PROCESS
+    and name not in FSDP_VARIANTS
+    and name not in DEEPSPEED_VARIANTS
 )
 
 
@@ -45,6 +57,11 @@ class TestFSDPVariants(ConformanceSuite):
     world_sizes = (2,)
 
 
+class TestDeepSpeedVariants(ConformanceSuite):
+    strategies = DEEPSPEED_VARIANTS
+    world_sizes = (2,)
+
+
 class TestOneProcessStrategies(ConformanceSuite):
     strategies = ONE_PROCESS
     world_sizes = (1,)
@@ -55,8 +72,15 @@ def test_every_registered_strategy_is_run_or_excused() -> None:
 
     assert set(ONE_PROCESS) <= registered
     assert set(NOT_ON_CPU) <= registered
-    assert {"ddp", "ddp_spawn", "ddp_fork", "ddp_sharded", "fsdp"} <= set(MULTI_PROCESS)
+    assert {"ddp", "ddp_spawn", "ddp_fork", "ddp_sharded", "fsdp", "deepspeed"} <= set(
+        MULTI_PROCESS
+    )
     assert set(FSDP_VARIANTS) <= registered
+    assert set(DEEPSPEED_VARIANTS) <= registered
     assert registered == (
-        set(MULTI_PROCESS) | set(FSDP_VARIANTS) | set(ONE_PROCESS) | set(NOT_ON_CPU)
+        set(MULTI_PROCESS)
+        | set(FSDP_VARIANTS)
+        | set(DEEPSPEED_VARIANTS)
+        | set(ONE_PROCESS)
+        | set(NOT_ON_CPU)
     )
