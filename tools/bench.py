@@ -20,6 +20,11 @@ Sections:
                holds, peak resident growth, and seconds per step, for hand-written DDP
                and FSDP2 loops, FSDPStrategy in that loop, plait's Trainer with
                FSDPStrategy (Lightning's FSDP refuses the CPU: no side)
+  deepspeed    the same model and batches: weights + optimizer state (with fp32 master
+               copies) each rank holds, peak resident growth, and seconds per step,
+               for hand-written DDP and DeepSpeed (ZeRO-2) loops, DeepSpeedStrategy in
+               that loop, and plait's Trainer at ZeRO stages 0-3 (Lightning's
+               DeepSpeed refuses the CPU: no side)
   conformance  the conformance suite's examples per second per property
 
 Lightning's Trainer and collectives join the comparison where lightning is
@@ -49,7 +54,9 @@ import attrs
 if TYPE_CHECKING:
     import torch
 
-SECTIONS: Final = ("imports", "steps", "ddp", "fsdp", "collectives", "conformance")
+SECTIONS: Final = (
+    "imports", "steps", "ddp", "fsdp", "deepspeed", "collectives", "conformance",
+)  # fmt: skip
 IMPORTED: Final = ("plait.core", "plait.strategies", "plait.trainer", "lightning.pytorch")
 
 
@@ -293,6 +300,64 @@ def bench_fsdp(rounds: int, steps: int, width: int, scratch: Path) -> list[Row]:
         Row("fsdp", f"per step: {side}", "s", figures["per_step"][side],
             figures["per_step"][fsdp2], fsdp2)
         for side in sides if side != fsdp2
+    ]  # fmt: skip
+    return rows
+
+
+_DEEPSPEED_SIDES: Final = {
+    # name in the table: the side of tools/bench_fsdp.py
+    "hand-written DDP": "plain-ddp",
+    "hand-written DeepSpeed ZeRO-2": "plain-deepspeed",
+    "plait DeepSpeedStrategy ZeRO-2 in that loop": "plait-deepspeed-strategy",
+    **{f"plait Trainer, deepspeed stage {stage}": f"plait-deepspeed-{stage}" for stage in range(4)},
+}
+"""Lightning's DeepSpeed strategy refuses the CPU ("only supported on CUDA GPUs"): no side."""
+
+
+def bench_deepspeed(rounds: int, steps: int, width: int, scratch: Path) -> list[Row]:
+    """Weights and optimizer state each rank holds, and seconds per step, per ZeRO stage."""
+    sides = list(_DEEPSPEED_SIDES)
+    figures: dict[str, dict[str, list[float]]] = {
+        kind: {side: [] for side in sides} for kind in ("per_step", "weights_bytes", "peak_growth")
+    }
+    out = scratch / "deepspeed.json"
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "131072", "DS_ACCELERATOR": "cpu"}
+    for index in range(rounds):
+        shift = index % len(sides)
+        for side in [*sides[shift:], *sides[:shift]]:
+            out.unlink(missing_ok=True)
+            command = [sys.executable, str(FSDP_TOOL), "--side", _DEEPSPEED_SIDES[side],
+                       "--width", str(width), "--steps", str(steps), "--out", str(out)]  # fmt: skip
+            done = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
+            if done.returncode != 0:
+                raise RuntimeError(f"{side} failed:\n{done.stderr[-3000:]}")
+            result = json.loads(out.read_text(encoding="utf-8"))
+            for kind, values in figures.items():
+                values[side].append(float(result[kind]))
+    ddp, hand = "hand-written DDP", "hand-written DeepSpeed ZeRO-2"
+    trainers = [side for side in sides if side.startswith("plait Trainer")]
+    rows = [
+        Row("deepspeed", f"weights + optimizer per rank: {side}", "B",
+            figures["weights_bytes"][side], figures["weights_bytes"][ddp], ddp)
+        for side in sides if side != ddp
+    ]  # fmt: skip
+    rows += [
+        Row("deepspeed", f"peak growth per rank: {side}", "B", figures["peak_growth"][side],
+            figures["peak_growth"][ddp], ddp)
+        for side in sides if side != ddp
+    ]  # fmt: skip
+    # The framework's own cost, beside the same engine driven by hand.
+    rows += [
+        Row("deepspeed", f"per step: {side}", "s", figures["per_step"][side],
+            figures["per_step"][hand], hand)
+        for side in ("plait DeepSpeedStrategy ZeRO-2 in that loop",
+                     "plait Trainer, deepspeed stage 2")
+    ]  # fmt: skip
+    # What each stage costs against plain data parallelism.
+    rows += [
+        Row("deepspeed", f"per step against DDP: {side}", "s", figures["per_step"][side],
+            figures["per_step"][ddp], ddp)
+        for side in [hand, *trainers]
     ]  # fmt: skip
     return rows
 
@@ -608,6 +673,10 @@ def main(argv: list[str] | None = None) -> int:
         rows += bench_ddp(1 if args.quick else rounds, 60 if args.quick else 300, 256, scratch)
     if "fsdp" in sections:
         rows += bench_fsdp(1 if args.quick else rounds, 20 if args.quick else 100, 512, scratch)
+    if "deepspeed" in sections:
+        rows += bench_deepspeed(
+            1 if args.quick else rounds, 20 if args.quick else 100, 512, scratch
+        )
     if "collectives" in sections:
         rows += bench_collectives(rounds, scratch)
     if "conformance" in sections:

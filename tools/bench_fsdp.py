@@ -1,18 +1,24 @@
-"""The FSDP workload that tools/bench times: one model, sharded (or not) by each side, on 2 ranks.
+"""The sharding workload tools/bench times: one model, sharded (or not) by each side, on 2 ranks.
 
     python tools/bench_fsdp.py --side plait-trainer --width 512 --steps 100 --out result.json
 
 Every side trains the same model (4 residual blocks of ``width`` x ``width``, AdamW)
 on the same batches made beforehand (no loader), on two gloo processes, and rank 0
 writes to ``--out``: seconds per step (after a warm-up), the bytes of parameters,
-gradients and optimizer state it holds (its shards'), and how much its peak
-resident memory grew from just before the model was built.
+gradients and optimizer state it holds (its shards'), the bytes of parameters and
+optimizer state alone (with any fp32 master copies: DeepSpeed keeps its gradients in
+buffers of its own), and how much its peak resident memory grew from just before
+the model was built.
 
-Sides: ``plain-ddp`` (hand-written DDP), ``plain-fsdp2`` (hand-written FSDP2: each
-block, then the root, ``fully_shard``-ed), ``plait-strategy`` (`FSDPStrategy` in
-that hand-written loop), and ``plait-trainer`` (plait's Trainer with
-``FSDPStrategy``). Lightning's FSDP strategy refuses the CPU ("requires a GPU
-accelerator"), so it has no side here.
+FSDP sides: ``plain-ddp`` (hand-written DDP), ``plain-fsdp2`` (hand-written FSDP2:
+each block, then the root, ``fully_shard``-ed), ``plait-strategy`` (`FSDPStrategy`
+in that hand-written loop), and ``plait-trainer`` (plait's Trainer with
+``FSDPStrategy``). DeepSpeed sides: ``plain-deepspeed`` (a hand-written loop on
+``deepspeed.initialize`` at ZeRO stage 2), ``plait-deepspeed-strategy``
+(`DeepSpeedStrategy` at stage 2 in that loop) and ``plait-deepspeed-0`` to
+``plait-deepspeed-3`` (plait's Trainer at each ZeRO stage). Lightning's FSDP and
+DeepSpeed strategies refuse the CPU ("requires a GPU accelerator", "only supported
+on CUDA GPUs"), so they have no side here.
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ import sys
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Final
+from typing import Final, Protocol, cast
 
 import torch
 import torch.distributed as dist
@@ -38,13 +44,27 @@ import torch.distributed.fsdp
 from torch import nn
 from typing_extensions import override
 
-from plait.strategies import FSDPStrategy
+from plait.strategies import DeepSpeedStrategy, FSDPStrategy
 from plait.trainer import Callback, Module, Trainer
 
 WARMUP: Final = 5
 BATCH: Final = 32
 BLOCKS: Final = 4
-SIDES: Final = ("plain-ddp", "plain-fsdp2", "plait-strategy", "plait-trainer")
+FSDP_SIDES: Final = ("plain-ddp", "plain-fsdp2", "plait-strategy", "plait-trainer")
+DEEPSPEED_SIDES: Final = (
+    "plain-deepspeed",
+    "plait-deepspeed-strategy",
+    *(f"plait-deepspeed-{stage}" for stage in range(4)),
+)
+SIDES: Final = (*FSDP_SIDES, *DEEPSPEED_SIDES)
+# The hand-written DeepSpeed loop's configuration (the strategy derives the same).
+DEEPSPEED_CONFIG: Final = {
+    "train_micro_batch_size_per_gpu": BATCH,
+    "gradient_accumulation_steps": 1,
+    "gradient_clipping": 0.0,
+    "zero_optimization": {"stage": 2},
+    "zero_allow_untested_optimizer": True,
+}
 
 
 class Block(nn.Module):
@@ -85,17 +105,34 @@ def _local_bytes(tensors: Iterable[torch.Tensor]) -> int:
     return total
 
 
-def held_bytes(module: nn.Module, optimizer: torch.optim.Optimizer) -> int:
-    """Parameters, gradients and optimizer state this rank holds (its shards only)."""
-    parameters = list(module.parameters())
-    state = [
+def _state_tensors(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+    return [
         value
         for per_parameter in optimizer.state.values()
         for value in per_parameter.values()
         if isinstance(value, torch.Tensor) and value.dim() > 0
     ]
+
+
+def held_bytes(module: nn.Module, optimizer: torch.optim.Optimizer) -> int:
+    """Parameters, gradients and optimizer state this rank holds (its shards only)."""
+    parameters = list(module.parameters())
     grads = [p.grad for p in parameters if p.grad is not None]
-    return _local_bytes(parameters) + _local_bytes(grads) + _local_bytes(state)
+    return _local_bytes(parameters) + _local_bytes(grads) + _local_bytes(_state_tensors(optimizer))
+
+
+def weights_and_optimizer_bytes(module: nn.Module, optimizer: object) -> int:
+    """Parameters (this rank's partitions), optimizer state and fp32 master copies.
+
+    ``optimizer`` is a torch optimizer, or DeepSpeed's ZeRO optimizer wrapping one
+    whose parameters are this rank's fp32 partitions.
+    """
+    own = {id(p) for p in module.parameters()}
+    parameters = [getattr(p, "ds_tensor", p) for p in module.parameters()]
+    inner = getattr(optimizer, "optimizer", optimizer)
+    assert isinstance(inner, torch.optim.Optimizer)
+    masters = [p for group in inner.param_groups for p in group["params"] if id(p) not in own]
+    return _local_bytes(parameters) + _local_bytes(masters) + _local_bytes(_state_tensors(inner))
 
 
 def peak_rss() -> int:
@@ -110,17 +147,22 @@ class Record:
         self.steps, self.out = steps, out
         self.baseline = peak_rss()
         self.held = 0
+        self.weights = 0
         self._start = 0.0
 
-    def step_ended(self, done: int, held: Callable[[], int]) -> None:
+    def step_ended(
+        self, done: int, held: Callable[[], int], weights: Callable[[], int] | None = None
+    ) -> None:
         """Step ``done`` (from 1) has ended."""
         if done == WARMUP:
             self.held = held()
+            self.weights = weights() if weights is not None else 0
             self._start = time.perf_counter()
         elif done == WARMUP + self.steps:
             result = {
                 "per_step": (time.perf_counter() - self._start) / self.steps,
                 "held_bytes": self.held,
+                "weights_bytes": self.weights,
                 "peak_growth": peak_rss() - self.baseline,
             }
             self.out.write_text(json.dumps(result), encoding="utf-8")
@@ -178,7 +220,11 @@ def hand_written(  # noqa: PLR0917 (torch.multiprocessing.spawn passes them by p
             loss.backward()  # type: ignore[no-untyped-call]
             optimizer.step()
             if rank == 0:
-                record.step_ended(done, lambda: held_bytes(wrapped, optimizer))
+                record.step_ended(
+                    done,
+                    lambda: held_bytes(wrapped, optimizer),
+                    lambda: weights_and_optimizer_bytes(wrapped, optimizer),
+                )
             optimizer.zero_grad(set_to_none=True)
     if strategy is not None:
         strategy.teardown()
@@ -212,6 +258,7 @@ class Timing(Callback):
         self.steps, self.out = steps, out
         self.record: Record | None = None
         self.held = 0
+        self.weights = 0
 
     @override
     def on_fit_start(self, trainer: Trainer, module: Module) -> None:
@@ -221,30 +268,114 @@ class Timing(Callback):
     def on_before_optimizer_step(
         self, trainer: Trainer, module: Module, optimizer: torch.optim.Optimizer
     ) -> None:
-        if trainer.global_step + 1 == WARMUP:
+        if trainer.global_step + 1 == WARMUP and not isinstance(
+            trainer.strategy,
+            DeepSpeedStrategy,  # its gradients are the engine's
+        ):
             self.held = held_bytes(module, optimizer)  # gradients are there now
+            self.weights = weights_and_optimizer_bytes(module, optimizer)
 
     @override
     def on_train_batch_end(
         self, trainer: Trainer, module: Module, outputs: object, batch: object, batch_idx: int
     ) -> None:
         if trainer.is_global_zero and self.record is not None:
-            self.record.step_ended(trainer.global_step, lambda: self.held)
+            self.record.step_ended(trainer.global_step, lambda: self.held, lambda: self.weights)
 
 
-def plait_trainer(width: int, steps: int, out: Path) -> None:
-    """plait's Trainer with FSDPStrategy, its own launcher starting the second rank."""
+class Engine(Protocol):
+    """What the hand-written loop uses of DeepSpeed's engine."""
+
+    optimizer: object
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor: ...
+    def backward(self, loss: torch.Tensor) -> object: ...
+    def step(self) -> None: ...
+
+
+def deepspeed_loop(  # noqa: PLR0917 (torch.multiprocessing.spawn passes them by position)
+    rank: int, side: str, port: int, width: int, steps: int, out: Path
+) -> None:
+    """A hand-written loop on one rank, on DeepSpeed's engine or DeepSpeedStrategy."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                      WORLD_SIZE="2", LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE="2",
+                      DS_ACCELERATOR="cpu")  # fmt: skip
+    from plait.strategies.deepspeed.library import import_deepspeed  # noqa: PLC0415
+
+    torch.set_num_threads(1)
+    deepspeed = import_deepspeed("cpu")  # without the shared-memory op: nothing compiled
+    data = batches(width, steps)
+    record = Record(steps, out)
+    layers = model(width)
+    optimizer = torch.optim.AdamW(layers.parameters(), lr=1e-3)
+    if side == "plait-deepspeed-strategy":
+        strategy = DeepSpeedStrategy(accelerator="cpu", stage=2)
+        strategy.setup_environment()
+        wrapped, _ = strategy.setup_module_and_optimizers(layers, [optimizer])
+        engine = strategy.engine
+        for done, (x, y) in enumerate(data, start=1):
+            prediction = strategy.training_step(wrapped, x)
+            assert isinstance(prediction, torch.Tensor)
+            strategy.backward(nn.functional.mse_loss(prediction, y), wrapped)
+            strategy.optimizer_step(optimizer)
+            if rank == 0:
+                record.step_ended(
+                    done, lambda: 0, lambda: weights_and_optimizer_bytes(layers, engine.optimizer)
+                )
+        strategy.teardown()
+        return
+    dist.init_process_group("gloo")
+    deepspeed.init_distributed(dist_backend="gloo", dist_init_required=False)
+    made, *_ = deepspeed.initialize(
+        model=layers, optimizer=optimizer, config=DEEPSPEED_CONFIG, dist_init_required=False
+    )
+    hand = cast("Engine", made)
+    for done, (x, y) in enumerate(data, start=1):
+        loss = nn.functional.mse_loss(hand(x), y)
+        hand.backward(loss)
+        hand.step()
+        if rank == 0:
+            record.step_ended(
+                done, lambda: 0, lambda: weights_and_optimizer_bytes(layers, hand.optimizer)
+            )
+    deepspeed.comm.destroy_process_group()
+
+
+class Weights(Callback):
+    """Records, at the warm-up's last step, what the DeepSpeed engine's rank holds."""
+
+    def __init__(self, timing: Timing) -> None:
+        self.timing = timing
+
+    @override
+    def on_train_batch_end(
+        self, trainer: Trainer, module: Module, outputs: object, batch: object, batch_idx: int
+    ) -> None:
+        strategy = trainer.strategy
+        if trainer.global_step == WARMUP and isinstance(strategy, DeepSpeedStrategy):
+            self.timing.weights = weights_and_optimizer_bytes(
+                strategy.engine.module, strategy.engine.optimizer
+            )
+
+
+def plait_trainer(width: int, steps: int, out: Path, stage: int | None = None) -> None:
+    """plait's Trainer with FSDPStrategy (or DeepSpeedStrategy at ``stage``), its own
+    launcher starting the second rank."""
     timing = Timing(steps, out)
     timing.record = Record(steps, out)  # before the model is built
     trainer = Trainer(
-        strategy=FSDPStrategy(auto_wrap_policy={Block}),
+        strategy=(
+            FSDPStrategy(auto_wrap_policy={Block})
+            if stage is None
+            else DeepSpeedStrategy(stage=stage)
+        ),
         accelerator="cpu",
         devices=2,
         max_steps=WARMUP + steps,
         logger=False,
         enable_progress_bar=False,
         enable_checkpointing=False,
-        callbacks=[timing],
+        callbacks=[Weights(timing), timing],
     )
     trainer.fit(Regression(width), batches(width, steps))
 
@@ -266,6 +397,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.side == "plait-trainer":
         plait_trainer(args.width, args.steps, args.out)
+    elif args.side.startswith("plait-deepspeed-") and args.side[-1].isdigit():
+        plait_trainer(args.width, args.steps, args.out, stage=int(args.side[-1]))
+    elif args.side in DEEPSPEED_SIDES:
+        from torch.multiprocessing.spawn import spawn  # noqa: PLC0415
+
+        spawned = (args.side, _free_port(), args.width, args.steps, args.out)
+        spawn(deepspeed_loop, spawned, nprocs=2)  # type: ignore[no-untyped-call]
     else:
         from torch.multiprocessing.spawn import spawn  # noqa: PLC0415
 
