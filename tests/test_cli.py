@@ -73,6 +73,37 @@ def test_fit_trains_digits_with_deepspeed_stage_2_and_validates_from_its_checkpo
 
 
 @pytest.mark.slow
+def test_deepspeed_evaluates_a_ddp_checkpoint_and_refuses_to_resume_its_optimizer(
+    tmp_path: Path,
+) -> None:
+    trained = _plait(
+        "fit", "--example", "digits", "--strategy", "ddp", "--accelerator", "cpu",
+        "--devices", "2", "--max-epochs", "2", "--default-root-dir", str(tmp_path),
+    )  # fmt: skip
+    assert trained.returncode == 0, trained.stderr
+    accuracy = re.search(r"^val_acc = (\d\.\d+)$", trained.stdout, re.MULTILINE)
+    assert accuracy is not None, trained.stdout
+    checkpoint = tmp_path / "checkpoints" / "last.ckpt"
+
+    # The weights of one file, partitioned into the stage-3 engine from rank 0.
+    validated = _plait(
+        "validate", "--example", "digits", "--strategy", "deepspeed_stage_3", "--accelerator",
+        "cpu", "--devices", "2", "--no-progress-bar", "--ckpt-path", str(checkpoint),
+        "--default-root-dir", str(tmp_path),
+    )  # fmt: skip
+    assert validated.returncode == 0, validated.stderr
+    assert f"val_acc = {accuracy.group(1)}" in validated.stdout
+
+    resumed = _plait(
+        "fit", "--example", "digits", "--strategy", "deepspeed_stage_2", "--accelerator", "cpu",
+        "--devices", "2", "--max-epochs", "3", "--no-progress-bar", "--ckpt-path",
+        str(checkpoint), "--default-root-dir", str(tmp_path / "resumed"),
+    )  # fmt: skip
+    assert resumed.returncode != 0
+    assert "whole optimizer states, which DeepSpeed's partitioned optimizer" in resumed.stderr
+
+
+@pytest.mark.slow
 def test_fit_trains_digits_with_fsdp_and_validates_from_its_sharded_checkpoint(
     tmp_path: Path,
 ) -> None:

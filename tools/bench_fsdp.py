@@ -361,6 +361,10 @@ class Weights(Callback):
 def plait_trainer(width: int, steps: int, out: Path, stage: int | None = None) -> None:
     """plait's Trainer with FSDPStrategy (or DeepSpeedStrategy at ``stage``), its own
     launcher starting the second rank."""
+    if stage is not None:  # imported by the hand-written side before it measures, too
+        from plait.strategies.deepspeed.library import import_deepspeed  # noqa: PLC0415
+
+        import_deepspeed("cpu")
     timing = Timing(steps, out)
     timing.record = Record(steps, out)  # before the model is built
     trainer = Trainer(

@@ -614,7 +614,8 @@ class Trainer(Loops):
                     fix="pass a .ckpt file; a sharded checkpoint (a directory each rank wrote "
                     "its part of) loads with a checkpoint IO that reads directories (the "
                     "strategy that wrote it, e.g. strategy='fsdp', or plugins=['distributed']),"
-                    " or as one file made by plait.strategies.fsdp.consolidate_checkpoint",
+                    " or as one file made by plait.strategies.fsdp.consolidate_checkpoint (or, for "
+                    "DeepSpeed's, plait.strategies.deepspeed.consolidate_checkpoint)",
                 )
             raise CheckpointError(
                 path,

@@ -137,7 +137,7 @@ def check_keys(config: Mapping[str, object], known: frozenset[str]) -> None:
     )
 
 
-def precision_name(compute_dtype: str, *, scaled: bool) -> str:
+def precision_name(compute_dtype: str) -> str:
     """DeepSpeed's name for a precision whose compute dtype is ``compute_dtype``.
 
     Raises:
@@ -153,8 +153,7 @@ def precision_name(compute_dtype: str, *, scaled: bool) -> str:
             choices=["32-true", "bf16-mixed", "bf16-true", "16-mixed"],
             fix="pass precision='32-true', 'bf16-mixed' or '16-mixed'",
         )
-    del scaled  # fp16 always scales its loss in DeepSpeed (dynamically by default)
-    return name
+    return name  # fp16 scales its loss in DeepSpeed (dynamically, by plait's default)
 
 
 def derive_config(

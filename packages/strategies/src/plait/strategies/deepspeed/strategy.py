@@ -11,7 +11,12 @@ from typing import TYPE_CHECKING, Protocol, cast
 import torch
 from typing_extensions import override
 
-from plait.core import CheckpointError, ConfigurationError, GradientClipAlgorithm
+from plait.core import (
+    CheckpointError,
+    CheckpointIORegistry,
+    ConfigurationError,
+    GradientClipAlgorithm,
+)
 from plait.strategies.ddp import START_METHODS, process_launcher, processes_per_node
 from plait.strategies.deepspeed import library
 from plait.strategies.deepspeed.checkpoint_io import DeepSpeedCheckpointIO, is_deepspeed_checkpoint
@@ -230,10 +235,7 @@ class DeepSpeedStrategy(ParallelStrategy):
             )
 
     def _precision_name(self) -> str:
-        precision = self.precision
-        return precision_name(
-            str(precision.compute_dtype).removeprefix("torch."), scaled=precision.needs_scaler
-        )
+        return precision_name(str(self.precision.compute_dtype).removeprefix("torch."))
 
     def _check_offload(self) -> None:
         if self.offload_parameters and self.stage != 3:
@@ -631,7 +633,11 @@ class DeepSpeedStrategy(ParallelStrategy):
                 engine cannot read.
         """
         if not is_deepspeed_checkpoint(path):
-            return super().load_checkpoint(path, module)
+            # One file another strategy wrote: read whole, by torch's checkpoint IO.
+            checkpoint: Checkpoint = CheckpointIORegistry.get("torch").load_checkpoint(
+                path, map_location="cpu"
+            )
+            return checkpoint
         if self._engine is None:
             raise CheckpointError(
                 str(path),
