@@ -16,7 +16,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from tests.reliability.jobs import processes_mentioning
+from tests.sharded_jobs import (
+    assert_losses_close,
+    final_weights,
+    losses_of,
+    rank_result,
+    run_job,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 JOB = REPO / "tests" / "deepspeed_job.py"
@@ -27,37 +33,7 @@ pytestmark = pytest.mark.slow
 def _run(
     root: Path, tag: str, *options: str, env: dict[str, str] | None = None
 ) -> dict[str, object]:
-    root.mkdir(parents=True, exist_ok=True)
-    command = [sys.executable, str(JOB), str(root), tag, *options]
-    done = subprocess.run(
-        command, capture_output=True, text=True, timeout=300, check=False,
-        env={**os.environ, **(env or {})},
-    )  # fmt: skip
-    assert not processes_mentioning(str(root)), "a rank was left running"
-    assert done.returncode == 0, done.stderr[-6000:]
-    return _rank(root, tag, 0)
-
-
-def _rank(root: Path, tag: str, rank: int) -> dict[str, object]:
-    result: dict[str, object] = json.loads((root / f"{tag}-rank{rank}.json").read_text())
-    return result
-
-
-def _losses(result: dict[str, object]) -> dict[str, float]:
-    losses = result["losses"]
-    assert isinstance(losses, dict)
-    return losses
-
-
-def _close(a: dict[str, float], b: dict[str, float], tolerance: float) -> None:
-    assert a.keys() == b.keys()
-    for step, value in a.items():
-        assert abs(value - b[step]) <= tolerance * max(1.0, abs(b[step])), (step, a, b)
-
-
-def _weights(root: Path, tag: str) -> dict[str, torch.Tensor]:
-    final = json.loads((root / f"{tag}-final.json").read_text())
-    return {key: torch.tensor(value) for key, value in final.items()}
+    return run_job(JOB, root, tag, *options, env=env)
 
 
 def _held(result: dict[str, object], kind: str) -> int:
@@ -83,15 +59,15 @@ def test_every_stage_trains_as_ddp_does_and_holds_its_share_of_the_state(
     tmp_path: Path, reference: tuple[Path, dict[str, object]]
 ) -> None:
     root, ddp = reference
-    losses = [loss for _, loss in sorted(_losses(ddp).items(), key=lambda item: int(item[0]))]
+    losses = [loss for _, loss in sorted(losses_of(ddp).items(), key=lambda item: int(item[0]))]
     assert sum(losses[-4:]) < 0.65 * sum(losses[:4])  # it learns: the epochs' mean losses
     for stage in (0, 1, 2, 3):
         tag = f"stage{stage}"
         result = _run(tmp_path / tag, tag, "--strategy", "deepspeed", "--epochs", "3",
                       "--options", json.dumps({"stage": stage}))  # fmt: skip
-        _close(_losses(result), _losses(ddp), 1e-5)
+        assert_losses_close(losses_of(result), losses_of(ddp), 1e-5)
         # The weights exported from the engine's checkpoint, read by plain PyTorch.
-        exported, expected = _weights(tmp_path / tag, tag), _weights(root, "ddp")
+        exported, expected = final_weights(tmp_path / tag, tag), final_weights(root, "ddp")
         assert exported.keys() == expected.keys()
         for key, value in exported.items():
             torch.testing.assert_close(value, expected[key], rtol=1e-5, atol=1e-6)
@@ -117,11 +93,13 @@ def test_a_checkpoint_resumes_exactly_then_training_and_checkpointing_go_on(
     resumed = _run(tmp_path / "resumed", "resumed", *options, "--epochs", "3",
                    "--resume-from", str(last))  # fmt: skip
 
-    straight = _losses(ddp)
-    _close(_losses(resumed), {step: straight[step] for step in _losses(resumed)}, 1e-5)
-    assert min(int(step) for step in _losses(resumed)) == 4  # after the first epoch's 4
+    straight = losses_of(ddp)
+    assert_losses_close(
+        losses_of(resumed), {step: straight[step] for step in losses_of(resumed)}, 1e-5
+    )
+    assert min(int(step) for step in losses_of(resumed)) == 4  # after the first epoch's 4
     # The resumed run checkpointed again; its last checkpoint holds the final weights.
-    exported, expected = _weights(tmp_path / "resumed", "resumed"), _weights(root, "ddp")
+    exported, expected = final_weights(tmp_path / "resumed", "resumed"), final_weights(root, "ddp")
     for key, value in exported.items():
         torch.testing.assert_close(value, expected[key], rtol=1e-5, atol=1e-6)
 
@@ -134,7 +112,10 @@ def test_accumulating_4_batches_equals_one_batch_4_times_as_large(tmp_path: Path
 
     assert accumulated["global_step"] == whole["global_step"] == 2
     assert _updates(accumulated) == pytest.approx(_updates(whole), rel=1e-5)
-    exported, expected = _weights(tmp_path / "acc", "acc"), _weights(tmp_path / "whole", "whole")
+    exported, expected = (
+        final_weights(tmp_path / "acc", "acc"),
+        final_weights(tmp_path / "whole", "whole"),
+    )
     for key, value in exported.items():
         torch.testing.assert_close(value, expected[key], rtol=1e-5, atol=1e-6)
 
@@ -155,14 +136,14 @@ def test_bf16_and_offload_of_stages_2_and_3_train(
     tmp_path: Path, reference: tuple[Path, dict[str, object]]
 ) -> None:
     _, ddp = reference
-    first_epoch = {step: loss for step, loss in _losses(ddp).items() if int(step) < 8}
+    first_epoch = {step: loss for step, loss in losses_of(ddp).items() if int(step) < 8}
     bf16 = _run(tmp_path / "bf16", "bf16", "--strategy", "deepspeed_stage_2",
                 "--precision", "bf16-mixed")  # fmt: skip
     assert bf16["dtypes"] == ["torch.bfloat16"]  # the inputs follow the engine's dtype
-    _close(_losses(bf16), first_epoch, 0.02)
+    assert_losses_close(losses_of(bf16), first_epoch, 0.02)
     for name in ("deepspeed_stage_2_offload", "deepspeed_stage_3_offload"):
         offloaded = _run(tmp_path / name, name, "--strategy", name, "--lazy")
-        _close(_losses(offloaded), first_epoch, 1e-5)
+        assert_losses_close(losses_of(offloaded), first_epoch, 1e-5)
 
 
 def test_a_model_built_under_zero_init_never_is_whole_on_a_rank(tmp_path: Path) -> None:
@@ -177,8 +158,8 @@ def test_a_model_built_under_zero_init_never_is_whole_on_a_rank(tmp_path: Path) 
     _run(tmp_path / "zero2", "zero2", "--strategy", "deepspeed_stage_2", *common, env=env)
 
     for rank in (0, 1):
-        partitioned = _rank(tmp_path / "zero3", "zero3", rank)
-        whole = _rank(tmp_path / "zero2", "zero2", rank)
+        partitioned = rank_result(tmp_path / "zero3", "zero3", rank)
+        whole = rank_result(tmp_path / "zero2", "zero2", rank)
         model_bytes = float(str(partitioned["model_bytes"]))
         assert model_bytes > 130e6
         # Half the model, and a layer being made (16 MB) before it is partitioned.
@@ -192,7 +173,7 @@ def test_after_fit_a_new_module_validates_from_the_checkpoint(tmp_path: Path, st
          "--then-validate")  # fmt: skip
 
     for rank in (0, 1):
-        result = _rank(tmp_path, "next", rank)
+        result = rank_result(tmp_path, "next", rank)
         validated = float(str(result["val_from_checkpoint"]))
         assert 0 < validated < 1
         if stage == 2:  # the fitted module is whole: it validates alike

@@ -8,14 +8,17 @@ at another world size, are compared step by step.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
-from tests.reliability.jobs import processes_mentioning
+from tests.sharded_jobs import (
+    assert_losses_close,
+    final_weights,
+    losses_of,
+    rank_result,
+    run_job,
+)
 
 JOB = Path(__file__).resolve().with_name("fsdp_job.py")
 
@@ -25,38 +28,7 @@ pytestmark = pytest.mark.slow
 def _run(
     root: Path, tag: str, *options: str, env: dict[str, str] | None = None
 ) -> dict[str, object]:
-    root.mkdir(parents=True, exist_ok=True)
-    command = [sys.executable, str(JOB), str(root), tag, *options]
-    done = subprocess.run(
-        command, capture_output=True, text=True, timeout=300, check=False,
-        env={**os.environ, **(env or {})},
-    )  # fmt: skip
-    assert not processes_mentioning(str(root)), "a rank was left running"
-    assert done.returncode == 0, done.stderr[-6000:]
-    result: dict[str, object] = json.loads((root / f"{tag}-rank0.json").read_text())
-    return result
-
-
-def _rank(root: Path, tag: str, rank: int) -> dict[str, object]:
-    result: dict[str, object] = json.loads((root / f"{tag}-rank{rank}.json").read_text())
-    return result
-
-
-def _losses(result: dict[str, object]) -> dict[str, float]:
-    losses = result["losses"]
-    assert isinstance(losses, dict)
-    return losses
-
-
-def _close(a: dict[str, float], b: dict[str, float], tolerance: float) -> None:
-    assert a.keys() == b.keys()
-    for step, value in a.items():
-        assert abs(value - b[step]) <= tolerance * max(1.0, abs(b[step])), (step, a, b)
-
-
-def _weights(root: Path, tag: str) -> dict[str, torch.Tensor]:
-    final = json.loads((root / f"{tag}-final.json").read_text())
-    return {key: torch.tensor(value) for key, value in final.items()}
+    return run_job(JOB, root, tag, *options, env=env)
 
 
 def _state_bytes(result: dict[str, object]) -> int:
@@ -73,10 +45,10 @@ def test_fsdp_trains_as_ddp_does_and_holds_a_world_size_share_of_the_state(
     ddp = _run(tmp_path / "ddp", "ddp", "--strategy", "ddp", *common)
     fsdp = _run(tmp_path / "fsdp", "fsdp", *common, "--options", '{"wrap": "blocks"}')
 
-    _close(_losses(fsdp), _losses(ddp), 1e-5)
+    assert_losses_close(losses_of(fsdp), losses_of(ddp), 1e-5)
     ddp_weights, fsdp_weights = (
-        _weights(tmp_path / "ddp", "ddp"),
-        _weights(tmp_path / "fsdp", "fsdp"),
+        final_weights(tmp_path / "ddp", "ddp"),
+        final_weights(tmp_path / "fsdp", "fsdp"),
     )
     assert ddp_weights.keys() == fsdp_weights.keys()
     for key, value in ddp_weights.items():
@@ -87,9 +59,11 @@ def test_fsdp_trains_as_ddp_does_and_holds_a_world_size_share_of_the_state(
     full = _state_bytes(ddp)
     share = {2: 0.55, 3: 0.40}[devices]
     for rank in range(devices):
-        held = _state_bytes(_rank(tmp_path / "fsdp", "fsdp", rank))
+        held = _state_bytes(rank_result(tmp_path / "fsdp", "fsdp", rank))
         assert held <= full * share, (rank, held, full)
-    assert sum(_state_bytes(_rank(tmp_path / "fsdp", "fsdp", r)) for r in range(devices)) >= full
+    assert (
+        sum(_state_bytes(rank_result(tmp_path / "fsdp", "fsdp", r)) for r in range(devices)) >= full
+    )
 
 
 def test_a_sharded_checkpoint_resumes_exactly_and_at_other_world_sizes(tmp_path: Path) -> None:
@@ -97,16 +71,16 @@ def test_a_sharded_checkpoint_resumes_exactly_and_at_other_world_sizes(tmp_path:
     _run(tmp_path / "first", "first", "--devices", "2", "--epochs", "2")
     saved = tmp_path / "first" / "checkpoints" / "last.ckpt"
     assert saved.is_dir()  # every rank wrote its shards
-    expected = {k: v for k, v in _losses(straight).items() if int(k) >= 8}
+    expected = {k: v for k, v in losses_of(straight).items() if int(k) >= 8}
 
     same = _run(tmp_path / "same", "same", "--devices", "2", "--epochs", "3",
                 "--resume-from", str(saved))  # fmt: skip
-    assert _losses(same) == expected  # exact at the same world size
+    assert losses_of(same) == expected  # exact at the same world size
 
     for devices in (1, 3):
         resumed = _run(tmp_path / f"on{devices}", f"on{devices}", "--devices", str(devices),
                        "--epochs", "3", "--resume-from", str(saved))  # fmt: skip
-        _close(_losses(resumed), expected, 1e-5)
+        assert_losses_close(losses_of(resumed), expected, 1e-5)
         # Then it keeps training and checkpointing at its own world size.
         assert (tmp_path / f"on{devices}" / "checkpoints" / "last.ckpt" / ".metadata").is_file()
 
@@ -119,7 +93,7 @@ def test_an_optimizer_without_per_parameter_state_resumes_exactly(tmp_path: Path
     resumed = _run(tmp_path / "resumed", "resumed", "--sgd", "--epochs", "2",
                    "--resume-from", str(saved))  # fmt: skip
 
-    assert _losses(resumed) == {k: v for k, v in _losses(straight).items() if int(k) >= 4}
+    assert losses_of(resumed) == {k: v for k, v in losses_of(straight).items() if int(k) >= 4}
 
 
 def test_bf16_activation_checkpointing_prefetch_and_uneven_validation(tmp_path: Path) -> None:
@@ -130,7 +104,7 @@ def test_bf16_activation_checkpointing_prefetch_and_uneven_validation(tmp_path: 
                   "--uneven-validation")  # fmt: skip
 
     assert result["dtypes"] == ["torch.bfloat16"]  # the blocks computed with bf16 parameters
-    _close(_losses(result), _losses(fp32), 2e-2)
+    assert_losses_close(losses_of(result), losses_of(fp32), 2e-2)
     # Three checkpointed blocks: each runs forward twice per step (once more in backward).
     assert result["checkpointed"] == 3
     assert result["forwards_per_step"] == [6, 6, 6]
@@ -147,7 +121,7 @@ def test_a_model_built_on_meta_with_cpu_offload_trains_from_each_ranks_shards(
 
     assert result["offload"] is True
     assert result["devices"] == ["cpu"]
-    losses = list(_losses(result).values())
+    losses = list(losses_of(result).values())
     assert losses[-1] < losses[0]
 
 
@@ -157,7 +131,7 @@ def test_a_full_state_dict_is_one_file_plain_pytorch_loads(tmp_path: Path) -> No
     full = _run(tmp_path / "full", "full", "--devices", "2", "--epochs", "1",
                 "--options", options)  # fmt: skip
 
-    _close(_losses(full), _losses(sharded), 1e-5)
+    assert_losses_close(losses_of(full), losses_of(sharded), 1e-5)
     assert full["blocks"] == 3  # the size-based policy chose the three blocks
     last = tmp_path / "full" / "checkpoints" / "last.ckpt"
     assert last.is_file()
@@ -175,7 +149,7 @@ def test_after_fit_a_new_module_validates_from_the_checkpoint_and_the_fitted_one
          "--then-validate")  # fmt: skip
 
     for rank in range(2):
-        result = _rank(tmp_path, "next", rank)
+        result = rank_result(tmp_path, "next", rank)
         assert result["fresh_val_seen"] == 64  # 32 samples (not sharded: a list) on 2 ranks
         refusal = str(result["refusal"])
         assert "sharded by an earlier run" in refusal, refusal
@@ -198,7 +172,7 @@ def test_replicated_and_hybrid_sharding_train_as_full_sharding_does(
     result = _run(tmp_path / "other", "other", "--strategy", strategy, "--devices", "4",
                   "--epochs", "1", "--options", options)  # fmt: skip
 
-    _close(_losses(result), _losses(reference), 1e-5)
+    assert_losses_close(losses_of(result), losses_of(reference), 1e-5)
 
 
 def test_a_model_larger_than_the_per_process_budget_is_built_and_trained(tmp_path: Path) -> None:
@@ -212,7 +186,7 @@ def test_a_model_larger_than_the_per_process_budget_is_built_and_trained(tmp_pat
          "--sgd", "--no-checkpoints", "--options", '{"wrap": "blocks"}', env=env)  # fmt: skip
 
     for rank in range(4):
-        result = _rank(tmp_path, "big", rank)
+        result = rank_result(tmp_path, "big", rank)
         held = result["state_bytes"]
         assert isinstance(held, dict)
         budget = 0.9 * held["full_parameters"]
@@ -227,4 +201,4 @@ def test_on_gpus_over_nccl_fsdp_trains_as_ddp_does(tmp_path: Path) -> None:
     fsdp = _run(tmp_path / "fsdp", "fsdp", *common, "--options", '{"wrap": "blocks"}')
 
     assert fsdp["devices"] == ["cuda"]
-    _close(_losses(fsdp), _losses(ddp), 1e-4)
+    assert_losses_close(losses_of(fsdp), losses_of(ddp), 1e-4)

@@ -263,21 +263,29 @@ _FSDP_SIDES: Final = {
 """Lightning's FSDP strategy refuses the CPU, so it has no side on this CPU benchmark."""
 
 
-def bench_fsdp(rounds: int, steps: int, width: int, scratch: Path) -> list[Row]:
-    """Memory each rank holds and seconds per step, DDP against FSDP, on 2 gloo ranks."""
-    sides = list(_FSDP_SIDES)
+def _sharding_figures(
+    sides: dict[str, str],
+    kinds: tuple[str, ...],
+    *,
+    rounds: int,
+    steps: int,
+    width: int,
+    scratch: Path,
+) -> dict[str, dict[str, list[float]]]:
+    """Run each side of tools/bench_fsdp.py ``rounds`` times; each kind's figures by side."""
     figures: dict[str, dict[str, list[float]]] = {
-        kind: {side: [] for side in sides} for kind in ("per_step", "held_bytes", "peak_growth")
+        kind: {side: [] for side in sides} for kind in kinds
     }
-    out = scratch / "fsdp.json"
+    out = scratch / "sharding.json"
     # Large blocks are mapped and unmapped, not kept in the heap: the peak resident
     # size then follows the tensors alive, on every side alike.
-    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "131072"}
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "131072", "DS_ACCELERATOR": "cpu"}
+    names = list(sides)
     for index in range(rounds):
-        shift = index % len(sides)
-        for side in [*sides[shift:], *sides[:shift]]:
+        shift = index % len(names)
+        for side in [*names[shift:], *names[:shift]]:
             out.unlink(missing_ok=True)
-            command = [sys.executable, str(FSDP_TOOL), "--side", _FSDP_SIDES[side],
+            command = [sys.executable, str(FSDP_TOOL), "--side", sides[side],
                        "--width", str(width), "--steps", str(steps), "--out", str(out)]  # fmt: skip
             done = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
             if done.returncode != 0:
@@ -285,6 +293,16 @@ def bench_fsdp(rounds: int, steps: int, width: int, scratch: Path) -> list[Row]:
             result = json.loads(out.read_text(encoding="utf-8"))
             for kind, values in figures.items():
                 values[side].append(float(result[kind]))
+    return figures
+
+
+def bench_fsdp(rounds: int, steps: int, width: int, scratch: Path) -> list[Row]:
+    """Memory each rank holds and seconds per step, DDP against FSDP, on 2 gloo ranks."""
+    sides = list(_FSDP_SIDES)
+    figures = _sharding_figures(
+        _FSDP_SIDES, ("per_step", "held_bytes", "peak_growth"),
+        rounds=rounds, steps=steps, width=width, scratch=scratch,
+    )  # fmt: skip
     ddp, fsdp2 = "hand-written DDP", "hand-written FSDP2"
     rows = [
         Row("fsdp", f"held per rank: {side}", "B", figures["held_bytes"][side],
@@ -317,23 +335,10 @@ _DEEPSPEED_SIDES: Final = {
 def bench_deepspeed(rounds: int, steps: int, width: int, scratch: Path) -> list[Row]:
     """Weights and optimizer state each rank holds, and seconds per step, per ZeRO stage."""
     sides = list(_DEEPSPEED_SIDES)
-    figures: dict[str, dict[str, list[float]]] = {
-        kind: {side: [] for side in sides} for kind in ("per_step", "weights_bytes", "peak_growth")
-    }
-    out = scratch / "deepspeed.json"
-    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "131072", "DS_ACCELERATOR": "cpu"}
-    for index in range(rounds):
-        shift = index % len(sides)
-        for side in [*sides[shift:], *sides[:shift]]:
-            out.unlink(missing_ok=True)
-            command = [sys.executable, str(FSDP_TOOL), "--side", _DEEPSPEED_SIDES[side],
-                       "--width", str(width), "--steps", str(steps), "--out", str(out)]  # fmt: skip
-            done = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
-            if done.returncode != 0:
-                raise RuntimeError(f"{side} failed:\n{done.stderr[-3000:]}")
-            result = json.loads(out.read_text(encoding="utf-8"))
-            for kind, values in figures.items():
-                values[side].append(float(result[kind]))
+    figures = _sharding_figures(
+        _DEEPSPEED_SIDES, ("per_step", "weights_bytes", "peak_growth"),
+        rounds=rounds, steps=steps, width=width, scratch=scratch,
+    )  # fmt: skip
     ddp, hand = "hand-written DDP", "hand-written DeepSpeed ZeRO-2"
     trainers = [side for side in sides if side.startswith("plait Trainer")]
     rows = [

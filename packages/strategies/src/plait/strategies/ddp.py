@@ -30,6 +30,7 @@ __all__ = [
     "START_METHODS",
     "DDPStrategy",
     "NamingDistributedDataParallel",
+    "SelfLaunchingStrategy",
     "process_launcher",
     "processes_per_node",
 ]
@@ -124,7 +125,26 @@ def _check_model_averaging(period: object, state: object) -> None:
         )
 
 
-class DDPStrategy(ParallelStrategy):
+class SelfLaunchingStrategy(ParallelStrategy):
+    """A process-group strategy that starts its own ranks: one per parallel device.
+
+    Subclasses set ``start_method`` (one of `START_METHODS`) when they are made.
+    """
+
+    start_method: str
+
+    @property
+    def num_processes(self) -> int:
+        """How many processes the launcher starts: one per parallel device."""
+        return processes_per_node(self._parallel_devices, self.root_device)
+
+    @property
+    def launcher(self) -> Launcher:
+        """What starts the ranks: nothing, when a scheduler or launcher already did."""
+        return process_launcher(self.cluster_environment, self.start_method, self.num_processes)
+
+
+class DDPStrategy(SelfLaunchingStrategy):
     """Data parallel training with `torch.nn.parallel.DistributedDataParallel`.
 
     Each rank holds a replica of the module; gradients are averaged across ranks
@@ -237,16 +257,6 @@ class DDPStrategy(ParallelStrategy):
                     fix="correct the name; DDPStrategy passes the options it does not take "
                     "itself to DistributedDataParallel",
                 )
-
-    @property
-    def num_processes(self) -> int:
-        """How many processes the launcher starts: one per parallel device."""
-        return processes_per_node(self._parallel_devices, self.root_device)
-
-    @property
-    def launcher(self) -> Launcher:
-        """What starts the ranks: nothing, when a scheduler or launcher already did."""
-        return process_launcher(self.cluster_environment, self.start_method, self.num_processes)
 
     @override
     def wrap_module(self, module: torch.nn.Module) -> torch.nn.Module:

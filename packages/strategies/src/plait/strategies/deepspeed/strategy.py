@@ -17,7 +17,7 @@ from plait.core import (
     ConfigurationError,
     GradientClipAlgorithm,
 )
-from plait.strategies.ddp import START_METHODS, process_launcher, processes_per_node
+from plait.strategies.ddp import START_METHODS, SelfLaunchingStrategy
 from plait.strategies.deepspeed import library
 from plait.strategies.deepspeed.checkpoint_io import DeepSpeedCheckpointIO, is_deepspeed_checkpoint
 from plait.strategies.deepspeed.config import (
@@ -34,11 +34,11 @@ from plait.strategies.deepspeed.config import (
     precision_name,
     read_config,
 )
-from plait.strategies.parallel import DEFAULT_START_TIMEOUT, DEFAULT_TIMEOUT, ParallelStrategy
+from plait.strategies.parallel import DEFAULT_START_TIMEOUT, DEFAULT_TIMEOUT
 from plait.strategies.state import load_module_state, module_state_of
 
 if TYPE_CHECKING:
-    from plait.core import Accelerator, CheckpointIO, ClusterEnvironment, Launcher, Precision
+    from plait.core import Accelerator, CheckpointIO, ClusterEnvironment, Precision
     from plait.core.typing import Checkpoint, PathLike, StateDict
 
 __all__ = ["DeepSpeedStrategy"]
@@ -97,7 +97,7 @@ def _check_flag(name: str, value: object) -> bool:
     return value
 
 
-class DeepSpeedStrategy(ParallelStrategy):
+class DeepSpeedStrategy(SelfLaunchingStrategy):
     """Data-parallel training with DeepSpeed's ZeRO, optionally offloaded to the CPU.
 
     ZeRO partitions the optimizer state (stage 1), then the gradients (2), then the
@@ -250,18 +250,6 @@ class DeepSpeedStrategy(ParallelStrategy):
                 value=self.stage,
                 fix="pass stage=1, 2 or 3 with offload_optimizer=True",
             )
-
-    # Processes.
-
-    @property
-    def num_processes(self) -> int:
-        """How many processes the launcher starts: one per parallel device."""
-        return processes_per_node(self._parallel_devices, self.root_device)
-
-    @property
-    def launcher(self) -> Launcher:
-        """What starts the ranks: nothing, when a scheduler or launcher already did."""
-        return process_launcher(self.cluster_environment, self.start_method, self.num_processes)
 
     @property
     def compute_dtype(self) -> torch.dtype:

@@ -12,7 +12,7 @@ import torch.distributed as dist
 from typing_extensions import override
 
 from plait.core import CheckpointError, ConfigurationError, SupportsLoadInPlace
-from plait.strategies.ddp import START_METHODS, process_launcher, processes_per_node
+from plait.strategies.ddp import START_METHODS, SelfLaunchingStrategy
 from plait.strategies.fsdp import parallelize
 from plait.strategies.fsdp.options import (
     backward_prefetch_depth,
@@ -26,7 +26,7 @@ from plait.strategies.fsdp.options import (
 from plait.strategies.fsdp.options import (
     state_dict_type as parse_state_dict_type,
 )
-from plait.strategies.parallel import DEFAULT_START_TIMEOUT, DEFAULT_TIMEOUT, ParallelStrategy
+from plait.strategies.parallel import DEFAULT_START_TIMEOUT, DEFAULT_TIMEOUT
 from plait.strategies.state import check_state_fits, module_state_of, optimizer_states_of
 
 if TYPE_CHECKING:
@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.fsdp import FSDPModule
 
-    from plait.core import Accelerator, CheckpointIO, ClusterEnvironment, Launcher, Precision
+    from plait.core import Accelerator, CheckpointIO, ClusterEnvironment, Precision
     from plait.core.typing import Checkpoint, PathLike, StateDict
 
 __all__ = ["FSDPStrategy"]
@@ -75,7 +75,7 @@ def _remake(
             ) from error
 
 
-class FSDPStrategy(ParallelStrategy):
+class FSDPStrategy(SelfLaunchingStrategy):
     """Fully sharded data parallel training with FSDP2 (``torch.distributed.fsdp.fully_shard``).
 
     Every rank holds ``1/world_size`` of each parameter, its gradient and its optimizer
@@ -246,18 +246,6 @@ class FSDPStrategy(ParallelStrategy):
                 fix="pass checkpoint_io='torch' (the default for 'full'), or "
                 "state_dict_type='sharded'",
             )
-
-    # Processes.
-
-    @property
-    def num_processes(self) -> int:
-        """How many processes the launcher starts: one per parallel device."""
-        return processes_per_node(self._parallel_devices, self.root_device)
-
-    @property
-    def launcher(self) -> Launcher:
-        """What starts the ranks: nothing, when a scheduler or launcher already did."""
-        return process_launcher(self.cluster_environment, self.start_method, self.num_processes)
 
     @property
     def device_mesh(self) -> DeviceMesh:
