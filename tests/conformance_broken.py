@@ -63,6 +63,27 @@ class MeanThatSumsCollectives(_Flawed):
         return super().flawed_reduce(value, "sum" if op == "mean" else op)
 
 
+class MeanThatSumsOnceCollectives(_Flawed):
+    _slipped = False
+
+    @override
+    def flawed_reduce(self, value: torch.Tensor | float, op: str) -> torch.Tensor | float:
+        mean = super().flawed_reduce(value, op)
+        if op != "mean" or self._slipped:
+            return mean
+        total = super().flawed_reduce(value, "sum")
+        # Every rank sees the same results, so every rank decides alike.
+        differs = (
+            not torch.equal(total, mean)
+            if isinstance(total, torch.Tensor) and isinstance(mean, torch.Tensor)
+            else total != mean
+        )
+        if not differs:
+            return mean
+        self._slipped = True
+        return total
+
+
 class TruncatingMeanCollectives(_Flawed):
     @override
     def flawed_reduce(self, value: torch.Tensor | float, op: str) -> torch.Tensor | float:
@@ -136,6 +157,12 @@ class MeanThatSums(_BrokenDDP):
     """``reduce(x, "mean")`` returns the sum."""
 
     flaw = MeanThatSumsCollectives
+
+
+class MeanThatSumsOnce(_BrokenDDP):
+    """The first ``reduce(x, "mean")`` that a sum would get wrong returns the sum."""
+
+    flaw = MeanThatSumsOnceCollectives
 
 
 class TruncatingIntegerMean(_BrokenDDP):

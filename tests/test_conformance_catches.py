@@ -72,6 +72,20 @@ def test_each_broken_strategy_is_caught_by_the_property_it_breaks(
 
 
 @pytest.mark.slow
+def test_a_flaw_that_does_not_repeat_is_reported_as_a_violation_marked_intermittent() -> None:
+    # Hypothesis reruns a failing example to report it; a flaw that shows only under
+    # some timing (a barrier that leaves early by a millisecond) or only once passes
+    # that rerun. It is still a broken contract, reported as such.
+    violation = _violation("MeanThatSumsOnce", "reduce_tensors", shrink=False)
+
+    assert violation.intermittent
+    message = str(violation)
+    assert "broke the contract once but not when it was run again" in message, message
+    assert "ReduceCase(op='mean'" in message, message
+    assert f"reproduce('{BROKEN}:MeanThatSumsOnce', " in message
+
+
+@pytest.mark.slow
 def test_a_failure_shrinks_to_a_minimal_example_whose_snippet_reproduces_it(
     tmp_path: Path,
 ) -> None:

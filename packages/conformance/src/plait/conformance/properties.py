@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Final
 
 import attrs
 from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis.errors import FlakyFailure
 
 from plait.conformance import generate
 from plait.conformance.cases import (
@@ -169,12 +170,23 @@ class ContractViolation(AssertionError):  # noqa: N818 - a failed property, as p
         property: The property's name.
         case: The example.
         problems: What each rank did wrong.
+        intermittent: The example broke the contract once but not when it was run
+            again (a flaw that depends on timing or on what ran before).
     """
 
-    def __init__(self, prop: Property, pool: RankPool, case: Case, problems: list[str]) -> None:
+    def __init__(
+        self,
+        prop: Property,
+        pool: RankPool,
+        case: Case,
+        problems: list[str],
+        *,
+        intermittent: bool = False,
+    ) -> None:
         self.property = prop.name
         self.case = case
         self.problems = problems
+        self.intermittent = intermittent
         names = sorted({type(case).__name__, "Call", "TensorSpec"})
         lines = [
             (
@@ -182,6 +194,15 @@ class ContractViolation(AssertionError):  # noqa: N818 - a failed property, as p
                 f"{pool.world_size}): {prop.contract}"
             ),
             *(f"  - {problem}" for problem in problems),
+            *(
+                [
+                    "This example broke the contract once but not when it was run again: "
+                    "the flaw depends on timing or on what ran before it, so the snippet "
+                    "may need a few runs to show it."
+                ]
+                if intermittent
+                else []
+            ),
             "Run this example alone:",
             "    from plait.conformance import reproduce",
             f"    from plait.conformance.cases import {', '.join(names)}",
@@ -247,6 +268,9 @@ def prove(pool: RankPool, prop: Property, *, max_examples: int, shrink: bool = T
     Hypothesis draws the examples and, on a failure, shrinks it to a minimal one,
     which `ContractViolation` prints with a snippet that reruns it alone. A hang is
     reported as first found: each try at shrinking it would cost the pool's deadline.
+    An example that fails once and passes when run again (a flaw that shows only
+    under some timing) is still a violation: it is reported as found, marked
+    intermittent, never passed over.
 
     Raises:
         ContractViolation: An example broke the contract.
@@ -273,7 +297,27 @@ def prove(pool: RankPool, prop: Property, *, max_examples: int, shrink: bool = T
         examples()
     except _Hung as hung:
         raise hung.violation from None
+    except FlakyFailure as flaky:
+        found = _first_violation(flaky)
+        if found is None:
+            raise
+        raise ContractViolation(
+            prop, pool, found.case, found.problems, intermittent=True
+        ) from None
     return count
+
+
+def _first_violation(group: BaseExceptionGroup[BaseException]) -> ContractViolation | None:
+    for error in group.exceptions:
+        if isinstance(error, ContractViolation):
+            return error
+        if isinstance(error, _Hung):
+            return error.violation
+        if isinstance(error, BaseExceptionGroup):
+            found = _first_violation(error)
+            if found is not None:
+                return found
+    return None
 
 
 def reproduce(
