@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Final
 
 import attrs
@@ -196,9 +196,11 @@ class ContractViolation(AssertionError):  # noqa: N818 - a failed property, as p
             *(f"  - {problem}" for problem in problems),
             *(
                 [
-                    "This example broke the contract once but not when it was run again: "
-                    "the flaw depends on timing or on what ran before it, so the snippet "
-                    "may need a few runs to show it."
+                    (
+                        "This example broke the contract once but not when it was run "
+                        "again: the flaw depends on timing or on what ran before it, so "
+                        "the snippet may need a few runs to show it."
+                    )
                 ]
                 if intermittent
                 else []
@@ -298,23 +300,21 @@ def prove(pool: RankPool, prop: Property, *, max_examples: int, shrink: bool = T
     except _Hung as hung:
         raise hung.violation from None
     except FlakyFailure as flaky:
-        found = _first_violation(flaky)
+        found = _first_violation(flaky.exceptions)
         if found is None:
             raise
-        raise ContractViolation(
-            prop, pool, found.case, found.problems, intermittent=True
-        ) from None
+        raise ContractViolation(prop, pool, found.case, found.problems, intermittent=True) from None
     return count
 
 
-def _first_violation(group: BaseExceptionGroup[BaseException]) -> ContractViolation | None:
-    for error in group.exceptions:
+def _first_violation(errors: Sequence[BaseException]) -> ContractViolation | None:
+    for error in errors:
         if isinstance(error, ContractViolation):
             return error
         if isinstance(error, _Hung):
             return error.violation
-        if isinstance(error, BaseExceptionGroup):
-            found = _first_violation(error)
+        if isinstance(error, FlakyFailure):
+            found = _first_violation(error.exceptions)
             if found is not None:
                 return found
     return None
