@@ -63,6 +63,15 @@ class MeanThatSumsCollectives(_Flawed):
         return super().flawed_reduce(value, "sum" if op == "mean" else op)
 
 
+def _differ(first: torch.Tensor | float, second: torch.Tensor | float) -> bool:
+    if not (isinstance(first, torch.Tensor) and isinstance(second, torch.Tensor)):
+        return bool(first != second) and not (first != first and second != second)  # noqa: PLR0124
+    if first.dtype != second.dtype or first.shape != second.shape:
+        return True
+    wide = torch.complex128 if first.is_complex() else torch.float64
+    return not torch.allclose(first.to(wide), second.to(wide), equal_nan=True)
+
+
 class MeanThatSumsOnceCollectives(_Flawed):
     _slipped = False
 
@@ -72,13 +81,9 @@ class MeanThatSumsOnceCollectives(_Flawed):
         if op != "mean" or self._slipped:
             return mean
         total = super().flawed_reduce(value, "sum")
-        # Every rank sees the same results, so every rank decides alike.
-        differs = (
-            not torch.equal(total, mean)
-            if isinstance(total, torch.Tensor) and isinstance(mean, torch.Tensor)
-            else total != mean
-        )
-        if not differs:
+        # Every rank sees the same results, so every rank decides alike. Slip only
+        # where the sum is visibly wrong (NaN or infinite means read as equal).
+        if not _differ(total, mean):
             return mean
         self._slipped = True
         return total
