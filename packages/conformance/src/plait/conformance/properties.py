@@ -163,6 +163,13 @@ def property_of(case: Case) -> Property:
     return _BY_NAME[_NAMES[type(case)]]
 
 
+_INTERMITTENT: Final = (
+    "This example broke the contract once but not when it was run again: the flaw "
+    "depends on timing or on what ran before it, so the snippet may need a few runs "
+    "to show it."
+)
+
+
 class ContractViolation(AssertionError):  # noqa: N818 - a failed property, as pytest shows it
     """A strategy broke the contract on one example; the message says how to rerun it.
 
@@ -194,17 +201,7 @@ class ContractViolation(AssertionError):  # noqa: N818 - a failed property, as p
                 f"{pool.world_size}): {prop.contract}"
             ),
             *(f"  - {problem}" for problem in problems),
-            *(
-                [
-                    (
-                        "This example broke the contract once but not when it was run "
-                        "again: the flaw depends on timing or on what ran before it, so "
-                        "the snippet may need a few runs to show it."
-                    )
-                ]
-                if intermittent
-                else []
-            ),
+            *([_INTERMITTENT] if intermittent else []),
             "Run this example alone:",
             "    from plait.conformance import reproduce",
             f"    from plait.conformance.cases import {', '.join(names)}",
@@ -311,8 +308,6 @@ def _first_violation(errors: Sequence[BaseException]) -> ContractViolation | Non
     for error in errors:
         if isinstance(error, ContractViolation):
             return error
-        if isinstance(error, _Hung):
-            return error.violation
         if isinstance(error, FlakyFailure):
             found = _first_violation(error.exceptions)
             if found is not None:
