@@ -216,3 +216,35 @@ def test_the_one_group_of_one_process_is_accepted_and_a_reduction_name_is_not_a_
     with pytest.raises(ConfigurationError, match="'data_parallel'") as raised:
         strategy.barrier(group="tensor")
     assert raised.value.value == "tensor"
+
+
+@pytest.fixture
+def new_parameters_on_conversion() -> object:
+    # How moving to an XLA device behaves: the moved module holds new Parameter
+    # objects, not the ones the optimizer was made over.
+    before = torch.__future__.get_overwrite_module_params_on_conversion()
+    torch.__future__.set_overwrite_module_params_on_conversion(True)
+    yield
+    torch.__future__.set_overwrite_module_params_on_conversion(before)
+
+
+@pytest.mark.usefixtures("new_parameters_on_conversion")
+def test_optimizers_made_before_set_up_step_the_parameters_a_conversion_replaced() -> None:
+    module = nn.Linear(3, 1)
+    optimizer = torch.optim.SGD(module.parameters(), lr=0.1, momentum=0.9)
+    module(torch.ones(2, 3)).sum().backward()
+    optimizer.step()  # a momentum buffer, keyed by the old parameter
+    optimizer.zero_grad()
+    strategy = SingleDeviceStrategy(precision="64-true")
+
+    wrapped, (prepared,) = strategy.setup_module_and_optimizers(module, [optimizer])
+
+    parameters = list(wrapped.parameters())
+    assert parameters[0].dtype == torch.float64
+    held = prepared.param_groups[0]["params"]
+    assert [id(p) for p in held] == [id(p) for p in parameters]
+    assert set(map(id, prepared.state)) == set(map(id, parameters))
+    before = parameters[0].detach().clone()
+    wrapped(torch.ones(2, 3, dtype=torch.float64)).sum().backward()
+    prepared.step()
+    assert not torch.equal(parameters[0], before)

@@ -10,5 +10,12 @@ directories), each meeting the `plait.core.CheckpointIO` protocol and registered
 from plait.checkpoint_io.async_io import AsyncCheckpointIO, snapshot
 from plait.checkpoint_io.sharded import DistributedCheckpointIO
 from plait.checkpoint_io.torch_io import TorchCheckpointIO
+from plait.checkpoint_io.xla_io import XLACheckpointIO
 
-__all__ = ["AsyncCheckpointIO", "DistributedCheckpointIO", "TorchCheckpointIO", "snapshot"]
+__all__ = [
+    "AsyncCheckpointIO",
+    "DistributedCheckpointIO",
+    "TorchCheckpointIO",
+    "XLACheckpointIO",
+    "snapshot",
+]

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 from plait.checkpoint_io.async_io import AsyncCheckpointIO
 from plait.checkpoint_io.sharded import DistributedCheckpointIO
 from plait.checkpoint_io.torch_io import TorchCheckpointIO
+from plait.checkpoint_io.xla_io import XLACheckpointIO
 
 if TYPE_CHECKING:
     from plait.core import CheckpointIO, Registry
@@ -15,11 +16,14 @@ __all__ = ["register"]
 
 
 def register(registry: Registry[CheckpointIO]) -> None:
-    """Register ``torch``, ``async`` and ``distributed``."""
+    """Register ``torch``, ``async``, ``distributed`` and ``xla``."""
     registry.register(
         "torch", TorchCheckpointIO, description="torch.save files, written atomically"
     )
     registry.register("async", AsyncCheckpointIO, description="torch files saved in the background")
     registry.register(
         "distributed", DistributedCheckpointIO, description="sharded torch.distributed.checkpoint"
+    )
+    registry.register(
+        "xla", XLACheckpointIO, description="torch.save files of state copied off XLA devices"
     )

@@ -23,6 +23,7 @@ from plait.strategies.parallel import PROCESS_GROUP_BACKENDS, ParallelStrategy
 from plait.strategies.process_group import init_distributed
 from plait.strategies.sharded import DDPShardedStrategy
 from plait.strategies.single_device import SingleDeviceStrategy
+from plait.strategies.xla import SingleDeviceXLAStrategy
 
 __all__ = [
     "PROCESS_GROUP_BACKENDS",
@@ -38,6 +39,7 @@ __all__ = [
     "LocalCollectives",
     "ParallelStrategy",
     "SingleDeviceStrategy",
+    "SingleDeviceXLAStrategy",
     "StrategyRegistry",
     "init_distributed",
 ]

@@ -72,6 +72,37 @@ def _one_precision(
     return precision_plugin
 
 
+def _rebind_optimizers(
+    optimizers: Sequence[torch.optim.Optimizer],
+    before: list[torch.nn.Parameter],
+    after: list[torch.nn.Parameter],
+) -> None:
+    # Moving a module to a device whose tensors cannot share the CPU's storage type
+    # (XLA) makes new Parameter objects, where CUDA keeps the old ones; optimizers
+    # made before the move would then step the abandoned CPU copies and training
+    # would silently change nothing. Point them at the moved parameters, in place,
+    # so that schedulers bound to them stay bound.
+    if len(before) != len(after) or all(old is new for old, new in zip(before, after, strict=True)):
+        return
+    moved = {id(old): new for old, new in zip(before, after, strict=True)}
+    for optimizer in optimizers:
+        for group in optimizer.param_groups:
+            group["params"] = [moved.get(id(parameter), parameter) for parameter in group["params"]]
+        for old_id, new in moved.items():
+            old = next((key for key in optimizer.state if id(key) == old_id), None)
+            if old is None:
+                continue
+            # Per-parameter buffers follow the parameter; scalars (a step count) stay
+            # on the CPU, where torch's optimizers keep them.
+            state = optimizer.state.pop(old)
+            optimizer.state[new] = {
+                key: value.to(new.device)
+                if isinstance(value, torch.Tensor) and value.dim() > 0
+                else value
+                for key, value in state.items()
+            }
+
+
 class BaseStrategy(abc.ABC):
     """A strategy built from an accelerator, a precision and a checkpoint IO.
 
@@ -342,7 +373,9 @@ class BaseStrategy(abc.ABC):
                 module's (for instance, made from another copy of the model).
         """
         self.check_optimizers_belong(module, optimizers)
+        before = list(module.parameters())
         wrapped = self.setup_module(module)
+        _rebind_optimizers(optimizers, before, list(self.unwrap_module(wrapped).parameters()))
         return wrapped, self.setup_optimizers(optimizers)
 
     @staticmethod

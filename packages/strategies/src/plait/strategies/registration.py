@@ -10,6 +10,7 @@ from plait.strategies.dp import DataParallelStrategy
 from plait.strategies.fsdp import FSDPStrategy
 from plait.strategies.sharded import DDPShardedStrategy
 from plait.strategies.single_device import SingleDeviceStrategy
+from plait.strategies.xla import SingleDeviceXLAStrategy
 
 if TYPE_CHECKING:
     from plait.core import Registry, Strategy
@@ -18,13 +19,16 @@ __all__ = ["register"]
 
 
 def register(registry: Registry[Strategy]) -> None:
-    """Register ``single_device``, the DDP family, ``ddp_sharded``, FSDP, DeepSpeed and ``dp``.
+    """Register the one-process strategies, the DDP family, FSDP, DeepSpeed, XLA and ``dp``.
 
-    The DeepSpeed names are registered whether or not deepspeed is installed: choosing
-    one without it raises an error that names the extra to install.
+    The DeepSpeed and XLA names are registered whether or not deepspeed or torch_xla
+    is installed: choosing one without it raises an error that names the extra.
     """
     registry.register(
         "single_device", SingleDeviceStrategy, description="one process on one device"
+    )
+    registry.register(
+        "single_xla", SingleDeviceXLAStrategy, description="one process on one XLA device"
     )
     registry.register(
         "ddp", DDPStrategy, description="DDP, running the program again per rank",

@@ -1,0 +1,140 @@
+"""``single_xla`` end to end on XLA:CPU: training, checkpoints, resuming."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+from typing_extensions import override
+
+from plait.core import seed_everything
+from plait.trainer import ModelCheckpoint, Module, Trainer
+
+
+
+def _loader() -> DataLoader[tuple[torch.Tensor, ...]]:
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(64, 4, generator=generator)
+    y = x @ torch.tensor([[1.0], [-2.0], [0.5], [3.0]])
+    return DataLoader(TensorDataset(x, y), batch_size=8, shuffle=True)
+
+
+class Regressor(Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = torch.nn.Sequential(
+            torch.nn.Linear(4, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1)
+        )
+        self.losses: list[float] = []
+        self.devices: set[str] = set()
+
+    @override
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.net(x)
+        return out
+
+    @override
+    def training_step(self, batch: object, batch_idx: int) -> torch.Tensor:
+        assert isinstance(batch, list)
+        x, y = batch
+        self.devices.add(x.device.type)
+        loss = torch.nn.functional.mse_loss(self(x), y)
+        self.losses.append(loss.item())
+        self.log("train_loss", loss)
+        return loss
+
+    @override
+    def configure_optimizers(self) -> object:
+        return torch.optim.SGD(self.parameters(), lr=0.01, momentum=0.9)
+
+
+def _trainer(root: Path, strategy: str, **settings: object) -> Trainer:
+    defaults: dict[str, object] = {
+        "strategy": strategy,
+        "default_root_dir": root,
+        "enable_progress_bar": False,
+        "logger": False,
+    }
+    return Trainer(**{**defaults, **settings})  # type: ignore[arg-type]
+
+
+def _fit(root: Path, strategy: str, **settings: object) -> Regressor:
+    seed_everything(7)
+    model = Regressor()
+    _trainer(root, strategy, **settings).fit(model, _loader())
+    return model
+
+
+def test_single_xla_trains_on_the_xla_device_as_the_cpu_does(tmp_path: Path) -> None:
+    on_xla = _fit(tmp_path / "xla", "single_xla", max_epochs=3, enable_checkpointing=False)
+    on_cpu = _fit(tmp_path / "cpu", "single_device", max_epochs=3, enable_checkpointing=False)
+
+    assert on_xla.devices == {"xla"}
+    assert len(on_xla.losses) == 24
+    assert sum(on_xla.losses[-4:]) < sum(on_xla.losses[:4]) / 4
+    assert on_xla.losses == pytest.approx(on_cpu.losses, rel=1e-3, abs=1e-4)
+
+
+def test_a_checkpoint_holds_cpu_tensors_that_load_without_torch_xla(tmp_path: Path) -> None:
+    _fit(tmp_path, "single_xla", max_epochs=1)
+    path = max((tmp_path / "checkpoints").glob("*.ckpt"), key=lambda p: p.stat().st_mtime)
+    checkpoint = torch.load(path, weights_only=True)
+    tensors = [*checkpoint["state_dict"].values()]
+    tensors += [
+        value
+        for state in checkpoint["optimizer_states"][0]["state"].values()
+        for value in state.values()
+        if isinstance(value, torch.Tensor)
+    ]
+    assert tensors
+    assert {tensor.device.type for tensor in tensors} == {"cpu"}
+    # Another interpreter that never imports torch_xla reads it.
+    code = (
+        "import sys, torch; c = torch.load(sys.argv[1], weights_only=True); "
+        "assert 'torch_xla' not in sys.modules; print(sorted(c['state_dict']))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    ).stdout
+    assert "net.0.weight" in out
+
+
+@pytest.mark.parametrize("stop_after", [5, 8, 13], ids=["mid-epoch", "epoch-end", "second-epoch"])
+def test_a_resumed_run_continues_exactly_and_keeps_checkpointing(
+    tmp_path: Path, stop_after: int
+) -> None:
+    whole = _fit(tmp_path / "whole", "single_xla", max_epochs=3, enable_checkpointing=False)
+
+    def checkpoints() -> ModelCheckpoint:
+        return ModelCheckpoint(tmp_path / "ckpt", every_n_train_steps=stop_after, save_top_k=-1)
+
+    first = _fit(tmp_path / "part", "single_xla", max_steps=stop_after, callbacks=[checkpoints()])
+    seed_everything(123)  # the resumed run restores the random state
+    model = Regressor()
+    resumed = _trainer(tmp_path / "part", "single_xla", max_epochs=3, callbacks=[checkpoints()])
+    resumed.fit(model, _loader(), ckpt_path="last")
+
+    assert first.losses + model.losses == pytest.approx(whole.losses, rel=1e-5, abs=1e-6)
+    assert resumed.global_step == 24
+    # It kept checkpointing after the resume.
+    steps = sorted(int(p.stem.split("step=")[1]) for p in (tmp_path / "ckpt").glob("*step=*.ckpt"))
+    assert steps[-1] == 24 - 24 % stop_after
+
+
+def test_importing_plait_does_not_import_torch_xla() -> None:
+    code = (
+        "import sys, plait.strategies, plait.checkpoint_io, plait.trainer; "
+        "from plait.core import StrategyRegistry; "
+        "assert 'single_xla' in StrategyRegistry; "
+        "assert 'torch_xla' not in sys.modules, 'torch_xla was imported'"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
