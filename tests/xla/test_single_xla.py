@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -14,7 +13,6 @@ from typing_extensions import override
 
 from plait.core import seed_everything
 from plait.trainer import ModelCheckpoint, Module, Trainer
-
 
 
 def _loader() -> DataLoader[tuple[torch.Tensor, ...]]:

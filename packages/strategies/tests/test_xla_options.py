@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import pytest
 import torch
 
@@ -39,10 +41,12 @@ def test_the_xla_checkpoint_io_is_registered_and_writes_torch_files() -> None:
     assert isinstance(io, TorchCheckpointIO)
 
 
-def test_to_cpu_keeps_the_structure_and_leaves_cpu_tensors_alone() -> None:
-    from collections import namedtuple  # noqa: PLC0415
+class Pair(NamedTuple):
+    a: torch.Tensor
+    b: float
 
-    Pair = namedtuple("Pair", ["a", "b"])  # noqa: PYI024
+
+def test_to_cpu_keeps_the_structure_and_leaves_cpu_tensors_alone() -> None:
     tensor = torch.ones(2)
     state = {"x": tensor, "l": [tensor, 3, "s"], "t": (tensor, None), "p": Pair(tensor, 1.5)}
     copied = to_cpu(state)
