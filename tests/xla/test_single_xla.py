@@ -11,7 +11,7 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 from typing_extensions import override
 
-from plait.core import seed_everything
+from plait.core import StrategyRegistry, SupportsProcessDataloader, seed_everything
 from plait.trainer import ModelCheckpoint, Module, Trainer
 
 
@@ -20,6 +20,14 @@ def _loader() -> DataLoader[tuple[torch.Tensor, ...]]:
     x = torch.randn(64, 4, generator=generator)
     y = x @ torch.tensor([[1.0], [-2.0], [0.5], [3.0]])
     return DataLoader(TensorDataset(x, y), batch_size=8, shuffle=True)
+
+
+def _xy(batch: object) -> tuple[torch.Tensor, torch.Tensor]:
+    assert isinstance(batch, list)
+    x, y = batch
+    assert isinstance(x, torch.Tensor)
+    assert isinstance(y, torch.Tensor)
+    return x, y
 
 
 class Regressor(Module):
@@ -38,8 +46,7 @@ class Regressor(Module):
 
     @override
     def training_step(self, batch: object, batch_idx: int) -> torch.Tensor:
-        assert isinstance(batch, list)
-        x, y = batch
+        x, y = _xy(batch)
         self.devices.add(x.device.type)
         loss = torch.nn.functional.mse_loss(self(x), y)
         self.losses.append(loss.item())
@@ -136,3 +143,14 @@ def test_importing_plait_does_not_import_torch_xla() -> None:
         "assert 'torch_xla' not in sys.modules, 'torch_xla was imported'"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+def test_the_trainer_feeds_batches_through_the_xla_device_loader() -> None:
+    strategy = StrategyRegistry.get("single_xla")
+    assert isinstance(strategy, SupportsProcessDataloader)
+    loader = _loader()
+    batches = list(strategy.process_dataloader(loader))
+
+    assert len(batches) == len(loader)
+    devices = {_xy(batch)[0].device.type for batch in batches}
+    assert devices == {"xla"}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import io
 import os
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,13 @@ from rich.console import Console
 from torch.utils.data import DataLoader, TensorDataset
 from typing_extensions import override
 
-from plait.core import CheckpointError, ConfigurationError, seed_everything
+from plait.core import (
+    CheckpointError,
+    ConfigurationError,
+    SupportsProcessDataloader,
+    seed_everything,
+)
+from plait.strategies import SingleDeviceStrategy
 from plait.trainer import (
     Callback,
     CSVLogger,
@@ -693,3 +700,35 @@ def test_layers_made_in_configure_model_train_and_the_hook_runs_once_per_run(
     assert model.net is not None
     assert model.built == 2  # fit, then validate: each run once, the layer made once
     assert "val_loss" in trainer.callback_metrics
+
+
+class WrappingStrategy(SingleDeviceStrategy):
+    """Wraps each loader, as XLA's strategy wraps it in a device loader."""
+
+    def __init__(self) -> None:
+        super().__init__("cpu")
+        self.passes: list[int] = []
+
+    def process_dataloader(self, loader: Iterable[object]) -> Iterable[object]:
+        self.passes.append(len(loader))  # type: ignore[arg-type]
+
+        def batches() -> Iterator[object]:
+            for batch in loader:
+                x, y = _xy(batch)
+                yield [x, y * 0.0]  # the wrapper's batches are the ones trained on
+
+        return batches()
+
+
+def test_the_strategy_wraps_each_pass_over_a_loader(tmp_path: Path) -> None:
+    strategy = WrappingStrategy()
+    assert isinstance(strategy, SupportsProcessDataloader)
+    model = Regressor()
+    trainer = _trainer(tmp_path, strategy=strategy, max_epochs=2)
+    trainer.fit(model, _loader(), _loader(n=16, shuffle=False))
+
+    # Two training passes of 8 batches, two validation passes of 2.
+    assert sorted(strategy.passes) == [2, 2, 8, 8]
+    assert len(model.losses) == 16
+    # Trained on the wrapper's batches: a zero target, far below the real one's losses.
+    assert max(model.losses) < 1.0

@@ -40,6 +40,7 @@ from plait.core.protocols import (
     SupportsModelShardedContext,
     SupportsNoSync,
     SupportsPartialCleanup,
+    SupportsProcessDataloader,
     SupportsReplace,
     is_collective,
 )
@@ -101,6 +102,7 @@ __all__ = [
     "SupportsModelShardedContext",
     "SupportsNoSync",
     "SupportsPartialCleanup",
+    "SupportsProcessDataloader",
     "SupportsReplace",
     "TrainingStopped",
     "free_port",

@@ -24,6 +24,7 @@ from plait.core import (
     Strategy,
     SupportsModelShardedContext,
     SupportsNoSync,
+    SupportsProcessDataloader,
     TrainingStopped,
     rank_zero_warn,
 )
@@ -527,9 +528,17 @@ class Loops(abc.ABC):
         self.should_stop = self.strategy.reduce_boolean_decision(self.should_stop, all=False)
         self.current_epoch += 1
 
+    def _device_loader(self, loader: Iterable[object]) -> Iterable[object]:
+        # The strategy's wrapper (XLA's device loader), around the loader the Trainer
+        # prepared; the loader itself keeps receiving set_epoch and being measured.
+        strategy = self.strategy
+        if isinstance(strategy, SupportsProcessDataloader):
+            return strategy.process_dataloader(loader)
+        return loader
+
     def _batches(self, loader: Iterable[object], total: int | None) -> Iterator[tuple[int, object]]:
         strategy = self.strategy
-        iterator = iter(loader)
+        iterator = iter(self._device_loader(loader))
         index = 0
         while total is None or index < total:
             try:
@@ -777,7 +786,7 @@ class Loops(abc.ABC):
         counts = None
         if world > 1 and total is not None:
             counts = strategy.all_gather(torch.tensor([total], device=device)).flatten().tolist()
-        iterator = iter(loader)
+        iterator = iter(self._device_loader(loader))
         last: object = None
         had_one = False
         index = 0

@@ -23,6 +23,7 @@ from plait.core.protocols.strategy import (
     SupportsLauncher,
     SupportsModelShardedContext,
     SupportsNoSync,
+    SupportsProcessDataloader,
     SupportsReplace,
 )
 
@@ -44,6 +45,7 @@ __all__ = [
     "SupportsModelShardedContext",
     "SupportsNoSync",
     "SupportsPartialCleanup",
+    "SupportsProcessDataloader",
     "SupportsReplace",
     "is_collective",
 ]

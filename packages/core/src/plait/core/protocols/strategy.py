@@ -9,7 +9,7 @@ from typing_extensions import Self
 from plait.core.protocols.collectives import Collectives
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Mapping, Sequence
+    from collections.abc import Callable, Iterable, Mapping, Sequence
     from contextlib import AbstractContextManager
 
     import torch
@@ -26,6 +26,7 @@ __all__ = [
     "SupportsLauncher",
     "SupportsModelShardedContext",
     "SupportsNoSync",
+    "SupportsProcessDataloader",
     "SupportsReplace",
 ]
 
@@ -215,6 +216,19 @@ class SupportsModelShardedContext(Protocol):
 
     def model_sharded_context(self) -> AbstractContextManager[None]:
         """Inside this context, modules are created as the strategy needs (e.g. on meta)."""
+        ...
+
+
+@runtime_checkable
+class SupportsProcessDataloader(Protocol):
+    """A strategy that wraps the loaders it is fed from (a device loader, say)."""
+
+    def process_dataloader(self, loader: Iterable[object]) -> Iterable[object]:
+        """What to iterate instead of ``loader`` (already sharded across ranks).
+
+        Called at the start of each pass over ``loader``; the batches it yields may
+        already be on the strategy's device.
+        """
         ...
 
 

@@ -11,7 +11,7 @@ from plait.strategies.single_device import SingleDeviceStrategy
 from plait.strategies.xla import library
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Iterable
 
     from plait.core import Accelerator, CheckpointIO, Precision
 
@@ -58,6 +58,13 @@ class SingleDeviceXLAStrategy(SingleDeviceStrategy):
             precision_plugin=precision_plugin,
             checkpoint_io=checkpoint_io or "xla",
         )
+
+    def process_dataloader(self, loader: Iterable[object]) -> Iterable[object]:
+        """``loader`` inside torch_xla's device loader.
+
+        Batches are copied to the device in the background while a step runs.
+        """
+        return library.parallel_loader().MpDeviceLoader(loader, self.root_device)
 
     @override
     def optimizer_step(
