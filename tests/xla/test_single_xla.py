@@ -11,7 +11,8 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 from typing_extensions import override
 
-from plait.core import StrategyRegistry, SupportsProcessDataloader, seed_everything
+from plait.core import Strategy, StrategyRegistry, SupportsProcessDataloader, seed_everything
+from plait.strategies import SingleDeviceXLAStrategy
 from plait.trainer import ModelCheckpoint, Module, Trainer
 
 
@@ -58,7 +59,7 @@ class Regressor(Module):
         return torch.optim.SGD(self.parameters(), lr=0.01, momentum=0.9)
 
 
-def _trainer(root: Path, strategy: str, **settings: object) -> Trainer:
+def _trainer(root: Path, strategy: str | Strategy, **settings: object) -> Trainer:
     defaults: dict[str, object] = {
         "strategy": strategy,
         "default_root_dir": root,
@@ -68,7 +69,7 @@ def _trainer(root: Path, strategy: str, **settings: object) -> Trainer:
     return Trainer(**{**defaults, **settings})  # type: ignore[arg-type]
 
 
-def _fit(root: Path, strategy: str, **settings: object) -> Regressor:
+def _fit(root: Path, strategy: str | Strategy, **settings: object) -> Regressor:
     seed_everything(7)
     model = Regressor()
     _trainer(root, strategy, **settings).fit(model, _loader())
@@ -154,3 +155,22 @@ def test_the_trainer_feeds_batches_through_the_xla_device_loader() -> None:
     assert len(batches) == len(loader)
     devices = {_xy(batch)[0].device.type for batch in batches}
     assert devices == {"xla"}
+
+
+@pytest.mark.parametrize(
+    ("precision", "dtype"), [("bf16-mixed", torch.float32), ("bf16-true", torch.bfloat16)]
+)
+def test_bf16_on_xla_trains_near_float32(
+    tmp_path: Path, precision: str, dtype: torch.dtype
+) -> None:
+    full = _fit(tmp_path / "32", "single_xla", max_epochs=2, enable_checkpointing=False)
+    half = _fit(
+        tmp_path / precision,
+        SingleDeviceXLAStrategy(precision=precision),
+        max_epochs=2,
+        enable_checkpointing=False,
+    )
+
+    assert next(half.parameters()).dtype == dtype
+    assert half.losses != full.losses  # computed in bf16, not float32
+    assert half.losses == pytest.approx(full.losses, rel=0.1, abs=0.05)
