@@ -199,8 +199,8 @@ def test_removing_a_missing_checkpoint_is_an_error(tmp_path: Path) -> None:
 
 
 def test_the_built_in_ios_are_registered() -> None:
-    assert set(CheckpointIORegistry.available()) == {"torch", "async", "distributed"}
-    for name in ("torch", "async", "distributed"):
+    assert set(CheckpointIORegistry.available()) == {"torch", "async", "distributed", "xla"}
+    for name in ("torch", "async", "distributed", "xla"):
         built = CheckpointIORegistry.get(name)
         assert isinstance(built, CheckpointIO)
         built.teardown()
