@@ -186,6 +186,11 @@ _expectations_key = pytest.StashKey[list[_Expectation]]()
 
 def pytest_configure(config: pytest.Config) -> None:
     """Check the options early and read the expectations file."""
+    # Each lane's tests carry xdist's group marker so that one worker runs a lane;
+    # without pytest-xdist the marker is unknown, and --strict-markers refuses it.
+    config.addinivalue_line(
+        "markers", "xdist_group(name): run these tests on one pytest-xdist worker"
+    )
     option = config.getoption("--plait-world-sizes")
     config.stash[_sizes_key] = _world_sizes(option) if option else None
     examples = config.getoption("--plait-examples")
