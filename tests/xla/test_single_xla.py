@@ -174,3 +174,18 @@ def test_bf16_on_xla_trains_near_float32(
     assert next(half.parameters()).dtype == dtype
     assert half.losses != full.losses  # computed in bf16, not float32
     assert half.losses == pytest.approx(full.losses, rel=0.1, abs=0.05)
+
+
+def test_the_conformance_suite_passes_for_single_xla_on_the_xla_lane() -> None:
+    result = subprocess.run(
+        [
+            sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q",
+            "--pyargs", "plait.conformance.suite",
+            "--plait-strategy=single_xla", "--plait-backend=xla", "--plait-world-sizes=1",
+        ],
+        capture_output=True, text=True, timeout=600, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+    assert "single_xla-xla-1: 7 passed, 3 skipped" in result.stdout
+    # What the lane leaves out, and why, is said.
+    assert "xla lanes: no complex128 examples: torch_xla" in result.stdout

@@ -291,3 +291,21 @@ def test_a_lane_this_machine_lacks_says_why() -> None:
         assert backend_unavailable("nccl", 2) == (
             f"the nccl lane needs 2 CUDA devices: this machine has {torch.cuda.device_count()}"
         )
+
+
+def test_the_dtypes_of_an_example_are_found_wherever_its_tensors_are() -> None:
+    from plait.conformance.cases import BroadcastCase, Call, MismatchCase  # noqa: PLC0415
+    from plait.conformance.properties import _dtypes_of  # noqa: PLC0415
+
+    nested = BroadcastCase(
+        src=0, objects=({"a": [TensorSpec("complex128", (1,), (1j,))]}, 3, "text")
+    )
+    assert _dtypes_of(nested) == {"complex128"}
+    calls = MismatchCase(
+        calls=(
+            Call("reduce", TensorSpec("int8", (1,), (1,))),
+            Call("barrier"),
+        )
+    )
+    assert _dtypes_of(calls) == {"int8"}
+    assert _dtypes_of(ReduceCase("sum", (2.5,))) == set()

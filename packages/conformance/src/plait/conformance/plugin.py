@@ -19,7 +19,7 @@ import attrs
 import pytest
 import torch
 
-from plait.conformance.pool import LANES, RankPool, backend_unavailable
+from plait.conformance.pool import LANES, UNHELD_DTYPES, RankPool, backend_unavailable
 from plait.conformance.target import StrategyTarget
 
 if TYPE_CHECKING:
@@ -383,3 +383,7 @@ class Reporter:
                 counts[outcome] = counts.get(outcome, 0) + 1
             summary = ", ".join(f"{count} {outcome}" for outcome, count in sorted(counts.items()))
             terminalreporter.write_line(f"{lane_id}: {summary}")
+        backends = sorted({str(lane["backend"]) for lane in self.lanes.values()})
+        for backend in backends:
+            for dtype, reason in UNHELD_DTYPES.get(backend, {}).items():
+                terminalreporter.write_line(f"{backend} lanes: no {dtype} examples: {reason}")

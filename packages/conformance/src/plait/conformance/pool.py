@@ -35,6 +35,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "LANES",
+    "UNHELD_DTYPES",
     "PoolError",
     "PoolStartError",
     "RankCrashError",
@@ -45,6 +46,16 @@ __all__ = [
 
 LANES: Final = {"gloo": "cpu", "nccl": "cuda", "xla": "xla"}
 """Each backend lane and the device type its ranks must run on."""
+
+UNHELD_DTYPES: Final[dict[str, dict[str, str]]] = {
+    "xla": {
+        "complex128": (
+            "torch_xla 2.9 loses complex128 values on the way to the device (they "
+            "arrive as 0), before any collective runs"
+        ),
+    },
+}
+"""Per lane, the dtypes its devices cannot hold, and why: no example uses them there."""
 
 _STACK_WAIT: Final = 5.0  # seconds a stuck rank has to answer for its stack
 

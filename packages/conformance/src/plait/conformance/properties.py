@@ -23,7 +23,13 @@ from plait.conformance.cases import (
     ReduceCase,
     TensorSpec,
 )
-from plait.conformance.pool import PoolError, PoolStartError, RankHangError, RankPool
+from plait.conformance.pool import (
+    UNHELD_DTYPES,
+    PoolError,
+    PoolStartError,
+    RankHangError,
+    RankPool,
+)
 from plait.conformance.spec import check
 from plait.conformance.target import StrategyFactory, StrategyTarget
 
@@ -277,6 +283,10 @@ def prove(pool: RankPool, prop: Property, *, max_examples: int, shrink: bool = T
     count = 0
     limit = min(max_examples, prop.max_examples or max_examples)
     phases = [Phase.explicit, Phase.reuse, Phase.generate, *([Phase.shrink] if shrink else [])]
+    cases = prop.cases(pool.world_size)
+    unheld = frozenset(UNHELD_DTYPES.get(pool.backend, {}))
+    if unheld:  # the lane's devices cannot hold them: no example may use them
+        cases = cases.filter(lambda case: not _dtypes_of(case) & unheld)
 
     @settings(
         max_examples=limit,
@@ -286,7 +296,7 @@ def prove(pool: RankPool, prop: Property, *, max_examples: int, shrink: bool = T
         suppress_health_check=list(HealthCheck),
         print_blob=False,
     )
-    @given(case=prop.cases(pool.world_size))
+    @given(case=cases)
     def examples(case: Case) -> None:
         nonlocal count
         count += 1
@@ -313,6 +323,20 @@ def _first_violation(errors: Sequence[BaseException]) -> ContractViolation | Non
             if found is not None:
                 return found
     return None
+
+
+def _dtypes_of(value: object) -> set[str]:
+    """The dtypes of every tensor an example (or a part of one) describes."""
+    if isinstance(value, TensorSpec):
+        return {value.dtype}
+    kind = type(value)
+    if attrs.has(kind):
+        return set().union(*(_dtypes_of(getattr(value, f.name)) for f in attrs.fields(kind)))
+    if isinstance(value, list | tuple | set | frozenset):
+        return set().union(*(_dtypes_of(item) for item in value))
+    if isinstance(value, dict):
+        return set().union(*(_dtypes_of(item) for item in value.values()))
+    return set()
 
 
 def reproduce(
