@@ -72,19 +72,24 @@ def _one_precision(
     return precision_plugin
 
 
-def _rebind_optimizers(
-    optimizers: Sequence[torch.optim.Optimizer],
-    before: list[torch.nn.Parameter],
-    after: list[torch.nn.Parameter],
-) -> None:
+def _replaced(
+    before: list[torch.nn.Parameter], after: list[torch.nn.Parameter]
+) -> dict[int, torch.nn.Parameter]:
     # Moving a module to a device whose tensors cannot share the CPU's storage type
-    # (XLA) makes new Parameter objects, where CUDA keeps the old ones; optimizers
-    # made before the move would then step the abandoned CPU copies and training
-    # would silently change nothing. Point them at the moved parameters, in place,
-    # so that schedulers bound to them stay bound.
-    if len(before) != len(after) or all(old is new for old, new in zip(before, after, strict=True)):
+    # (XLA) makes new Parameter objects, where CUDA keeps the old ones.
+    if len(before) != len(after):
+        return {}
+    return {id(old): new for old, new in zip(before, after, strict=True) if old is not new}
+
+
+def _rebind_optimizers(
+    optimizers: Sequence[torch.optim.Optimizer], moved: Mapping[int, torch.nn.Parameter]
+) -> None:
+    # Optimizers made before a move that replaced the parameters would step the
+    # abandoned CPU copies, and training would silently change nothing. Point them
+    # at the moved parameters, in place, so that schedulers bound to them stay bound.
+    if not moved:
         return
-    moved = {id(old): new for old, new in zip(before, after, strict=True)}
     for optimizer in optimizers:
         for group in optimizer.param_groups:
             group["params"] = [moved.get(id(parameter), parameter) for parameter in group["params"]]
@@ -217,6 +222,7 @@ class BaseStrategy(abc.ABC):
         self._accelerator = built_accelerator
         self._precision = built_precision
         self._checkpoint_io = built_io
+        self._replaced_parameters: dict[int, torch.nn.Parameter] = {}
 
     # The parts.
 
@@ -348,8 +354,10 @@ class BaseStrategy(abc.ABC):
 
         Use the returned module for the forward pass; it may be a wrapper of yours.
         """
+        before = list(module.parameters())
         module = self.precision.convert_module(module)
         module = self.model_to_device(module)
+        self._replaced_parameters = _replaced(before, list(module.parameters()))
         self._model = self.wrap_module(module)
         return self._model
 
@@ -360,7 +368,12 @@ class BaseStrategy(abc.ABC):
     def setup_optimizers(
         self, optimizers: Sequence[torch.optim.Optimizer]
     ) -> list[torch.optim.Optimizer]:
-        """Prepare ``optimizers`` (made over the set-up module's parameters)."""
+        """Prepare ``optimizers`` (made over the module's parameters, before or after set-up).
+
+        Where moving the module made new parameter objects (on XLA devices), an
+        optimizer made before `setup_module` is pointed at them, with its state.
+        """
+        _rebind_optimizers(optimizers, self._replaced_parameters)
         return list(optimizers)
 
     def setup_module_and_optimizers(
@@ -373,9 +386,7 @@ class BaseStrategy(abc.ABC):
                 module's (for instance, made from another copy of the model).
         """
         self.check_optimizers_belong(module, optimizers)
-        before = list(module.parameters())
         wrapped = self.setup_module(module)
-        _rebind_optimizers(optimizers, before, list(self.unwrap_module(wrapped).parameters()))
         return wrapped, self.setup_optimizers(optimizers)
 
     @staticmethod
@@ -595,6 +606,7 @@ class BaseStrategy(abc.ABC):
         # free a tensor of the last collective (which takes the GIL). A collection
         # (a tenth of a second) is needed only where the strategy made a wrapper.
         model, self._model = self._model, None
+        self._replaced_parameters = {}
         if model is not None and self.unwrap_module(model) is not model:
             del model
             gc.collect()
