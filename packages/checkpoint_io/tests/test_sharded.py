@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch.distributed.checkpoint import DefaultLoadPlanner, DefaultSavePlanner
 
 from plait.checkpoint_io import DistributedCheckpointIO
 from plait.core import CheckpointError, SupportsCollectiveIO, SupportsLoadInPlace
@@ -131,3 +132,32 @@ def test_two_gloo_ranks_save_and_load_in_place(tmp_path: Path) -> None:
     full = DistributedCheckpointIO().load_checkpoint(tmp_path / "ckpt")
     assert set(full) == {"shared", "rank0", "rank1"}
     assert torch.equal(full["rank1"], torch.full((3,), 1.0))
+
+
+def test_planners_given_are_made_afresh_for_each_save_and_load(tmp_path: Path) -> None:
+    made: list[str] = []
+
+    class CountingSavePlanner(DefaultSavePlanner):
+        def __init__(self) -> None:
+            made.append("save")
+            super().__init__()
+
+    class CountingLoadPlanner(DefaultLoadPlanner):
+        def __init__(self) -> None:
+            made.append("load")
+            super().__init__()
+
+    io = DistributedCheckpointIO(save_planner=CountingSavePlanner, load_planner=CountingLoadPlanner)
+    weight = torch.randn(5)
+    io.save_checkpoint({"state_dict": {"w": weight}}, tmp_path / "a")
+    io.save_checkpoint({"state_dict": {"w": weight * 2}}, tmp_path / "b")
+    target = torch.zeros(5)
+    io.load_checkpoint_into(tmp_path / "b", {"state_dict": {"w": target}})
+
+    assert made == ["save", "save", "load"]
+    assert torch.equal(target, weight * 2)
+    assert repr(io) == (
+        "DistributedCheckpointIO(save_planner=CountingSavePlanner, "
+        "load_planner=CountingLoadPlanner)"
+    )
+    assert repr(DistributedCheckpointIO()) == "DistributedCheckpointIO()"

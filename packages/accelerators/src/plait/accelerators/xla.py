@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import functools
+import importlib
+import os
+import sys
 from types import ModuleType
 
 from typing_extensions import override
@@ -34,6 +37,20 @@ def _runtime() -> ModuleType | ConfigurationError | MissingDependencyError:
         )
 
 
+def _cpu_devices(value: str) -> int:
+    try:
+        count = int(value)
+    except ValueError:
+        count = 0
+    if count < 1:
+        raise ConfigurationError(
+            f"CPU_NUM_DEVICES={value!r} is not a number of XLA:CPU devices",
+            value=value,
+            fix="set CPU_NUM_DEVICES to a whole number of at least 1, or unset it (1)",
+        )
+    return count
+
+
 class XLAAccelerator(DeviceAccelerator):
     """XLA devices (TPU cores, or XLA on GPU/CPU as PJRT_DEVICE says), one per process.
 
@@ -51,9 +68,23 @@ class XLAAccelerator(DeviceAccelerator):
 
     @override
     def device_count(self) -> int:
+        """How many XLA devices this host has, without starting XLA's runtime if it can.
+
+        A runtime started in the launching process keeps torch_xla's launcher from
+        starting replicas, so the count is read from the host where torch_xla
+        allows it: ``CPU_NUM_DEVICES`` on the CPU, the TPU chips' cores on a TPU.
+        """
         runtime = _runtime()
         if not isinstance(runtime, ModuleType):
             return 0
+        if not sys.modules["torch_xla"]._XLAC._xla_runtime_is_initialized():
+            kind = runtime.device_type()
+            if kind == "CPU":
+                return _cpu_devices(os.environ.get("CPU_NUM_DEVICES", "1"))
+            if kind == "TPU":
+                tpu = importlib.import_module("torch_xla._internal.tpu")
+                chips: int = tpu.num_available_devices()
+                return chips
         count: int = runtime.addressable_runtime_device_count()
         return count
 

@@ -7,7 +7,7 @@ import os
 import shutil
 import tempfile
 import warnings
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -18,6 +18,8 @@ from typing_extensions import override
 from plait.core import CheckpointError
 
 if TYPE_CHECKING:
+    from torch.distributed.checkpoint.planner import LoadPlanner, SavePlanner
+
     from plait.core.typing import Checkpoint, PathLike, StateDict
 
 __all__ = ["DistributedCheckpointIO"]
@@ -69,10 +71,24 @@ class DistributedCheckpointIO:
     Strategies load in place with `load_checkpoint_into` (each rank reads only
     what its tensors hold); `load_checkpoint` reads a full, unsharded copy, for
     inspection and conversion.
+
+    Args:
+        save_planner: Makes the DCP save planner of each save (DCP's default
+            without it), e.g. torch_xla's ``SPMDSavePlanner`` for SPMD-sharded tensors.
+        load_planner: Makes the DCP load planner of each in-place load, likewise.
     """
 
     collective = True
     """Every rank calls `save_checkpoint`, `load_checkpoint_into` and `remove_checkpoint`."""
+
+    def __init__(
+        self,
+        *,
+        save_planner: Callable[[], SavePlanner] | None = None,
+        load_planner: Callable[[], LoadPlanner] | None = None,
+    ) -> None:
+        self.save_planner = save_planner
+        self.load_planner = load_planner
 
     def save_checkpoint(self, checkpoint: Mapping[str, object], path: PathLike) -> None:
         """Write ``checkpoint`` (collectively) to the directory ``path``.
@@ -90,7 +106,12 @@ class DistributedCheckpointIO:
                 shutil.rmtree(partial, ignore_errors=True)
             _barrier()
             with _single_process_notice_silenced():
-                dcp_save(dict(checkpoint), checkpoint_id=partial, no_dist=not _distributed())
+                dcp_save(
+                    dict(checkpoint),
+                    checkpoint_id=partial,
+                    no_dist=not _distributed(),
+                    planner=None if self.save_planner is None else self.save_planner(),
+                )
             if _is_rank_zero():
                 self._replace(partial, target)
             _barrier()
@@ -131,7 +152,12 @@ class DistributedCheckpointIO:
         self._require_complete(path)
         try:
             with _single_process_notice_silenced():
-                dcp_load(state_dict, checkpoint_id=os.fspath(path), no_dist=not _distributed())
+                dcp_load(
+                    state_dict,
+                    checkpoint_id=os.fspath(path),
+                    no_dist=not _distributed(),
+                    planner=None if self.load_planner is None else self.load_planner(),
+                )
                 metadata = FileSystemReader(os.fspath(path)).read_metadata()
                 mapping = metadata.planner_data or {}
                 saved = {
@@ -202,4 +228,10 @@ class DistributedCheckpointIO:
 
     @override
     def __repr__(self) -> str:
-        return "DistributedCheckpointIO()"
+        given = (("save_planner", self.save_planner), ("load_planner", self.load_planner))
+        planners = [
+            f"{name}={getattr(made, '__name__', made)!s}"
+            for name, made in given
+            if made is not None
+        ]
+        return f"DistributedCheckpointIO({', '.join(planners)})"

@@ -23,7 +23,7 @@ from plait.strategies.parallel import PROCESS_GROUP_BACKENDS, ParallelStrategy
 from plait.strategies.process_group import init_distributed
 from plait.strategies.sharded import DDPShardedStrategy
 from plait.strategies.single_device import SingleDeviceStrategy
-from plait.strategies.xla import SingleDeviceXLAStrategy
+from plait.strategies.xla import SingleDeviceXLAStrategy, XLAFSDPStrategy, XLAStrategy
 
 __all__ = [
     "PROCESS_GROUP_BACKENDS",
@@ -41,5 +41,7 @@ __all__ = [
     "SingleDeviceStrategy",
     "SingleDeviceXLAStrategy",
     "StrategyRegistry",
+    "XLAFSDPStrategy",
+    "XLAStrategy",
     "init_distributed",
 ]

@@ -10,7 +10,7 @@ from plait.strategies.dp import DataParallelStrategy
 from plait.strategies.fsdp import FSDPStrategy
 from plait.strategies.sharded import DDPShardedStrategy
 from plait.strategies.single_device import SingleDeviceStrategy
-from plait.strategies.xla import SingleDeviceXLAStrategy
+from plait.strategies.xla import SingleDeviceXLAStrategy, XLAFSDPStrategy, XLAStrategy
 
 if TYPE_CHECKING:
     from plait.core import Registry, Strategy
@@ -30,6 +30,17 @@ def register(registry: Registry[Strategy]) -> None:
     registry.register(
         "single_xla", SingleDeviceXLAStrategy, description="one process on one XLA device"
     )
+    registry.register(
+        "xla", XLAStrategy, description="data parallel over XLA devices (TPU), torch_xla's launcher"
+    )
+    registry.register(
+        "xla_debug", XLAStrategy, description="'xla' with torch_xla's debug output on",
+        debug=True,
+    )  # fmt: skip
+    registry.register(
+        "xla_fsdp", XLAFSDPStrategy,
+        description="parameters and batches sharded over every XLA device (SPMD, one process)",
+    )  # fmt: skip
     registry.register(
         "ddp", DDPStrategy, description="DDP, running the program again per rank",
         start_method="popen",

@@ -18,7 +18,24 @@ if TYPE_CHECKING:
 
     import torch
 
-__all__ = ["EXTRA", "TorchXLA", "import_torch_xla", "is_available", "require_torch_xla"]
+__all__ = [
+    "EXTRA",
+    "MULTI_REPLICA_CPU",
+    "TorchXLA",
+    "import_torch_xla",
+    "is_available",
+    "require_torch_xla",
+    "runtime",
+    "runtime_is_initialized",
+    "spmd",
+    "xla_model",
+]
+
+MULTI_REPLICA_CPU: Final = (
+    "collectives across XLA:CPU replicas are not supported by torch_xla (they stall, "
+    "then XLA aborts: pytorch/xla issue 9089)"
+)
+"""Why several XLA replicas cannot run on the CPU, in torch_xla's own terms."""
 
 EXTRA: Final = "plait-strategies[xla]"
 
@@ -101,6 +118,94 @@ def parallel_loader() -> ParallelLoader:
     import_torch_xla()
     module = importlib.import_module("torch_xla.distributed.parallel_loader")
     return cast("ParallelLoader", module)
+
+
+class Runtime(Protocol):
+    """``torch_xla.runtime``: what the strategies use of it."""
+
+    def device_type(self) -> str | None:
+        """``PJRT_DEVICE``'s device type (``"TPU"``, ``"CPU"``, ...)."""
+        ...
+
+    def world_size(self) -> int:
+        """How many replicas the job has."""
+        ...
+
+    def global_ordinal(self) -> int:
+        """This replica's rank."""
+        ...
+
+    def global_runtime_device_count(self) -> int:
+        """How many devices the job's runtime sees (in SPMD: every device of the mesh)."""
+        ...
+
+    def use_spmd(self) -> None:
+        """Switch this process to SPMD: one program over every device."""
+        ...
+
+    def is_spmd(self) -> bool:
+        """Whether this process is in SPMD mode."""
+        ...
+
+
+class XLAModel(Protocol):
+    """``torch_xla.core.xla_model``: what the strategies use of it."""
+
+    def reduce_gradients(self, optimizer: torch.optim.Optimizer) -> None:
+        """Average the gradients ``optimizer`` holds across the replicas."""
+        ...
+
+
+class DeviceMesh(Protocol):
+    """A ``torch_xla.distributed.spmd.Mesh``: devices laid out along named axes."""
+
+    axis_names: tuple[str, ...]
+
+    def size(self) -> int:
+        """How many devices the mesh holds."""
+        ...
+
+
+class SPMD(Protocol):
+    """``torch_xla.distributed.spmd``: what the strategies use of it."""
+
+    def Mesh(  # noqa: N802 (torch_xla's name)
+        self, device_ids: object, mesh_shape: tuple[int, ...], axis_names: tuple[str, ...]
+    ) -> DeviceMesh:
+        """A mesh of ``device_ids`` in ``mesh_shape``."""
+        ...
+
+    def mark_sharding(
+        self, tensor: torch.Tensor, mesh: DeviceMesh, partition_spec: tuple[str | None, ...]
+    ) -> object:
+        """Lay ``tensor`` out over ``mesh``: dimension i along ``partition_spec[i]``."""
+        ...
+
+
+def runtime() -> Runtime:
+    """``torch_xla.runtime``."""
+    import_torch_xla()
+    return cast("Runtime", importlib.import_module("torch_xla.runtime"))
+
+
+def runtime_is_initialized() -> bool:
+    """Whether this process's XLA runtime has started (its devices are then fixed)."""
+    import_torch_xla()
+    bindings = importlib.import_module("torch_xla")._XLAC  # torch_xla's C++ bindings
+    started: bool = bindings._xla_runtime_is_initialized()
+    return started
+
+
+def xla_model() -> XLAModel:
+    """``torch_xla.core.xla_model``."""
+    import_torch_xla()
+    return cast("XLAModel", importlib.import_module("torch_xla.core.xla_model"))
+
+
+def spmd() -> SPMD:
+    """``torch_xla.distributed.spmd``."""
+    import_torch_xla()
+    return cast("SPMD", importlib.import_module("torch_xla.distributed.spmd"))
 
 
 def require_xla_device(device: torch.device) -> None:

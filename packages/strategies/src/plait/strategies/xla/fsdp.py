@@ -1,0 +1,243 @@
+"""Fully sharded data parallel training on XLA's SPMD: one process, every device of the mesh."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Final, Protocol, cast
+
+import torch
+from typing_extensions import override
+
+from plait.core import CheckpointIO, CheckpointIORegistry, ConfigurationError
+from plait.strategies.launchers import ExternalLauncher
+from plait.strategies.xla import library
+from plait.strategies.xla.single import SingleDeviceXLAStrategy
+
+if TYPE_CHECKING:
+    from plait.core import Accelerator, Launcher, Precision
+
+__all__ = ["STATE_DICT_TYPES", "XLAFSDPStrategy"]
+
+STATE_DICT_TYPES: Final = ("sharded", "full")
+"""How `XLAFSDPStrategy` checkpoints: DCP directories of the shards, or one whole file."""
+
+AXIS: Final = "fsdp"
+"""The mesh axis parameters and batches are sharded along (torch_xla's SPMD FSDP's name)."""
+
+AutoWrapPolicy = Callable[..., bool]
+"""torch_xla's FSDP auto-wrap policy: ``(module, recurse, nonwrapped_numel) -> bool``."""
+
+
+class _Wrapper(Protocol):
+    def __call__(
+        self,
+        module: torch.nn.Module,
+        *,
+        mesh: library.DeviceMesh,
+        auto_wrap_policy: AutoWrapPolicy | None = None,
+    ) -> torch.nn.Module: ...
+
+
+class _Planners(Protocol):
+    SPMDSavePlanner: Callable[[], object]
+    SPMDLoadPlanner: Callable[[], object]
+
+
+def _integer_keys(optimizer_state: object) -> object:
+    # An optimizer's state_dict keys its per-parameter state by integer index.
+    if not isinstance(optimizer_state, Mapping):
+        return optimizer_state
+    per_parameter = optimizer_state.get("state")
+    if not isinstance(per_parameter, Mapping):
+        return optimizer_state
+    restored = {
+        int(key) if isinstance(key, str) and key.isdigit() else key: value
+        for key, value in per_parameter.items()
+    }
+    return {**optimizer_state, "state": restored}
+
+
+class XLAFSDPStrategy(SingleDeviceXLAStrategy):
+    """Fully sharded data parallel on torch_xla's SPMD: one process drives every device.
+
+    Under SPMD, one program runs over a mesh of the host's XLA devices (TPU cores, or
+    virtual CPU devices with ``CPU_NUM_DEVICES``): the module is wrapped in torch_xla's
+    ``SpmdFullyShardedDataParallel``, which shards every parameter (and so its
+    gradient and optimizer state) along the mesh's ``"fsdp"`` axis, and each batch is
+    sharded along its first dimension, so every device computes on its slice. XLA's
+    compiler inserts the gathers and reductions. The result is that of one device
+    training on the whole batch.
+
+    There is one process (world size 1): the loop sees whole tensors, its
+    collectives are a single process's, and the data loader is not split.
+
+    Making the strategy switches this process's XLA runtime to SPMD, which torch_xla
+    needs before anything runs on an XLA device: make it first.
+
+    Args:
+        accelerator, precision, precision_plugin: As for `SingleDeviceXLAStrategy`.
+        checkpoint_io: The checkpoint IO, or its name; when given, it is used whatever
+            ``state_dict_type`` says.
+        state_dict_type: How checkpoints are written by default: ``"sharded"``, DCP
+            directories written with torch_xla's SPMD planners, each device's shard
+            as it is; or ``"full"``, one torch file of whole CPU tensors (``"xla"``).
+        auto_wrap_policy: torch_xla's FSDP auto-wrap policy, to wrap (and shard)
+            submodules as units of their own, e.g. ``transformer_auto_wrap_policy``
+            of ``torch_xla.distributed.fsdp.wrap``.
+        num_devices: How many devices the mesh spans; every device of the host by
+            default.
+        parallel_devices: The devices the mesh spans, as the Trainer gives them
+            (``devices=``); only their number counts.
+
+    Raises:
+        ConfigurationError: torch_xla is missing, an unknown ``state_dict_type``, an
+            ``auto_wrap_policy`` that is not callable, or ``num_devices`` outside 1 to
+            the host's devices.
+    """
+
+    def __init__(
+        self,
+        *,
+        accelerator: Accelerator | str | None = None,
+        precision: Precision | str | None = None,
+        precision_plugin: Precision | str | None = None,
+        checkpoint_io: CheckpointIO | str | None = None,
+        state_dict_type: str = "sharded",
+        auto_wrap_policy: AutoWrapPolicy | None = None,
+        num_devices: int | None = None,
+        parallel_devices: Sequence[torch.device] | None = None,
+    ) -> None:
+        if state_dict_type not in STATE_DICT_TYPES:
+            raise ConfigurationError.invalid_choice(
+                "state_dict_type", state_dict_type, STATE_DICT_TYPES
+            )
+        if auto_wrap_policy is not None and not callable(auto_wrap_policy):
+            raise ConfigurationError(
+                f"auto_wrap_policy={auto_wrap_policy!r} is not callable",
+                value=auto_wrap_policy,
+                fix="pass a policy of torch_xla.distributed.fsdp.wrap, e.g. "
+                "functools.partial(transformer_auto_wrap_policy, transformer_layer_cls={Block})",
+            )
+        if parallel_devices is not None:
+            for device in parallel_devices:
+                library.require_xla_device(device)
+            if num_devices is not None and num_devices != len(parallel_devices):
+                raise ConfigurationError(
+                    f"num_devices={num_devices!r} and {len(parallel_devices)} parallel "
+                    "devices were given: the mesh spans one number of devices",
+                    value=num_devices,
+                    fix="give one of them (the Trainer's devices= gives parallel_devices)",
+                )
+            num_devices = len(parallel_devices)
+        runtime = library.runtime()
+        if not runtime.is_spmd():
+            runtime.use_spmd()
+        available = runtime.global_runtime_device_count()
+        count: object = available if num_devices is None else num_devices
+        if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= available:
+            raise ConfigurationError(
+                f"num_devices={num_devices!r}: the mesh spans 1 to {available} devices here",
+                value=num_devices,
+                fix=f"leave num_devices unset (all {available}), or give 1 to {available}; "
+                "on the CPU, CPU_NUM_DEVICES sets how many virtual devices there are",
+            )
+        self.state_dict_type = state_dict_type
+        self.auto_wrap_policy = auto_wrap_policy
+        self.num_devices = count
+        numpy = importlib.import_module("numpy")
+        self.mesh = library.spmd().Mesh(numpy.arange(count), (count,), (AXIS,))
+        super().__init__(
+            accelerator=accelerator,
+            precision=precision,
+            precision_plugin=precision_plugin,
+            checkpoint_io=checkpoint_io or self._default_checkpoint_io(state_dict_type),
+        )
+
+    @staticmethod
+    def _default_checkpoint_io(state_dict_type: str) -> CheckpointIO | str:
+        if state_dict_type == "full":
+            return "xla"
+        planners = cast(
+            "_Planners", importlib.import_module("torch_xla.experimental.distributed_checkpoint")
+        )
+        return CheckpointIORegistry.get(
+            "distributed",
+            save_planner=planners.SPMDSavePlanner,
+            load_planner=planners.SPMDLoadPlanner,
+        )
+
+    @property
+    def launcher(self) -> Launcher:
+        """Nothing to start: this one process drives every device of the mesh."""
+        return ExternalLauncher()
+
+    @override
+    def wrap_module(self, module: torch.nn.Module) -> torch.nn.Module:
+        """Shard ``module``'s parameters along the mesh (torch_xla's SPMD FSDP)."""
+        wrapper = cast(
+            "_Wrapper",
+            importlib.import_module(
+                "torch_xla.experimental.spmd_fully_sharded_data_parallel"
+            ).SpmdFullyShardedDataParallel,
+        )
+        return wrapper(module, mesh=self.mesh, auto_wrap_policy=self.auto_wrap_policy)
+
+    @override
+    def unwrap_module(self, module: torch.nn.Module) -> torch.nn.Module:
+        inner = getattr(module, "_orig_module", None)
+        return inner if isinstance(inner, torch.nn.Module) else module
+
+    @override
+    def _forward(
+        self, module: torch.nn.Module, args: tuple[object, ...], kwargs: dict[str, object]
+    ) -> object:
+        sharded_args = tuple(self.shard_batch(value) for value in args)
+        sharded_kwargs = {key: self.shard_batch(value) for key, value in kwargs.items()}
+        return super()._forward(module, sharded_args, sharded_kwargs)
+
+    def shard_batch(self, batch: object) -> object:
+        """``batch`` with each tensor on the device sharded along its first dimension.
+
+        Mappings, lists and tuples are walked; scalars stay replicated.
+        """
+        if isinstance(batch, torch.Tensor):
+            if batch.dim() >= 1 and batch.device.type == "xla":
+                spec: tuple[str | None, ...] = (AXIS, *([None] * (batch.dim() - 1)))
+                library.spmd().mark_sharding(batch, self.mesh, spec)
+            return batch
+        if isinstance(batch, dict):
+            return {key: self.shard_batch(value) for key, value in batch.items()}
+        if isinstance(batch, list):
+            return [self.shard_batch(value) for value in batch]
+        if isinstance(batch, tuple) and not hasattr(batch, "_fields"):
+            return tuple(self.shard_batch(value) for value in batch)
+        return batch
+
+    @override
+    def set_state_dict(
+        self,
+        module: torch.nn.Module,
+        optimizers: Sequence[torch.optim.Optimizer],
+        state: Mapping[str, object],
+        *,
+        source: object = "the state",
+    ) -> None:
+        """Load a checkpoint's state, with optimizer states keyed as torch keys them.
+
+        torch_xla's SPMD save planner writes every mapping key as a string, so an
+        optimizer's per-parameter state comes back keyed ``"0"``, ``"1"``, ...;
+        given to ``load_state_dict`` so, it would be kept beside the parameters'
+        own state, unused, and training would go on from fresh moments.
+        """
+        saved = state.get("optimizer_states")
+        if isinstance(saved, list):
+            state = {**state, "optimizer_states": [_integer_keys(entry) for entry in saved]}
+        super().set_state_dict(module, optimizers, state, source=source)
+
+    @override
+    def __repr__(self) -> str:
+        return (
+            f"XLAFSDPStrategy(num_devices={self.num_devices}, "
+            f"state_dict_type={self.state_dict_type!r})"
+        )
