@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from torch.distributed.checkpoint import DefaultLoadPlanner, DefaultSavePlanner
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner, DefaultSavePlanner
 
 from plait.checkpoint_io import DistributedCheckpointIO
 from plait.core import CheckpointError, SupportsCollectiveIO, SupportsLoadInPlace

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import pytest
@@ -10,7 +11,7 @@ import torch
 from plait.checkpoint_io import TorchCheckpointIO, XLACheckpointIO
 from plait.checkpoint_io.xla_io import to_cpu
 from plait.core import CheckpointIORegistry, ConfigurationError, StrategyRegistry
-from plait.strategies.xla import SingleDeviceXLAStrategy, library
+from plait.strategies.xla import SingleDeviceXLAStrategy, XLAFSDPStrategy, XLAStrategy, library
 
 needs_no_torch_xla = pytest.mark.skipif(
     library.is_available(), reason="checks the errors of a machine without torch_xla"
@@ -19,7 +20,16 @@ needs_no_torch_xla = pytest.mark.skipif(
 
 @needs_no_torch_xla
 @pytest.mark.parametrize(
-    "make", [SingleDeviceXLAStrategy, lambda: StrategyRegistry.get("single_xla")]
+    "make",
+    [
+        SingleDeviceXLAStrategy,
+        XLAStrategy,
+        XLAFSDPStrategy,
+        *[
+            functools.partial(StrategyRegistry.get, name)
+            for name in ("single_xla", "xla", "xla_debug", "xla_fsdp")
+        ],
+    ],
 )
 def test_choosing_an_xla_strategy_without_torch_xla_names_the_extra(make: object) -> None:
     assert callable(make)
@@ -64,3 +74,10 @@ def test_to_cpu_copies_a_tensor_from_another_device() -> None:
     # loudly (meta tensors have no values), never pickle the device tensor.
     with pytest.raises(NotImplementedError):
         to_cpu({"w": torch.empty(2, device="meta")})
+
+
+def test_every_xla_name_is_registered_with_a_description() -> None:
+    for name in ("single_xla", "xla", "xla_debug", "xla_fsdp"):
+        entry = StrategyRegistry.entry(name)
+        assert entry.description
+    assert StrategyRegistry.entry("xla_debug").init_params == {"debug": True}
