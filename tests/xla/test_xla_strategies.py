@@ -192,12 +192,16 @@ def test_xla_fsdp_full_checkpoints_are_one_torch_file_of_cpu_tensors(tmp_path: P
     assert found == {"is_file": True, "devices": ["cpu"], "match": True}
 
 
-def test_xla_fsdp_refuses_a_mesh_larger_than_the_host() -> None:
-    code = "from plait.strategies import XLAFSDPStrategy; XLAFSDPStrategy(num_devices=3)"
+@pytest.mark.parametrize("asked", [1, 3])
+def test_xla_fsdp_refuses_other_than_every_device(asked: int) -> None:
+    code = (
+        "import torch; from plait.strategies import XLAFSDPStrategy; "
+        f"XLAFSDPStrategy(parallel_devices=[torch.device('xla', i) for i in range({asked})])"
+    )
     result = _run(["-c", code], devices=2)
 
     assert result.returncode == 1
-    assert "num_devices=3: the mesh spans 1 to 2 devices here" in result.stderr
+    assert f"{asked} XLA devices were asked for, and xla_fsdp shards over every" in result.stderr
     assert "CPU_NUM_DEVICES" in result.stderr
 
 

@@ -61,7 +61,7 @@ def _integer_keys(optimizer_state: object) -> object:
 class XLAFSDPStrategy(SingleDeviceXLAStrategy):
     """Fully sharded data parallel on torch_xla's SPMD: one process drives every device.
 
-    Under SPMD, one program runs over a mesh of the host's XLA devices (TPU cores, or
+    Under SPMD, one program runs over a mesh of every XLA device of the process (TPU cores, or
     virtual CPU devices with ``CPU_NUM_DEVICES``): the module is wrapped in torch_xla's
     ``SpmdFullyShardedDataParallel``, which shards every parameter (and so its
     gradient and optimizer state) along the mesh's ``"fsdp"`` axis, and each batch is
@@ -85,15 +85,14 @@ class XLAFSDPStrategy(SingleDeviceXLAStrategy):
         auto_wrap_policy: torch_xla's FSDP auto-wrap policy, to wrap (and shard)
             submodules as units of their own, e.g. ``transformer_auto_wrap_policy``
             of ``torch_xla.distributed.fsdp.wrap``.
-        num_devices: How many devices the mesh spans; every device of the host by
-            default.
-        parallel_devices: The devices the mesh spans, as the Trainer gives them
-            (``devices=``); only their number counts.
+        parallel_devices: The devices, as the Trainer gives them (``devices=``): as
+            many as this process has, since the mesh spans every one (torch_xla's
+            SPMD meshes do).
 
     Raises:
         ConfigurationError: torch_xla is missing, an unknown ``state_dict_type``, an
-            ``auto_wrap_policy`` that is not callable, or ``num_devices`` outside 1 to
-            the host's devices.
+            ``auto_wrap_policy`` that is not callable, or parallel devices other than
+            every device of the process.
     """
 
     def __init__(
@@ -105,7 +104,6 @@ class XLAFSDPStrategy(SingleDeviceXLAStrategy):
         checkpoint_io: CheckpointIO | str | None = None,
         state_dict_type: str = "sharded",
         auto_wrap_policy: AutoWrapPolicy | None = None,
-        num_devices: int | None = None,
         parallel_devices: Sequence[torch.device] | None = None,
     ) -> None:
         if state_dict_type not in STATE_DICT_TYPES:
@@ -119,28 +117,20 @@ class XLAFSDPStrategy(SingleDeviceXLAStrategy):
                 fix="pass a policy of torch_xla.distributed.fsdp.wrap, e.g. "
                 "functools.partial(transformer_auto_wrap_policy, transformer_layer_cls={Block})",
             )
-        if parallel_devices is not None:
-            for device in parallel_devices:
-                library.require_xla_device(device)
-            if num_devices is not None and num_devices != len(parallel_devices):
-                raise ConfigurationError(
-                    f"num_devices={num_devices!r} and {len(parallel_devices)} parallel "
-                    "devices were given: the mesh spans one number of devices",
-                    value=num_devices,
-                    fix="give one of them (the Trainer's devices= gives parallel_devices)",
-                )
-            num_devices = len(parallel_devices)
+        for device in parallel_devices or ():
+            library.require_xla_device(device)
         runtime = library.runtime()
         if not runtime.is_spmd():
             runtime.use_spmd()
-        available = runtime.global_runtime_device_count()
-        count: object = available if num_devices is None else num_devices
-        if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= available:
+        count = runtime.global_runtime_device_count()
+        if parallel_devices is not None and len(parallel_devices) != count:
             raise ConfigurationError(
-                f"num_devices={num_devices!r}: the mesh spans 1 to {available} devices here",
-                value=num_devices,
-                fix=f"leave num_devices unset (all {available}), or give 1 to {available}; "
-                "on the CPU, CPU_NUM_DEVICES sets how many virtual devices there are",
+                f"{len(parallel_devices)} XLA devices were asked for, and xla_fsdp shards "
+                f"over every device this process has: {count}",
+                value=len(parallel_devices),
+                choices=[str(count)],
+                fix=f"ask for devices={count} (or 'auto'); to use fewer, make fewer visible "
+                "(on the CPU, CPU_NUM_DEVICES sets how many virtual devices there are)",
             )
         self.state_dict_type = state_dict_type
         self.auto_wrap_policy = auto_wrap_policy
