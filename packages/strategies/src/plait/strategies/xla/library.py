@@ -69,8 +69,8 @@ class TorchXLA(Protocol):
         """This process's XLA device."""
         ...
 
-    def sync(self) -> None:
-        """Cut the traced graph here and run it."""
+    def sync(self, wait: bool = False) -> None:
+        """Cut the traced graph here and run it (and, with ``wait``, wait for it)."""
         ...
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
@@ -24,6 +24,7 @@ if TYPE_CHECKING:
         Launcher,
         Precision,
     )
+    from plait.core.typing import Checkpoint, PathLike
 
 __all__ = ["XLAStrategy"]
 
@@ -193,6 +194,23 @@ class XLAStrategy(ParallelStrategy):
             self._averaged.discard(id(optimizer))
         self._xla.sync()
         return result
+
+    @override
+    def save_checkpoint(self, checkpoint: Mapping[str, object], path: PathLike) -> None:
+        """Write ``checkpoint`` once the device has finished computing it.
+
+        A checkpoint IO that reads device buffers directly (torch_xla's SPMD
+        planner does) must not meet one in flight: the last step may still be
+        running on the device when the loop saves.
+        """
+        self._xla.sync(wait=True)
+        super().save_checkpoint(checkpoint, path)
+
+    @override
+    def load_checkpoint(self, path: PathLike, module: torch.nn.Module | None = None) -> Checkpoint:
+        """Read the checkpoint at ``path`` once the device has finished its work."""
+        self._xla.sync(wait=True)
+        return super().load_checkpoint(path, module)
 
     @override
     def __repr__(self) -> str:

@@ -11,9 +11,10 @@ from plait.strategies.single_device import SingleDeviceStrategy
 from plait.strategies.xla import library
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterable
+    from collections.abc import Callable, Iterable, Mapping
 
     from plait.core import Accelerator, CheckpointIO, Precision
+    from plait.core.typing import Checkpoint, PathLike
 
 __all__ = ["SingleDeviceXLAStrategy"]
 
@@ -76,6 +77,23 @@ class SingleDeviceXLAStrategy(SingleDeviceStrategy):
         result = super().optimizer_step(optimizer, closure)
         self._xla.sync()
         return result
+
+    @override
+    def save_checkpoint(self, checkpoint: Mapping[str, object], path: PathLike) -> None:
+        """Write ``checkpoint`` once the device has finished computing it.
+
+        A checkpoint IO that reads device buffers directly (torch_xla's SPMD
+        planner does) must not meet one in flight: the last step may still be
+        running on the device when the loop saves.
+        """
+        self._xla.sync(wait=True)
+        super().save_checkpoint(checkpoint, path)
+
+    @override
+    def load_checkpoint(self, path: PathLike, module: torch.nn.Module | None = None) -> Checkpoint:
+        """Read the checkpoint at ``path`` once the device has finished its work."""
+        self._xla.sync(wait=True)
+        return super().load_checkpoint(path, module)
 
     @override
     def __repr__(self) -> str:
