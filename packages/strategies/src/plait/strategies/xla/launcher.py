@@ -26,9 +26,11 @@ __all__ = ["DEBUG_VARIABLES", "XLALauncher"]
 P = ParamSpec("P")
 R = TypeVar("R")
 
-DEBUG_VARIABLES: Final = {"PT_XLA_DEBUG": "1"}
-"""What ``debug=True`` sets, before torch_xla is imported: its debug output, which says
-why and where a step compiled again and what moved between host and device."""
+DEBUG_VARIABLES: Final = {"PT_XLA_DEBUG": "1", "PT_XLA_DEBUG_LEVEL": "2"}
+"""What ``debug=True`` sets in the replicas' environment before they touch the device:
+torch_xla's debug output, which says why and where each graph compiled or ran, and
+how large its inputs and outputs were (and, in a spawned replica, which imports
+torch_xla afresh, a summary at exit)."""
 
 
 class _Spawn(Protocol):
@@ -153,7 +155,10 @@ class XLALauncher:
         with tempfile.TemporaryDirectory(prefix="plait-xla-") as scratch:
             reports = Path(scratch)
             try:
-                spawner.spawn(_replica, args=(work, variables, scratch), nprocs=None)
+                # Set here too, so that the replicas start with them (torch_xla reads
+                # some when it is imported, before the work arrives).
+                with _variables(variables):
+                    spawner.spawn(_replica, args=(work, variables, scratch), nprocs=None)
             except Exception as error:
                 rank, tail = _failed_rank(reports, self.num_processes)
                 raise PeerFailedError(

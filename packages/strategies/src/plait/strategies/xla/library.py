@@ -127,14 +127,6 @@ class Runtime(Protocol):
         """``PJRT_DEVICE``'s device type (``"TPU"``, ``"CPU"``, ...)."""
         ...
 
-    def world_size(self) -> int:
-        """How many replicas the job has."""
-        ...
-
-    def global_ordinal(self) -> int:
-        """This replica's rank."""
-        ...
-
     def global_runtime_device_count(self) -> int:
         """How many devices the job's runtime sees (in SPMD: every device of the mesh)."""
         ...
@@ -158,12 +150,6 @@ class XLAModel(Protocol):
 
 class DeviceMesh(Protocol):
     """A ``torch_xla.distributed.spmd.Mesh``: devices laid out along named axes."""
-
-    axis_names: tuple[str, ...]
-
-    def size(self) -> int:
-        """How many devices the mesh holds."""
-        ...
 
 
 class SPMD(Protocol):
