@@ -10,7 +10,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import timedelta
 from multiprocessing.connection import wait
 from types import FrameType
@@ -40,6 +40,7 @@ __all__ = [
     "kill",
     "launch_variables",
     "lost_peer",
+    "setting_variables",
     "stop",
     "timeout_of",
     "warn_if_oversubscribed",
@@ -98,6 +99,25 @@ def check_num_processes(num_processes: object) -> int:
             fix="pass the number of ranks to start, e.g. num_processes=2",
         )
     return num_processes
+
+
+@contextlib.contextmanager
+def setting_variables(variables: Mapping[str, str]) -> Iterator[None]:
+    """Set ``variables`` in this process's environment while the block runs.
+
+    The values they had (or their absence) come back after, so that a process the
+    program starts later does not inherit a launch's place in a job.
+    """
+    saved = {name: os.environ.get(name) for name in variables}
+    os.environ.update(variables)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def launch_variables(

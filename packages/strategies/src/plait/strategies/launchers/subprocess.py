@@ -30,6 +30,7 @@ from plait.strategies.launchers.children import (
     kill,
     launch_variables,
     lost_peer,
+    setting_variables,
     stop,
     timeout_of,
     warn_if_oversubscribed,
@@ -398,17 +399,9 @@ class SubprocessScriptLauncher:
         mine = launch_variables(
             rank=0, world_size=1, main_address=self.main_address, main_port=port
         )
-        saved = {name: os.environ.get(name) for name in mine}
-        os.environ.update(mine)
-        try:
+        with setting_variables(mine):
             function, args, kwargs = pickle.loads(payload)
             return function(*args, **kwargs)
-        finally:
-            for name, value in saved.items():
-                if value is None:
-                    os.environ.pop(name, None)
-                else:
-                    os.environ[name] = value
 
     def _start(self) -> _Job:
         port = self.main_port or free_port(self.main_address)

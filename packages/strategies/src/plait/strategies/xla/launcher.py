@@ -2,19 +2,19 @@
 
 from __future__ import annotations
 
-import contextlib
 import importlib
 import os
 import pickle
 import tempfile
 import traceback
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Final, ParamSpec, Protocol, TypeVar, cast
 
 from typing_extensions import override
 
 from plait.core import ConfigurationError, PeerFailedError
+from plait.strategies.launchers.children import setting_variables
 from plait.strategies.launchers.multiprocessing import pickled_work
 from plait.strategies.xla import library
 
@@ -81,20 +81,6 @@ def _failed_rank(reports: Path, num_processes: int) -> tuple[int, str]:
     return (unfinished or [0])[0], ""
 
 
-@contextlib.contextmanager
-def _variables(variables: Mapping[str, str]) -> Iterator[None]:
-    saved = {name: os.environ.get(name) for name in variables}
-    os.environ.update(variables)
-    try:
-        yield
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
-
-
 class XLALauncher:
     """Runs a function in every XLA replica of this host, through ``xmp.spawn``.
 
@@ -147,7 +133,7 @@ class XLALauncher:
             # One replica: torch_xla runs it in this process, which it configures as
             # a replica of one; the function runs on the caller's own objects.
             box: list[R] = []
-            with _variables(variables):
+            with setting_variables(variables):
                 spawner.spawn(_in_process, args=(function, args, kwargs, box), nprocs=1)
             return box[0]
         self._check_replicas()
@@ -157,7 +143,7 @@ class XLALauncher:
             try:
                 # Set here too, so that the replicas start with them (torch_xla reads
                 # some when it is imported, before the work arrives).
-                with _variables(variables):
+                with setting_variables(variables):
                     spawner.spawn(_replica, args=(work, variables, scratch), nprocs=None)
             except Exception as error:
                 rank, tail = _failed_rank(reports, self.num_processes)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
@@ -11,11 +11,10 @@ from typing_extensions import override
 
 from plait.strategies.parallel import DEFAULT_START_TIMEOUT, DEFAULT_TIMEOUT, ParallelStrategy
 from plait.strategies.xla import library
+from plait.strategies.xla.device import OnXLADevice
 from plait.strategies.xla.launcher import DEBUG_VARIABLES, XLALauncher
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable
-
     from plait.core import (
         Accelerator,
         CheckpointIO,
@@ -24,12 +23,11 @@ if TYPE_CHECKING:
         Launcher,
         Precision,
     )
-    from plait.core.typing import Checkpoint, PathLike
 
 __all__ = ["XLAStrategy"]
 
 
-class XLAStrategy(ParallelStrategy):
+class XLAStrategy(OnXLADevice, ParallelStrategy):
     """Data parallel training over XLA devices (TPU chips), one process each.
 
     torch_xla's launcher (``xmp.spawn``) starts one replica per device of the host;
@@ -144,10 +142,6 @@ class XLAStrategy(ParallelStrategy):
         self._device_fixed = True
         super().setup_environment()
 
-    def process_dataloader(self, loader: Iterable[object]) -> Iterable[object]:
-        """``loader`` inside torch_xla's device loader (batches copied in the background)."""
-        return library.parallel_loader().MpDeviceLoader(loader, self.root_device)
-
     def _average_gradients(self, optimizer: torch.optim.Optimizer) -> None:
         # Once per step: clipping, then the step, see the averaged gradients.
         if id(optimizer) not in self._averaged:
@@ -194,23 +188,6 @@ class XLAStrategy(ParallelStrategy):
             self._averaged.discard(id(optimizer))
         self._xla.sync()
         return result
-
-    @override
-    def save_checkpoint(self, checkpoint: Mapping[str, object], path: PathLike) -> None:
-        """Write ``checkpoint`` once the device has finished computing it.
-
-        A checkpoint IO that reads device buffers directly (torch_xla's SPMD
-        planner does) must not meet one in flight: the last step may still be
-        running on the device when the loop saves.
-        """
-        self._xla.sync(wait=True)
-        super().save_checkpoint(checkpoint, path)
-
-    @override
-    def load_checkpoint(self, path: PathLike, module: torch.nn.Module | None = None) -> Checkpoint:
-        """Read the checkpoint at ``path`` once the device has finished its work."""
-        self._xla.sync(wait=True)
-        return super().load_checkpoint(path, module)
 
     @override
     def __repr__(self) -> str:

@@ -9,17 +9,17 @@ from typing_extensions import override
 
 from plait.strategies.single_device import SingleDeviceStrategy
 from plait.strategies.xla import library
+from plait.strategies.xla.device import OnXLADevice
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterable, Mapping
+    from collections.abc import Callable
 
     from plait.core import Accelerator, CheckpointIO, Precision
-    from plait.core.typing import Checkpoint, PathLike
 
 __all__ = ["SingleDeviceXLAStrategy"]
 
 
-class SingleDeviceXLAStrategy(SingleDeviceStrategy):
+class SingleDeviceXLAStrategy(OnXLADevice, SingleDeviceStrategy):
     """Train in this process on one XLA device (a TPU core, or XLA on GPU or CPU).
 
     XLA traces operations into a graph and runs it when asked: the strategy cuts the
@@ -60,13 +60,6 @@ class SingleDeviceXLAStrategy(SingleDeviceStrategy):
             checkpoint_io=checkpoint_io or "xla",
         )
 
-    def process_dataloader(self, loader: Iterable[object]) -> Iterable[object]:
-        """``loader`` inside torch_xla's device loader.
-
-        Batches are copied to the device in the background while a step runs.
-        """
-        return library.parallel_loader().MpDeviceLoader(loader, self.root_device)
-
     @override
     def optimizer_step(
         self,
@@ -77,23 +70,6 @@ class SingleDeviceXLAStrategy(SingleDeviceStrategy):
         result = super().optimizer_step(optimizer, closure)
         self._xla.sync()
         return result
-
-    @override
-    def save_checkpoint(self, checkpoint: Mapping[str, object], path: PathLike) -> None:
-        """Write ``checkpoint`` once the device has finished computing it.
-
-        A checkpoint IO that reads device buffers directly (torch_xla's SPMD
-        planner does) must not meet one in flight: the last step may still be
-        running on the device when the loop saves.
-        """
-        self._xla.sync(wait=True)
-        super().save_checkpoint(checkpoint, path)
-
-    @override
-    def load_checkpoint(self, path: PathLike, module: torch.nn.Module | None = None) -> Checkpoint:
-        """Read the checkpoint at ``path`` once the device has finished its work."""
-        self._xla.sync(wait=True)
-        return super().load_checkpoint(path, module)
 
     @override
     def __repr__(self) -> str:
