@@ -2,12 +2,14 @@ from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
+import torch
 from typing_extensions import override
 
 from plait.core import CheckpointError, CheckpointIO
 from plait.core.typing import Checkpoint, PathLike
 from plait.strategies import CheckpointIO as CheckpointIOBase
 from plait.strategies import SingleDeviceStrategy
+from plait.strategies.state import optimizer_states_of
 
 
 class JustSaveAndLoad(CheckpointIOBase):
@@ -49,3 +51,48 @@ def test_remote_paths_ask_for_a_remove_of_ones_own() -> None:
 def test_save_and_load_must_be_written() -> None:
     with pytest.raises(TypeError, match="abstract"):
         CheckpointIOBase()  # type: ignore[abstract]
+
+
+def _adam_after_a_step() -> tuple[torch.nn.Linear, torch.optim.Optimizer]:
+    torch.manual_seed(0)
+    module = torch.nn.Linear(3, 2)
+    optimizer = torch.optim.Adam(module.parameters(), lr=0.1)
+    module(torch.randn(4, 3)).pow(2).sum().backward()
+    optimizer.step()
+    return module, optimizer
+
+
+def test_optimizer_moments_survive_a_distributed_checkpoint(tmp_path: Path) -> None:
+    # DCP writes mapping keys as strings: Adam's per-parameter state comes back keyed
+    # "0", "1". Loaded so, it would sit beside the parameters' state, unused.
+    module, optimizer = _adam_after_a_step()
+    strategy = SingleDeviceStrategy("cpu", checkpoint_io="distributed")
+    strategy.save_checkpoint(strategy.get_state_dict(module, [optimizer]), tmp_path / "ckpt")
+
+    fresh = torch.nn.Linear(3, 2)
+    fresh_optimizer = torch.optim.Adam(fresh.parameters(), lr=0.1)
+    loaded = strategy.load_checkpoint(tmp_path / "ckpt", fresh)
+    strategy.set_state_dict(fresh, [fresh_optimizer], loaded)
+
+    restored = fresh_optimizer.state_dict()["state"]
+    saved = optimizer.state_dict()["state"]
+    assert set(restored) == {0, 1}
+    for index in (0, 1):
+        assert torch.equal(restored[index]["exp_avg"], saved[index]["exp_avg"])
+        assert torch.equal(restored[index]["exp_avg_sq"], saved[index]["exp_avg_sq"])
+    # The next step is the one the original optimizer takes.
+    for model, opt in ((module, optimizer), (fresh, fresh_optimizer)):
+        opt.zero_grad()
+        model(torch.ones(1, 3)).sum().backward()
+        opt.step()
+    assert torch.equal(fresh.weight, module.weight)
+
+
+def test_state_keyed_by_name_keeps_its_keys() -> None:
+    named = {"state": {"0": {"step": 1}}, "param_groups": [{"params": ["0"]}]}
+    indexed = {"state": {"0": {"step": 1}}, "param_groups": [{"params": [0]}]}
+
+    by_name, by_index = optimizer_states_of({"optimizer_states": [named, indexed]}, 2, "x")
+
+    assert list(by_name["state"]) == ["0"]
+    assert list(by_index["state"]) == [0]

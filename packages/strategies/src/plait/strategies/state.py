@@ -94,4 +94,26 @@ def optimizer_states_of(state: Mapping[str, object], count: int, source: object)
         raise CheckpointError(str(source), "holds an optimizer state that is not a mapping")
     # DCP writes no entry for an empty mapping: an optimizer without per-parameter
     # state (plain SGD) comes back without its "state".
-    return [{"state": {}, **one} for one in saved]
+    return [_integer_keys({"state": {}, **one}) for one in saved]
+
+
+def _integer_keys(optimizer_state: Mapping[str, object]) -> StateDict:
+    # torch keys an optimizer's per-parameter state by the integer index its
+    # param_groups list. DCP (and torch_xla's planner) write every mapping key as a
+    # string, so the state comes back keyed "0", "1", ...: given to load_state_dict
+    # so, it would be kept beside the parameters' own state, unused, and training
+    # would go on from fresh moments. State keyed by name (FSDP's) is left alone.
+    groups = optimizer_state.get("param_groups")
+    per_parameter = optimizer_state.get("state")
+    indexed = isinstance(groups, list | tuple) and all(
+        isinstance(group, Mapping)
+        and all(isinstance(index, int) for index in group.get("params", ()))
+        for group in groups
+    )
+    if not indexed or not isinstance(per_parameter, Mapping):
+        return dict(optimizer_state)
+    restored = {
+        int(key) if isinstance(key, str) and key.isdigit() else key: value
+        for key, value in per_parameter.items()
+    }
+    return {**optimizer_state, "state": restored}

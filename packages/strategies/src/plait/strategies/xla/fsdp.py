@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Final, Protocol, cast
 
 import torch
@@ -42,20 +42,6 @@ class _Wrapper(Protocol):
 class _Planners(Protocol):
     SPMDSavePlanner: Callable[[], object]
     SPMDLoadPlanner: Callable[[], object]
-
-
-def _integer_keys(optimizer_state: object) -> object:
-    # An optimizer's state_dict keys its per-parameter state by integer index.
-    if not isinstance(optimizer_state, Mapping):
-        return optimizer_state
-    per_parameter = optimizer_state.get("state")
-    if not isinstance(per_parameter, Mapping):
-        return optimizer_state
-    restored = {
-        int(key) if isinstance(key, str) and key.isdigit() else key: value
-        for key, value in per_parameter.items()
-    }
-    return {**optimizer_state, "state": restored}
 
 
 class XLAFSDPStrategy(SingleDeviceXLAStrategy):
@@ -203,27 +189,6 @@ class XLAFSDPStrategy(SingleDeviceXLAStrategy):
         if isinstance(batch, tuple) and not hasattr(batch, "_fields"):
             return tuple(self.shard_batch(value) for value in batch)
         return batch
-
-    @override
-    def set_state_dict(
-        self,
-        module: torch.nn.Module,
-        optimizers: Sequence[torch.optim.Optimizer],
-        state: Mapping[str, object],
-        *,
-        source: object = "the state",
-    ) -> None:
-        """Load a checkpoint's state, with optimizer states keyed as torch keys them.
-
-        torch_xla's SPMD save planner writes every mapping key as a string, so an
-        optimizer's per-parameter state comes back keyed ``"0"``, ``"1"``, ...;
-        given to ``load_state_dict`` so, it would be kept beside the parameters'
-        own state, unused, and training would go on from fresh moments.
-        """
-        saved = state.get("optimizer_states")
-        if isinstance(saved, list):
-            state = {**state, "optimizer_states": [_integer_keys(entry) for entry in saved]}
-        super().set_state_dict(module, optimizers, state, source=source)
 
     @override
     def __repr__(self) -> str:
