@@ -12,7 +12,12 @@ import pytest
 import torch
 from tests.xla.test_single_xla import Regressor, _fit, _loader, _trainer
 
-from plait.core import ConfigurationError, StrategyRegistry, SupportsProcessDataloader
+from plait.core import (
+    ConfigurationError,
+    StrategyRegistry,
+    SupportsProcessDataloader,
+    seed_everything,
+)
 from plait.strategies import XLAStrategy
 from plait.strategies.xla.library import MULTI_REPLICA_CPU
 from plait.trainer import ModelCheckpoint
@@ -219,19 +224,22 @@ def test_xla_fsdp_refuses_an_unknown_state_dict_type() -> None:
 
 @pytest.mark.tpu
 @pytest.mark.parametrize("strategy", ["xla", "xla_debug"])
-def test_xla_replicas_train_as_one_process_on_the_whole_batch(
-    tmp_path: Path, strategy: str
-) -> None:
+def test_xla_replicas_train_over_every_device(tmp_path: Path, strategy: str) -> None:
     from plait.accelerators import XLAAccelerator  # noqa: PLC0415
 
     devices = XLAAccelerator().device_count()
     assert devices > 1, f"a TPU lane has several devices: {devices}"
-    replicas = _fit(tmp_path / "replicas", strategy, devices=devices, max_epochs=2)
+    seed_everything(7)
+    trainer = _trainer(
+        tmp_path / "replicas", strategy, devices=devices, max_epochs=2, enable_checkpointing=False
+    )
+    trainer.fit(Regressor(), _loader())
     single = _fit(tmp_path / "single", "single_xla", max_epochs=2, enable_checkpointing=False)
-    # Each replica reads 1/devices of each epoch; averaged gradients make the update
-    # that of the mean over the replicas' batches.
-    assert len(replicas.losses) == 16 // devices
-    assert sum(replicas.losses[-2:]) < sum(single.losses[:2])
+
+    # Each replica reads 1/devices of each epoch: a step is one batch per replica.
+    assert trainer.global_step == 16 // devices
+    # Rank 0's last logged loss, after training on every replica's averaged gradients.
+    assert float(trainer.callback_metrics["train_loss"]) < single.losses[0]
 
 
 def collectives_in_replicas(strategy: XLAStrategy) -> list[dict[str, object]]:
