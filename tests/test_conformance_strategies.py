@@ -12,7 +12,18 @@ from typing import Final
 from plait.conformance import ConformanceSuite
 from plait.core import StrategyRegistry
 
-NOT_ON_CPU: Final = {"dp": "DataParallel runs over CUDA GPUs"}
+XLA_LANE: Final = (
+    "needs torch_xla, which runs beside its own torch: the XLA lane (tools/check xla) "
+    "runs the suite on it at world size 1"
+)
+
+NOT_ON_CPU: Final = {
+    "dp": "DataParallel runs over CUDA GPUs",
+    "single_xla": XLA_LANE,
+    "xla": XLA_LANE,
+    "xla_debug": "'xla' with torch_xla's debug output: " + XLA_LANE + " as 'xla'",
+    "xla_fsdp": "needs torch_xla (the XLA lane); one process, a single process's collectives",
+}
 """Registered strategies that cannot run on this lane, and why."""
 
 ONE_PROCESS: Final = ("example_strategy", "single_device")
