@@ -176,15 +176,20 @@ def test_bf16_on_xla_trains_near_float32(
     assert half.losses == pytest.approx(full.losses, rel=0.1, abs=0.05)
 
 
-def test_the_conformance_suite_passes_for_single_xla_on_the_xla_lane() -> None:
-    result = subprocess.run(
+def run_conformance(strategy: str) -> subprocess.CompletedProcess[str]:
+    """The conformance suite on ``strategy`` in the XLA lane, at world size 1."""
+    return subprocess.run(
         [
             sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q",
             "--pyargs", "plait.conformance.suite",
-            "--plait-strategy=single_xla", "--plait-backend=xla", "--plait-world-sizes=1",
+            f"--plait-strategy={strategy}", "--plait-backend=xla", "--plait-world-sizes=1",
         ],
         capture_output=True, text=True, timeout=600, check=False,
     )  # fmt: skip
+
+
+def test_the_conformance_suite_passes_for_single_xla_on_the_xla_lane() -> None:
+    result = run_conformance("single_xla")
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
     assert "single_xla-xla-1: 7 passed, 3 skipped" in result.stdout
     # What the lane leaves out, and why, is said.

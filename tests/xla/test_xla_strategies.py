@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from tests.xla.test_single_xla import Regressor, _fit, _loader, _trainer
+from tests.xla.test_single_xla import Regressor, _fit, _loader, _trainer, run_conformance
 
 from plait.core import (
     ConfigurationError,
@@ -143,14 +143,7 @@ def test_xla_debug_prints_torch_xla_compilation_analysis(tmp_path: Path) -> None
 
 
 def test_the_conformance_suite_passes_for_xla_with_one_replica() -> None:
-    result = subprocess.run(
-        [
-            sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q",
-            "--pyargs", "plait.conformance.suite",
-            "--plait-strategy=xla", "--plait-backend=xla", "--plait-world-sizes=1",
-        ],
-        capture_output=True, text=True, timeout=600, check=False,
-    )  # fmt: skip
+    result = run_conformance("xla")
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
     assert "xla-xla-1: 7 passed, 3 skipped" in result.stdout
 
