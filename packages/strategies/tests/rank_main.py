@@ -341,6 +341,7 @@ if __name__ == "__main__":
     kind = DDPShardedStrategy if sys.argv[1].startswith("sharded") else DDPStrategy
     strategy = kind(accelerator="cpu", timeout=timedelta(seconds=60), **options)  # type: ignore[arg-type]
     strategy.setup_environment()
+    print(f"rank {strategy.global_rank}: agreeing through the {strategy.collectives.path}")
     try:
         scenario(strategy)
     finally:

@@ -27,9 +27,12 @@ def run_ranks() -> RunRanks:
     whatever happens.
     """
 
-    def run(scenario: str, world_size: int, timeout: float = 120) -> list[str]:
+    def run(
+        scenario: str, world_size: int, timeout: float = 120, agreement: str = "auto"
+    ) -> list[str]:
         base = {key: value for key, value in os.environ.items() if not key.startswith("SLURM_")}
         base |= {
+            "PLAIT_CHECK_AGREEMENT": agreement,
             "MASTER_ADDR": "127.0.0.1",
             "MASTER_PORT": str(free_port()),
             "WORLD_SIZE": str(world_size),
@@ -62,49 +65,61 @@ def run_ranks() -> RunRanks:
             f"--- rank {rank} exited {code}:\n{output}"
             for rank, (code, output) in enumerate(zip(codes, outputs, strict=True))
         )
+        if world_size > 1:  # one process has nothing to agree with
+            path = "backend" if agreement == "backend" else "store"
+            assert all(f"agreeing through the {path}" in output for output in outputs)
         return outputs
 
     return run
 
 
+AGREEMENTS = pytest.mark.parametrize("agreement", ["auto", "backend"])
+"""Both ways ranks agree on a call: through the store (``auto`` at a few ranks) and
+through the process group (``backend``, the path of large groups)."""
+
+
 @pytest.mark.slow
+@AGREEMENTS
 @pytest.mark.parametrize("scenario", ["collectives", "collectives_unchecked"])
 @pytest.mark.parametrize("world_size", [1, 2, 3])
 def test_the_collective_contract_holds_on_every_rank(
-    run_ranks: RunRanks, world_size: int, scenario: str
+    run_ranks: RunRanks, world_size: int, scenario: str, agreement: str
 ) -> None:
-    outputs = run_ranks(scenario, world_size)
+    outputs = run_ranks(scenario, world_size, agreement=agreement)
 
     assert all("collectives ok" in output for output in outputs)
 
 
 @pytest.mark.slow
+@AGREEMENTS
 @pytest.mark.parametrize("scenario", ["groups", "groups_unchecked"])
 def test_collectives_over_a_sub_group_keep_the_contract_among_its_ranks(
-    run_ranks: RunRanks, scenario: str
+    run_ranks: RunRanks, scenario: str, agreement: str
 ) -> None:
-    outputs = run_ranks(scenario, 3)
+    outputs = run_ranks(scenario, 3, agreement=agreement)
 
     assert all("groups ok" in output for output in outputs)
 
 
 @pytest.mark.slow
+@AGREEMENTS
 @pytest.mark.parametrize("scenario", ["broadcasts", "broadcasts_unchecked"])
 @pytest.mark.parametrize("world_size", [1, 2, 3])
 def test_broadcast_gives_every_rank_src_value_small_or_large(
-    run_ranks: RunRanks, world_size: int, scenario: str
+    run_ranks: RunRanks, world_size: int, scenario: str, agreement: str
 ) -> None:
-    outputs = run_ranks(scenario, world_size)
+    outputs = run_ranks(scenario, world_size, agreement=agreement)
 
     assert all("broadcasts ok" in output for output in outputs)
 
 
 @pytest.mark.slow
+@AGREEMENTS
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_mismatched_calls_raise_on_every_rank_and_leave_the_ranks_in_step(
-    run_ranks: RunRanks, world_size: int
+    run_ranks: RunRanks, world_size: int, agreement: str
 ) -> None:
-    outputs = run_ranks("mismatch", world_size)
+    outputs = run_ranks("mismatch", world_size, agreement=agreement)
 
     for output in outputs:
         assert "mismatch ok" in output
@@ -115,11 +130,12 @@ def test_mismatched_calls_raise_on_every_rank_and_leave_the_ranks_in_step(
 
 
 @pytest.mark.slow
+@AGREEMENTS
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_a_barrier_timeout_names_the_rank_that_did_not_come(
-    run_ranks: RunRanks, world_size: int
+    run_ranks: RunRanks, world_size: int, agreement: str
 ) -> None:
-    outputs = run_ranks("barrier_timeout", world_size)
+    outputs = run_ranks("barrier_timeout", world_size, agreement=agreement)
 
     last = world_size - 1
     for output in outputs[:last]:

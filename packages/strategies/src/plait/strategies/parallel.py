@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 from collections.abc import Sequence
 from datetime import timedelta
@@ -20,6 +21,7 @@ from plait.core import (
     ProcessLayout,
 )
 from plait.strategies.base import BaseStrategy
+from plait.strategies.collectives.distributed import AGREEMENT_VARIABLE, AGREEMENTS
 from plait.strategies.launchers.children import timeout_of
 from plait.strategies.process_group import init_distributed
 
@@ -64,6 +66,14 @@ class ParallelStrategy(BaseStrategy):
         start_timeout: How long start-up waits for the other ranks.
         checked_collectives: Compare every rank's call before each control collective,
             so that a mismatch raises instead of hanging.
+
+    How the ranks compare their calls is read from ``PLAIT_CHECK_AGREEMENT`` (one of
+    ``auto``, ``store``, ``backend``; ``auto`` when unset): see
+    `DistributedCollectives`. Every rank must see the same value.
+
+    Raises:
+        ConfigurationError: A timeout is not a positive timedelta, the backend or
+            ``PLAIT_CHECK_AGREEMENT`` is not one of the choices.
     """
 
     def __init__(
@@ -120,6 +130,15 @@ class ParallelStrategy(BaseStrategy):
         self.timeout = timeout
         self.start_timeout = start_timeout
         self.checked_collectives = checked_collectives
+        agreement = os.environ.get(AGREEMENT_VARIABLE, "") or "auto"
+        if agreement not in AGREEMENTS:
+            raise ConfigurationError.invalid_choice(
+                AGREEMENT_VARIABLE,
+                agreement,
+                AGREEMENTS,
+                fix=f"set {AGREEMENT_VARIABLE} to one of {', '.join(AGREEMENTS)} (or unset it)",
+            )
+        self.check_agreement = agreement
         self._collectives: DistributedCollectives | None = None
         self._owns_process_group = False
 
@@ -214,6 +233,7 @@ class ParallelStrategy(BaseStrategy):
             timeout=self.timeout,
             start_timeout=self.start_timeout,
             checked=self.checked_collectives,
+            agreement=self.check_agreement,
         )
         self._owns_process_group = True
 

@@ -26,7 +26,7 @@ from plait.core import (
     ConfigurationError,
     free_port,
 )
-from plait.strategies.collectives import DistributedCollectives, Rendezvous
+from plait.strategies.collectives import DistributedCollectives, Rendezvous, agreement_path
 from plait.strategies.launchers.children import HOSTED_STORE_VARIABLE, die_with_parent
 from plait.strategies.launchers.subprocess import become_rank
 from plait.strategies.store import CURRENT_RUN_KEY, START_PREFIX, run_prefix
@@ -50,6 +50,7 @@ def init_distributed(
     start_timeout: timedelta,
     checked: bool = True,
     dimensions: Mapping[str, dist.ProcessGroup | None] | None = None,
+    agreement: str = "auto",
 ) -> DistributedCollectives:
     """Join this process to the job's process group and return its collectives.
 
@@ -62,6 +63,9 @@ def init_distributed(
         checked: Compare every rank's call before each control collective.
         dimensions: The groups of the layout's dimensions, by name (``None``: the
             whole group); plain data parallelism by default.
+        agreement: How ranks agree on each checked call (see
+            `DistributedCollectives`); a group of another backend than gloo gets a
+            gloo twin for it when it agrees through the process group.
 
     Raises:
         ConfigurationError: torch.distributed was initialised by someone else, so
@@ -96,6 +100,10 @@ def init_distributed(
         timeout=start_timeout,
     )
     group = dist.new_group(backend=backend, timeout=timeout)
+    twin = None
+    if backend != "gloo" and agreement_path(agreement, environment.world_size) == "backend":
+        # Fingerprints are a few CPU integers: gloo moves them without a stream sync.
+        twin = dist.new_group(backend="gloo", timeout=timeout)
     return DistributedCollectives(
         group=group,
         store=store,
@@ -105,6 +113,8 @@ def init_distributed(
         checked=checked,
         timeout=timeout,
         dimensions=dimensions,
+        agreement=agreement,
+        agreement_group=twin,
     )
 
 

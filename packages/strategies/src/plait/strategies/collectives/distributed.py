@@ -1,18 +1,32 @@
-"""The collective contract over a torch.distributed process group, checked through its store."""
+"""The collective contract over a torch.distributed process group, checked on every call.
+
+Ranks agree on each call either through the job's store (`Rendezvous`: fast at a few
+ranks, where small values ride in the meeting) or through the process group itself
+(`Agreement`: one all-reduce of a fingerprint, no store work unless something goes
+wrong). Every rank takes the same path: it depends on the group's size alone.
+"""
 
 from __future__ import annotations
 
 import pickle
 from collections.abc import Mapping, Sequence
 from datetime import timedelta
-from typing import TYPE_CHECKING, TypeVar, overload
+from typing import TYPE_CHECKING, Final, TypeVar, overload
 
 import torch
 import torch.distributed as dist
 
-from plait.core import CollectiveCall, ConfigurationError, ReduceOp
+from plait.core import (
+    CollectiveCall,
+    CollectiveMismatchError,
+    CollectiveTimeoutError,
+    ConfigurationError,
+    ReduceOp,
+)
 from plait.strategies.collectives import wire
+from plait.strategies.collectives.agreement import Agreement
 from plait.strategies.collectives.arguments import as_timeout, check_group_name, check_src
+from plait.strategies.collectives.recorder import FlightRecorder
 from plait.strategies.collectives.reduction import (
     DTYPES,
     TORCH_OPS,
@@ -29,9 +43,50 @@ from plait.strategies.store import STORE_PREFIX
 if TYPE_CHECKING:
     from plait.core.typing import Group, ReduceOpLike
 
-__all__ = ["DistributedCollectives"]
+__all__ = [
+    "AGREEMENTS",
+    "AGREEMENT_VARIABLE",
+    "STORE_CROSSOVER",
+    "DistributedCollectives",
+    "agreement_path",
+]
 
 T = TypeVar("T")
+
+AGREEMENTS: Final = ("auto", "store", "backend")
+"""How ranks agree on each checked call: by size (``"auto"``), or always one way."""
+
+STORE_CROSSOVER: Final = 8
+"""Groups of up to this many ranks agree through the store under ``"auto"``; larger
+ones through the process group. Measured by ``tools/bench scale``: at 2 to 8 CPU
+ranks the store meeting, which carries small values itself, is the faster."""
+
+
+AGREEMENT_VARIABLE: Final = "PLAIT_CHECK_AGREEMENT"
+"""The environment variable a strategy reads `AGREEMENTS` from (``"auto"`` if unset);
+set it alike for every rank of the job."""
+
+# A broadcast's header, as it rides in the agreement: what kind of value follows.
+_TENSOR: Final = 1
+_PICKLED: Final = 2
+_UNPICKLABLE: Final = 3
+
+
+def agreement_path(agreement: str, world_size: int) -> str:
+    """``"store"`` or ``"backend"``: how a group of ``world_size`` ranks agrees.
+
+    Raises:
+        ConfigurationError: ``agreement`` is not one of `AGREEMENTS`.
+    """
+    if agreement not in AGREEMENTS:
+        raise ConfigurationError.invalid_choice("agreement", agreement, AGREEMENTS)
+    if agreement == "auto":
+        return "store" if world_size <= STORE_CROSSOVER else "backend"
+    return agreement
+
+
+def _moves_cpu_tensors(group: dist.ProcessGroup) -> bool:
+    return "gloo" in str(dist.get_backend(group))
 
 
 class DistributedCollectives:
@@ -48,6 +103,17 @@ class DistributedCollectives:
         dimensions: The groups of the layout's dimensions, by name, for ``group=``
             given as a name (``None``: the whole group).
         members: The global ranks of ``group``, in its order, when it is a sub-group.
+        agreement: How ranks agree on each checked call (one of `AGREEMENTS`):
+            through the job's store up to `STORE_CROSSOVER` ranks, through the
+            process group beyond (``"auto"``), or always one way. The process-group
+            path needs a group that moves CPU tensors: ``group`` when it is gloo,
+            else ``agreement_group``; without one, the store serves.
+        agreement_group: A gloo group of the same ranks, for a ``group`` of another
+            backend (NCCL).
+        recorder: Where every call is written down (shared with sub-groups).
+
+    Raises:
+        ConfigurationError: ``agreement`` is not one of `AGREEMENTS`.
     """
 
     def __init__(
@@ -62,12 +128,17 @@ class DistributedCollectives:
         timeout: timedelta = timedelta(minutes=30),
         dimensions: Mapping[str, dist.ProcessGroup | None] | None = None,
         members: Sequence[int] | None = None,
+        agreement: str = "auto",
+        agreement_group: dist.ProcessGroup | None = None,
+        recorder: FlightRecorder | None = None,
     ) -> None:
         self.group = group
         tag = "" if members is None else "group-" + ",".join(map(str, members)) + ":"
         self._rendezvous = Rendezvous(
             store, rank=rank, world_size=world_size, members=members, prefix=STORE_PREFIX, tag=tag
         )
+        self.flight_recorder = recorder or FlightRecorder()
+        self.agreement = agreement
         self._job_store = store
         self.store = self._rendezvous.store
         self.rank = rank
@@ -81,6 +152,31 @@ class DistributedCollectives:
         # gloo moves CPU tensors; NCCL moves tensors of this process's GPU.
         backend = dist.get_backend(group)
         self.comm_device = device if backend == "nccl" else torch.device("cpu")
+        self._agreement: Agreement | None = None
+        on = group if _moves_cpu_tensors(group) else agreement_group
+        if on is not None and agreement_path(agreement, self.world_size) == "backend":
+            self._agreement = Agreement(
+                group=on,
+                store=self.store,
+                aborts=dist.PrefixStore(STORE_PREFIX, store),
+                explain=Rendezvous(
+                    store,
+                    rank=rank,
+                    members=self.members,
+                    prefix=STORE_PREFIX,
+                    tag=f"explain:{tag}",
+                ),
+                rank=rank,
+                members=self.members,
+                tag=tag,
+                recorder=self.flight_recorder,
+            )
+        self._sequence = 0  # checked calls through the store, for the recorder
+
+    @property
+    def path(self) -> str:
+        """How the ranks agree on each checked call: ``"store"`` or ``"backend"``."""
+        return "store" if self._agreement is None else "backend"
 
     def depart(self) -> None:
         """Finish with the job's store (see `Rendezvous.depart`); call once, at teardown."""
@@ -90,7 +186,32 @@ class DistributedCollectives:
         self, call: CollectiveCall, timeout: timedelta, note: bytes = b""
     ) -> list[bytes]:
         """Meet every rank through the store and compare calls (see `Rendezvous.meet`)."""
-        return self._rendezvous.meet(call, timeout, note)
+        self._sequence += 1
+        record = self.flight_recorder.start(self._sequence, self.members, call, "store")
+        try:
+            notes = self._rendezvous.meet(call, timeout, note)
+        except BaseException as error:
+            record.end(_ended(error))
+            if isinstance(error, CollectiveTimeoutError):
+                error.add_note(
+                    f"rank {self.rank}'s last collectives:\n" + self.flight_recorder.describe()
+                )
+            raise
+        record.end("done")
+        return notes
+
+    def agree(
+        self, call: CollectiveCall, timeout: timedelta, slots: Sequence[int] = ()
+    ) -> list[int]:
+        """Every rank's agreement on ``call``, on this group's path.
+
+        Through the process group (see `Agreement.agree`), the combined ``slots``
+        come back; through the store, nothing rides along (an empty list).
+        """
+        if self._agreement is not None:
+            return self._agreement.agree(call, timeout, slots)
+        self.rendezvous(call, timeout)
+        return []
 
     def within(self, group: Group | None) -> DistributedCollectives:
         """The collectives among the ranks of ``group`` (these, for ``None``).
@@ -141,19 +262,22 @@ class DistributedCollectives:
                 checked=self.checked,
                 timeout=self.timeout,
                 members=members,
+                agreement=self.agreement,
+                recorder=self.flight_recorder,
             )
             self._subgroups[members] = found
         return found
 
     def _check(self, collective: str, **params: object) -> None:
         if self.checked and self.world_size > 1:
-            self.rendezvous(CollectiveCall(collective, params), self.timeout)
+            self.agree(CollectiveCall(collective, params), self.timeout)
 
     def _inline(self, work: torch.Tensor) -> bool:
         # Whether every rank's ``work`` can travel in the checking meeting instead of
         # a collective. Every rank decides alike: the meeting compares shape and dtype.
         return (
             self.checked
+            and self._agreement is None
             and self.world_size > 1
             and self.comm_device.type == "cpu"
             and work.numel() * work.element_size() * self.world_size <= wire.INLINE_ALL_BYTES
@@ -239,6 +363,8 @@ class DistributedCollectives:
             return obj
         if not among.checked:
             return among._broadcast_with_header(obj, src)
+        if among._agreement is not None:
+            return among._broadcast_agreed(obj, src)
         return among._broadcast_described(obj, src)
 
     def _broadcast_described(self, obj: T, src: int) -> T:
@@ -263,6 +389,32 @@ class DistributedCollectives:
             assert isinstance(obj, torch.Tensor)
             return wire.own_copy(obj, self.device)  # type: ignore[return-value]
         return wire.tensor_from_bytes(inline[0], dtype, dims).to(self.device)  # type: ignore[return-value]
+
+    def _broadcast_agreed(self, obj: T, src: int) -> T:
+        # The header rides in the agreement: src gives it, the others zeros.
+        assert self._agreement is not None
+        header: list[int] = []
+        pickled = b""
+        unpicklable = f"unpicklable/{src}"
+        if self.rank == src:
+            if wire.fast(obj):
+                assert isinstance(obj, torch.Tensor)
+                header = [_TENSOR, DTYPES.index(obj.dtype), obj.dim(), *obj.shape]
+            else:
+                try:
+                    pickled = pickle.dumps(obj)
+                    header = [_PICKLED, len(pickled)]
+                except Exception as error:  # noqa: BLE001 - reported to every rank
+                    self.store.set(unpicklable, f"{type(error).__name__}: {error}")
+                    header = [_UNPICKLABLE]
+        call = CollectiveCall("broadcast", {"src": src})
+        kind, first, ndim, *dims = self._agreement.agree(call, self.timeout, header)
+        if kind == _UNPICKLABLE:
+            why = self.store.get(unpicklable).decode()
+            raise TypeError(f"broadcast: src={src}'s object cannot be pickled: {why}")
+        if kind == _PICKLED:
+            return self._broadcast_pickled(obj, src, pickled, first)
+        return self._broadcast_tensor(obj, src, DTYPES[first], dims[:ndim])  # type: ignore[return-value]
 
     def _broadcast_with_header(self, obj: T, src: int) -> T:
         header = torch.zeros(2 + wire.MAX_FAST_DIMS, dtype=torch.int64, device=self.comm_device)
@@ -325,9 +477,7 @@ class DistributedCollectives:
                 other collectives (in checked mode).
         """
         among = self.within(group)
-        among.rendezvous(
-            CollectiveCall("barrier", {"name": name}), as_timeout(timeout, self.timeout)
-        )
+        among.agree(CollectiveCall("barrier", {"name": name}), as_timeout(timeout, self.timeout))
 
     def all_gather(self, tensor: torch.Tensor, group: Group | None = None) -> torch.Tensor:
         """Stack every rank's ``tensor`` (of ``group``): rows in the group's rank order."""
@@ -346,6 +496,12 @@ class DistributedCollectives:
 
     def reduce_boolean_decision(self, decision: bool, all: bool = True) -> bool:  # noqa: A002
         """Whether ``decision`` holds on every rank (``all``) or on any rank."""
+        if self.checked and self.world_size > 1 and self._agreement is not None:
+            # One slot: the largest "no" (for all) or "yes" (for any) of any rank.
+            call = CollectiveCall("reduce_boolean_decision", {"all": all})
+            vote = int(bool(decision))
+            slot = self._agreement.agree(call, self.timeout, [1 - vote if all else vote])[0]
+            return slot == 0 if all else slot == 1
         if self.checked and self.world_size > 1:  # the votes travel in the meeting
             call = CollectiveCall("reduce_boolean_decision", {"all": all})
             notes = self.rendezvous(call, self.timeout, b"1" if decision else b"0")
@@ -355,3 +511,11 @@ class DistributedCollectives:
         dist.all_reduce(votes, op=dist.ReduceOp.SUM, group=self.group)
         count = int(votes.item())
         return count == self.world_size if all else count > 0
+
+
+def _ended(error: BaseException) -> str:
+    if isinstance(error, CollectiveMismatchError):
+        return "mismatch"
+    if isinstance(error, CollectiveTimeoutError):
+        return "timed out"
+    return "failed"
