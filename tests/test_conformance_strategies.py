@@ -7,6 +7,7 @@ are listed with the reason, so that a new registration cannot be left out silent
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Final
 
 from plait.conformance import ConformanceSuite
@@ -71,6 +72,18 @@ class TestFSDPVariants(ConformanceSuite):
 class TestDeepSpeedVariants(ConformanceSuite):
     strategies = DEEPSPEED_VARIANTS
     world_sizes = (2,)
+
+
+BACKEND_AGREEMENT: Final = (
+    f"{Path(__file__).with_name('backend_agreement.py')}:ddp_agreeing_through_the_process_group"
+)
+"""DDP agreeing through the process group at every size (``auto`` does above 8 ranks)."""
+
+
+class TestAgreementThroughTheProcessGroup(ConformanceSuite):
+    strategies = (BACKEND_AGREEMENT,)
+    world_sizes = (1, 2, 3, 4)
+    max_examples = 60  # a fourth of the thorough profile: the same properties as ddp's
 
 
 class TestOneProcessStrategies(ConformanceSuite):

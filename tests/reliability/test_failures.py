@@ -18,15 +18,21 @@ pytestmark = pytest.mark.slow
 LAUNCHERS = ["ddp", "ddp_spawn"]
 
 
+AGREEMENTS = pytest.mark.parametrize("agreement", ["auto", "backend"])
+"""Ranks agreeing on checked calls through the store (two ranks' ``auto``) or through
+the process group (the path of large jobs)."""
+
+
+@AGREEMENTS
 @pytest.mark.parametrize("strategy", LAUNCHERS)
 @pytest.mark.parametrize("rank", [0, 1])
 def test_a_rank_that_raises_is_the_headline_within_60s(
-    tmp_path: Path, strategy: str, rank: int
+    tmp_path: Path, strategy: str, rank: int, agreement: str
 ) -> None:
     done = run(
         fit_command(strategy, 2, tmp_path, "max_epochs=1"),
         tmp_path,
-        {"FAIL_RANK": str(rank), "FAIL_STEP": "3"},
+        {"FAIL_RANK": str(rank), "FAIL_STEP": "3", "PLAIT_CHECK_AGREEMENT": agreement},
     )
 
     assert done.returncode == 1
@@ -53,16 +59,22 @@ def test_a_rank_that_raises_under_torchrun_ends_the_job_within_60s(tmp_path: Pat
 
 
 @pytest.mark.timeout(300)
+@AGREEMENTS
 @pytest.mark.parametrize("strategy", LAUNCHERS)
 @pytest.mark.parametrize("rank", [0, 1])
 def test_a_stalled_rank_is_named_and_the_job_ends_within_60s(
-    tmp_path: Path, strategy: str, rank: int
+    tmp_path: Path, strategy: str, rank: int, agreement: str
 ) -> None:
     # The stall lasts 600 s; the collective timeout is 3 s.
     done = run(
         fit_command(strategy, 2, tmp_path, "max_epochs=1"),
         tmp_path,
-        {"STALL_RANK": str(rank), "STALL_STEP": "3", "TIMEOUT": "3"},
+        {
+            "STALL_RANK": str(rank),
+            "STALL_STEP": "3",
+            "TIMEOUT": "3",
+            "PLAIT_CHECK_AGREEMENT": agreement,
+        },
     )
 
     assert done.returncode == 1

@@ -145,10 +145,14 @@ class Agreement:
             wait = left if posted else min(first, left)
             try:
                 work.wait(timedelta(seconds=max(wait, 1e-3)))
-            except RuntimeError as error:  # torch's DistError is one
-                if work.is_completed():  # the backend failed: it did not just time out
-                    record.end("failed")
-                    self._failed(error)
+            except RuntimeError:  # a timed-out wait, or the failure (DistError is one)
+                if work.is_completed():  # it ended meanwhile, or the backend failed
+                    try:
+                        work.wait()
+                    except RuntimeError as failure:
+                        record.end("failed")
+                        self._failed(failure)
+                    break
                 if not posted:
                     self._post(record)
                     posted = True
@@ -157,9 +161,9 @@ class Agreement:
                     record.end("timed out")
                     raise self._timed_out(record, timeout) from None
                 continue
-            if posted:
-                self._clear()
-            return
+            break
+        if posted:
+            self._clear()
 
     def _post(self, record: Record) -> None:
         # Where this rank waits: read only when a rank times out (and by a launcher
