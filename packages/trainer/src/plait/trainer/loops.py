@@ -29,6 +29,7 @@ from plait.core import (
     rank_zero_warn,
 )
 from plait.trainer.data import length, limit_batches, prepare_loader, sampler_seed, set_epoch
+from plait.trainer.gather import gather_objects
 from plait.trainer.metrics import Metrics, Number
 from plait.trainer.module import overrides
 from plait.trainer.optim import parse_optimizers
@@ -493,10 +494,7 @@ class Loops(abc.ABC):
         # Agreed at each epoch's first batch, then at every batch while any rank
         # syncs step values: a metric synced on one rank only fails at once.
         self._step_sync = metrics.sync_step(
-            strategy,
-            self._global_rank,
-            world_size,
-            required=self._step_sync or batch_idx == 0,
+            strategy, world_size, required=self._step_sync or batch_idx == 0
         )
         self._publish_step(metrics, stepping=stepping)
         for callback in self.callbacks:
@@ -644,7 +642,7 @@ class Loops(abc.ABC):
 
     def _publish_epoch(self, metrics: Metrics, *, training: bool) -> dict[str, Number]:
         strategy = self.strategy
-        values = metrics.fold(strategy, strategy.global_rank, strategy.world_size)
+        values = metrics.fold(strategy, strategy.world_size)
         options = metrics.epoch_options()
         to_log: dict[str, Number] = {}
         for name, value in values.items():
@@ -744,9 +742,7 @@ class Loops(abc.ABC):
         # are the loader's order (ranks that read the same data predicted alike).
         mine = (strategy.layout.data_parallel_rank, outputs)
         blocks: dict[int, list[object]] = {}
-        for rank in range(strategy.world_size):
-            # Every rank passes its own block; the rank ``src``'s is what all receive.
-            shard, share = strategy.broadcast(mine, src=rank)
+        for shard, share in gather_objects(strategy, mine):
             blocks.setdefault(shard, share)
         return [output for shard in sorted(blocks) for output in blocks[shard]]
 
@@ -833,10 +829,7 @@ class Loops(abc.ABC):
         assert steps is not None, "no run is in progress"
         assert wrapped is not None
         module = steps.module
-        states = [
-            strategy.broadcast(rng_state() if strategy.global_rank == rank else None, src=rank)
-            for rank in range(strategy.world_size)
-        ]
+        states = gather_objects(strategy, rng_state())
         metrics = self._active_metrics
         checkpoint: Checkpoint = {
             "plait": {"format": CHECKPOINT_FORMAT},

@@ -11,6 +11,7 @@ import attrs
 import torch
 
 from plait.core import CollectiveCall, CollectiveMismatchError, ConfigurationError
+from plait.trainer.gather import gather_objects
 
 if TYPE_CHECKING:
     from plait.core import Collectives
@@ -31,7 +32,7 @@ def _fingerprint(names: Sequence[str]) -> int:
 
 
 def agree_on_names(
-    names: Sequence[str], what: str, collectives: Collectives, rank: int, world_size: int
+    names: Sequence[str], what: str, collectives: Collectives, world_size: int
 ) -> None:
     """Check that every rank syncs the same metrics (one small collective).
 
@@ -48,9 +49,8 @@ def agree_on_names(
         return
     # The error path only: every rank learns every rank's names.
     calls = {}
-    for source in range(world_size):
-        theirs = collectives.broadcast(list(names) if source == rank else None, src=source)
-        calls[source] = CollectiveCall(what, {"names": ", ".join(theirs or []) or "(none)"})
+    for source, theirs in enumerate(gather_objects(collectives, list(names))):
+        calls[source] = CollectiveCall(what, {"names": ", ".join(theirs) or "(none)"})
     raise CollectiveMismatchError(calls)
 
 
@@ -215,9 +215,7 @@ class Metrics:
         """
         self.step_values = {}
 
-    def sync_step(
-        self, collectives: Collectives, rank: int, world_size: int, *, required: bool
-    ) -> bool:
+    def sync_step(self, collectives: Collectives, world_size: int, *, required: bool) -> bool:
         """Fold this step's synced values over ranks; every rank calls it after each step.
 
         A rank with nothing to sync takes part only when ``required`` (the first
@@ -236,9 +234,7 @@ class Metrics:
         self._pending = {}
         names = sorted(f"{name}:{self.options[name].reduce_fx}" for name in pending)
         if world_size > 1 and (pending or required):
-            agree_on_names(
-                names, "self.log(on_step, sync_dist=True)", collectives, rank, world_size
-            )
+            agree_on_names(names, "self.log(on_step, sync_dist=True)", collectives, world_size)
         if not pending:
             return False
         ordered = sorted(pending)
@@ -270,9 +266,7 @@ class Metrics:
                 accumulator.add(synced[name], pending[name][1])
         return True
 
-    def fold(
-        self, collectives: Collectives, rank: int = 0, world_size: int = 1
-    ) -> dict[str, Number]:
+    def fold(self, collectives: Collectives, world_size: int = 1) -> dict[str, Number]:
         """The epoch value of every metric, folded over ranks for those that sync.
 
         Every rank must call it at the same point: the ranks first agree on the
@@ -291,7 +285,6 @@ class Metrics:
             ],
             "self.log(on_epoch, sync_dist=True)",
             collectives,
-            rank,
             world_size,
         )
         values: dict[str, Number] = {}
