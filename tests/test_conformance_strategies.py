@@ -77,7 +77,7 @@ class TestDeepSpeedVariants(ConformanceSuite):
 BACKEND_AGREEMENT: Final = (
     f"{Path(__file__).with_name('backend_agreement.py')}:ddp_agreeing_through_the_process_group"
 )
-"""DDP agreeing through the process group at every size (``auto`` does above 8 ranks)."""
+"""DDP agreeing through the process group at every size (``auto``: above 16 ranks)."""
 
 
 class TestAgreementThroughTheProcessGroup(ConformanceSuite):

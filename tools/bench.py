@@ -25,6 +25,12 @@ Sections:
                for hand-written DDP and DeepSpeed (ZeRO-2) loops, DeepSpeedStrategy in
                that loop, and plait's Trainer at ZeRO stages 0-3 (Lightning's
                DeepSpeed refuses the CPU: no side)
+  scale        checked collectives as the ranks grow: seconds per call at 2 to 16 real
+               gloo ranks (quick: 2 and 4), raw against plait unchecked, checked
+               through the store and checked through the process group (auto takes
+               the store up to STORE_CROSSOVER ranks); and one checked collective's
+               work in the job's store at 2 to 1024 ranks (requests and bytes per rank
+               and in all, and the time one client takes to send them to a TCPStore)
   conformance  the conformance suite's examples per second per property
 
 Lightning's Trainer and collectives join the comparison where lightning is
@@ -55,7 +61,7 @@ if TYPE_CHECKING:
     import torch
 
 SECTIONS: Final = (
-    "imports", "steps", "ddp", "fsdp", "deepspeed", "collectives", "conformance",
+    "imports", "steps", "ddp", "fsdp", "deepspeed", "collectives", "scale", "conformance",
 )  # fmt: skip
 IMPORTED: Final = ("plait.core", "plait.strategies", "plait.trainer", "lightning.pytorch")
 
@@ -582,6 +588,43 @@ def bench_collectives(rounds: int, scratch: Path) -> list[Row]:
     return rows
 
 
+# Scale.
+
+SCALE_TOOL: Final = Path(__file__).resolve().with_name("bench_scale.py")
+
+
+def _scale_tool(*args: str) -> None:
+    _checked_run([sys.executable, str(SCALE_TOOL), *args], f"bench_scale {args[0]}")
+
+
+def bench_scale(rounds: int, world_sizes: list[int], scratch: Path) -> list[Row]:
+    """Checked collectives at several world sizes: time per call, and store work."""
+    from plait.strategies.collectives import STORE_CROSSOVER  # noqa: PLC0415
+
+    rows = []
+    for size in world_sizes:
+        out = scratch / f"scale-{size}.json"
+        _scale_tool("ranks", "--world-size", str(size), "--rounds", str(rounds), "--out", str(out))
+        seconds = json.loads(out.read_text(encoding="utf-8"))["seconds"]
+        auto = "store" if size <= STORE_CROSSOVER else "backend"
+        for case, sides in seconds.items():
+            for side in ("unchecked", "store", "backend"):
+                label = {"store": "via store", "backend": "via group"}.get(side, side)
+                chosen = " (auto)" if side == auto else ""
+                rows.append(Row("scale", f"{case}, {size} ranks, {label}{chosen}", "s",
+                                sides[side], sides["raw"], "raw"))  # fmt: skip
+    out = scratch / "scale-store.json"
+    _scale_tool("store", "--world-sizes", "2,4,8,16,64,256,1024", "--out", str(out))
+    for size, paths in json.loads(out.read_text(encoding="utf-8")).items():
+        for path, work in paths.items():
+            name = (
+                f"store, {size} ranks, via {'store' if path == 'store' else 'group'}: "
+                f"{work['total requests']:.0f} req, {work['total bytes read'] / 1e6:.3g} MB"
+            )
+            rows.append(Row("scale", name, "s", [work["seconds"]], None, ""))
+    return rows
+
+
 # Conformance.
 
 
@@ -625,7 +668,7 @@ def print_table(rows: list[Row]) -> None:
         if row.section != section:
             section = row.section
             print(f"\n== {section}")
-            print(f"{'measurement':46} {'median [min, max]':>32}  {'baseline (median)':36} ratio")
+            print(f"{'measurement':52} {'median [min, max]':>32}  {'baseline (median)':24} ratio")
         spread = (
             f"{_format(statistics.median(row.measured), row.unit)} "
             f"[{_format(min(row.measured), row.unit)}, {_format(max(row.measured), row.unit)}]"
@@ -634,7 +677,7 @@ def print_table(rows: list[Row]) -> None:
         if row.baseline:
             base = f"{row.baseline_name} {_format(statistics.median(row.baseline), row.unit)}"
         ratio = f"{row.ratio:.2f}x" if row.ratio is not None else "-"
-        print(f"{row.name:46} {spread:>32}  {base:36} {ratio}")
+        print(f"{row.name:52} {spread:>32}  {base:24} {ratio}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -684,6 +727,10 @@ def main(argv: list[str] | None = None) -> int:
         )
     if "collectives" in sections:
         rows += bench_collectives(rounds, scratch)
+    if "scale" in sections:
+        rows += bench_scale(
+            1 if args.quick else 3, [2, 4] if args.quick else [2, 4, 8, 16], scratch
+        )
     if "conformance" in sections:
         rows += bench_conformance(20 if args.quick else 200, [2] if args.quick else [1, 2, 3, 4])
     print_table(rows)

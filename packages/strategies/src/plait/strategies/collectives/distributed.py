@@ -56,10 +56,13 @@ T = TypeVar("T")
 AGREEMENTS: Final = ("auto", "store", "backend")
 """How ranks agree on each checked call: by size (``"auto"``), or always one way."""
 
-STORE_CROSSOVER: Final = 8
+STORE_CROSSOVER: Final = 16
 """Groups of up to this many ranks agree through the store under ``"auto"``; larger
-ones through the process group. Measured by ``tools/bench scale``: at 2 to 8 CPU
-ranks the store meeting, which carries small values itself, is the faster."""
+ones through the process group. Measured by ``tools/bench --sections scale``: at 2
+to 16 gloo ranks on one machine the store meeting (which carries small values
+itself, and needs each process scheduled once) is the faster; the store's work per
+collective grows with the square of the ranks (tens of milliseconds at 64, seconds
+at 1024), the process group's path sends it nothing."""
 
 
 AGREEMENT_VARIABLE: Final = "PLAIT_CHECK_AGREEMENT"
