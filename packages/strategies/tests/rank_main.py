@@ -165,8 +165,26 @@ def barrier_timeout(strategy: DDPStrategy) -> None:
         return
     error = expect(CollectiveTimeoutError, lambda: strategy.barrier("epoch", timeout=2.0))
     assert isinstance(error, CollectiveTimeoutError)
-    print(f"rank {rank}: missing {list(error.missing_ranks)}: {error}")
+    notes = "\n".join(getattr(error, "__notes__", []))
+    print(f"rank {rank}: missing {list(error.missing_ranks)}: {error}\n{notes}")
     store.set("released", "1")
+
+
+def waiting_elsewhere(strategy: DDPStrategy) -> None:
+    """Ranks 0 and 1 wait in a barrier; rank 2 in another, over ranks 1 and 2."""
+    import torch.distributed as dist  # noqa: PLC0415
+
+    rank = strategy.global_rank
+    pair = dist.new_group([1, 2], backend="gloo")
+    if rank == 2:
+        error = expect(
+            CollectiveTimeoutError, lambda: strategy.barrier("pair", timeout=6.0, group=pair)
+        )
+    else:
+        error = expect(CollectiveTimeoutError, lambda: strategy.barrier("all", timeout=4.0))
+    assert isinstance(error, CollectiveTimeoutError)
+    notes = "\n".join(getattr(error, "__notes__", []))
+    print(f"rank {rank}: missing {list(error.missing_ranks)}: {error}\n{notes}")
 
 
 def train(
@@ -312,6 +330,7 @@ SCENARIOS: dict[str, tuple[Callable[[DDPStrategy], None], dict[str, object]]] = 
     "groups_unchecked": (groups, {"checked_collectives": False}),
     "mismatch": (mismatch, {}),
     "barrier_timeout": (barrier_timeout, {}),
+    "waiting_elsewhere": (waiting_elsewhere, {}),
     "ddp_equivalence": (ddp_equivalence, {}),
     "fp16_hook": (fp16_hook, {"ddp_comm_hook": default_hooks.fp16_compress_hook}),
     # The same compression, as a wrapper around the plain all-reduce hook.

@@ -138,9 +138,29 @@ def test_a_barrier_timeout_names_the_rank_that_did_not_come(
     outputs = run_ranks("barrier_timeout", world_size, agreement=agreement)
 
     last = world_size - 1
-    for output in outputs[:last]:
+    for rank, output in enumerate(outputs[:last]):
         assert f"missing [{last}]" in output
         assert f"barrier 'epoch' timed out after 2 s: ranks {last} did not arrive" in output
+        # The flight recorder's note: this rank's last calls, the barrier last.
+        assert f"rank {rank}'s last collectives:" in output
+        assert f"barrier(name=epoch) over ranks {list(range(world_size))}" in output
+        assert "timed out after 2 s" in output
+
+
+@pytest.mark.slow
+def test_a_timeout_says_where_a_missing_rank_waits_instead(run_ranks: RunRanks) -> None:
+    # Through the process group, a rank that waits a while posts where; ranks 0 and
+    # 1 wait in a barrier of all three, rank 2 in one of ranks 1 and 2.
+    outputs = run_ranks("waiting_elsewhere", 3, agreement="backend")
+
+    for output in outputs[:2]:
+        assert "barrier 'all' timed out after 4 s: ranks 2 did not arrive (arrived: 0, 1)" in output
+        assert (
+            "where missing ranks were last seen waiting: "
+            "rank 2 in barrier(name=pair) over ranks [1, 2]"
+        ) in output
+    assert "barrier 'pair' timed out after 6 s: ranks 1 did not arrive (arrived: 2)" in outputs[2]
+    assert "rank 1 in barrier(name=all) over ranks [0, 1, 2]" in outputs[2]
 
 
 @pytest.mark.slow

@@ -168,20 +168,21 @@ class Agreement:
     def _post(self, record: Record) -> None:
         # Where this rank waits: read only when a rank times out (and by a launcher
         # that reports a failed rank).
+        # One key per rank, whatever the group: a rank waits in one call at a time.
         meeting = f"{self._tag}{record.sequence}"
-        where = json.dumps([meeting, record.call.describe()])
+        where = json.dumps([meeting, f"{record.call.describe()} over ranks {list(self.members)}"])
         self.store.multi_set(  # type: ignore[attr-defined]
-            [f"{MEETING_KEY}{self.rank}", f"{_WHERE}{self._tag}{self.rank}"], [meeting, where]
+            [f"{MEETING_KEY}{self.rank}", f"{_WHERE}{self.rank}"], [meeting, where]
         )
 
     def _clear(self) -> None:
-        self.store.set(f"{_WHERE}{self._tag}{self.rank}", "")
+        self.store.set(f"{_WHERE}{self.rank}", "")
 
     def _positions(self) -> dict[int, tuple[str, str]]:
         # The error path only: one request per member.
         found = {}
         for member in self.members:
-            key = f"{_WHERE}{self._tag}{member}"
+            key = f"{_WHERE}{member}"
             if self.store.check([key]):
                 text = self.store.get(key)
                 if text:
@@ -203,12 +204,10 @@ class Agreement:
             arrived_ranks=arrived,
         )
         elsewhere = [
-            f"rank {member} waits in {positions[member][1]}, call #{positions[member][0]}"
-            for member in missing
-            if member in positions
+            f"rank {member} in {positions[member][1]}" for member in missing if member in positions
         ]
         if elsewhere:
-            error.add_note("where the missing ranks wait: " + "; ".join(elsewhere))
+            error.add_note("where missing ranks were last seen waiting: " + "; ".join(elsewhere))
         error.add_note(f"rank {self.rank}'s last collectives:\n" + self.recorder.describe())
         return error
 
