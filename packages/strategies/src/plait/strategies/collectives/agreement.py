@@ -166,9 +166,9 @@ class Agreement:
             self._clear()
 
     def _post(self, record: Record) -> None:
-        # Where this rank waits: read only when a rank times out (and by a launcher
-        # that reports a failed rank).
-        # One key per rank, whatever the group: a rank waits in one call at a time.
+        # Where this rank waits, read only when a rank times out (and by a launcher
+        # that reports a failed rank): one key per rank, whatever the group, as a
+        # rank waits in one call at a time.
         meeting = f"{self._tag}{record.sequence}"
         where = json.dumps([meeting, f"{record.call.describe()} over ranks {list(self.members)}"])
         self.store.multi_set(  # type: ignore[attr-defined]

@@ -93,7 +93,7 @@ def _moves_cpu_tensors(group: dist.ProcessGroup) -> bool:
 
 
 class DistributedCollectives:
-    """The contract over a torch.distributed process group, checked through its store.
+    """The contract over a torch.distributed process group, every call checked.
 
     Args:
         group: The process group the collectives run on.
