@@ -3,67 +3,34 @@
 Each rank is a process running ``rank_main.py`` with the variables a launcher sets.
 """
 
-import os
-import subprocess
-import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from plait.core import free_port
-
 RunRanks = Callable[..., list[str]]
+StartRanks = Callable[..., list[str]]  # the fixture of conftest.py
 
 RANK_SCRIPT = Path(__file__).resolve().parent / "rank_main.py"
 
 
 @pytest.fixture
-def run_ranks() -> RunRanks:
+def run_ranks(start_ranks: StartRanks) -> RunRanks:
     """Run ``rank_main.py SCENARIO`` as ``world_size`` ranks; return their outputs.
 
-    Every rank must exit 0 within ``timeout`` seconds; all are killed at the end,
-    whatever happens.
+    ``agreement`` is how the ranks agree on checked calls (``PLAIT_CHECK_AGREEMENT``);
+    every rank must say it took that path.
     """
 
     def run(
         scenario: str, world_size: int, timeout: float = 120, agreement: str = "auto"
     ) -> list[str]:
-        base = {key: value for key, value in os.environ.items() if not key.startswith("SLURM_")}
-        base |= {
-            "PLAIT_CHECK_AGREEMENT": agreement,
-            "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": str(free_port()),
-            "WORLD_SIZE": str(world_size),
-            "OMP_NUM_THREADS": "1",
-        }
-        ranks = [
-            subprocess.Popen(
-                [sys.executable, str(RANK_SCRIPT), scenario],
-                env={**base, "RANK": str(rank), "LOCAL_RANK": str(rank)},
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
-            )
-            for rank in range(world_size)
-        ]
-        deadline = time.monotonic() + timeout
-        try:
-            outputs = [
-                process.communicate(timeout=max(1.0, deadline - time.monotonic()))[0]
-                for process in ranks
-            ]
-        finally:
-            for process in ranks:
-                process.kill()
-                process.wait(timeout=30)
-                if process.stdout is not None:
-                    process.stdout.close()
-        codes = [process.returncode for process in ranks]
-        assert codes == [0] * world_size, "\n".join(
-            f"--- rank {rank} exited {code}:\n{output}"
-            for rank, (code, output) in enumerate(zip(codes, outputs, strict=True))
+        outputs = start_ranks(
+            RANK_SCRIPT,
+            [scenario],
+            world_size,
+            environ={"PLAIT_CHECK_AGREEMENT": agreement},
+            timeout=timeout,
         )
         if world_size > 1:  # one process has nothing to agree with
             path = "backend" if agreement == "backend" else "store"

@@ -8,60 +8,32 @@ scaling. Through the process group, a checked collective must not touch the stor
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from plait.core import free_port
-
 JOB = Path(__file__).resolve().with_name("store_work_job.py")
 
 
-def count_store_work(agreement: str, world_size: int, out: Path) -> list[dict[str, Any]]:
+StartRanks = Callable[..., list[str]]  # the fixture of conftest.py
+
+
+def count_store_work(
+    start_ranks: StartRanks, agreement: str, world_size: int, out: Path
+) -> list[dict[str, Any]]:
     """Run the counting job as ``world_size`` ranks; return each rank's counts."""
     out.mkdir()
-    base = {
-        **os.environ,
-        "MASTER_PORT": str(free_port()),
-        "WORLD_SIZE": str(world_size),
-        "OMP_NUM_THREADS": "1",
-    }
-    ranks = [
-        subprocess.Popen(
-            [sys.executable, str(JOB), agreement, str(out)],
-            env={**base, "RANK": str(rank)},
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for rank in range(world_size)
-    ]
-    deadline = time.monotonic() + 120
-    try:
-        outputs = [
-            process.communicate(timeout=max(1.0, deadline - time.monotonic()))[0]
-            for process in ranks
-        ]
-    finally:
-        for process in ranks:
-            process.kill()
-            process.wait(timeout=30)
-            if process.stdout is not None:
-                process.stdout.close()
-    assert [process.returncode for process in ranks] == [0] * world_size, "\n".join(outputs)
+    start_ranks(JOB, [agreement, str(out)], world_size)
     return [json.loads((out / f"rank-{rank}.json").read_text()) for rank in range(world_size)]
 
 
 @pytest.mark.slow
 def test_a_checked_collective_through_the_process_group_sends_the_store_nothing(
-    tmp_path: Path,
+    tmp_path: Path, start_ranks: StartRanks
 ) -> None:
-    by_size = {n: count_store_work("backend", n, tmp_path / str(n)) for n in (2, 3, 4)}
+    by_size = {n: count_store_work(start_ranks, "backend", n, tmp_path / str(n)) for n in (2, 3, 4)}
 
     for size, ranks in by_size.items():
         for rank, counts in enumerate(ranks):
@@ -77,11 +49,11 @@ def test_a_checked_collective_through_the_process_group_sends_the_store_nothing(
 
 @pytest.mark.slow
 def test_the_store_path_reads_every_rank_s_call_so_its_work_grows_with_the_ranks(
-    tmp_path: Path,
+    tmp_path: Path, start_ranks: StartRanks
 ) -> None:
     # The counter's control: the path that small groups take does ask the store,
     # and more of it with more ranks.
-    two, four = (count_store_work("store", n, tmp_path / str(n)) for n in (2, 4))
+    two, four = (count_store_work(start_ranks, "store", n, tmp_path / str(n)) for n in (2, 4))
 
     for name in ("reduce 16 floats", "barrier"):
         assert two[0]["per_call"][name]["requests"] > 0
