@@ -179,7 +179,6 @@ class Loops(abc.ABC):
     default_root_dir: str
     _active_metrics: Metrics | None
     _world_size: int = 1
-    _global_rank: int = 0
     _final_state: dict[str, torch.Tensor] | None = None
     _current_batch: object
     _steps: Steps | None
@@ -279,7 +278,7 @@ class Loops(abc.ABC):
 
     def _dispatch(self, module: Module, run: Run) -> object:
         strategy = self.strategy
-        self._world_size, self._global_rank = strategy.world_size, strategy.global_rank
+        self._world_size = strategy.world_size
         stage, loaders, datamodule = run.stage, run.loaders, run.datamodule
         # Layers made here may be created on the meta device (a sharding strategy's
         # context), to be materialised shard by shard at set-up.
