@@ -8,10 +8,12 @@ value, and what to write instead).
 
 from __future__ import annotations
 
+import os
 import signal
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
+from unittest import mock
 
 import attrs
 import pytest
@@ -20,7 +22,7 @@ import torch
 from plait.checkpoint_io import TorchCheckpointIO
 from plait.core import CheckpointError, ConfigurationError, StrategyRegistry
 from plait.strategies import DDPStrategy, SingleDeviceStrategy
-from plait.strategies.collectives import LocalCollectives
+from plait.strategies.collectives import LocalCollectives, agreement_path
 from plait.strategies.launchers import MultiprocessingLauncher, SubprocessScriptLauncher
 from plait.trainer import EarlyStopping, ModelCheckpoint, Trainer
 from plait.trainer.cli import main as cli
@@ -39,6 +41,14 @@ class Case:
 def _trainer(**settings: object) -> Callable[[], object]:
     options: dict[str, object] = {"accelerator": "cpu", "logger": False, **settings}
     return lambda: Trainer(**options)  # type: ignore[arg-type]
+
+
+def _with_environ(name: str, value: str, make: Callable[[], object]) -> Callable[[], object]:
+    def call() -> object:
+        with mock.patch.dict(os.environ, {name: value}):
+            return make()
+
+    return call
 
 
 def _cli(*argv: str) -> Callable[[], object]:
@@ -159,6 +169,18 @@ CASES = [
         lambda: DDPStrategy(timeout=5),  # type: ignore[arg-type]
         ConfigurationError,
         ("timeout=5", "timedelta"),
+    ),
+    Case(
+        "PLAIT_CHECK_AGREEMENT=backnd",
+        _with_environ("PLAIT_CHECK_AGREEMENT", "backnd", DDPStrategy),
+        ConfigurationError,
+        ("PLAIT_CHECK_AGREEMENT", "'backnd'", "'backend'?", "fix:"),
+    ),
+    Case(
+        "agreement_path('storee', 4)",
+        lambda: agreement_path("storee", 4),
+        ConfigurationError,
+        ("'storee'", "'store'?"),
     ),
     Case(
         "DDPStrategy(start_method='spwan')",
