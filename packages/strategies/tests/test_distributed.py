@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 RunRanks = Callable[..., list[str]]
-StartRanks = Callable[..., list[str]]  # the fixture of conftest.py
+StartRanks = Callable[..., list[str]]  # the fixture of the root conftest.py
 
 RANK_SCRIPT = Path(__file__).resolve().parent / "rank_main.py"
 

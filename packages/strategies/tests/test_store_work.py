@@ -17,7 +17,7 @@ import pytest
 JOB = Path(__file__).resolve().with_name("store_work_job.py")
 
 
-StartRanks = Callable[..., list[str]]  # the fixture of conftest.py
+StartRanks = Callable[..., list[str]]  # the fixture of the root conftest.py
 
 
 def count_store_work(
