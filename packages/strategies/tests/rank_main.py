@@ -157,16 +157,21 @@ def mismatch(strategy: DDPStrategy) -> None:
     print(f"rank {rank}: mismatch ok")
 
 
+def report_timeout(rank: int, action: Callable[[], object]) -> None:
+    """Expect ``action`` to time out; print the ranks it missed, its text and notes."""
+    error = expect(CollectiveTimeoutError, action)
+    assert isinstance(error, CollectiveTimeoutError)
+    notes = "\n".join(getattr(error, "__notes__", []))
+    print(f"rank {rank}: missing {list(error.missing_ranks)}: {error}\n{notes}")
+
+
 def barrier_timeout(strategy: DDPStrategy) -> None:
     rank, last = strategy.global_rank, strategy.world_size - 1
     store = strategy.collectives.store
     if rank == last:
         store.wait(["released"], timedelta(seconds=60))  # absent from the barrier
         return
-    error = expect(CollectiveTimeoutError, lambda: strategy.barrier("epoch", timeout=2.0))
-    assert isinstance(error, CollectiveTimeoutError)
-    notes = "\n".join(getattr(error, "__notes__", []))
-    print(f"rank {rank}: missing {list(error.missing_ranks)}: {error}\n{notes}")
+    report_timeout(rank, lambda: strategy.barrier("epoch", timeout=2.0))
     store.set("released", "1")
 
 
@@ -177,14 +182,9 @@ def waiting_elsewhere(strategy: DDPStrategy) -> None:
     rank = strategy.global_rank
     pair = dist.new_group([1, 2], backend="gloo")
     if rank == 2:
-        error = expect(
-            CollectiveTimeoutError, lambda: strategy.barrier("pair", timeout=6.0, group=pair)
-        )
+        report_timeout(rank, lambda: strategy.barrier("pair", timeout=6.0, group=pair))
     else:
-        error = expect(CollectiveTimeoutError, lambda: strategy.barrier("all", timeout=4.0))
-    assert isinstance(error, CollectiveTimeoutError)
-    notes = "\n".join(getattr(error, "__notes__", []))
-    print(f"rank {rank}: missing {list(error.missing_ranks)}: {error}\n{notes}")
+        report_timeout(rank, lambda: strategy.barrier("all", timeout=4.0))
 
 
 def train(

@@ -208,7 +208,7 @@ class Agreement:
         ]
         if elsewhere:
             error.add_note("where missing ranks were last seen waiting: " + "; ".join(elsewhere))
-        error.add_note(f"rank {self.rank}'s last collectives:\n" + self.recorder.describe())
+        error.add_note(self.recorder.note(self.rank))
         return error
 
     def _failed(self, error: RuntimeError) -> None:

@@ -174,7 +174,6 @@ class DistributedCollectives:
                 tag=tag,
                 recorder=self.flight_recorder,
             )
-        self._sequence = 0  # checked calls through the store, for the recorder
 
     @property
     def path(self) -> str:
@@ -189,16 +188,14 @@ class DistributedCollectives:
         self, call: CollectiveCall, timeout: timedelta, note: bytes = b""
     ) -> list[bytes]:
         """Meet every rank through the store and compare calls (see `Rendezvous.meet`)."""
-        self._sequence += 1
-        record = self.flight_recorder.start(self._sequence, self.members, call, "store")
+        number = self._rendezvous.sequence + 1  # the meeting's own number
+        record = self.flight_recorder.start(number, self.members, call, "store")
         try:
             notes = self._rendezvous.meet(call, timeout, note)
         except BaseException as error:
             record.end(_ended(error))
             if isinstance(error, CollectiveTimeoutError):
-                error.add_note(
-                    f"rank {self.rank}'s last collectives:\n" + self.flight_recorder.describe()
-                )
+                error.add_note(self.flight_recorder.note(self.rank))
             raise
         record.end("done")
         return notes

@@ -93,6 +93,10 @@ class FlightRecorder:
         """The calls kept, oldest first."""
         return list(self._records)
 
+    def note(self, rank: int) -> str:
+        """What an error of ``rank`` carries: its last calls, under a heading."""
+        return f"rank {rank}'s last collectives:\n" + self.describe()
+
     def describe(self, last: int = 8) -> str:
         """The ``last`` calls, one per line, oldest first."""
         kept = list(self._records)[-last:] if last > 0 else []

@@ -63,6 +63,11 @@ class Rendezvous:
         self._tag = tag
         self._sequence = 0
 
+    @property
+    def sequence(self) -> int:
+        """How many meetings this rank has entered (the number of the latest)."""
+        return self._sequence
+
     def meet(self, call: CollectiveCall, timeout: timedelta, note: bytes = b"") -> list[bytes]:
         """Wait until every member has posted its call, and compare the calls.
 
