@@ -121,15 +121,26 @@ def check_package(package: str, dist: Path, base_site: Path, workdir: Path) -> N
     if package == "core":
         run(python, "-c", MISSING_PROVIDER_PROBE, cwd=workdir)
         print("  plait-core alone: a strategy lookup names plait-strategies to install")
+    if package == "strategies":
+        run(python, "-c", PARTS_PROBE, cwd=workdir)
+        print("  plait-strategies alone: a strategy names every missing part at once")
 
 
-WITHOUT_TRAINER = (
-    "plait-strategies",
-    "plait-accelerators",
-    "plait-precision",
-    "plait-checkpoint-io",
-    "plait-environments",
-)
+WITHOUT_TRAINER = ("plait-strategies[parts]",)
+"""The strategies and every part they are built from by name, through the extra."""
+
+PARTS_PROBE = """
+from plait.core import MissingDependencyError
+from plait.strategies import DDPStrategy
+try:
+    DDPStrategy()
+except MissingDependencyError as error:
+    assert error.install == "plait-strategies[parts]", error
+    for part in ("accelerators", "precision", "checkpoint-io", "environments"):
+        assert f"plait-{part}" in str(error), error
+else:
+    raise AssertionError("no MissingDependencyError")
+"""
 
 
 def check_example_without_trainer(dist: Path, base_site: Path, workdir: Path) -> None:
@@ -151,7 +162,10 @@ def check_example_without_trainer(dist: Path, base_site: Path, workdir: Path) ->
     )  # fmt: skip
     if "final loss" not in output:
         sys.exit(f"the example did not report its final loss:\n{output}")
-    print("  examples/ddp_standalone.py trains with DDP on 2 processes without plait-trainer")
+    print(
+        "  examples/ddp_standalone.py trains with DDP on 2 processes from "
+        "plait-strategies[parts], without plait-trainer"
+    )
 
 
 def main() -> None:

@@ -167,7 +167,7 @@ def report_timeout(rank: int, action: Callable[[], object]) -> None:
 
 def barrier_timeout(strategy: DDPStrategy) -> None:
     rank, last = strategy.global_rank, strategy.world_size - 1
-    store = strategy.collectives.store
+    store = strategy.distributed_collectives.store
     if rank == last:
         store.wait(["released"], timedelta(seconds=60))  # absent from the barrier
         return
@@ -360,7 +360,8 @@ if __name__ == "__main__":
     kind = DDPShardedStrategy if sys.argv[1].startswith("sharded") else DDPStrategy
     strategy = kind(accelerator="cpu", timeout=timedelta(seconds=60), **options)  # type: ignore[arg-type]
     strategy.setup_environment()
-    print(f"rank {strategy.global_rank}: agreeing through the {strategy.collectives.path}")
+    path = strategy.distributed_collectives.path
+    print(f"rank {strategy.global_rank}: agreeing through the {path}")
     try:
         scenario(strategy)
     finally:

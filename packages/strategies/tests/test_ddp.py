@@ -13,8 +13,10 @@ from typing_extensions import override
 from plait.accelerators import CPUAccelerator
 from plait.checkpoint_io import TorchCheckpointIO
 from plait.core import (
+    Collectives,
     CollectiveTimeoutError,
     ConfigurationError,
+    MissingDependencyError,
     StrategyRegistry,
     SupportsLauncher,
     SupportsNoSync,
@@ -22,7 +24,7 @@ from plait.core import (
 )
 from plait.core.typing import PathLike
 from plait.precision import TruePrecision
-from plait.strategies import DDPStrategy
+from plait.strategies import DDPStrategy, DistributedCollectives, base
 from plait.strategies.launchers import (
     ExternalLauncher,
     MultiprocessingLauncher,
@@ -324,3 +326,95 @@ def test_configure_ddp_may_replace_self_model_as_in_lightning(
     finally:
         strategy.teardown()
     assert strategy.model is None
+
+
+class CountingCollectives:
+    """Collectives of a strategy's own: plait's, each call counted."""
+
+    def __init__(self, distributed: DistributedCollectives) -> None:
+        self.distributed = distributed
+        self.calls: list[str] = []
+
+    def reduce(self, value: object, group: object = None, reduce_op: object = "mean") -> object:
+        self.calls.append("reduce")
+        return self.distributed.reduce(value, group, reduce_op)  # type: ignore[call-overload]
+
+    def broadcast(self, obj: object, src: int = 0, group: object = None) -> object:
+        self.calls.append("broadcast")
+        return self.distributed.broadcast(obj, src, group)  # type: ignore[arg-type]
+
+    def barrier(self, name: object = None, timeout: object = None, group: object = None) -> None:
+        self.calls.append("barrier")
+        self.distributed.barrier(name, timeout, group)  # type: ignore[arg-type]
+
+    def all_gather(self, tensor: torch.Tensor, group: object = None) -> torch.Tensor:
+        self.calls.append("all_gather")
+        return self.distributed.all_gather(tensor, group)  # type: ignore[arg-type]
+
+    def reduce_boolean_decision(self, decision: bool, all: bool = True) -> bool:  # noqa: A002
+        self.calls.append("reduce_boolean_decision")
+        return self.distributed.reduce_boolean_decision(decision, all)
+
+
+class OwnCollectivesDDP(DDPStrategy):
+    @override
+    def make_collectives(self, distributed: DistributedCollectives) -> Collectives:
+        return CountingCollectives(distributed)  # type: ignore[return-value]
+
+
+class NotCollectivesDDP(DDPStrategy):
+    @override
+    def make_collectives(self, distributed: DistributedCollectives) -> Collectives:
+        return object()  # type: ignore[return-value]
+
+
+def test_a_strategy_brings_its_own_collectives_built_on_plaits(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    as_rank(monkeypatch, 0, 1, free_port())
+    strategy = OwnCollectivesDDP(accelerator="cpu")
+    with pytest.raises(ConfigurationError, match="has not joined its process group"):
+        _ = strategy.collectives
+    strategy.setup_environment()
+    try:
+        own: object = strategy.collectives
+        assert isinstance(own, CountingCollectives)
+        # The group and plait's collectives stay reachable: no recursion through them.
+        assert strategy.process_group is strategy.distributed_collectives.group
+        assert own.distributed is strategy.distributed_collectives
+        assert strategy.reduce(torch.tensor([1.0, 3.0]), reduce_op="sum").tolist() == [1.0, 3.0]
+        strategy.barrier("together")
+        strategy.distributed_collectives.check("my_collective", shape=(2,), dtype="float32")
+        assert own.calls == ["reduce", "barrier"]
+    finally:
+        strategy.teardown()
+
+
+def test_collectives_that_break_the_protocol_are_refused_at_set_up(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    as_rank(monkeypatch, 0, 1, free_port())
+    strategy = NotCollectivesDDP(accelerator="cpu")
+    try:
+        with pytest.raises(ConfigurationError, match=r"NotCollectivesDDP.make_collectives return"):
+            strategy.setup_environment()
+    finally:
+        strategy.teardown()
+
+
+def test_parts_from_missing_distributions_are_named_at_once_with_the_extra(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    absent = {"plait-accelerators", "plait-checkpoint-io"}
+    monkeypatch.setattr(base, "_installed", lambda distribution: distribution not in absent)
+
+    with pytest.raises(MissingDependencyError) as missing:
+        DDPStrategy()
+
+    assert missing.value.install == "plait-strategies[parts]"
+    assert "plait-accelerators, plait-checkpoint-io" in str(missing.value)
+    # Parts given as objects need no distribution of their own.
+    given = DDPStrategy(
+        accelerator=CPUAccelerator(), precision="32-true", checkpoint_io=TorchCheckpointIO()
+    )
+    assert isinstance(given.checkpoint_io, TorchCheckpointIO)

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import functools
 import gc
+import importlib.metadata
 import inspect
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import timedelta
 from types import MappingProxyType
-from typing import TYPE_CHECKING, TypeVar, overload
+from typing import TYPE_CHECKING, Final, TypeVar, overload
 
 import torch
 from typing_extensions import Self, override
@@ -21,7 +23,9 @@ from plait.core import (
     CheckpointIORegistry,
     Collectives,
     ConfigurationError,
+    EnvironmentRegistry,
     GradientClipAlgorithm,
+    MissingDependencyError,
     Precision,
     PrecisionRegistry,
     ProcessLayout,
@@ -106,6 +110,61 @@ def _rebind_optimizers(
                 else value
                 for key, value in state.items()
             }
+
+
+_PART_DISTRIBUTIONS: Final[dict[str, str | None]] = {
+    "accelerator": AcceleratorRegistry.distribution,
+    "precision": PrecisionRegistry.distribution,
+    "checkpoint_io": CheckpointIORegistry.distribution,
+    "cluster_environment": EnvironmentRegistry.distribution,
+}
+"""The distribution each kind of part comes from, when it is given by name."""
+
+
+@functools.cache
+def _installed(distribution: str) -> bool:
+    try:
+        importlib.metadata.distribution(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return True
+
+
+def require_parts(strategy: object, **parts: object) -> None:
+    """Check at once that every part given by name (or left to its default) can be built.
+
+    Parts come from their own distributions, found by name at run time: a strategy
+    built where some are missing names all of them in one error, with the extra
+    that brings them.
+
+    Args:
+        strategy: The strategy being made, for the message.
+        **parts: ``accelerator``, ``precision``, ``checkpoint_io`` or
+            ``cluster_environment``, as given (``None`` or a name means by name).
+
+    Raises:
+        MissingDependencyError: A distribution a named part comes from is not
+            installed (every such one is named).
+    """
+    missing = []
+    for part, value in parts.items():
+        distribution = _PART_DISTRIBUTIONS[part]
+        named = value is None or isinstance(value, str)
+        if named and distribution is not None and not _installed(distribution):
+            missing.append(distribution)
+    everything = [
+        distribution
+        for distribution in _PART_DISTRIBUTIONS.values()
+        if distribution is not None and not _installed(distribution)
+    ]
+    if missing:
+        raise MissingDependencyError(
+            feature=(
+                f"{type(strategy).__name__}'s parts by name (from "
+                f"{', '.join(dict.fromkeys([*missing, *everything]))})"
+            ),
+            install="plait-strategies[parts]",
+        )
 
 
 class BaseStrategy(abc.ABC):
@@ -200,6 +259,12 @@ class BaseStrategy(abc.ABC):
         precision_plugin: Precision | str | None = None,
     ) -> None:
         precision = _one_precision(precision, precision_plugin)
+        require_parts(
+            self,
+            accelerator=accelerator,
+            precision=precision,
+            checkpoint_io=checkpoint_io,
+        )
         device_type = self.default_device_type()
         built_accelerator = (
             AcceleratorRegistry.get(accelerator or device_type)

@@ -15,12 +15,13 @@ from typing_extensions import override
 
 from plait.core import (
     ClusterEnvironment,
+    Collectives,
     CollectiveTimeoutError,
     ConfigurationError,
     EnvironmentRegistry,
     ProcessLayout,
 )
-from plait.strategies.base import BaseStrategy
+from plait.strategies.base import BaseStrategy, require_parts
 from plait.strategies.collectives.distributed import AGREEMENT_VARIABLE, AGREEMENTS
 from plait.strategies.launchers.children import timeout_of
 from plait.strategies.process_group import init_distributed
@@ -39,6 +40,13 @@ DEFAULT_START_TIMEOUT: Final = timedelta(minutes=10)
 DEFAULT_TIMEOUT: Final = timedelta(minutes=5)
 _PROBE: Final = "probe/"
 _PROBE_WINDOW: Final = timedelta(seconds=5)
+
+
+def _not_joined() -> ConfigurationError:
+    return ConfigurationError(
+        "the strategy has not joined its process group yet",
+        fix="call strategy.setup_environment() first",
+    )
 
 
 class ParallelStrategy(BaseStrategy):
@@ -91,6 +99,13 @@ class ParallelStrategy(BaseStrategy):
         checked_collectives: bool = True,
     ) -> None:
         self._parallel_devices = list(parallel_devices) if parallel_devices else None
+        require_parts(
+            self,
+            accelerator=accelerator,
+            precision=precision or precision_plugin,
+            checkpoint_io=checkpoint_io,
+            cluster_environment=cluster_environment,
+        )
         super().__init__(
             accelerator=accelerator,
             precision=precision,
@@ -140,6 +155,7 @@ class ParallelStrategy(BaseStrategy):
             )
         self.check_agreement = agreement
         self._collectives: DistributedCollectives | None = None
+        self._offered: Collectives | None = None
         self._owns_process_group = False
 
     @override
@@ -196,22 +212,50 @@ class ParallelStrategy(BaseStrategy):
         Raises:
             ConfigurationError: `setup_environment` has not run yet.
         """
-        return self.collectives.group
+        return self.distributed_collectives.group
 
     @property
-    @override
-    def collectives(self) -> DistributedCollectives:
-        """The collectives of this process's group.
+    def distributed_collectives(self) -> DistributedCollectives:
+        """Plait's collectives over the job's process group, whatever `collectives` offers.
+
+        They hold the group, the job's store, how the ranks agree on each call
+        (`DistributedCollectives.check`) and the flight recorder. A strategy that
+        brings its own collectives (`make_collectives`) builds on these.
 
         Raises:
             ConfigurationError: `setup_environment` has not run yet.
         """
         if self._collectives is None:
-            raise ConfigurationError(
-                "the strategy has not joined its process group yet",
-                fix="call strategy.setup_environment() first",
-            )
+            raise _not_joined()
         return self._collectives
+
+    @property
+    @override
+    def collectives(self) -> Collectives:
+        """The collectives of this process's group: those `make_collectives` made.
+
+        Raises:
+            ConfigurationError: `setup_environment` has not run yet.
+        """
+        if self._offered is None:
+            raise _not_joined()
+        return self._offered
+
+    def make_collectives(self, distributed: DistributedCollectives) -> Collectives:
+        """The collectives this strategy offers, made once the process group has formed.
+
+        By default, plait's own: ``distributed``. Override it to bring your own
+        implementation of the `plait.core.Collectives` protocol (over another
+        library's communicator, say). Build it on ``distributed``: its ``group``,
+        ``store`` and ``rank``, and `DistributedCollectives.check`, which compares
+        every rank's call before yours runs, so that a mismatch raises
+        `CollectiveMismatchError` instead of hanging. The conformance suite proves
+        the result keeps the contract.
+
+        Args:
+            distributed: plait's collectives over the job's process group.
+        """
+        return distributed
 
     @override
     def setup_environment(self) -> None:
@@ -236,6 +280,16 @@ class ParallelStrategy(BaseStrategy):
             agreement=self.check_agreement,
         )
         self._owns_process_group = True
+        offered = self.make_collectives(self._collectives)
+        if not isinstance(offered, Collectives):
+            raise ConfigurationError(
+                f"{type(self).__name__}.make_collectives returned {offered!r}, which does not "
+                "implement plait.core.Collectives",
+                value=offered,
+                fix="return an object with reduce, broadcast, barrier, all_gather and "
+                "reduce_boolean_decision (or the DistributedCollectives it was given)",
+            )
+        self._offered = offered
 
     @override
     def on_exception(self, exception: BaseException) -> None:
@@ -299,6 +353,7 @@ class ParallelStrategy(BaseStrategy):
             self.destroy_process_group()
         self._owns_process_group = False
         self._collectives = None
+        self._offered = None
         super().teardown()
 
     def destroy_process_group(self) -> None:

@@ -268,6 +268,29 @@ class DistributedCollectives:
             self._subgroups[members] = found
         return found
 
+    def check(self, collective: str, /, group: Group | None = None, **params: object) -> None:
+        """Compare this call with every rank's (of ``group``) before a collective of your own.
+
+        For collectives written on top of these (see
+        `ParallelStrategy.make_collectives`): call it on every rank, with the
+        collective's name and each parameter every rank must agree on, before your
+        collective runs. Values are compared as text. plait's own collectives pass:
+
+        - ``reduce``: ``op``, ``kind`` (``"tensor"`` or ``"number"``), ``shape``, ``dtype``;
+        - ``all_gather``: ``shape``, ``dtype``;
+        - ``broadcast``: ``src``;
+        - ``barrier``: ``name``.
+
+        Unchecked (``checked=False``) or on one rank, it does nothing.
+
+        Raises:
+            CollectiveMismatchError: A rank made a different call (every rank raises,
+                naming each rank's call).
+            CollectiveTimeoutError: A rank did not call within the timeout (named).
+            ValueError: This rank is not in ``group``.
+        """
+        self.within(group)._check(collective, **params)
+
     def _check(self, collective: str, **params: object) -> None:
         if self.checked and self.world_size > 1:
             self.agree(CollectiveCall(collective, params), self.timeout)
