@@ -25,7 +25,10 @@ from plait.conformance import (
     backend_unavailable,
     check,
     generate,
+    grid,
 )
+from plait.conformance.cases import OPS
+from plait.conformance.generate import dtypes_for
 from plait.conformance.outcomes import Outcome, RaisedError, TensorData
 from plait.conformance.spec import reference_reduce, same_object, tolerance
 from plait.conformance.worker import describe_tensor, materialize
@@ -265,8 +268,12 @@ def test_targets_name_what_they_cannot_find() -> None:
         StrategyTarget.of("ddpp").factory()
     with pytest.raises(ConfigurationError, match=r"cannot import 'no_such_package\.mod'"):
         StrategyTarget.of("no_such_package.mod:make").factory()
-    with pytest.raises(ConfigurationError, match="'nothing_here' not found"):
+    with pytest.raises(ConfigurationError, match=r"conformance has no attribute 'nothing_here'"):
         StrategyTarget.of("plait.conformance:nothing_here").factory()
+    with pytest.raises(ConfigurationError, match=r"did you mean 'plait\.conformance:RankPool'"):
+        StrategyTarget.of("plait.conformance:RankPol").factory()
+    with pytest.raises(ConfigurationError, match=r"write 'plait\.conformance:RankPool'"):
+        StrategyTarget.of("plait.conformance.RankPool").factory()
     with pytest.raises(ConfigurationError, match="no file"):
         StrategyTarget.of("missing/strategy.py:make").factory()
     with pytest.raises(ConfigurationError, match="not defined at module level"):
@@ -309,3 +316,40 @@ def test_the_dtypes_of_an_example_are_found_wherever_its_tensors_are() -> None:
     )
     assert _dtypes_of(calls) == {"int8"}
     assert _dtypes_of(ReduceCase("sum", (2.5,))) == set()
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3, 4, 8])
+def test_the_grid_covers_every_op_and_dtype_and_tells_the_ops_apart(world_size: int) -> None:
+    cases = [case for case in grid.reduce_tensors(world_size) if isinstance(case, ReduceCase)]
+    covered = {(case.op, case.inputs[0].dtype) for case in cases}  # type: ignore[union-attr]
+
+    assert covered >= {(op, dtype) for op in OPS for dtype in dtypes_for(op)}
+    assert {case.inputs[0].layout for case in cases} == {"contiguous", "transposed", "strided"}  # type: ignore[union-attr]
+    for case in cases:
+        specs = [spec for spec in case.inputs if isinstance(spec, TensorSpec)]
+        exact = specs[0].dtype in ("bool", "uint8", "int8", "int16", "int32", "int64")
+        columns = list(zip(*(spec.values for spec in specs), strict=True))
+        if not columns or world_size == 1 or case.op == "sum":
+            continue
+        # A slip to a sum shows: some element's sum is not the op's result.
+        results = [reference_reduce(case.op, column, exact=exact) for column in columns]
+        sums = [reference_reduce("sum", column, exact=exact) for column in columns]
+        if specs[0].dtype != "bool":
+            assert results != sums, case
+    for case in cases:
+        if case.inputs[0].dtype == "float64" and world_size > 1:  # type: ignore[union-attr]
+            values = [v for spec in case.inputs for v in spec.values]  # type: ignore[union-attr]
+            narrowed = torch.tensor(values, dtype=torch.float64).float().double().tolist()
+            assert narrowed != values, f"float32 holds every value of {case}"
+
+
+def test_a_result_that_shares_memory_breaks_the_contract_even_when_its_values_are_right() -> None:
+    case = ReduceCase("sum", (_ints(1), _ints(2)))
+    right = _tensor((3,), "int64")
+    outcomes = [
+        Outcome(0, result=right),
+        Outcome(1, result=right, aliased="its result shares memory with its input tensor"),
+    ]
+
+    problem = "its result shares memory with its input tensor (a result must be the caller's own)"
+    assert check(case, outcomes, ["cpu", "cpu"]) == [f"rank 1: {problem}"]

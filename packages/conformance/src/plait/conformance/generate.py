@@ -37,16 +37,22 @@ from plait.conformance.cases import (
 )
 
 __all__ = [
+    "BAD_ARGUMENTS",
+    "MISMATCH_DTYPES",
     "all_gather_cases",
     "bad_argument_cases",
     "barrier_cases",
     "barrier_timeout_cases",
     "broadcast_cases",
     "decision_cases",
+    "dtypes_for",
+    "float_bound",
     "group_cases",
+    "int_bounds",
     "mismatch_cases",
     "objects",
     "reduce_cases",
+    "rounded",
     "shapes",
     "tensor_specs",
 ]
@@ -63,7 +69,7 @@ _SUM_BOUND: Final = {
     "float64": 2.0**40,
 }
 _WIDTH: Final = {"float16": 16, "bfloat16": 32, "float32": 32, "float64": 64}
-_MISMATCH_DTYPES: Final = ("float32", "float64", "int32", "int64")
+MISMATCH_DTYPES: Final = ("float32", "float64", "int32", "int64")
 
 
 @functools.cache
@@ -72,7 +78,8 @@ def shapes(*, max_dims: int = 3, max_side: int = 4) -> st.SearchStrategy[tuple[i
     return st.lists(st.integers(0, max_side), max_size=max_dims).map(tuple)
 
 
-def _int_bounds(dtype: str, op: str | None, world_size: int) -> tuple[int, int]:
+def int_bounds(dtype: str, op: str | None, world_size: int) -> tuple[int, int]:
+    """The values of integer ``dtype`` whose ``op`` over ``world_size`` ranks cannot overflow."""
     low, high = _INT_RANGES[dtype]
     if op in ("sum", "mean"):
         return -(-low // world_size), high // world_size
@@ -86,7 +93,8 @@ def _int_bounds(dtype: str, op: str | None, world_size: int) -> tuple[int, int]:
     return low, high
 
 
-def _float_bound(dtype: str, op: str | None, world_size: int) -> float:
+def float_bound(dtype: str, op: str | None, world_size: int) -> float:
+    """The largest magnitude of ``dtype`` that keeps ``op`` over ``world_size`` ranks in range."""
     base = dtype if dtype in FLOAT_DTYPES else ("float32" if dtype == "complex64" else "float64")
     bound = _SUM_BOUND[base]
     if op == "product":
@@ -96,7 +104,7 @@ def _float_bound(dtype: str, op: str | None, world_size: int) -> float:
 
 
 def _floats(dtype: str, op: str | None, world_size: int, width: int) -> st.SearchStrategy[float]:
-    bound = _float_bound(dtype, op, world_size)
+    bound = float_bound(dtype, op, world_size)
     floats = st.floats(-bound, bound, allow_nan=False, allow_infinity=False, width=width)  # type: ignore[arg-type]
     if op != "product":
         return floats
@@ -107,8 +115,8 @@ def _floats(dtype: str, op: str | None, world_size: int, width: int) -> st.Searc
     return floats.map(lambda value: value if abs(value) >= smallest else 0.0)
 
 
-def _round(dtype: str, values: list[Number]) -> tuple[Number, ...]:
-    # The value the tensor will hold, so that the reference sees what the rank has.
+def rounded(dtype: str, values: list[Number]) -> tuple[Number, ...]:
+    """``values`` as a tensor of ``dtype`` holds them: what the reference must see."""
     return tuple(torch.tensor(values, dtype=getattr(torch, dtype)).tolist())
 
 
@@ -117,7 +125,7 @@ def _elements(dtype: str, op: str | None, world_size: int) -> st.SearchStrategy[
     if dtype == "bool":
         return st.booleans()
     if dtype in INT_DTYPES:
-        low, high = _int_bounds(dtype, op, world_size)
+        low, high = int_bounds(dtype, op, world_size)
         return st.integers(low, high)
     width = 64 if dtype == "complex128" else _WIDTH.get(dtype, 32)
     real = _floats(dtype, op, world_size, width)
@@ -153,12 +161,12 @@ def tensor_specs(
 ) -> TensorSpec:
     """A tensor of ``dtype`` and ``shape`` in any layout, its values safe for ``op``."""
     values = draw(_element_lists(dtype, op, world_size, math.prod(shape)))
-    rounded = tuple(values) if dtype in ("bool", *INT_DTYPES) else _round(dtype, values)
-    return TensorSpec(dtype, shape, rounded, draw(_layouts(shape)))  # type: ignore[arg-type]
+    held = tuple(values) if dtype in ("bool", *INT_DTYPES) else rounded(dtype, values)
+    return TensorSpec(dtype, shape, held, draw(_layouts(shape)))  # type: ignore[arg-type]
 
 
-def _dtypes_for(op: str) -> tuple[str, ...]:
-    # Complex numbers have no order, and no backend multiplies them across ranks.
+def dtypes_for(op: str) -> tuple[str, ...]:
+    """The dtypes ``op`` is defined on: complex numbers have no order, nor a product."""
     return DTYPES if op in ("sum", "mean") else tuple(d for d in DTYPES if d not in COMPLEX_DTYPES)
 
 
@@ -172,11 +180,11 @@ def reduce_cases(draw: st.DrawFn, world_size: int, *, numbers: bool = False) -> 
             number = _floats("float64", op, world_size, 64)
             inputs = list(draw(st.lists(number, min_size=world_size, max_size=world_size)))
         else:
-            low, high = _int_bounds("int64", op, world_size)
+            low, high = int_bounds("int64", op, world_size)
             ints = st.integers(low, high)
             inputs = list(draw(st.lists(ints, min_size=world_size, max_size=world_size)))
         return ReduceCase(op, tuple(inputs))
-    dtype = draw(st.sampled_from(_dtypes_for(op)), label="dtype")
+    dtype = draw(st.sampled_from(dtypes_for(op)), label="dtype")
     shape = draw(shapes(), label="shape")
     specs = tensor_specs(dtype, shape, op=op, world_size=world_size)
     return ReduceCase(op, tuple(draw(specs) for _ in range(world_size)))
@@ -235,7 +243,7 @@ def group_cases(draw: st.DrawFn, world_size: int) -> GroupCase:
     )
     op = draw(st.sampled_from(OPS), label="op")
     src = draw(st.sampled_from(members), label="src")
-    dtype = draw(st.sampled_from(_dtypes_for(op)), label="dtype")
+    dtype = draw(st.sampled_from(dtypes_for(op)), label="dtype")
     specs = tensor_specs(dtype, draw(shapes(), label="shape"), op=op, world_size=world_size)
     return GroupCase(members, op, src, tuple(draw(specs) for _ in range(world_size)))
 
@@ -287,7 +295,7 @@ _COLLECTIVES: Final = ("reduce", "all_gather", "broadcast", "barrier", "reduce_b
 def _call(draw: st.DrawFn, collective: str, world_size: int) -> Call:
     tensor = None
     if collective in ("reduce", "all_gather", "broadcast"):
-        tensor = _zeros(draw(st.sampled_from(_MISMATCH_DTYPES)), draw(shapes(max_dims=2)))
+        tensor = _zeros(draw(st.sampled_from(MISMATCH_DTYPES)), draw(shapes(max_dims=2)))
     arg: object = None
     if collective == "reduce":
         arg = draw(st.sampled_from(OPS))
@@ -316,7 +324,7 @@ def _calls(draw: st.DrawFn, world_size: int) -> tuple[Call, Call]:
         return base, Call(collective, _zeros(tensor.dtype, other_shape), base.arg)
     if change == "dtype":
         assert tensor is not None
-        other = draw(st.sampled_from([d for d in _MISMATCH_DTYPES if d != tensor.dtype]))
+        other = draw(st.sampled_from([d for d in MISMATCH_DTYPES if d != tensor.dtype]))
         return base, Call(collective, _zeros(other, tensor.shape), base.arg)
     if change == "arg":
         if collective == "reduce":
@@ -343,39 +351,37 @@ def mismatch_cases(draw: st.DrawFn, world_size: int) -> MismatchCase:
     return MismatchCase(tuple(variant if rank in others else base for rank in range(world_size)))
 
 
+def BAD_ARGUMENTS(  # noqa: N802 - a table, computed for a world size
+    world_size: int,
+) -> tuple[tuple[str, str, tuple[object, ...], str], ...]:
+    """Each documented bad argument: collective, argument, bad values, the error it raises."""
+    not_numbers: tuple[object, ...] = ("1", b"1", None, [1.0], {"value": 1}, (2,))
+    return (
+        ("reduce", "value", not_numbers, "TypeError"),
+        (
+            "reduce",
+            "reduce_op",
+            ("median", "mode", "add", "averag", "bitwise_and", "xor"),
+            "ConfigurationError",
+        ),
+        ("broadcast", "src", (-1, world_size, world_size + 1, 2**31), "ValueError"),
+        ("all_gather", "tensor", not_numbers, "TypeError"),
+        ("barrier", "timeout", (0, -1, 0.0, -0.5), "ValueError"),
+    )
+
+
 @functools.cache
 def bad_argument_cases(world_size: int) -> st.SearchStrategy[BadArgumentCase]:
     """A bad argument every rank passes alike, and the error the contract documents."""
-    not_numbers = st.sampled_from(["1", b"1", None, [1.0], {"value": 1}, (2,)])
-    bad_ops = st.sampled_from(["median", "mode", "add", "averag", "bitwise_and", "xor"])
-    bad_src = st.sampled_from([-1, world_size, world_size + 1, 2**31])
-    bad_timeouts = st.sampled_from([0, -1, 0.0, -0.5])
     return st.one_of(
-        st.builds(
-            BadArgumentCase, st.just("reduce"), st.just("value"), not_numbers, st.just("TypeError")
-        ),
-        st.builds(
-            BadArgumentCase,
-            st.just("reduce"),
-            st.just("reduce_op"),
-            bad_ops,
-            st.just("ConfigurationError"),
-        ),
-        st.builds(
-            BadArgumentCase, st.just("broadcast"), st.just("src"), bad_src, st.just("ValueError")
-        ),
-        st.builds(
-            BadArgumentCase,
-            st.just("all_gather"),
-            st.just("tensor"),
-            not_numbers,
-            st.just("TypeError"),
-        ),
-        st.builds(
-            BadArgumentCase,
-            st.just("barrier"),
-            st.just("timeout"),
-            bad_timeouts,
-            st.just("ValueError"),
-        ),
+        *(
+            st.builds(
+                BadArgumentCase,
+                st.just(collective),
+                st.just(argument),
+                st.sampled_from(values),
+                st.just(expected),
+            )
+            for collective, argument, values, expected in BAD_ARGUMENTS(world_size)
+        )
     )

@@ -61,6 +61,11 @@ class Outcome:
         error: What it raised instead, if it raised.
         mutated: How the rank's input changed, if the collective changed it.
         entered: For a barrier, how many ranks had entered when this rank left.
+        aliased: How the result shares memory with the input or with other
+            results, if it does (results must be the caller's own).
+        after: For examples where ranks raise, the result of the plain reduce
+            (a sum of the ranks' numbers) every rank runs afterwards.
+        after_error: What that reduce raised instead, if it raised.
     """
 
     rank: int
@@ -68,3 +73,6 @@ class Outcome:
     error: RaisedError | None = None
     mutated: str | None = None
     entered: int | None = None
+    aliased: str | None = None
+    after: object = None
+    after_error: RaisedError | None = None

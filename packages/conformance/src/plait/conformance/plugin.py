@@ -6,11 +6,16 @@ on subclasses of `plait.conformance.ConformanceSuite`; other tests are untouched
 
 from __future__ import annotations
 
+import argparse
+import difflib
 import fnmatch
 import json
+import os
 import platform
+import random
+import statistics
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from importlib.metadata import version
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
@@ -19,25 +24,49 @@ import attrs
 import pytest
 import torch
 
-from plait.conformance.pool import LANES, UNHELD_DTYPES, RankPool, backend_unavailable
+from plait.conformance.pool import (
+    LANES,
+    UNHELD_DTYPES,
+    PoolStartError,
+    RankPool,
+    backend_unavailable,
+)
 from plait.conformance.target import StrategyTarget
 
 if TYPE_CHECKING:
     from plait.conformance.suite import ConformanceSuite
     from plait.conformance.target import StrategyFactory
 
-__all__ = ["PROFILES", "ExpectationWarning", "Lane", "PoolCache", "Reporter"]
+__all__ = [
+    "PROFILES",
+    "SEED_VARIABLE",
+    "ExpectationWarning",
+    "Lane",
+    "LaneDown",
+    "PoolCache",
+    "Reporter",
+]
 
 PROFILES: Final = {"quick": 25, "thorough": 200}
 """Examples per property of each ``--plait-profile``."""
 
+SEED_VARIABLE: Final = "PLAIT_CONFORMANCE_SEED"
+"""Where a run's seed is kept, so that pytest-xdist's workers draw from the same one."""
+
+_SHIPPED_SUITE: Final = Path(__file__).with_name("suite.py").resolve()
 _LANE: Final = "plait_lane"
 _PROPERTY: Final = "plait_property"
 _EXAMPLES: Final = "plait_examples"
+_VIOLATION: Final = "plait_violation"
+_SECONDS: Final = "plait_seconds"
 
 
 class ExpectationWarning(pytest.PytestWarning):
-    """An entry of the expectations file matched no test."""
+    """An entry of the expectations file matched no test of a lane that ran."""
+
+
+class LaneDown(Exception):  # noqa: N818 - a skip's reason, not an error of its own
+    """A lane's ranks could not start; its first test failed saying why."""
 
 
 @attrs.frozen
@@ -48,6 +77,7 @@ class Lane:
     backend: str
     world_size: int
     deadline: float
+    start_timeout: float = 120.0
 
     def describe(self) -> dict[str, object]:
         """The lane as plain data, for reports."""
@@ -63,6 +93,12 @@ class Lane:
         """``strategy-backend-world_size``, as pytest shows the group."""
         return f"{self.target.name}-{self.backend}-{self.world_size}"
 
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The lane's id, and the same with the strategy written as it was given."""
+        given = f"{self.target.spec}-{self.backend}-{self.world_size}"
+        return (self.id,) if given == self.id else (self.id, given)
+
 
 class PoolCache:
     """The live rank pools of a session: a few at a time, closed when evicted.
@@ -74,9 +110,18 @@ class PoolCache:
     def __init__(self, size: int = 2) -> None:
         self.size = size
         self._pools: dict[Lane, RankPool] = {}
+        self._failed: dict[Lane, str] = {}
 
-    def get(self, lane: Lane) -> RankPool:
-        """The pool of ``lane``, started (an older one is closed to make room)."""
+    def get(self, lane: Lane, test: str = "") -> RankPool:
+        """The pool of ``lane``, started (an older one is closed to make room).
+
+        Raises:
+            PoolStartError: The ranks could not start, the first time for the lane.
+            LaneDown: They could not start before: the first error said why.
+        """
+        first = self._failed.get(lane)
+        if first is not None:
+            raise LaneDown(f"the ranks of {lane.id} could not start: see the error of {first}")
         pool = self._pools.pop(lane, None)
         if pool is None:
             while len(self._pools) >= self.size:
@@ -87,15 +132,46 @@ class PoolCache:
                 world_size=lane.world_size,
                 backend=lane.backend,
                 deadline=lane.deadline,
+                start_timeout=lane.start_timeout,
             )
         self._pools[lane] = pool  # most recently used last
-        pool.start()
+        try:
+            pool.start()
+        except PoolStartError:
+            self._pools.pop(lane).close()
+            self._failed[lane] = test or lane.id
+            raise
         return pool
 
     def close(self) -> None:
         """Close every pool."""
         while self._pools:
             self._pools.popitem()[1].close()
+
+
+def _whole(least: int) -> Callable[[str], int]:
+    """An option's parser: a whole number of at least ``least``."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if value < least:
+            raise argparse.ArgumentTypeError(f"{value} must be {least} or more")
+        return value
+
+    return parse
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"{text} must be a positive number of seconds")
+    return value
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -112,19 +188,33 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )  # fmt: skip
     group.addoption(
         "--plait-world-sizes", default=None, metavar="N,N,...",
-        help="numbers of ranks to test at, e.g. 1,2,4; default: each suite's own",
+        help="numbers of ranks to test at, e.g. 1,2,4; default: each suite's own (1,2,3)",
     )  # fmt: skip
     group.addoption(
         "--plait-profile", choices=tuple(PROFILES), default="quick",
-        help="examples per property: quick (25) or thorough (200)",
+        help="drawn examples per property, after the grid: quick (25) or thorough (200)",
     )  # fmt: skip
     group.addoption(
-        "--plait-examples", type=int, default=None, metavar="N",
-        help="examples per property, overriding the profile",
+        "--plait-examples", type=_whole(1), default=None, metavar="N",
+        help="drawn examples per property, overriding the profile",
     )  # fmt: skip
     group.addoption(
-        "--plait-deadline", type=float, default=None, metavar="SECONDS",
+        "--plait-seed", type=_whole(0), default=None, metavar="N",
+        help="draw the examples from seed N (default: a new seed each run, printed in "
+        "the header and on every failure)",
+    )  # fmt: skip
+    group.addoption(
+        "--plait-deadline", type=_seconds, default=None, metavar="SECONDS",
         help="seconds an example may take before it counts as a hang (default 30)",
+    )  # fmt: skip
+    group.addoption(
+        "--plait-start-timeout", type=_seconds, default=None, metavar="SECONDS",
+        help="seconds the ranks may take to build the strategy and join (default 120)",
+    )  # fmt: skip
+    group.addoption(
+        "--plait-require-lanes", action="store_true", default=False,
+        help="fail, instead of skipping, when a lane cannot run on this machine "
+        "(no GPU for nccl, no torch_xla for xla): for CI jobs on accelerators",
     )  # fmt: skip
     group.addoption(
         "--plait-report-dir", default=None, metavar="DIR",
@@ -138,15 +228,16 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def _world_sizes(text: str) -> tuple[int, ...]:
-    try:
-        sizes = tuple(int(part) for part in text.split(",") if part.strip())
-    except ValueError:
-        sizes = ()
+    parts = [part.strip() for part in text.split(",")]
+    sizes: tuple[int, ...] = ()
+    if all(part.isdigit() for part in parts):
+        sizes = tuple(int(part) for part in parts)
     if not sizes or any(size < 1 for size in sizes):
         raise pytest.UsageError(
-            f"--plait-world-sizes={text!r} must list positive numbers of ranks, e.g. 1,2,4"
+            f"--plait-world-sizes={text!r} must list positive numbers of ranks, separated "
+            "by commas, e.g. 1,2,4"
         )
-    return sizes
+    return tuple(dict.fromkeys(sizes))
 
 
 @attrs.frozen
@@ -159,6 +250,11 @@ class _Expectation:
         """Whether the pattern (``*`` and ``?`` wildcards, brackets literal) matches a name."""
         escaped = self.pattern.replace("[", "\0").replace("]", "[]]").replace("\0", "[[]")
         return any(fnmatch.fnmatchcase(name, escaped) for name in names)
+
+    def lane_part(self) -> str | None:
+        """The part in brackets, ``strategy-backend-world_size``, if the pattern has one."""
+        _, bracket, rest = self.pattern.partition("[")
+        return rest.removesuffix("]") if bracket and rest.endswith("]") else None
 
 
 def _read_expectations(path: str) -> list[_Expectation]:
@@ -182,23 +278,40 @@ def _read_expectations(path: str) -> list[_Expectation]:
 
 _sizes_key = pytest.StashKey[tuple[int, ...] | None]()
 _expectations_key = pytest.StashKey[list[_Expectation]]()
+_seed_key = pytest.StashKey[int]()
+_xdist_key = pytest.StashKey[bool]()
+
+
+def _choose_seed(config: pytest.Config) -> int:
+    given: int | None = config.getoption("--plait-seed")
+    if given is not None:
+        return given
+    inherited = os.environ.get(SEED_VARIABLE, "")
+    if inherited.isdigit():  # a pytest-xdist worker: the controller's seed
+        return int(inherited)
+    hypothesis_seed = config.getoption("--hypothesis-seed", default=None)
+    if isinstance(hypothesis_seed, int) or (
+        isinstance(hypothesis_seed, str) and hypothesis_seed.isdigit()
+    ):
+        return int(hypothesis_seed)
+    return random.SystemRandom().randrange(2**32)
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """Check the options early and read the expectations file."""
+    """Check the options early, choose the seed and read the expectations file."""
     # Each lane's tests carry xdist's group marker so that one worker runs a lane;
-    # without pytest-xdist the marker is unknown, and --strict-markers refuses it.
-    config.addinivalue_line(
-        "markers", "xdist_group(name): run these tests on one pytest-xdist worker"
-    )
+    # the marker means nothing without pytest-xdist, which then does not see it.
+    xdist = config.pluginmanager.hasplugin("xdist")
+    config.stash[_xdist_key] = xdist
+    if xdist:
+        config.addinivalue_line(
+            "markers", "xdist_group(name): run these tests on one pytest-xdist worker"
+        )
     option = config.getoption("--plait-world-sizes")
     config.stash[_sizes_key] = _world_sizes(option) if option else None
-    examples = config.getoption("--plait-examples")
-    if examples is not None and examples < 1:
-        raise pytest.UsageError(f"--plait-examples={examples} must be 1 or more")
-    deadline = config.getoption("--plait-deadline")
-    if deadline is not None and not deadline > 0:
-        raise pytest.UsageError(f"--plait-deadline={deadline} must be a positive number")
+    seed = _choose_seed(config)
+    config.stash[_seed_key] = seed
+    os.environ[SEED_VARIABLE] = str(seed)  # inherited by pytest-xdist's workers
     for spec in config.getoption("--plait-strategy"):
         try:
             StrategyTarget.of(spec).factory()
@@ -207,6 +320,12 @@ def pytest_configure(config: pytest.Config) -> None:
     path = config.getoption("--plait-expectations")
     config.stash[_expectations_key] = _read_expectations(path) if path else []
     config.pluginmanager.register(Reporter(config), "plait-conformance-reporter")
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    """The seed of this run, and how to draw the same examples again."""
+    seed = config.stash[_seed_key]
+    return f"plait conformance: seed {seed} (--plait-seed={seed} draws the same examples)"
 
 
 def _targets(config: pytest.Config, cls: type[ConformanceSuite]) -> list[StrategyTarget]:
@@ -238,42 +357,93 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     backend = config.getoption("--plait-backend") or cls.backend
     sizes = config.stash[_sizes_key] or tuple(cls.world_sizes)
     deadline = config.getoption("--plait-deadline") or cls.deadline
+    start = config.getoption("--plait-start-timeout") or cls.start_timeout
     lanes = [
-        Lane(target, backend, size, deadline) for target in _targets(config, cls) for size in sizes
+        Lane(target, backend, size, deadline, start)
+        for target in _targets(config, cls)
+        for size in sizes
     ]
     metafunc.parametrize(
         _LANE, lanes, ids=[lane.id for lane in lanes], scope="class", indirect=True
     )
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Label the suite's tests, group each lane on one xdist worker, apply expectations."""
-    expectations = config.stash[_expectations_key]
-    matched: set[int] = set()
+def _lanes_of(items: list[pytest.Item]) -> list[tuple[pytest.Item, Lane]]:
+    found = []
     for item in items:
         callspec = getattr(item, "callspec", None)
         lane = callspec.params.get(_LANE) if callspec is not None else None
-        if not isinstance(lane, Lane):
-            continue
+        if isinstance(lane, Lane):
+            found.append((item, lane))
+    return found
+
+
+def _require_lanes(lanes: list[Lane]) -> None:
+    missing = {}
+    for lane in lanes:
+        reason = backend_unavailable(lane.backend, lane.world_size)
+        if reason:
+            missing[lane.id] = reason
+    if missing:
+        listed = "\n".join(f"  {lane}: {reason}" for lane, reason in sorted(missing.items()))
+        raise pytest.UsageError(
+            "--plait-require-lanes: these lanes cannot run on this machine:\n"
+            f"{listed}\nrun the job where the lane's devices are, or choose other "
+            "--plait-backend / --plait-world-sizes"
+        )
+
+
+def _for_another_run(entry: _Expectation, lanes: list[Lane]) -> bool:
+    """Whether the entry names a lane this run does not have (another job's entry)."""
+    part = entry.lane_part()
+    if part is None:
+        return False
+    return not any(_Expectation(part, "", 0).matches(*lane.names) for lane in lanes)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Label the suite's tests, group each lane on one xdist worker, apply expectations."""
+    expectations = config.stash[_expectations_key]
+    suite = _lanes_of(items)
+    lanes = list(dict.fromkeys(lane for _, lane in suite))
+    if config.getoption("--plait-require-lanes"):
+        _require_lanes(lanes)
+    matched: set[int] = set()
+    keys: list[str] = []
+    for item, lane in suite:
         name = getattr(item, "originalname", item.name).removeprefix("test_")
-        key = f"{name}[{lane.id}]"
+        names = [f"{name}[{each}]" for each in lane.names]
+        keys.append(names[-1])
         item.user_properties.append((_LANE, lane.describe()))
         item.user_properties.append((_PROPERTY, name))
-        item.add_marker(pytest.mark.xdist_group(lane.id))
+        if config.stash[_xdist_key]:
+            item.add_marker(pytest.mark.xdist_group(lane.id))
         for index, entry in enumerate(expectations):
-            if entry.matches(key, item.nodeid):
+            if entry.matches(*names, item.nodeid):
                 matched.add(index)
                 item.add_marker(pytest.mark.xfail(reason=entry.reason, strict=True))
                 break
     for index, entry in enumerate(expectations):
-        if index not in matched:
-            warnings.warn(
-                ExpectationWarning(
-                    f"expectation {entry.pattern!r} (line {entry.line}) matched no test: "
-                    "remove it, or fix the pattern"
-                ),
-                stacklevel=1,
-            )
+        if index in matched or _for_another_run(entry, lanes):
+            continue  # an entry for lanes another run has is kept quiet
+        close = difflib.get_close_matches(entry.pattern, keys, n=1, cutoff=0.5)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        warnings.warn(
+            ExpectationWarning(
+                f"expectation {entry.pattern!r} (line {entry.line}) matched no test of the "
+                f"lanes that ran: remove it, or fix the pattern{hint}"
+            ),
+            stacklevel=1,
+        )
+
+
+def pytest_pycollect_makemodule(
+    module_path: Path, parent: pytest.Collector
+) -> pytest.Module | None:
+    """The shipped suite, run with ``--pyargs``, under its package path in test ids."""
+    if module_path.resolve() != _SHIPPED_SUITE:
+        return None
+    return pytest.Module.from_parent(parent, path=module_path, nodeid="plait/conformance/suite.py")
 
 
 @pytest.fixture(scope="session")
@@ -290,21 +460,40 @@ def plait_lane(request: pytest.FixtureRequest) -> Lane:
     lane: Lane = request.param
     reason = backend_unavailable(lane.backend, lane.world_size)
     if reason:
-        pytest.skip(reason)
+        pytest.skip(f"{reason} (--plait-require-lanes makes this an error)")
     return lane
 
 
-@pytest.fixture(scope="class")
-def plait_pool(plait_lane: Lane, plait_pools: PoolCache) -> RankPool:
-    """The running pool of this group's lane."""
-    return plait_pools.get(plait_lane)
+@pytest.fixture
+def plait_pool(
+    plait_lane: Lane, plait_pools: PoolCache, request: pytest.FixtureRequest
+) -> RankPool:
+    """The running pool of this group's lane (started by the lane's first test).
+
+    Ranks that cannot start fail the lane's first test, with every rank's error;
+    the lane's other tests are skipped, pointing to it.
+    """
+    failure = ""
+    try:
+        return plait_pools.get(plait_lane, request.node.name)
+    except LaneDown as down:
+        pytest.skip(str(down))
+    except PoolStartError as error:
+        failure = f"PoolStartError: {error}"
+    pytest.fail(failure, pytrace=False)  # the ranks' own tracebacks say where
 
 
 @pytest.fixture(scope="session")
 def plait_examples(request: pytest.FixtureRequest) -> int:
-    """Examples per property: ``--plait-examples``, or the profile's number."""
+    """Drawn examples per property: ``--plait-examples``, or the profile's number."""
     examples: int | None = request.config.getoption("--plait-examples")
     return examples or PROFILES[request.config.getoption("--plait-profile")]
+
+
+@pytest.fixture(scope="session")
+def plait_seed(request: pytest.FixtureRequest) -> int:
+    """The seed every property of this run draws its examples from."""
+    return request.config.stash[_seed_key]
 
 
 def _labels(report: pytest.TestReport) -> dict[str, object]:
@@ -332,15 +521,20 @@ class Reporter:
         outcome: str = report.outcome
         if hasattr(report, "wasxfail"):
             outcome = "xfailed" if report.skipped else "xpassed"
-        message = report.longreprtext.strip()[-4000:] if report.failed or report.skipped else ""
-        lane_id = str(lane["id"])
-        self.lanes[lane_id] = lane
-        self.results.setdefault(lane_id, {})[str(labels[_PROPERTY])] = {
+        violation = labels.get(_VIOLATION)
+        proving = labels.get(_SECONDS)
+        entry: dict[str, object] = {
             "outcome": outcome,
             "examples": labels.get(_EXAMPLES),
             "seconds": round(report.duration, 3),
-            "message": message,
+            "proving_seconds": round(proving, 3) if isinstance(proving, float) else None,
+            "message": _message(report, violation),
         }
+        if isinstance(violation, dict):
+            entry["violation"] = violation
+        lane_id = str(lane["id"])
+        self.lanes[lane_id] = lane
+        self.results.setdefault(lane_id, {})[str(labels[_PROPERTY])] = entry
 
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         """Write one JSON report per lane into ``--plait-report-dir``."""
@@ -372,18 +566,49 @@ class Reporter:
             (root / f"{name}.json").write_text(text, encoding="utf-8")
 
     def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
-        """One line per lane: how many properties held."""
+        """One line per lane: how many properties held, and how many examples a second ran."""
         if not self.results:
             return
         terminalreporter.section("plait conformance")
+        seed = self.config.stash[_seed_key]
         for lane_id, properties in sorted(self.results.items()):
             counts: dict[str, int] = {}
+            examples = 0
+            rates = []
             for entry in properties.values():
                 outcome = str(entry["outcome"])
                 counts[outcome] = counts.get(outcome, 0) + 1
+                ran, took = entry["examples"], entry["proving_seconds"]
+                if isinstance(ran, int) and isinstance(took, float) and ran:
+                    examples += ran
+                    rates.append(ran / took if took > 0 else float("inf"))
             summary = ", ".join(f"{count} {outcome}" for outcome, count in sorted(counts.items()))
+            if rates:
+                summary += (
+                    f"; {examples} examples, {statistics.median(rates):.0f} examples/s "
+                    "(median over the properties)"
+                )
             terminalreporter.write_line(f"{lane_id}: {summary}")
+        terminalreporter.write_line(f"seed {seed}: --plait-seed={seed} draws the same examples")
         backends = sorted({str(lane["backend"]) for lane in self.lanes.values()})
         for backend in backends:
             for dtype, reason in UNHELD_DTYPES.get(backend, {}).items():
                 terminalreporter.write_line(f"{backend} lanes: no {dtype} examples: {reason}")
+
+
+def _message(report: pytest.TestReport, violation: object) -> str:
+    """A report's message: the violation, the reason for a skip, or the error itself."""
+    if isinstance(violation, dict):
+        problems = violation.get("problems")
+        if isinstance(problems, list):
+            return "\n".join(str(problem) for problem in problems)
+    if not (report.failed or report.skipped):
+        return ""
+    longrepr = report.longrepr
+    if isinstance(longrepr, tuple | list) and len(longrepr) == len(("path", "line", "reason")):
+        return str(longrepr[2]).removeprefix("Skipped: ")
+    crash = getattr(longrepr, "reprcrash", None)
+    text = getattr(crash, "message", None)
+    if isinstance(text, str) and text:
+        return text
+    return report.longreprtext.strip()

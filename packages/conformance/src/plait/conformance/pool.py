@@ -287,8 +287,12 @@ class RankPool:
         infos: dict[int, worker.WorkerReport] = {}
         failures: dict[int, str] = {}
         limit = time.monotonic() + self.start_timeout
-        while pending and not failures:
+        while pending:
+            if failures:  # the others, which likely fail alike, have a moment to say so
+                limit = min(limit, time.monotonic() + _STACK_WAIT)
             ready = _wait(list(pending), timeout=max(0.0, limit - time.monotonic()))
+            if not ready and failures:
+                break
             if not ready:
                 raise PoolStartError(
                     f"{self!r}: ranks {sorted(pending.values())} did not join within "
@@ -308,7 +312,15 @@ class RankPool:
                 else:
                     failures[rank] = f"the rank sent {message!r} instead of its place"
         if failures:
-            details = "\n".join(f"rank {rank}:\n{text}" for rank, text in sorted(failures.items()))
+            # Ranks that fail alike (a factory that raises fails on every rank) are
+            # reported once, naming them all.
+            alike: dict[str, list[int]] = {}
+            for rank, text in sorted(failures.items()):
+                alike.setdefault(text, []).append(rank)
+            details = "\n".join(
+                f"{'rank' if len(ranks) == 1 else 'ranks'} {', '.join(map(str, ranks))}:\n{text}"
+                for text, ranks in alike.items()
+            )
             raise PoolStartError(f"{self!r} could not start:\n{details}")
         ordered = [infos[rank] for rank in range(self.world_size)]
         self._check_ranks(ordered)

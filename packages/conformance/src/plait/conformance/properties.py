@@ -6,10 +6,11 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Final
 
 import attrs
-from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import HealthCheck, Phase, example, given, settings
+from hypothesis import seed as hypothesis_seed
 from hypothesis.errors import FlakyFailure
 
-from plait.conformance import generate
+from plait.conformance import generate, grid
 from plait.conformance.cases import (
     AllGatherCase,
     BadArgumentCase,
@@ -23,6 +24,7 @@ from plait.conformance.cases import (
     ReduceCase,
     TensorSpec,
 )
+from plait.conformance.outcomes import Outcome
 from plait.conformance.pool import (
     UNHELD_DTYPES,
     PoolError,
@@ -32,6 +34,7 @@ from plait.conformance.pool import (
 )
 from plait.conformance.spec import check
 from plait.conformance.target import StrategyFactory, StrategyTarget
+from plait.conformance.worker import THEN_REDUCE
 
 if TYPE_CHECKING:
     from hypothesis.strategies import SearchStrategy
@@ -58,7 +61,9 @@ class Property:
         min_world_size: The fewest ranks it means anything on.
         restarts_pool: Each example leaves the ranks out of step (a rank skipped a
             collective), so the pool starts afresh after it.
-        max_examples: A cap on examples, for properties that restart the pool.
+        max_examples: A cap on drawn examples, for properties that restart the pool.
+        grid: The explicit examples at a world size, run first in every run (see
+            `plait.conformance.grid`).
     """
 
     name: str
@@ -67,6 +72,12 @@ class Property:
     min_world_size: int = 1
     restarts_pool: bool = False
     max_examples: int | None = None
+    grid: Callable[[int], Sequence[Case]] = lambda _world_size: ()
+
+    def explicit(self, world_size: int, backend: str = "gloo") -> list[Case]:
+        """The grid's examples at ``world_size`` that the ``backend`` lane can hold."""
+        unheld = frozenset(UNHELD_DTYPES.get(backend, {}))
+        return [case for case in self.grid(world_size) if not _dtypes_of(case) & unheld]
 
 
 def _tensor_reduces(world_size: int) -> SearchStrategy[Case]:
@@ -84,24 +95,28 @@ PROPERTIES: Final = (
         "matches the reference on every rank, bit for bit the same everywhere, on the "
         "input's device; the mean of integers or bools is floating; the input is unchanged",
         _tensor_reduces,
+        grid=grid.reduce_tensors,
     ),
     Property(
         "reduce_numbers",
         "reduce of Python ints and floats returns a Python number of the right type "
         "(int for sum/min/max/product of ints, float otherwise) equal to the reference",
         _number_reduces,
+        grid=grid.reduce_numbers,
     ),
     Property(
         "broadcast",
         "broadcast(obj, src) gives every rank a value equal to src's: tensors of any "
         "dtype, shape and layout on the rank's root_device, and any picklable object",
         generate.broadcast_cases,
+        grid=grid.broadcast,
     ),
     Property(
         "all_gather",
         "all_gather(t) returns [world_size, *t.shape] whose row i is rank i's tensor, on "
         "every rank, for every dtype and layout",
         generate.all_gather_cases,
+        grid=grid.all_gather,
     ),
     Property(
         "sub_groups",
@@ -109,26 +124,30 @@ PROPERTIES: Final = (
         "contract among its ranks (their inputs only, rows in their order, src a global "
         "rank), and a rank outside the group that calls with it raises ValueError",
         generate.group_cases,
+        grid=grid.sub_groups,
         min_world_size=2,
     ),
     Property(
         "reduce_boolean_decision",
         "reduce_boolean_decision(b, all) is the logical all (or any) of every rank's b",
         generate.decision_cases,
+        grid=grid.decisions,
     ),
     Property(
         "barrier",
         "no rank leaves barrier() before every rank has entered it (seen through a store "
         "each rank writes to on entering and reads on leaving)",
         generate.barrier_cases,
+        grid=grid.barrier,
     ),
     Property(
         "barrier_timeout",
         "barrier(timeout=s) raises CollectiveTimeoutError naming the rank that never came",
         generate.barrier_timeout_cases,
+        grid=grid.barrier_timeout,
         min_world_size=2,
         restarts_pool=True,
-        max_examples=3,
+        max_examples=1,
     ),
     Property(
         "mismatch",
@@ -136,6 +155,7 @@ PROPERTIES: Final = (
         "CollectiveMismatchError naming what each rank called, never hang, and the "
         "strategy still works afterwards",
         generate.mismatch_cases,
+        grid=grid.mismatch,
         min_world_size=2,
     ),
     Property(
@@ -144,6 +164,7 @@ PROPERTIES: Final = (
         "unknown op ConfigurationError; src outside the ranks or a timeout <= 0 "
         "ValueError; on every rank, and the strategy still works afterwards",
         generate.bad_argument_cases,
+        grid=grid.bad_arguments,
     ),
 )
 """Every property of the contract, in the order the suite runs them."""
@@ -181,10 +202,16 @@ class ContractViolation(AssertionError):  # noqa: N818 - a failed property, as p
 
     Attributes:
         property: The property's name.
+        strategy: The strategy's spec, as the pool was given it.
+        backend: The lane.
+        world_size: The number of ranks.
         case: The example.
         problems: What each rank did wrong.
         intermittent: The example broke the contract once but not when it was run
             again (a flaw that depends on timing or on what ran before).
+        seed: The seed the examples were drawn from, when it is known.
+        explicit: The example is on the property's grid, which every run tries first.
+        examples: How many examples had run when it was found (`prove` sets it).
     """
 
     def __init__(
@@ -197,28 +224,95 @@ class ContractViolation(AssertionError):  # noqa: N818 - a failed property, as p
         intermittent: bool = False,
     ) -> None:
         self.property = prop.name
+        self.contract = prop.contract
+        self.strategy = pool.target.spec
+        self.strategy_name = pool.target.name
+        self.backend = pool.backend
+        self.world_size = pool.world_size
         self.case = case
         self.problems = problems
         self.intermittent = intermittent
-        names = sorted({type(case).__name__, "Call", "TensorSpec"})
+        self.seed: int | None = None
+        self.explicit = False
+        self.examples: int | None = None
+        super().__init__(self._message())
+
+    def locate(self, *, seed: int | None, explicit: bool) -> None:
+        """Say where the example came from: the grid, or the draws of ``seed``."""
+        self.seed = seed
+        self.explicit = explicit
+        self.args = (self._message(),)
+
+    @property
+    def snippet(self) -> str:
+        """A script that reruns this one example (save it as a file and run it)."""
+        names = sorted({type(self.case).__name__, "Call", "TensorSpec"})
+        return "\n".join(
+            [
+                "from plait.conformance import reproduce",
+                f"from plait.conformance.cases import {', '.join(names)}",
+                "",
+                'if __name__ == "__main__":',
+                (
+                    f"    reproduce({self.strategy!r}, {self.case!r}, "
+                    f"world_size={self.world_size}, backend={self.backend!r})"
+                ),
+            ]
+        )
+
+    def _origin(self) -> list[str]:
+        if self.explicit:
+            return ["This example is on the property's grid: every run tries it first."]
+        if self.seed is not None:
+            again = f"rerun the property with --plait-seed={self.seed} to draw it again"
+            return [f"Drawn from seed {self.seed}: {again}."]
+        return []
+
+    def _message(self) -> str:
         lines = [
             (
-                f"{prop.name} failed for {pool.target.name!r} ({pool.backend}, world size "
-                f"{pool.world_size}): {prop.contract}"
+                f"{self.property} failed for {self.strategy_name!r} ({self.backend}, world size "
+                f"{self.world_size}): {self.contract}"
             ),
-            *(f"  - {problem}" for problem in problems),
-            *([_INTERMITTENT] if intermittent else []),
+            *(f"  - {problem}" for problem in self.problems),
+            *([_INTERMITTENT] if self.intermittent else []),
+            *self._origin(),
             "Run this example alone:",
-            "    from plait.conformance import reproduce",
-            f"    from plait.conformance.cases import {', '.join(names)}",
-            "",
-            '    if __name__ == "__main__":',
-            (
-                f"        reproduce({pool.target.spec!r}, {case!r}, "
-                f"world_size={pool.world_size}, backend={pool.backend!r})"
-            ),
+            *(f"    {line}" if line else "" for line in self.snippet.splitlines()),
         ]
-        super().__init__("\n".join(lines))
+        return "\n".join(lines)
+
+    def describe(self) -> dict[str, object]:
+        """The violation as plain data, for reports."""
+        return {
+            "property": self.property,
+            "strategy": self.strategy,
+            "backend": self.backend,
+            "world_size": self.world_size,
+            "case": repr(self.case),
+            **_labels_of(self.case),
+            "problems": list(self.problems),
+            "intermittent": self.intermittent,
+            "explicit": self.explicit,
+            "seed": self.seed,
+            "examples": self.examples,
+            "snippet": self.snippet,
+        }
+
+
+def _labels_of(case: Case) -> dict[str, object]:
+    """What a reader filters failures by: the op, the dtypes, the src."""
+    labels: dict[str, object] = {"kind": type(case).__name__}
+    op = getattr(case, "op", None)
+    if isinstance(op, str):
+        labels["op"] = op
+    src = getattr(case, "src", None)
+    if isinstance(src, int):
+        labels["src"] = src
+    dtypes = sorted(_dtypes_of(case))
+    if dtypes:
+        labels["dtypes"] = dtypes
+    return labels
 
 
 class _Hung(BaseException):
@@ -252,30 +346,43 @@ def run_example(pool: RankPool, prop: Property, case: Case) -> None:
     problems = check(case, outcomes, pool.devices)
     if prop.restarts_pool:
         pool.restart()
-    elif not problems and any(outcome.error for outcome in outcomes):
-        # Ranks raised as they should: the strategy must still work.
-        sync = _sync_case(pool.world_size)
-        try:
-            after = check(sync, pool.run(sync), pool.devices)
-        except RankHangError as error:
-            problem = f"after the ranks raised, a plain reduce hung: {error}"
-            raise _Hung(ContractViolation(prop, pool, case, [problem])) from None
-        except PoolError as error:
-            after = [str(error)]
-        problems = [f"after the ranks raised, a plain reduce failed: {text}" for text in after]
+    elif not problems and isinstance(case, THEN_REDUCE):
+        # Where ranks raised as they should, the strategy must still work: every
+        # rank ran a plain reduce after the example, in the same message.
+        after = [
+            Outcome(outcome.rank, result=outcome.after, error=outcome.after_error)
+            for outcome in outcomes
+        ]
+        if any(outcome.error for outcome in outcomes):
+            failed = check(_sync_case(pool.world_size), after, pool.devices)
+            problems = [f"after the ranks raised, a plain reduce failed: {text}" for text in failed]
     if problems:
         raise ContractViolation(prop, pool, case, problems)
 
 
-def prove(pool: RankPool, prop: Property, *, max_examples: int, shrink: bool = True) -> int:
-    """Run ``prop`` on up to ``max_examples`` drawn examples; return how many ran.
+def prove(
+    pool: RankPool,
+    prop: Property,
+    *,
+    max_examples: int,
+    shrink: bool = True,
+    seed: int | None = None,
+    grid: bool = True,
+) -> int:
+    """Run ``prop`` on its grid, then on up to ``max_examples`` drawn examples.
 
-    Hypothesis draws the examples and, on a failure, shrinks it to a minimal one,
-    which `ContractViolation` prints with a snippet that reruns it alone. A hang is
-    reported as first found: each try at shrinking it would cost the pool's deadline.
-    An example that fails once and passes when run again (a flaw that shows only
-    under some timing) is still a violation: it is reported as found, marked
-    intermittent, never passed over.
+    The grid (`Property.explicit`) runs first, in order, the same in every run
+    (``grid=False`` leaves it out, for a run of drawn examples only);
+    then Hypothesis draws examples, from ``seed`` when it is given (the same seed
+    draws the same examples), and on a failure shrinks it to a minimal one, which
+    `ContractViolation` prints with a snippet that reruns it alone. A hang is
+    reported as first found: each try at shrinking it would cost the pool's
+    deadline. An example that fails once and passes when run again (a flaw that
+    shows only under some timing) is still a violation: it is reported as found,
+    marked intermittent, never passed over.
+
+    Returns:
+        How many examples ran: the grid's and the drawn ones.
 
     Raises:
         ContractViolation: An example broke the contract.
@@ -287,30 +394,48 @@ def prove(pool: RankPool, prop: Property, *, max_examples: int, shrink: bool = T
     unheld = frozenset(UNHELD_DTYPES.get(pool.backend, {}))
     if unheld:  # the lane's devices cannot hold them: no example may use them
         cases = cases.filter(lambda case: not _dtypes_of(case) & unheld)
+    explicit = prop.explicit(pool.world_size, pool.backend) if grid else []
 
-    @settings(
+    def run(case: Case) -> None:
+        nonlocal count
+        count += 1
+        try:
+            run_example(pool, prop, case)
+        except ContractViolation as violation:
+            violation.locate(seed=seed, explicit=case in explicit)
+            violation.examples = count
+            raise
+        except _Hung as hung:
+            hung.violation.locate(seed=seed, explicit=case in explicit)
+            hung.violation.examples = count
+            raise
+
+    test = given(case=cases)(run)
+    for case in reversed(explicit):  # the first decorator applied runs last
+        test = example(case=case)(test)
+    if seed is not None:
+        test = hypothesis_seed(seed)(test)
+    test = settings(
         max_examples=limit,
         deadline=None,
         database=None,
         phases=phases,
         suppress_health_check=list(HealthCheck),
         print_blob=False,
-    )
-    @given(case=cases)
-    def examples(case: Case) -> None:
-        nonlocal count
-        count += 1
-        run_example(pool, prop, case)
-
+        report_multiple_bugs=False,
+    )(test)
     try:
-        examples()
+        test()
     except _Hung as hung:
         raise hung.violation from None
     except FlakyFailure as flaky:
         found = _first_violation(flaky.exceptions)
         if found is None:
             raise
-        raise ContractViolation(prop, pool, found.case, found.problems, intermittent=True) from None
+        again = ContractViolation(prop, pool, found.case, found.problems, intermittent=True)
+        again.locate(seed=seed, explicit=found.explicit)
+        again.examples = count
+        raise again from None
     return count
 
 

@@ -489,6 +489,11 @@ def check(case: Case, outcomes: Sequence[Outcome], devices: Sequence[str]) -> li
         for outcome in outcomes
         if outcome.mutated
     ]
+    problems += [
+        f"rank {outcome.rank}: {outcome.aliased} (a result must be the caller's own)"
+        for outcome in outcomes
+        if outcome.aliased
+    ]
     if not isinstance(case, _RAISING):
         errors = [
             f"rank {outcome.rank} raised {outcome.error.describe()}\n{outcome.error.traceback}"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import importlib.util
 import inspect
@@ -41,16 +42,40 @@ def _load_file(path: Path) -> object:
     return module
 
 
-def _resolve(owner: object, qualname: str, reference: str) -> object:
+def _colon_hint(name: str) -> str | None:
+    """``"package.module:factory"`` for a dotted name whose module can be imported."""
+    where, dot, last = name.rpartition(".")
+    if not dot or not where or not last.isidentifier():
+        return None
+    try:
+        found = importlib.util.find_spec(where)
+    except (ImportError, ValueError):
+        return None
+    return f"{where}:{last}" if found is not None else None
+
+
+def _resolve(owner: object, where: str, qualname: str, reference: str) -> object:
     found = owner
+    within = where
     for part in qualname.split("."):
-        found = getattr(found, part, _MISSING)
+        inside = found
+        found = getattr(inside, part, _MISSING)
         if found is _MISSING:
-            raise ConfigurationError(
-                f"{reference!r}: {part!r} not found",
-                value=reference,
-                fix="write the reference as 'package.module:factory' or 'path/file.py:factory'",
+            names = [name for name in dir(inside) if not name.startswith("_")]
+            close = difflib.get_close_matches(part, names, n=1, cutoff=0.6)
+            prefix = qualname[: qualname.index(part)]
+            fix = (
+                f"write '{where}:{prefix}{close[0]}'"
+                if close
+                else f"name a factory that {within} defines: '{where}:<factory>'"
             )
+            raise ConfigurationError(
+                f"{reference!r}: {within} has no attribute {part!r}",
+                value=reference,
+                suggestion=f"{where}:{prefix}{close[0]}" if close else None,
+                fix=fix,
+            )
+        within = f"{within}.{part}"
     return found
 
 
@@ -140,7 +165,18 @@ class StrategyTarget:
         """
         if ":" not in self.spec:
             name = self.spec
-            StrategyRegistry.entry(name)  # raises with the registered names
+            try:
+                StrategyRegistry.entry(name)  # raises with the registered names
+            except ConfigurationError as error:
+                hint = _colon_hint(name)
+                if hint is None:
+                    raise
+                raise ConfigurationError(
+                    f"{name!r} is not a registered strategy; a reference to a factory "
+                    f"separates the module from the name with a colon",
+                    value=name,
+                    fix=f"write {hint!r}",
+                ) from error
             return lambda: StrategyRegistry.get(name)
         where, _, qualname = self.spec.rpartition(":")
         if where.endswith(".py") or "/" in where:
@@ -161,7 +197,7 @@ class StrategyTarget:
                     value=self.spec,
                     fix="install the package that provides it, or fix the module path",
                 ) from error
-        found = _resolve(owner, qualname, self.spec)
+        found = _resolve(owner, where, qualname, self.spec)
         if not callable(found):
             raise ConfigurationError(
                 f"{self.spec!r} is a {type(found).__name__}, not a callable",
@@ -174,9 +210,17 @@ class StrategyTarget:
         """Build the strategy and check that it is a `plait.core.Strategy`.
 
         Raises:
-            ConfigurationError: The factory returned something else.
+            ConfigurationError: The factory returned something else, or a class
+                instead of an instance of it.
         """
         strategy = self.factory()()
+        if isinstance(strategy, type):
+            raise ConfigurationError(
+                f"{self.spec!r} returned the class {strategy.__qualname__}, not a strategy "
+                "made from it",
+                value=strategy,
+                fix=f"return {strategy.__qualname__}(...) from the factory",
+            )
         if not isinstance(strategy, Strategy):
             raise ConfigurationError(
                 f"{self.spec!r} built {strategy!r}, which is not a plait.core.Strategy",

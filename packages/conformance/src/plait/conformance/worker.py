@@ -18,6 +18,7 @@ import threading
 import time
 import traceback
 from datetime import timedelta
+from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
 import attrs
@@ -54,7 +55,15 @@ if TYPE_CHECKING:
     from plait.conformance.target import StrategyTarget
     from plait.core import Strategy
 
-__all__ = ["WorkerReport", "describe_tensor", "main", "materialize", "raised", "run_case"]
+__all__ = [
+    "THEN_REDUCE",
+    "WorkerReport",
+    "describe_tensor",
+    "main",
+    "materialize",
+    "raised",
+    "run_case",
+]
 
 _KINDS: Final[tuple[type[BaseException], ...]] = (
     CollectiveMismatchError,
@@ -68,6 +77,7 @@ _KINDS: Final[tuple[type[BaseException], ...]] = (
 )
 
 _PR_SET_PDEATHSIG: Final = 1
+_MULTIPROCESSING: Final = "multiprocessing"  # the process machinery: not where a rank waits
 
 
 @attrs.frozen
@@ -129,6 +139,7 @@ class _Context:
     rank: int
     device: torch.device
     evidence: dist.Store
+    world_size: int = 1
     sequence: int = 0
     groups: dict[tuple[int, ...], dist.ProcessGroup] = attrs.field(factory=dict)
 
@@ -251,6 +262,104 @@ def _invoke(  # noqa: PLR0911 - one return per kind of case
     return _bad_argument(context, case), None
 
 
+def _tensors(value: object) -> list[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, tuple):
+        return [tensor for item in value for tensor in _tensors(item)]
+    return []
+
+
+_HOST_POINTERS: Final = ("cpu", "cuda")
+"""Devices whose storages have real addresses to compare; elsewhere the marks decide."""
+
+
+def _shares_memory(first: torch.Tensor, second: torch.Tensor) -> bool:
+    if first.device != second.device or not first.numel() or not second.numel():
+        return False
+    if first.device.type not in _HOST_POINTERS:
+        return False
+    try:
+        one, two = first.untyped_storage(), second.untyped_storage()
+        start, end = one.data_ptr(), one.data_ptr() + one.nbytes()
+        return start < two.data_ptr() + two.nbytes() and two.data_ptr() < end
+    except (RuntimeError, NotImplementedError):  # a device without host pointers
+        return False
+
+
+def _marked(tensor: torch.Tensor, value: int) -> tuple[torch.Tensor, int | bool]:
+    """Where the mark ``value`` goes in ``tensor``, and the mark as the tensor holds it."""
+    if tensor.dtype != torch.bool:
+        return tensor, value
+    if tensor.device.type in _HOST_POINTERS:
+        return tensor.view(torch.uint8), value  # a bool's byte holds any small mark
+    return tensor, value % 2 == 1  # elsewhere (XLA's predicates) only two values
+
+
+def _mark(tensor: torch.Tensor, value: int) -> None:
+    view, mark = _marked(tensor, value)
+    view.fill_(mark)
+
+
+def _holds(tensor: torch.Tensor, value: int) -> bool:
+    view, mark = _marked(tensor, value)
+    return bool((view == mark).all())
+
+
+_WRITES: Final = (ReduceCase, BroadcastCase, AllGatherCase, GroupCase)
+"""Examples whose tensor results are written to afterwards: results are the caller's own."""
+
+
+def _write_results(
+    context: _Context, argument: object, result: object, *, share_check: bool
+) -> str | None:
+    """Whether the results share memory with the input, each other, or other ranks' results.
+
+    Each result tensor is checked against the input's memory, then written with a
+    mark of its own (its rank and place); then each rank checks that its marks are
+    intact and its input unchanged. With ``share_check``, every rank writes before
+    any rank looks (they meet in the harness's store, not through the strategy), so
+    that a result shared with another rank's shows too.
+    """
+    results = [tensor for tensor in _tensors(result) if tensor.numel()]
+    found: str | None = None
+    if isinstance(argument, torch.Tensor):
+        for index, tensor in enumerate(results):
+            if _shares_memory(tensor, argument):
+                found = f"its result{_which(results, index)} shares memory with its input tensor"
+                break
+    before = argument.clone() if isinstance(argument, torch.Tensor) else torch.empty(0)
+    marks = []
+    for index, tensor in enumerate(results):
+        mark = 2 + context.rank + context.world_size * index
+        try:
+            _mark(tensor, mark)
+        except RuntimeError as error:
+            found = found or f"its result{_which(results, index)} cannot be written: {error}"
+            continue
+        marks.append((index, tensor, mark))
+    if share_check and context.world_size > 1:  # every rank writes before any rank looks
+        key = f"results-written/{context.sequence}"
+        if context.evidence.add(key, 1) == context.world_size:
+            context.evidence.set(f"{key}/all", "1")
+        context.evidence.wait([f"{key}/all"])
+    if found is not None:
+        return found
+    for index, tensor, mark in marks:
+        if not _holds(tensor, mark):
+            return (
+                f"its result{_which(results, index)} changed when another result was "
+                "written: results share memory (another rank's, or another of its own)"
+            )
+    if isinstance(argument, torch.Tensor) and not torch.equal(before, argument):
+        return "writing to its result changed its input: they share memory"
+    return None
+
+
+def _which(results: list[torch.Tensor], index: int) -> str:
+    return f" {index}" if len(results) > 1 else ""
+
+
 def run_case(context: _Context, case: Case) -> Outcome:
     """Run this rank's part of ``case`` and report what happened."""
     rank = context.rank
@@ -265,10 +374,38 @@ def run_case(context: _Context, case: Case) -> Outcome:
     try:
         result, entered = _invoke(context, case, argument)
     except Exception as error:  # noqa: BLE001 - every error is reported, not raised
-        return Outcome(rank, error=raised(error), mutated=_changed(before, argument))
-    return Outcome(
-        rank, result=_result(result), mutated=_changed(before, argument), entered=entered
-    )
+        outcome = Outcome(rank, error=raised(error), mutated=_changed(before, argument))
+        result = None
+    else:
+        outcome = Outcome(
+            rank, result=_result(result), mutated=_changed(before, argument), entered=entered
+        )
+    if isinstance(case, _WRITES):
+        # Where one rank's value goes to every rank (broadcast), results shared
+        # among the ranks are a slip worth the meeting that shows them.
+        share_check = isinstance(case, BroadcastCase)
+        aliased = _write_results(context, argument, result, share_check=share_check)
+        if aliased is not None:
+            outcome = attrs.evolve(outcome, aliased=aliased)
+    outsiders = isinstance(case, GroupCase) and len(case.members) < context.world_size
+    if isinstance(case, MismatchCase | BadArgumentCase) or outsiders:
+        outcome = _then_reduce(context, outcome)
+    return outcome
+
+
+THEN_REDUCE: Final = (MismatchCase, BadArgumentCase, GroupCase)
+"""Examples where ranks raise (in a group's, the ranks outside it), after which every
+rank runs a plain reduce in the same message: the strategy must still work
+(`Outcome.after`)."""
+
+
+def _then_reduce(context: _Context, outcome: Outcome) -> Outcome:
+    mine = torch.tensor([context.rank], dtype=torch.int64, device=context.device)
+    try:
+        reduced = context.strategy.reduce(mine, reduce_op="sum")
+    except Exception as error:  # noqa: BLE001 - every error is reported, not raised
+        return attrs.evolve(outcome, after_error=raised(error))
+    return attrs.evolve(outcome, after=_result(reduced))
 
 
 def _die_with_parent() -> None:
@@ -293,7 +430,12 @@ def _answer_stack_requests(control: Connection) -> None:
             if ident == threading.get_ident():
                 continue
             title = "main thread" if ident == main_id else f"thread {ident}"
-            parts.append(f"--- {title} ---\n" + "".join(traceback.format_stack(frame)))
+            kept = [
+                entry
+                for entry in traceback.extract_stack(frame)
+                if _MULTIPROCESSING not in Path(entry.filename).parts
+            ]
+            parts.append(f"--- {title} ---\n" + "".join(traceback.format_list(kept)))
         control.send("\n".join(parts))
 
 
@@ -327,7 +469,7 @@ def main(
         with contextlib.suppress(OSError):
             tasks.send(raised(error))
         return
-    context = _Context(strategy, rank, strategy.root_device, evidence)
+    context = _Context(strategy, rank, strategy.root_device, evidence, strategy.world_size)
     while True:
         try:
             message = tasks.recv()
