@@ -18,6 +18,7 @@ from plait.strategies import DDPStrategy
 from plait.strategies.collectives import DistributedCollectives
 
 if TYPE_CHECKING:
+    from plait.core import Collectives
     from plait.core.typing import Group, ReduceOpLike
 
 T = TypeVar("T")
@@ -149,13 +150,86 @@ class DyingGatherCollectives(_Flawed):
         return super().all_gather(tensor, group)
 
 
+class BroadcastReturnsInputCollectives(_Flawed):
+    @override
+    def broadcast(self, obj: T, src: int = 0, group: Group | None = None) -> T:
+        result = super().broadcast(obj, src, group)
+        return obj if self.rank == src else result  # src's own tensor, not a copy
+
+
+class ReduceReturnsInputAloneCollectives(_Flawed):
+    @override
+    def flawed_reduce(self, value: torch.Tensor | float, op: str) -> torch.Tensor | float:
+        if self.world_size == 1 and isinstance(value, torch.Tensor) and op != "mean":
+            return value  # nothing to reduce with: the input itself
+        return super().flawed_reduce(value, op)
+
+
+class GatherViewsInputCollectives(_Flawed):
+    @override
+    def all_gather(self, tensor: torch.Tensor, group: Group | None = None) -> torch.Tensor:
+        rows = super().all_gather(tensor, group)
+        if rows.shape[0] == 1 and tensor.is_contiguous():
+            return tensor.unsqueeze(0)  # one row: a view of the input
+        return rows
+
+
+_SMALL_INTS = (torch.int8, torch.uint8, torch.int16)
+
+
+class MaxAsSumForSmallIntsCollectives(_Flawed):
+    @override
+    def flawed_reduce(self, value: torch.Tensor | float, op: str) -> torch.Tensor | float:
+        small = isinstance(value, torch.Tensor) and value.dtype in _SMALL_INTS
+        return super().flawed_reduce(value, "sum" if op == "max" and small else op)
+
+
+class Float64ThroughFloat32Collectives(_Flawed):
+    @override
+    def flawed_reduce(self, value: torch.Tensor | float, op: str) -> torch.Tensor | float:
+        if isinstance(value, torch.Tensor) and value.dtype == torch.float64:
+            narrow = super().flawed_reduce(value.to(torch.float32), op)
+            assert isinstance(narrow, torch.Tensor)
+            return narrow.to(torch.float64)
+        return super().flawed_reduce(value, op)
+
+
+class MeanOverTwoCollectives(_Flawed):
+    @override
+    def flawed_reduce(self, value: torch.Tensor | float, op: str) -> torch.Tensor | float:
+        floating = isinstance(value, torch.Tensor) and value.is_floating_point()
+        if op != "mean" or not floating or self.world_size == 1:
+            return super().flawed_reduce(value, op)
+        total = super().flawed_reduce(value, "sum")
+        assert isinstance(total, torch.Tensor)
+        return total / 2  # right at two ranks only
+
+
+class WaitsForRankZeroCollectives(_Flawed):
+    _barriers = 0
+
+    @override
+    def barrier(
+        self,
+        name: str | None = None,
+        timeout: timedelta | float | None = None,
+        group: Group | None = None,
+    ) -> None:
+        # Rank 0 announces itself and leaves; the others wait for rank 0 only.
+        self._barriers += 1
+        key = f"broken-barrier/{self._barriers}"
+        if self.rank == 0:
+            self.store.set(key, "1")
+        else:
+            self.store.wait([key])
+
+
 class _BrokenDDP(DDPStrategy):
     flaw: ClassVar[type[_Flawed]]
 
     @override
-    def setup_environment(self) -> None:
-        super().setup_environment()
-        self._collectives = self.flaw(self.collectives)
+    def make_collectives(self, distributed: DistributedCollectives) -> Collectives:
+        return self.flaw(distributed)
 
 
 class MeanThatSums(_BrokenDDP):
@@ -210,6 +284,48 @@ class DyingAllGather(_BrokenDDP):
     """The last rank's process exits in the middle of ``all_gather``."""
 
     flaw = DyingGatherCollectives
+
+
+class BroadcastReturnsInput(_BrokenDDP):
+    """``broadcast`` gives ``src`` back its own tensor, not a copy."""
+
+    flaw = BroadcastReturnsInputCollectives
+
+
+class ReduceReturnsInputAlone(_BrokenDDP):
+    """With one process, ``reduce`` returns the input tensor itself."""
+
+    flaw = ReduceReturnsInputAloneCollectives
+
+
+class GatherViewsInput(_BrokenDDP):
+    """With one process, ``all_gather`` returns a view of the input."""
+
+    flaw = GatherViewsInputCollectives
+
+
+class MaxAsSumForSmallInts(_BrokenDDP):
+    """``reduce(x, "max")`` sums int8, uint8 and int16 tensors."""
+
+    flaw = MaxAsSumForSmallIntsCollectives
+
+
+class Float64ThroughFloat32(_BrokenDDP):
+    """float64 tensors are reduced in float32."""
+
+    flaw = Float64ThroughFloat32Collectives
+
+
+class MeanOverTwo(_BrokenDDP):
+    """The mean of floating tensors divides the sum by two, whatever the world size."""
+
+    flaw = MeanOverTwoCollectives
+
+
+class WaitsForRankZero(_BrokenDDP):
+    """``barrier`` waits for rank 0 only; rank 0 waits for nobody."""
+
+    flaw = WaitsForRankZeroCollectives
 
 
 def unchecked_ddp() -> DDPStrategy:

@@ -49,6 +49,9 @@ DEEPSPEED_VARIANTS: Final = (
 )
 """``deepspeed`` at other ZeRO stages: its collectives, so run at world size 2 only."""
 
+OWN_COLLECTIVES: Final = ("example_bytes_ddp",)
+"""A third party's DDP with collectives of its own (``ParallelStrategy.make_collectives``)."""
+
 MULTI_PROCESS: Final = tuple(
     name
     for name in StrategyRegistry.available_strategies()
@@ -56,6 +59,7 @@ MULTI_PROCESS: Final = tuple(
     and name not in ONE_PROCESS
     and name not in FSDP_VARIANTS
     and name not in DEEPSPEED_VARIANTS
+    and name not in OWN_COLLECTIVES
 )
 
 
@@ -64,14 +68,25 @@ class TestMultiProcessStrategies(ConformanceSuite):
     world_sizes = (1, 2, 3, 4)
 
 
+# The variants' collectives are their family's, which runs the whole profile above:
+# the grid and a fourth of the drawn examples prove that the options change none.
+
+
 class TestFSDPVariants(ConformanceSuite):
     strategies = FSDP_VARIANTS
     world_sizes = (2,)
+    max_examples = 50
 
 
 class TestDeepSpeedVariants(ConformanceSuite):
     strategies = DEEPSPEED_VARIANTS
     world_sizes = (2,)
+    max_examples = 50
+
+
+class TestOwnCollectives(ConformanceSuite):
+    strategies = OWN_COLLECTIVES
+    world_sizes = (1, 2, 3)
 
 
 BACKEND_AGREEMENT: Final = (
@@ -101,8 +116,10 @@ def test_every_registered_strategy_is_run_or_excused() -> None:
     )
     assert set(FSDP_VARIANTS) <= registered
     assert set(DEEPSPEED_VARIANTS) <= registered
+    assert set(OWN_COLLECTIVES) <= registered
     assert registered == (
         set(MULTI_PROCESS)
+        | set(OWN_COLLECTIVES)
         | set(FSDP_VARIANTS)
         | set(DEEPSPEED_VARIANTS)
         | set(ONE_PROCESS)

@@ -440,11 +440,11 @@ def _collective_cases(
 
     def unchecked(action: Callable[[], object]) -> Callable[[], object]:
         def run() -> object:
-            strategy.collectives.checked = False
+            strategy.distributed_collectives.checked = False
             try:
                 return action()
             finally:
-                strategy.collectives.checked = True
+                strategy.distributed_collectives.checked = True
 
         return run
 
