@@ -1,7 +1,7 @@
 """A program that launches ranks, for the launcher tests.
 
 Usage: python launch_main.py SCENARIO START_METHOD NUM_PROCESSES
-       python launch_main.py strategy|strategy_fail REGISTERED_NAME NUM_PROCESSES
+       python launch_main.py strategy|strategy_fail|strategy_abort REGISTERED_NAME NUM_PROCESSES
 
 Prints what the launcher returned or raised, and how many child processes are left.
 """
@@ -61,10 +61,19 @@ def rank_one_is_killed() -> None:
     strategy.barrier("never complete")
 
 
-def place_and_sum(strategy: DDPStrategy, fail_on: int | None) -> tuple[int, int, int]:
+def abort_in_native_code() -> None:
+    # As a C++ std::terminate does: SIGABRT, with no Python exception to report.
+    os.abort()
+
+
+def place_and_sum(
+    strategy: DDPStrategy, fail_on: int | None, abort: bool = False
+) -> tuple[int, int, int]:
     # The strategy arrives in each rank made anew, knowing that rank's place.
     strategy.setup_environment()
     try:
+        if strategy.global_rank == fail_on and abort:
+            abort_in_native_code()
         if strategy.global_rank == fail_on:
             raise ValueError(f"boom on rank {fail_on}")
         total = int(strategy.reduce(strategy.global_rank, reduce_op="sum"))
@@ -86,8 +95,10 @@ def main(scenario: str, start_method: str, num_processes: int) -> None:
                 timeout=timedelta(seconds=60),
             )
             assert isinstance(strategy, DDPStrategy)
-            fail_on = 1 if scenario == "strategy_fail" else None
-            print(f"result={strategy.launcher.launch(place_and_sum, strategy, fail_on)}")
+            fail_on = 1 if scenario in ("strategy_fail", "strategy_abort") else None
+            abort = scenario == "strategy_abort"
+            placed = strategy.launcher.launch(place_and_sum, strategy, fail_on, abort)
+            print(f"result={placed}")
             return
         launcher = MultiprocessingLauncher(num_processes, start_method=start_method)
         if scenario == "sum":

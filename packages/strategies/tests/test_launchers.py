@@ -14,6 +14,12 @@ PROGRAM = Path(__file__).resolve().parent / "launch_main.py"
 
 
 def launch(scenario: str, start_method: str, num_processes: int) -> str:
+    return launched(scenario, start_method, num_processes).stdout
+
+
+def launched(
+    scenario: str, start_method: str, num_processes: int
+) -> subprocess.CompletedProcess[str]:
     result = subprocess.run(
         [sys.executable, str(PROGRAM), scenario, start_method, str(num_processes)],
         capture_output=True,
@@ -22,7 +28,7 @@ def launch(scenario: str, start_method: str, num_processes: int) -> str:
         check=False,
     )
     assert result.returncode == 0, result.stdout + result.stderr
-    return result.stdout
+    return result
 
 
 @pytest.mark.slow
@@ -113,6 +119,18 @@ def test_a_registered_ddp_strategy_stops_every_rank_when_one_fails(name: str) ->
     # The surviving ranks raised PeerFailedError themselves, before being stopped.
     assert "rank 0 saw rank 1 fail" in output
     assert "rank 2 saw rank 1 fail" in output
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["ddp", "ddp_spawn"])
+def test_a_rank_that_aborts_in_native_code_leaves_its_python_stack(name: str) -> None:
+    # A C++ std::terminate leaves no Python exception: the stack says where it was.
+    run = launched("strategy_abort", name, 2)
+
+    assert "failed rank=1 exit=-6" in run.stdout
+    assert "Fatal Python error: Aborted" in run.stderr
+    assert "abort_in_native_code" in run.stderr
+    assert "children left=0" in run.stdout
 
 
 def _place() -> tuple[str, str]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import faulthandler
 import os
 import re
 import signal
@@ -189,6 +190,18 @@ def die_with_parent(parent: int | None = None) -> None:
     current = os.getppid()
     if current == 1 or (parent is not None and current != parent):
         os.kill(os.getpid(), signal.SIGKILL)  # the parent died before prctl took effect
+
+
+def report_fatal_signals() -> None:
+    """Have this rank print every thread's Python stack if a fatal signal ends it.
+
+    A rank killed from inside native code (``SIGSEGV``, or ``SIGABRT`` from a C++
+    ``std::terminate``) would otherwise leave only its exit code: with the stacks on
+    its standard error, the launcher's report says where it was. Nothing changes
+    while the rank runs, and a handler the user enabled is kept.
+    """
+    if not faulthandler.is_enabled():
+        faulthandler.enable(all_threads=True)
 
 
 def stop(children: Sequence[Child], grace: float = GRACE_PERIOD) -> None:

@@ -25,6 +25,7 @@ from plait.strategies.launchers.children import (
     check_num_processes,
     die_with_parent,
     launch_variables,
+    report_fatal_signals,
     stop,
     warn_if_oversubscribed,
     watch,
@@ -75,6 +76,7 @@ def _run_rank(results: Connection, variables: dict[str, str], work: Connection) 
     # (so strategies in it are made anew for this rank), run, report the result or
     # the error.
     die_with_parent()
+    report_fatal_signals()
     os.environ.update(variables)
     try:
         function, args, kwargs = pickle.loads(work.recv_bytes())

@@ -30,6 +30,7 @@ from plait.strategies.launchers.children import (
     kill,
     launch_variables,
     lost_peer,
+    report_fatal_signals,
     setting_variables,
     stop,
     timeout_of,
@@ -306,6 +307,7 @@ def become_rank() -> None:
     _became_rank = True
     parent = os.environ.get(PARENT_VARIABLE)
     die_with_parent(int(parent) if parent else None)
+    report_fatal_signals()
     _report_errors()
 
 
