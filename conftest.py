@@ -60,7 +60,8 @@ def start_ranks() -> StartRanks:
 
     Each rank gets ``MASTER_ADDR``/``MASTER_PORT`` (a free port), ``WORLD_SIZE``,
     ``RANK`` and ``LOCAL_RANK``, one intra-op thread, and ``environ`` on top; no
-    ``SLURM_`` variable of the machine's. Every rank must exit 0 within ``timeout``
+    ``SLURM_`` variable of the machine's; ``per_rank(rank)`` adds or replaces
+    variables of one rank. Every rank must exit 0 within ``timeout``
     seconds; all are killed at the end, whatever happens.
     """
 
@@ -71,6 +72,7 @@ def start_ranks() -> StartRanks:
         *,
         environ: Mapping[str, str] | None = None,
         timeout: float = 120,
+        per_rank: Callable[[int], Mapping[str, str]] | None = None,
     ) -> list[str]:
         base = {key: value for key, value in os.environ.items() if not key.startswith("SLURM_")}
         base |= {
@@ -83,7 +85,12 @@ def start_ranks() -> StartRanks:
         ranks = [
             subprocess.Popen(
                 [sys.executable, str(script), *args],
-                env={**base, "RANK": str(rank), "LOCAL_RANK": str(rank)},
+                env={
+                    **base,
+                    "RANK": str(rank),
+                    "LOCAL_RANK": str(rank),
+                    **(per_rank(rank) if per_rank else {}),
+                },
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
                 text=True,

@@ -2,9 +2,10 @@
 
 `init_distributed` takes a process from its cluster environment to a joined
 torch.distributed group with checked collectives: it connects to the job's store,
-meets every rank there (a rank that never comes is named), initialises the default
-group on a store of its own, and makes the group the collectives run on, with the
-steady-state timeout.
+meets every rank there (a rank that never comes is named), checks once that the
+ranks' hosts, ranks and devices make one layout (`plait.strategies.placement`),
+initialises the default group on a store of its own, and makes the group the
+collectives run on, with the steady-state timeout.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from plait.core import (
 from plait.strategies.collectives import DistributedCollectives, Rendezvous, agreement_path
 from plait.strategies.launchers.children import HOSTED_STORE_VARIABLE, die_with_parent
 from plait.strategies.launchers.subprocess import become_rank
+from plait.strategies.placement import agree_on_placement, post_placement
 from plait.strategies.store import CURRENT_RUN_KEY, START_PREFIX, run_prefix
 
 __all__ = ["init_distributed"]
@@ -72,6 +74,9 @@ def init_distributed(
             plait cannot own the group's store and timeouts.
         CollectiveTimeoutError: Ranks did not all arrive within ``start_timeout``
             (they are named), or rank 0's store could not be reached.
+        ConfigurationError: Two ranks use one GPU, or claim one local rank on a
+            node, or one node's ranks are on different hosts (on every rank, naming
+            them; see `plait.strategies.placement.check_placements`).
     """
     if dist.is_initialized():
         raise ConfigurationError(
@@ -85,6 +90,9 @@ def init_distributed(
         # without stopping them (SIGKILL), they must not live on.
         die_with_parent()
     store = _run_store(environment, start_timeout)
+    several = environment.world_size > 1
+    if several:
+        post_placement(store, environment, device)
     # Every rank posts its arrival: a rank that never comes is named, not waited on.
     Rendezvous(
         store,
@@ -92,6 +100,9 @@ def init_distributed(
         world_size=environment.world_size,
         prefix=START_PREFIX,
     ).meet(CollectiveCall("start-up"), start_timeout)
+    if several:
+        # Before the backend forms a group on a layout that cannot work.
+        agree_on_placement(store, environment, device, timeout=start_timeout, post=False)
     dist.init_process_group(
         backend,
         store=_group_store(environment, store, start_timeout),
