@@ -16,6 +16,7 @@ TORCHRUN = {  # torchrun --nnodes=2 --nproc-per-node=2, rank 3
     "GROUP_RANK": "1",
     "ROLE_RANK": "3",
     "LOCAL_WORLD_SIZE": "2",
+    "GROUP_WORLD_SIZE": "2",
     "ROLE_WORLD_SIZE": "4",
     "ROLE_NAME": "default",
     "TORCHELASTIC_RUN_ID": "none",

@@ -39,9 +39,34 @@ def test_torchrun_with_other_nproc_per_node_says_which_flag(torchrun: dict[str, 
     with pytest.raises(
         ConfigurationError, match=r"torchrun started 2 processes on this node"
     ) as caught:
-        env.validate_settings(num_devices=4, num_nodes=1)
+        env.validate_settings(num_devices=4, num_nodes=2)
     assert caught.value.fix is not None
     assert "--nproc-per-node=4" in caught.value.fix
+
+
+def test_torchrun_with_another_nnodes_says_which_flag(torchrun: dict[str, str]) -> None:
+    env = TorchElasticEnvironment.from_environ(torchrun)
+
+    assert env.num_nodes == 2
+    with pytest.raises(
+        ConfigurationError,
+        match=r"torchrun formed a job of 2 node\(s\) \(GROUP_WORLD_SIZE\), but num_nodes=1",
+    ) as caught:
+        env.validate_settings(num_devices=2, num_nodes=1)
+    assert caught.value.fix is not None
+    assert "--nnodes=1" in caught.value.fix
+    assert "num_nodes=2" in caught.value.fix
+
+
+def test_torchrun_without_group_world_size_checks_the_world_alone(
+    torchrun: dict[str, str],
+) -> None:
+    del torchrun["GROUP_WORLD_SIZE"]
+    env = TorchElasticEnvironment.from_environ(torchrun)
+
+    assert env.num_nodes is None
+    with pytest.raises(ConfigurationError, match="launched 4 processes"):
+        env.validate_settings(num_devices=2, num_nodes=1)
 
 
 def test_slurm(slurm: dict[str, str]) -> None:

@@ -23,6 +23,8 @@ class TorchElasticEnvironment(BaseEnvironment):
     Attributes:
         local_world_size: The processes torchrun started on this node
             (``LOCAL_WORLD_SIZE``).
+        num_nodes: The nodes (agents) in this rendezvous round (``GROUP_WORLD_SIZE``,
+            ``--nnodes``), or ``None`` where torchrun does not say.
     """
 
     name = "torchelastic"
@@ -36,9 +38,11 @@ class TorchElasticEnvironment(BaseEnvironment):
         "local_rank": "LOCAL_RANK",
         "node_rank": "GROUP_RANK",
         "local_world_size": "LOCAL_WORLD_SIZE",
+        "num_nodes": "GROUP_WORLD_SIZE",
     }
 
     local_world_size: int
+    num_nodes: int | None = None
 
     @classmethod
     @override
@@ -58,15 +62,29 @@ class TorchElasticEnvironment(BaseEnvironment):
             local_rank=read_int(environ, "LOCAL_RANK", environment=env),
             node_rank=read_int(environ, "GROUP_RANK", environment=env),
             local_world_size=read_int(environ, "LOCAL_WORLD_SIZE", environment=env, minimum=1),
+            num_nodes=(
+                read_int(environ, "GROUP_WORLD_SIZE", environment=env, minimum=1)
+                if "GROUP_WORLD_SIZE" in environ
+                else None
+            ),
         )
 
     @override
     def validate_settings(self, num_devices: int, num_nodes: int) -> None:
-        """Check ``--nproc-per-node`` against ``devices`` and the world against both.
+        """Check ``--nnodes`` and ``--nproc-per-node`` against ``num_nodes`` and ``devices``.
 
         Raises:
             ConfigurationError: They differ.
         """
+        if self.num_nodes is not None and self.num_nodes != num_nodes:
+            raise ConfigurationError(
+                f"torchrun formed a job of {self.num_nodes} node(s) (GROUP_WORLD_SIZE), "
+                f"but num_nodes={num_nodes}",
+                value=self.num_nodes,
+                fix=f"run torchrun --nnodes={num_nodes} on each of {num_nodes} machines, or "
+                f"set num_nodes={self.num_nodes} (--num-nodes on the command line); under "
+                "an elastic range (--nnodes=MIN:MAX), num_nodes is the number that joined",
+            )
         if self.local_world_size != num_devices:
             raise ConfigurationError(
                 f"torchrun started {self.local_world_size} processes on this node "
