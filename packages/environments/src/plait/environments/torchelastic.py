@@ -81,7 +81,7 @@ class TorchElasticEnvironment(BaseEnvironment):
                 f"torchrun formed a job of {self.num_nodes} node(s) (GROUP_WORLD_SIZE), "
                 f"but num_nodes={num_nodes}",
                 value=self.num_nodes,
-                fix=f"run torchrun --nnodes={num_nodes} on each of {num_nodes} machines, or "
+                fix=f"run torchrun --nnodes={num_nodes} (one torchrun per machine), or "
                 f"set num_nodes={self.num_nodes} (--num-nodes on the command line); under "
                 "an elastic range (--nnodes=MIN:MAX), num_nodes is the number that joined",
             )
