@@ -30,6 +30,7 @@ from plait.core import (
 from plait.strategies.collectives import DistributedCollectives, Rendezvous, agreement_path
 from plait.strategies.launchers.children import HOSTED_STORE_VARIABLE, die_with_parent
 from plait.strategies.launchers.subprocess import become_rank
+from plait.strategies.network import choose_gloo_interface
 from plait.strategies.placement import agree_on_placement, post_placement
 from plait.strategies.store import CURRENT_RUN_KEY, START_PREFIX, run_prefix
 
@@ -39,6 +40,7 @@ _BIND_RETRY_INTERVAL: Final = 0.05
 _GROUP_STORE_KEY: Final = "plait/process-group-store-port"
 _RESTART_VARIABLE: Final = "TORCHELASTIC_RESTART_COUNT"
 _TORCHRUN_VARIABLE: Final = "TORCHELASTIC_RUN_ID"
+_AGENT_STORE_VARIABLE: Final = "TORCHELASTIC_USE_AGENT_STORE"
 
 _retained: tuple[tuple[str, int, int, int], dist.TCPStore, Iterator[int]] | None = None
 
@@ -103,6 +105,9 @@ def init_distributed(
     if several:
         # Before the backend forms a group on a layout that cannot work.
         agree_on_placement(store, environment, device, timeout=start_timeout, post=False)
+    # gloo (the backend, or the twin that agrees on calls) must bind an address the
+    # other hosts can reach.
+    choose_gloo_interface(environment.main_address, environment.main_port)
     dist.init_process_group(
         backend,
         store=_group_store(environment, store, start_timeout),
@@ -188,9 +193,12 @@ def _connect(environment: ClusterEnvironment, start_timeout: timedelta) -> dist.
     deadline = time.monotonic() + start_timeout.total_seconds()
     while True:
         try:
-            # A launcher that serves the job's store itself says so: then rank 0
-            # connects to it, as every other rank does.
-            hosted = os.environ.get(HOSTED_STORE_VARIABLE) == "1"
+            # A launcher that serves the job's store itself says so (torchrun's
+            # agents do, by default): then rank 0 connects to it, as every rank does.
+            hosted = (
+                os.environ.get(HOSTED_STORE_VARIABLE) == "1"
+                or os.environ.get(_AGENT_STORE_VARIABLE) == "True"
+            )
             return _tcp_store(environment, environment.main_port, start_timeout, hosted=hosted)
         except dist.DistNetworkError as error:  # noqa: PERF203 (a retry: the error is the signal)
             # Rank 0 of a second run in one program (a test after a fit) binds the
