@@ -107,6 +107,42 @@ def test_slurm_task_counts_that_disagree_with_the_settings_are_caught(
     assert fix in caught.value.fix
 
 
+def test_slurm_with_fewer_tasks_than_nodes_times_tasks_per_node_names_each_nodes_count(
+    slurm: dict[str, str],
+) -> None:
+    # sbatch --nodes=2 --ntasks=3 --ntasks-per-node=2: the last node gets one task.
+    short = {**slurm, "SLURM_NTASKS": "3", "SLURM_NPROCS": "3", "SLURM_TASKS_PER_NODE": "2,1"}
+    short |= {"SLURM_STEP_NUM_TASKS": "3", "SLURM_PROCID": "2", "SLURM_LOCALID": "0"}
+    env = SLURMEnvironment.from_environ(short)
+
+    assert env.task_counts == (2, 1)
+    with pytest.raises(ConfigurationError) as caught:
+        env.validate_settings(num_devices=2, num_nodes=2)
+    assert "SLURM started different numbers of tasks on its nodes (2, 1" in str(caught.value)
+    assert caught.value.fix is not None
+    assert "--ntasks=4" in caught.value.fix
+
+
+@pytest.mark.parametrize(
+    ("text", "counts"),
+    [("2(x2)", (2, 2)), ("4(x2),3", (4, 4, 3)), ("1", (1,)), ("", None), ("2(x", None)],
+)
+def test_slurm_tasks_per_node_is_read_node_by_node(
+    slurm: dict[str, str], text: str, counts: tuple[int, ...] | None
+) -> None:
+    env = SLURMEnvironment.from_environ({**slurm, "SLURM_TASKS_PER_NODE": text})
+
+    assert env.task_counts == counts
+    assert env.tasks_per_node == (counts[0] if counts else None)
+
+
+def test_slurm_interactive_allocation_is_left_to_plait(slurm: dict[str, str]) -> None:
+    # salloc, then srun --pty bash: plait starts the processes from the one task.
+    for name in ("bash", "interactive"):
+        assert SLURMEnvironment.matches({**slurm, "SLURM_JOB_NAME": name}) is None
+    assert SLURMEnvironment.matches(slurm) is not None
+
+
 def test_lsf(lsf: dict[str, str]) -> None:
     env = LSFEnvironment.from_environ(lsf, hostname="nodeB")
 

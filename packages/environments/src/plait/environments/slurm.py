@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from typing import ClassVar, Final
 
@@ -19,10 +20,15 @@ INTERACTIVE_JOB_NAMES: Final = frozenset({"bash", "interactive"})
 """Job names of interactive allocations, where plait starts the processes itself."""
 
 
-def _tasks_per_node(text: str) -> int | None:
-    # SLURM_TASKS_PER_NODE reads like "4(x2),3": the count on this job's first nodes.
-    head = text.split(",", maxsplit=1)[0].split("(", maxsplit=1)[0].strip()
-    return int(head) if head.isdigit() else None
+def _task_counts(text: str) -> list[int] | None:
+    # SLURM_TASKS_PER_NODE reads like "4(x2),3": 4 tasks on each of two nodes, then 3.
+    counts: list[int] = []
+    for part in filter(None, (piece.strip() for piece in text.split(","))):
+        match = re.fullmatch(r"(\d+)(?:\(x(\d+)\))?", part)
+        if match is None:
+            return None
+        counts += [int(match.group(1))] * int(match.group(2) or 1)
+    return counts or None
 
 
 @attrs.frozen(kw_only=True)
@@ -37,7 +43,9 @@ class SLURMEnvironment(BaseEnvironment):
 
     Attributes:
         num_nodes: Nodes in the allocation (``SLURM_NNODES``).
-        tasks_per_node: Tasks on this job's nodes (``SLURM_TASKS_PER_NODE``), if known.
+        tasks_per_node: Tasks on this job's first node (``SLURM_TASKS_PER_NODE``), if
+            known.
+        task_counts: Tasks on each node, in order (``SLURM_TASKS_PER_NODE``), if known.
         job_id: ``SLURM_JOB_ID``.
     """
 
@@ -54,6 +62,7 @@ class SLURMEnvironment(BaseEnvironment):
     num_nodes: int
     tasks_per_node: int | None
     job_id: int
+    task_counts: tuple[int, ...] | None = None
 
     @classmethod
     @override
@@ -85,6 +94,7 @@ class SLURMEnvironment(BaseEnvironment):
             )
             address = expand_hostlist(nodelist)[0]
         nodes_variable = "SLURM_NNODES" if "SLURM_NNODES" in environ else "SLURM_JOB_NUM_NODES"
+        counts = _task_counts(environ.get("SLURM_TASKS_PER_NODE", ""))
         return cls(
             main_address=address,
             main_port=job_port(environ, job_id, environment=env),
@@ -93,7 +103,8 @@ class SLURMEnvironment(BaseEnvironment):
             local_rank=read_int(environ, "SLURM_LOCALID", environment=env),
             node_rank=read_int(environ, "SLURM_NODEID", environment=env),
             num_nodes=read_int(environ, nodes_variable, environment=env, minimum=1),
-            tasks_per_node=_tasks_per_node(environ.get("SLURM_TASKS_PER_NODE", "")),
+            tasks_per_node=counts[0] if counts else None,
+            task_counts=tuple(counts) if counts else None,
             job_id=job_id,
         )
 
@@ -111,6 +122,17 @@ class SLURMEnvironment(BaseEnvironment):
                 f"but num_nodes={num_nodes}",
                 value=self.num_nodes,
                 fix=f"submit with --nodes={num_nodes}, or set num_nodes={self.num_nodes}",
+            )
+        if self.task_counts is not None and len(set(self.task_counts)) > 1:
+            listed = ", ".join(str(count) for count in self.task_counts)
+            raise ConfigurationError(
+                f"SLURM started different numbers of tasks on its nodes ({listed}, from "
+                "SLURM_TASKS_PER_NODE), but plait needs the same number on each: "
+                f"devices={num_devices} per node",
+                value=self.task_counts,
+                fix=f"submit with --ntasks-per-node={num_devices} (and --ntasks="
+                f"{num_devices * num_nodes}, or no --ntasks): --ntasks below --nodes x "
+                "--ntasks-per-node leaves the last nodes short",
             )
         if self.tasks_per_node is not None and self.tasks_per_node != num_devices:
             raise ConfigurationError(
