@@ -42,6 +42,20 @@ def test_each_scheduler_is_detected_with_the_variables_that_decided_it(
     assert LSFEnvironment.matches(lsf) is not None
 
 
+def test_a_pytorchjob_with_nproc_per_node_runs_torchrun_in_each_pod(
+    torchrun: dict[str, str], kubeflow: dict[str, str]
+) -> None:
+    # With nprocPerNode, the operator sets PET_* for torchrun, the pod's command;
+    # torchrun's workers carry both sets of variables.
+    pet = {"PET_NNODES": "2", "PET_NPROC_PER_NODE": "2", "PET_NODE_RANK": "1"}
+    pet |= {"PET_MASTER_ADDR": "mnist-master-0", "PET_MASTER_PORT": "23456"}
+    detection = detect_environment(environ={**kubeflow, **pet, **torchrun})
+
+    assert type(detection.environment) is TorchElasticEnvironment
+    assert detection.environment.node_rank == 1
+    detection.environment.validate_settings(num_devices=2, num_nodes=2)
+
+
 def test_torchrun_inside_a_slurm_allocation_is_torchrun(
     torchrun: dict[str, str], slurm: dict[str, str]
 ) -> None:
