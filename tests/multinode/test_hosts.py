@@ -95,6 +95,7 @@ def parameters(root: Path) -> dict[str, torch.Tensor]:
     return state
 
 
+@pytest.mark.timeout(300)
 def test_every_rank_knows_its_place_across_two_hosts(two_hosts: list[Host], tmp_path: Path) -> None:
     done = on_every_host(two_hosts, [str(PLACED)], tmp_path)
 
@@ -111,6 +112,7 @@ def test_every_rank_knows_its_place_across_two_hosts(two_hosts: list[Host], tmp_
     ]  # fmt: skip
 
 
+@pytest.mark.timeout(450)
 def test_plait_fit_across_two_hosts_trains_as_one_host_of_four_ranks(
     two_hosts: list[Host], tmp_path: Path
 ) -> None:
@@ -146,6 +148,7 @@ def test_plait_fit_across_two_hosts_trains_as_one_host_of_four_ranks(
     assert accuracy == [line for line in one_host.stdout.splitlines() if line.startswith("val_acc")]
 
 
+@pytest.mark.timeout(300)
 def test_a_num_nodes_that_disagrees_with_torchrun_is_refused_on_every_host(
     two_hosts: list[Host], tmp_path: Path
 ) -> None:
@@ -160,6 +163,7 @@ def test_a_num_nodes_that_disagrees_with_torchrun_is_refused_on_every_host(
         )
 
 
+@pytest.mark.timeout(600)
 @pytest.mark.parametrize("failing_rank", [2, 0])
 def test_an_elastic_restart_across_hosts_resumes_and_ends_as_an_undisturbed_run(
     two_hosts: list[Host], tmp_path: Path, failing_rank: int
