@@ -80,10 +80,10 @@ def on_every_host(
     return [job.finish(150) for job in jobs]
 
 
-def plait_fit(root: Path, *options: str, devices: int = 2) -> list[str]:
-    """``plait fit`` of the digits example with DDP, as a user types it."""
+def plait_fit(root: Path, *options: str, devices: int = 2, strategy: str = "ddp") -> list[str]:
+    """``plait fit`` of the digits example, as a user types it."""
     return [
-        str(PLAIT), "fit", "--example", "digits", "--strategy", "ddp", "--accelerator", "cpu",
+        str(PLAIT), "fit", "--example", "digits", "--strategy", strategy, "--accelerator", "cpu",
         "--devices", str(devices), "--max-epochs", "2", "--no-progress-bar",
         "--default-root-dir", str(root), *options,
     ]  # fmt: skip
@@ -146,6 +146,41 @@ def test_plait_fit_across_two_hosts_trains_as_one_host_of_four_ranks(
         assert torch.equal(value, expected[name]), name
     accuracy = [line for line in done[0].stdout.splitlines() if line.startswith("val_acc")]
     assert accuracy == [line for line in one_host.stdout.splitlines() if line.startswith("val_acc")]
+
+
+@pytest.mark.timeout(450)
+def test_plait_fit_with_fsdp_across_two_hosts_ends_as_on_one_host(
+    two_hosts: list[Host], tmp_path: Path
+) -> None:
+    across, alone = tmp_path / "across", tmp_path / "alone"
+    across.mkdir()
+
+    done = on_every_host(
+        two_hosts,
+        ["--no-python", *plait_fit(across, "--num-nodes", "2", strategy="fsdp")],
+        across,
+    )
+
+    assert [run.returncode for run in done] == [0, 0], (
+        done[0].stderr[-3000:] + done[1].stderr[-3000:]
+    )
+    assert "trained digits with fsdp on 4 process(es) (cpu) for 2 epoch(s)" in done[0].stdout
+    # Every rank, on either host, wrote its shards of the checkpoint.
+    assert (across / "checkpoints" / "last.ckpt" / ".metadata").is_file()
+    one_host = subprocess.run(
+        plait_fit(alone, devices=4, strategy="fsdp"),
+        capture_output=True,
+        text=True,
+        timeout=150,
+        check=False,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    assert one_host.returncode == 0, one_host.stderr[-3000:]
+    final = [line for line in done[0].stdout.splitlines() if line.startswith("final validation")]
+    assert final
+    assert final == [
+        line for line in one_host.stdout.splitlines() if line.startswith("final validation")
+    ]
 
 
 @pytest.mark.timeout(300)
