@@ -89,6 +89,27 @@ def plait_fit(root: Path, *options: str, devices: int = 2, strategy: str = "ddp"
     ]  # fmt: skip
 
 
+def on_one_host(root: Path, strategy: str) -> subprocess.CompletedProcess[str]:
+    """The same training as four processes on this machine, started by plait itself."""
+    done = subprocess.run(
+        plait_fit(root, devices=4, strategy=strategy),
+        capture_output=True,
+        text=True,
+        timeout=150,
+        check=False,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done
+
+
+def ended_well(done: Sequence[Finished]) -> None:
+    """Every host's torchrun ended with status 0 (else, the failure's output)."""
+    assert [run.returncode for run in done] == [0] * len(done), "\n".join(
+        run.stderr[-3000:] for run in done
+    )
+
+
 def parameters(root: Path) -> dict[str, torch.Tensor]:
     saved = torch.load(root / "checkpoints" / "last.ckpt", weights_only=True)
     state: dict[str, torch.Tensor] = saved["state_dict"]
@@ -99,9 +120,7 @@ def parameters(root: Path) -> dict[str, torch.Tensor]:
 def test_every_rank_knows_its_place_across_two_hosts(two_hosts: list[Host], tmp_path: Path) -> None:
     done = on_every_host(two_hosts, [str(PLACED)], tmp_path)
 
-    assert [run.returncode for run in done] == [0, 0], (
-        done[0].stderr[-3000:] + done[1].stderr[-3000:]
-    )
+    ended_well(done)
     [line] = [line for line in done[0].stdout.splitlines() if line.startswith("placed: ")]
     placed = json.loads(line.removeprefix("placed: "))
     networks = [os.stat(f"/run/netns/{host.namespace}").st_ino for host in two_hosts]
@@ -122,24 +141,14 @@ def test_plait_fit_across_two_hosts_trains_as_one_host_of_four_ranks(
 
     done = on_every_host(two_hosts, ["--no-python", *plait_fit(across, "--num-nodes", "2")], across)
 
-    assert [run.returncode for run in done] == [0, 0], (
-        done[0].stderr[-3000:] + done[1].stderr[-3000:]
-    )
+    ended_well(done)
     assert "trained digits with ddp on 4 process(es) (cpu) for 2 epoch(s)" in done[0].stdout
     # The gradients crossed between the hosts, over their own addresses.
     received = [
         host.bytes_received() - start for host, start in zip(two_hosts, before, strict=True)
     ]
     assert min(received) > 100_000, received
-    one_host = subprocess.run(
-        plait_fit(alone, devices=4),
-        capture_output=True,
-        text=True,
-        timeout=150,
-        check=False,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-    )
-    assert one_host.returncode == 0, one_host.stderr[-3000:]
+    one_host = on_one_host(alone, "ddp")
     expected = parameters(alone)
     assert parameters(across).keys() == expected.keys()
     for name, value in parameters(across).items():
@@ -161,21 +170,11 @@ def test_plait_fit_with_fsdp_across_two_hosts_ends_as_on_one_host(
         across,
     )
 
-    assert [run.returncode for run in done] == [0, 0], (
-        done[0].stderr[-3000:] + done[1].stderr[-3000:]
-    )
+    ended_well(done)
     assert "trained digits with fsdp on 4 process(es) (cpu) for 2 epoch(s)" in done[0].stdout
     # Every rank, on either host, wrote its shards of the checkpoint.
     assert (across / "checkpoints" / "last.ckpt" / ".metadata").is_file()
-    one_host = subprocess.run(
-        plait_fit(alone, devices=4, strategy="fsdp"),
-        capture_output=True,
-        text=True,
-        timeout=150,
-        check=False,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-    )
-    assert one_host.returncode == 0, one_host.stderr[-3000:]
+    one_host = on_one_host(alone, "fsdp")
     final = [line for line in done[0].stdout.splitlines() if line.startswith("final validation")]
     assert final
     assert final == [

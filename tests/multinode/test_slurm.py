@@ -11,12 +11,12 @@ import os
 import re
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
+from tests.reliability.jobs import wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -89,14 +89,6 @@ def job_field(slurm: dict[str, str], job: str, field: str) -> str:
     found = re.search(rf"\b{field}=(\S+)", shown.stdout)
     assert found is not None, shown.stdout
     return found.group(1)
-
-
-def wait_for(predicate: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
-        time.sleep(0.1)
 
 
 def parameters(folder: Path) -> dict[str, torch.Tensor]:
