@@ -275,3 +275,47 @@ def test_a_strategy_that_is_no_strategy() -> None:
 )
 def test_invalid_settings_are_named(settings: dict[str, object], expected: str) -> None:
     assert expected in _error(**settings)
+
+
+SLURM_TASK_3 = {  # sbatch --nodes=2 --ntasks-per-node=2 --gpus-per-task=1, task 3
+    "SLURM_JOB_ID": "4242",
+    "SLURM_JOB_NAME": "train.sh",
+    "SLURM_NTASKS": "4",
+    "SLURM_NNODES": "2",
+    "SLURM_NODELIST": "gpu-[017-018]",
+    "SLURM_TASKS_PER_NODE": "2(x2)",
+    "SLURM_GPUS_PER_TASK": "1",
+    "SLURM_PROCID": "3",
+    "SLURM_LOCALID": "1",
+    "SLURM_NODEID": "1",
+    "CUDA_VISIBLE_DEVICES": "1",
+}
+
+
+@pytest.fixture
+def one_visible_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """This process sees one GPU (CUDA_VISIBLE_DEVICES holds one), as SLURM's binding leaves it."""
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+
+
+def test_a_gpu_bound_to_each_task_is_every_ranks_cuda_0(
+    monkeypatch: pytest.MonkeyPatch, one_visible_gpu: None
+) -> None:
+    for name, value in SLURM_TASK_3.items():
+        monkeypatch.setenv(name, value)
+
+    connection = connect(accelerator="cuda", strategy="ddp", devices=2, num_nodes=2)
+
+    assert connection.strategy.root_device == torch.device("cuda", 0)  # local rank 1's GPU
+    assert connection.devices == (0, 1)
+    assert any("bound one GPU to each process" in reason for reason in connection.reasons)
+
+
+def test_one_visible_gpu_for_processes_plait_starts_is_still_too_few(
+    monkeypatch: pytest.MonkeyPatch, one_visible_gpu: None
+) -> None:
+    for name in SLURM_TASK_3:
+        monkeypatch.delenv(name, raising=False)
+
+    with pytest.raises(ConfigurationError, match="asks for 2 cuda devices, but this machine has 1"):
+        connect(accelerator="cuda", strategy="ddp", devices=2)

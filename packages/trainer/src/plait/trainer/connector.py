@@ -248,8 +248,7 @@ def connect(
         # The launcher decided: as many devices as it started processes on this node.
         devices = max(1, environment.world_size // num_nodes)
         reasons.append(f"devices={devices}: the processes launched per node")
-    indices = built_accelerator.parse_devices(devices)
-    parallel_devices = built_accelerator.get_parallel_devices(indices)
+    indices, parallel_devices = _devices(built_accelerator, devices, environment, reasons)
     environment.validate_settings(len(indices), num_nodes)
     if "cluster_environment" in parts:
         reasons.append(f"cluster environment {environment!r}: given as a plugin")
@@ -289,6 +288,36 @@ def connect(
     for line in reasons:
         log.info("plait: %s", line)
     return Connection(strategy=built, devices=indices, num_nodes=num_nodes, reasons=tuple(reasons))
+
+
+def _devices(
+    accelerator: Accelerator,
+    devices: DeviceSpec,
+    environment: ClusterEnvironment,
+    reasons: list[str],
+) -> tuple[tuple[int, ...], list[torch.device]]:
+    """The device indices of a node, and the device of each of its processes."""
+    bound = (
+        environment.creates_processes_externally
+        and getattr(accelerator, "device_type", None) == "cuda"
+        and isinstance(devices, int)
+        and not isinstance(devices, bool)
+        and devices > 1
+        and accelerator.auto_device_count() == 1
+    )
+    if not bound:
+        indices = accelerator.parse_devices(devices)
+        return indices, accelerator.get_parallel_devices(indices)
+    # srun --gpus-per-task=1, --gpu-bind=single:1, or CUDA_VISIBLE_DEVICES set per
+    # process: a launcher started several processes on the node, each seeing its own
+    # GPU as cuda:0. Start-up compares the GPUs' UUIDs, so that two ranks bound to
+    # one GPU are refused.
+    assert isinstance(devices, int)
+    reasons.append(
+        f"devices={devices}: the launcher bound one GPU to each process (it sees one), "
+        "so every rank uses its cuda:0"
+    )
+    return tuple(range(devices)), accelerator.get_parallel_devices((0,)) * devices
 
 
 def _arguments_for(
