@@ -13,6 +13,7 @@ from __future__ import annotations
 import itertools
 import os
 import time
+import uuid
 from collections.abc import Iterator, Mapping
 from datetime import timedelta
 from typing import Final
@@ -42,7 +43,13 @@ _RESTART_VARIABLE: Final = "TORCHELASTIC_RESTART_COUNT"
 _TORCHRUN_VARIABLE: Final = "TORCHELASTIC_RUN_ID"
 _AGENT_STORE_VARIABLE: Final = "TORCHELASTIC_USE_AGENT_STORE"
 
-_retained: tuple[tuple[str, int, int, int], dist.TCPStore, Iterator[int]] | None = None
+_ROUNDS: Final = "plait/rounds"
+_HELLO: Final = "plait/hello/"
+_WELCOME: Final = "plait/welcome/"
+_READY: Final = "plait/ready/"
+_ROUND_POLL_INTERVAL: Final = 0.02
+
+_retained: tuple[tuple[str, int, int, int], dist.Store, Iterator[int]] | None = None
 
 
 def init_distributed(
@@ -147,18 +154,77 @@ def _run_store(environment: ClusterEnvironment, start_timeout: timedelta) -> dis
     )
     global _retained  # noqa: PLW0603 (one job store per process, kept for its life)
     if _retained is None or _retained[0] != key:
-        _retained = (key, _connect(environment, start_timeout), itertools.count())
-    _, job_store, runs = _retained
-    store: dist.Store = job_store
-    # torchrun keeps its store across the restarts of a job: each attempt keeps its
-    # keys apart, or a restarted rank would read the dead attempt's.
-    attempt = int(os.environ.get(_RESTART_VARIABLE, "0") or 0)
-    if attempt:
-        store = dist.PrefixStore(f"plait/attempt-{attempt}/", store)
+        job_store = _connect(environment, start_timeout)
+        _retained = (key, _attempt_store(job_store, environment, start_timeout), itertools.count())
+    _, store, runs = _retained
     run = next(runs)
     if environment.global_rank == 0:
         store.set(CURRENT_RUN_KEY, str(run))
     return dist.PrefixStore(run_prefix(run), store)
+
+
+def _attempt_store(
+    store: dist.Store, environment: ClusterEnvironment, start_timeout: timedelta
+) -> dist.Store:
+    # torchrun keeps its store across the restarts of a job: each attempt keeps its
+    # keys apart, or a restarted rank would read the dead attempt's.
+    if os.environ.get(_AGENT_STORE_VARIABLE) == "True" and environment.world_size > 1:
+        # The agents' store outlives every attempt, and their restart counts may differ
+        # (an agent that restarts because another did keeps its count): the ranks agree
+        # on a round of their own.
+        number = _agree_on_round(
+            store, environment.global_rank, environment.world_size, start_timeout
+        )
+        return dist.PrefixStore(f"plait/round-{number}/", store)
+    attempt = int(os.environ.get(_RESTART_VARIABLE, "0") or 0)
+    return dist.PrefixStore(f"plait/attempt-{attempt}/", store) if attempt else store
+
+
+def _agree_on_round(store: dist.Store, rank: int, world_size: int, start_timeout: timedelta) -> int:
+    """A number every rank of this attempt shares, and no earlier attempt had.
+
+    Rank 0 draws it from a counter in the store. Every other rank asks for it under
+    a key only it can name (a new random nonce), since the keys an earlier attempt
+    left in the store look like this attempt's; rank 0 answers each question it
+    sees until every rank has confirmed under the new number.
+    """
+    if rank != 0:
+        nonce = uuid.uuid4().hex
+        welcome = f"{_WELCOME}{rank}/{nonce}"
+        store.set(f"{_HELLO}{rank}", nonce)
+        try:
+            store.wait([welcome], start_timeout)
+        except (RuntimeError, dist.DistError) as error:
+            raise CollectiveTimeoutError(
+                "start-up",
+                timeout=start_timeout.total_seconds(),
+                missing_ranks=[0],
+                arrived_ranks=[rank],
+            ) from error
+        number = int(store.get(welcome))
+        store.set(f"{_READY}{number}/{rank}", "1")
+        return number
+    number = store.add(_ROUNDS, 1)
+    answered: dict[int, bytes] = {}
+    waiting = list(range(1, world_size))
+    deadline = time.monotonic() + start_timeout.total_seconds()
+    while True:
+        waiting = [other for other in waiting if not store.check([f"{_READY}{number}/{other}"])]
+        if not waiting:
+            return number
+        for other in waiting:
+            hello = f"{_HELLO}{other}"
+            if store.check([hello]) and answered.get(other) != (asked := store.get(hello)):
+                store.set(f"{_WELCOME}{other}/{asked.decode()}", str(number))
+                answered[other] = asked
+        if time.monotonic() > deadline:
+            raise CollectiveTimeoutError(
+                "start-up",
+                timeout=start_timeout.total_seconds(),
+                missing_ranks=waiting,
+                arrived_ranks=[each for each in range(world_size) if each not in waiting],
+            )
+        time.sleep(_ROUND_POLL_INTERVAL)  # rank 0 answers questions it cannot wait for
 
 
 def _group_store(

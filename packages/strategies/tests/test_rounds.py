@@ -1,0 +1,63 @@
+"""Ranks restarted by torchrun agree on a round of their own, whatever an earlier one left."""
+
+import threading
+from datetime import timedelta
+
+import pytest
+import torch.distributed as dist
+
+from plait.core import CollectiveTimeoutError, free_port
+from plait.strategies import process_group
+
+
+def served() -> dist.TCPStore:
+    """A job's store, as torchrun's agent serves it."""
+    return dist.TCPStore("127.0.0.1", free_port(), is_master=True, wait_for_workers=False)
+
+
+def agree(server: dist.TCPStore, world_size: int, timeout: float = 30) -> list[int]:
+    """Every rank's round, each rank a thread with a connection of its own."""
+    numbers: dict[int, int] = {}
+
+    def rank(number: int) -> None:
+        client = dist.TCPStore("127.0.0.1", server.port, is_master=False)
+        numbers[number] = process_group._agree_on_round(
+            client, number, world_size, timedelta(seconds=timeout)
+        )
+
+    threads = [threading.Thread(target=rank, args=(each,)) for each in range(world_size)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout + 10)
+    return [numbers[each] for each in range(world_size)]
+
+
+def test_each_attempt_gets_a_new_round_shared_by_every_rank() -> None:
+    store = served()
+
+    first = agree(store, 3)
+    second = agree(store, 3)  # a restarted attempt, on the same store
+
+    assert len(set(first)) == 1
+    assert len(set(second)) == 1
+    assert second[0] > first[0]
+
+
+def test_what_an_earlier_attempt_left_is_not_taken_for_this_ones() -> None:
+    store = served()
+    # A dead attempt's question, already answered, and its rank 0's round.
+    store.set("plait/hello/1", "old")
+    store.set("plait/welcome/1/old", "7")
+    store.set("plait/rounds", "7")
+
+    numbers = agree(store, 2)
+
+    assert numbers == [8, 8]
+
+
+def test_a_rank_that_never_asks_is_named() -> None:
+    store = served()
+
+    with pytest.raises(CollectiveTimeoutError, match="ranks 1 did not arrive"):
+        process_group._agree_on_round(store, 0, 2, timedelta(seconds=1))
