@@ -77,7 +77,16 @@ def on_every_host(
     jobs = [
         Job(torchrun(host, every, program, restarts=restarts), root, variables) for host in every
     ]
-    return [job.finish(150) for job in jobs]
+    finished: list[Finished] = []
+    failures: list[AssertionError] = []
+    for job in jobs:  # every job is waited for and reaped, even after one failed
+        try:
+            finished.append(job.finish(150))
+        except AssertionError as failure:  # noqa: PERF203 (each job must be finished)
+            failures.append(failure)
+    if failures:
+        raise failures[0]
+    return finished
 
 
 def plait_fit(root: Path, *options: str, devices: int = 2, strategy: str = "ddp") -> list[str]:
