@@ -1,21 +1,27 @@
-"""Real sbatch/srun jobs of ``plait fit`` on a one-machine SLURM cluster, and requeueing.
+"""Real sbatch/srun jobs of ``plait fit`` on SLURM clusters made on this machine.
 
-The cluster is made by ``tools/slurm-cluster`` (Debian's Slurm, installed as root if
-missing): munged, slurmctld and one slurmd, configured under a temporary directory
-and stopped afterwards. The job script is the one the multi-node guide gives.
+The clusters are made by ``tools/slurm-cluster`` (Debian's Slurm, installed as root
+if missing): munged, slurmctld and one slurmd per node, configured under a
+temporary directory and stopped afterwards. One cluster has one node, where a job
+stopped by SIGUSR1 is requeued and resumes; another has two nodes, each a slurmd in
+a network namespace of its own, over which one job trains as one world. The job
+script is the one the multi-node guide gives.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+import attrs
 import pytest
 import torch
+from tests.multinode.hosts import hosts, unavailable
 from tests.reliability.jobs import wait_for
 
 pytestmark = pytest.mark.slow
@@ -25,17 +31,18 @@ CLUSTER = ROOT / "tools" / "slurm-cluster"
 PLAIT = Path(sys.executable).with_name("plait")
 
 
-def job_script(root: Path, epochs: int) -> str:
-    """A batch script of two tasks that requeues itself when stopped by SIGUSR1."""
+def job_script(root: Path, epochs: int, nodes: int = 1) -> str:
+    """A batch script of two tasks a node that requeues itself when stopped by SIGUSR1."""
     return f"""#!/bin/bash
 #SBATCH --job-name=digits
-#SBATCH --nodes=1
+#SBATCH --nodes={nodes}
 #SBATCH --ntasks-per-node=2
 #SBATCH --requeue
 #SBATCH --open-mode=append
 
 srun {PLAIT} fit --example digits --strategy ddp --accelerator cpu --devices 2 \\
-    --max-epochs {epochs} --no-progress-bar --default-root-dir {root} --ckpt-path last
+    --num-nodes {nodes} --max-epochs {epochs} --no-progress-bar --default-root-dir {root} \\
+    --ckpt-path last
 status=$?
 echo "exit status $status"
 if [ "$status" -eq 138 ]; then
@@ -45,50 +52,110 @@ exit "$status"
 """
 
 
-@pytest.fixture(scope="module")
-def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
-    """The variables that point SLURM's commands at a cluster made for these tests."""
-    if os.geteuid() != 0:
-        pytest.skip("needs root to run SLURM's daemons")
-    home = tmp_path_factory.mktemp("slurm")
+ENDED = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"})
+"""The states a job leaves only when it is requeued."""
+
+
+@attrs.frozen
+class Cluster:
+    """A cluster that ``tools/slurm-cluster`` made under ``home``.
+
+    SLURM's commands run through ``where`` (a command prefix: the controller's
+    network namespace, for nodes made in namespaces).
+    """
+
+    home: Path
+    where: tuple[str, ...] = ()
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {**os.environ, "SLURM_CONF": str(self.home / "slurm.conf"), "OMP_NUM_THREADS": "1"}
+
+    def run(self, *command: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [*self.where, *command],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+            env=self.env,
+            cwd=cwd,
+        )
+
+    def submit(self, folder: Path, epochs: int, nodes: int = 1) -> str:
+        """``sbatch`` the job script for a run under ``folder``; its job id."""
+        script = folder / "job.sh"
+        script.write_text(job_script(folder / "run", epochs, nodes))
+        submitted = self.run(
+            "sbatch", "--parsable", f"--output={folder / 'out.txt'}", str(script), cwd=folder
+        )
+        assert submitted.returncode == 0, submitted.stderr
+        return submitted.stdout.strip().split(";")[0]
+
+    def field(self, job: str, name: str) -> str:
+        shown = self.run("scontrol", "show", "job", job)
+        found = re.search(rf"\b{name}=(\S+)", shown.stdout)
+        assert found is not None, shown.stdout + shown.stderr
+        return found.group(1)
+
+    def wait_until_ended(self, job: str, timeout: float, what: str) -> str:
+        """Wait for ``job`` to end; its final state.
+
+        A job whose launch failed is held (pending for ever): that fails at once,
+        as a timeout does, with what the cluster says of the job and its daemons.
+        """
+
+        def ended() -> bool:
+            return (
+                self.field(job, "JobState") in ENDED
+                or self.field(job, "Reason") == "launch_failed_requeued_held"
+            )
+
+        try:
+            wait_for(ended, timeout, what, interval=0.5)
+        except AssertionError as error:
+            raise AssertionError(f"{error}\n{self.diagnosis(job)}") from None
+        state = self.field(job, "JobState")
+        if state not in ENDED:
+            raise AssertionError(f"{what}: the job was held\n{self.diagnosis(job)}")
+        return state
+
+    def diagnosis(self, job: str) -> str:
+        """What the cluster says of ``job`` and its nodes, and the end of its daemons' logs."""
+        parts = []
+        for command in (["scontrol", "show", "job", job], ["sinfo", "--Node", "--long"]):
+            shown = self.run(*command)
+            parts.append(f"$ {' '.join(command)}\n{shown.stdout}{shown.stderr}")
+        for log in sorted(self.home.glob("*.log")):
+            lines = log.read_text(errors="replace").splitlines()[-30:]
+            parts.append(f"--- {log.name}\n" + "\n".join(lines))
+        return "\n".join(parts)
+
+
+@contextlib.contextmanager
+def cluster(home: Path, *nodes: str, where: Sequence[str] = ()) -> Iterator[Cluster]:
+    """Make a cluster with ``tools/slurm-cluster up``; take it down afterwards."""
     made = subprocess.run(
-        [str(CLUSTER), "up", str(home)], capture_output=True, text=True, timeout=300, check=False
-    )
-    try:
-        assert made.returncode == 0, made.stdout + made.stderr
-        yield {**os.environ, "SLURM_CONF": str(home / "slurm.conf"), "OMP_NUM_THREADS": "1"}
-    finally:
-        subprocess.run([str(CLUSTER), "down", str(home)], timeout=60, check=False)
-
-
-def submit(
-    slurm: dict[str, str], folder: Path, epochs: int, *options: str
-) -> subprocess.CompletedProcess[str]:
-    script = folder / "job.sh"
-    script.write_text(job_script(folder / "run", epochs))
-    return subprocess.run(
-        ["sbatch", *options, f"--output={folder / 'out.txt'}", str(script)],
+        [str(CLUSTER), "up", str(home), *nodes],
         capture_output=True,
         text=True,
         timeout=300,
         check=False,
-        env=slurm,
-        cwd=folder,
     )
+    try:
+        assert made.returncode == 0, made.stdout + made.stderr
+        yield Cluster(home, tuple(where))
+    finally:
+        subprocess.run([str(CLUSTER), "down", str(home)], timeout=120, check=False)
 
 
-def job_field(slurm: dict[str, str], job: str, field: str) -> str:
-    shown = subprocess.run(
-        ["scontrol", "show", "job", job],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        env=slurm,
-        check=True,
-    )
-    found = re.search(rf"\b{field}=(\S+)", shown.stdout)
-    assert found is not None, shown.stdout
-    return found.group(1)
+@pytest.fixture(scope="module")
+def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """A cluster of one node made for these tests."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to run SLURM's daemons")
+    with cluster(tmp_path_factory.mktemp("slurm")) as made:
+        yield made
 
 
 def parameters(folder: Path) -> dict[str, torch.Tensor]:
@@ -99,32 +166,31 @@ def parameters(folder: Path) -> dict[str, torch.Tensor]:
 
 @pytest.mark.timeout(900)
 def test_sbatch_runs_plait_fit_and_a_job_stopped_by_sigusr1_is_requeued_and_resumes(
-    slurm: dict[str, str], tmp_path: Path
+    slurm: Cluster, tmp_path: Path
 ) -> None:
     undisturbed, stopped = tmp_path / "undisturbed", tmp_path / "stopped"
     undisturbed.mkdir()
     stopped.mkdir()
 
-    calm = submit(slurm, undisturbed, 8, "--wait")
+    calm = slurm.submit(undisturbed, 8)
 
+    state = slurm.wait_until_ended(calm, 300, "the undisturbed job to end")
     output = (undisturbed / "out.txt").read_text()
-    assert calm.returncode == 0, calm.stderr + output[-3000:]
+    assert state == "COMPLETED", output[-3000:]
     assert "trained digits with ddp on 2 process(es) (cpu) for 8 epoch(s)" in output
     assert "exit status 0" in output
 
-    submitted = submit(slurm, stopped, 8, "--parsable")
-    assert submitted.returncode == 0, submitted.stderr
-    job = submitted.stdout.strip().split(";")[0]
+    job = slurm.submit(stopped, 8)
     checkpoint = stopped / "run" / "checkpoints" / "last.ckpt"
     wait_for(checkpoint.exists, 240, "the first epoch's checkpoint")
     # As SLURM does before the time limit with --signal=USR1@SECONDS.
-    subprocess.run(["scancel", "--signal=USR1", job], env=slurm, timeout=30, check=True)
+    signalled = slurm.run("scancel", "--signal=USR1", job)
+    assert signalled.returncode == 0, signalled.stderr
 
-    wait_for(
-        lambda: job_field(slurm, job, "JobState") == "COMPLETED", 300, "the requeued job to end"
-    )
-    assert job_field(slurm, job, "Restarts") == "1"
+    state = slurm.wait_until_ended(job, 300, "the requeued job to end")
     output = (stopped / "out.txt").read_text()
+    assert state == "COMPLETED", output[-3000:]
+    assert slurm.field(job, "Restarts") == "1"
     assert "plait: training stopped on SIGUSR1" in output
     assert "exit status 138" in output
     assert output.count("UserWarning: ckpt_path='last'") == 1  # the second run resumed
@@ -132,3 +198,28 @@ def test_sbatch_runs_plait_fit_and_a_job_stopped_by_sigusr1_is_requeued_and_resu
     expected = parameters(undisturbed)
     for name, value in parameters(stopped).items():
         assert torch.equal(value, expected[name]), name
+
+
+@pytest.mark.timeout(600)
+def test_sbatch_over_two_nodes_runs_plait_fit_as_one_world_of_four(tmp_path: Path) -> None:
+    # Two slurmd, each in a network namespace of its own, with its own address and
+    # host name: SLURM's nodes node0 and node1.
+    reason = unavailable()
+    if reason is not None:
+        pytest.skip(reason)
+    with hosts(2) as two:
+        nodes = [f"node{index}={host.namespace}@{host.address}" for index, host in enumerate(two)]
+        controller = ["nsenter", f"--net=/run/netns/{two[0].namespace}"]
+        with cluster(tmp_path / "cluster", *nodes, where=controller) as slurm:
+            before = [host.bytes_received() for host in two]
+
+            job = slurm.submit(tmp_path, 2, nodes=2)
+
+            state = slurm.wait_until_ended(job, 300, "the two-node job to end")
+            output = (tmp_path / "out.txt").read_text()
+            assert state == "COMPLETED", output[-3000:]
+            assert "trained digits with ddp on 4 process(es) (cpu) for 2 epoch(s)" in output
+            received = [
+                host.bytes_received() - start for host, start in zip(two, before, strict=True)
+            ]
+            assert min(received) > 100_000, received  # the gradients crossed between the nodes

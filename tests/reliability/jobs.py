@@ -117,13 +117,15 @@ def processes_in_session(session: int) -> list[int]:
     return found
 
 
-def wait_for(predicate: Callable[[], bool], timeout: float, what: str) -> None:
-    """Wait until ``predicate()`` holds (checked every few ms), or fail naming ``what``."""
+def wait_for(
+    predicate: Callable[[], bool], timeout: float, what: str, interval: float = 0.02
+) -> None:
+    """Wait until ``predicate()`` holds (checked every ``interval`` s), or fail naming ``what``."""
     deadline = time.monotonic() + timeout
     while not predicate():
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
-        time.sleep(0.02)
+        time.sleep(interval)
 
 
 def _kill_everything(session: int, marker: str) -> None:
