@@ -165,12 +165,12 @@ def parameters(folder: Path) -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.timeout(900)
-def test_sbatch_runs_plait_fit_and_a_job_stopped_by_sigusr1_is_requeued_and_resumes(
+def test_sbatch_runs_plait_fit_and_a_stopped_or_preempted_job_is_requeued_and_resumes(
     slurm: Cluster, tmp_path: Path
 ) -> None:
-    undisturbed, stopped = tmp_path / "undisturbed", tmp_path / "stopped"
-    undisturbed.mkdir()
-    stopped.mkdir()
+    undisturbed, stopped, preempted = (tmp_path / name for name in ("calm", "stopped", "preempted"))
+    for folder in (undisturbed, stopped, preempted):
+        folder.mkdir()
 
     calm = slurm.submit(undisturbed, 8)
 
@@ -197,6 +197,25 @@ def test_sbatch_runs_plait_fit_and_a_job_stopped_by_sigusr1_is_requeued_and_resu
     assert "trained digits with ddp on 2 process(es) (cpu) for 8 epoch(s)" in output
     expected = parameters(undisturbed)
     for name, value in parameters(stopped).items():
+        assert torch.equal(value, expected[name]), name
+
+    # Pre-emption as SLURM does it (PreemptMode=REQUEUE, or an operator's requeue):
+    # SIGTERM to every process of the job, SIGKILL KillWait (30 s) later, then the
+    # job is requeued without the script's help.
+    job = slurm.submit(preempted, 8)
+    checkpoint = preempted / "run" / "checkpoints" / "last.ckpt"
+    wait_for(checkpoint.exists, 240, "the first epoch's checkpoint")
+    requeued = slurm.run("scontrol", "requeue", job)
+    assert requeued.returncode == 0, requeued.stderr
+
+    state = slurm.wait_until_ended(job, 300, "the pre-empted job to end")
+    output = (preempted / "out.txt").read_text()
+    assert state == "COMPLETED", output[-3000:]
+    assert slurm.field(job, "Restarts") == "1"
+    assert "plait: training stopped on SIGTERM" in output
+    assert output.count("UserWarning: ckpt_path='last'") == 1  # the second run resumed
+    assert "trained digits with ddp on 2 process(es) (cpu) for 8 epoch(s)" in output
+    for name, value in parameters(preempted).items():
         assert torch.equal(value, expected[name]), name
 
 
