@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+
+from plait.trainer.cli import build_parser, main
 
 PLAIT = Path(sys.executable).with_name("plait")
 
@@ -179,3 +182,54 @@ def test_an_unknown_example_is_refused_by_the_parser() -> None:
 
     assert completed.returncode == 2
     assert "invalid choice: 'mnist'" in completed.stderr
+
+
+def test_sbatch_prints_a_script_whose_srun_runs_fit_with_the_same_options_and_resumes(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    status = main(
+        ["sbatch", "--example", "digits", "--strategy", "fsdp", "--accelerator", "cuda",
+         "--devices", "4", "--num-nodes", "2", "--max-epochs", "100", "--lr", "0.05",
+         "--no-progress-bar", "--time", "04:00:00", "--sbatch-option=--account=ml"]
+    )  # fmt: skip
+
+    script = capsys.readouterr().out
+    assert status == 0
+    directives = [line.split()[1] for line in script.splitlines() if line.startswith("#SBATCH")]
+    for directive in ("--job-name=plait-digits", "--nodes=2", "--ntasks-per-node=4"):
+        assert directive in directives
+    for directive in ("--gres=gpu:4", "--time=04:00:00", "--signal=USR1@120", "--requeue"):
+        assert directive in directives
+    assert "--account=ml" in directives
+    [srun] = [line for line in script.splitlines() if line.startswith("srun ")]
+    command = shlex.split(srun)[1:]
+    assert command[0] == str(PLAIT)
+    fit = build_parser().parse_args(command[1:])
+    assert (fit.command, fit.example, fit.strategy, fit.accelerator) == (
+        "fit", "digits", "fsdp", "cuda"
+    )  # fmt: skip
+    assert (fit.devices, fit.num_nodes, fit.max_epochs, fit.lr) == (4, 2, 100, 0.05)
+    assert fit.no_progress_bar
+    assert fit.ckpt_path == "last"  # a requeued job resumes
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (["--devices", "auto"], "--devices 'auto' is not a number of devices per node"),
+        (["--devices", "0,1"], "--devices '0,1' is not a number of devices per node"),
+        (["--devices", "2", "--ckpt-path", "best"], "a requeued job resumes from its own"),
+        (["--devices", "2", "--strategy", "ddpp"], "did you mean 'ddp'?"),
+        (["--devices", "2", "--time", "4h"], "'4h' is not a SLURM time limit"),
+        (["--devices", "2", "--time", "1", "--signal-before", "300"], "not shorter than"),
+    ],
+)
+def test_sbatch_refuses_what_the_job_could_not_run_and_exits_2(
+    capsys: pytest.CaptureFixture[str], options: list[str], message: str
+) -> None:
+    status = main(["sbatch", "--example", "digits", *options])
+
+    printed = capsys.readouterr()
+    assert status == 2
+    assert message in printed.err
+    assert printed.out == ""  # no half script to redirect into a file

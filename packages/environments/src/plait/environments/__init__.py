@@ -16,7 +16,7 @@ from plait.environments.kubeflow import KubeflowEnvironment
 from plait.environments.local import LocalEnvironment
 from plait.environments.lsf import LSFEnvironment
 from plait.environments.mpi import MPIEnvironment
-from plait.environments.slurm import SLURMEnvironment
+from plait.environments.slurm import SLURMEnvironment, batch_script, time_limit_seconds
 from plait.environments.torchelastic import TorchElasticEnvironment
 from plait.environments.variables import expand_hostlist
 from plait.environments.xla import XLAEnvironment
@@ -33,6 +33,8 @@ __all__ = [
     "SLURMEnvironment",
     "TorchElasticEnvironment",
     "XLAEnvironment",
+    "batch_script",
     "detect_environment",
     "expand_hostlist",
+    "time_limit_seconds",
 ]

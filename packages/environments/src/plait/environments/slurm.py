@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping
+import shlex
+from collections.abc import Mapping, Sequence
 from typing import ClassVar, Final
 
 import attrs
@@ -14,10 +15,23 @@ from plait.core import ConfigurationError
 from plait.environments.base import BaseEnvironment
 from plait.environments.variables import expand_hostlist, job_port, read_int, require
 
-__all__ = ["SLURMEnvironment"]
+__all__ = ["SLURMEnvironment", "batch_script", "time_limit_seconds"]
 
 INTERACTIVE_JOB_NAMES: Final = frozenset({"bash", "interactive"})
 """Job names of interactive allocations, where plait starts the processes itself."""
+
+STOPPED_BY_SIGUSR1: Final = 128 + 10
+"""The exit status of a program stopped by SIGUSR1 (Linux numbers it 10): every rank
+saved ``last.ckpt``, and the batch script requeues the job."""
+
+_TIME_LIMIT_FORMATS: Final = (
+    "MINUTES",
+    "MINUTES:SECONDS",
+    "HOURS:MINUTES:SECONDS",
+    "DAYS-HOURS",
+    "DAYS-HOURS:MINUTES",
+    "DAYS-HOURS:MINUTES:SECONDS",
+)
 
 
 def _task_counts(text: str) -> list[int] | None:
@@ -145,3 +159,170 @@ class SLURMEnvironment(BaseEnvironment):
                 "task with PLAIT_CLUSTER_ENVIRONMENT=local",
             )
         super().validate_settings(num_devices, num_nodes)
+
+
+def time_limit_seconds(text: str) -> int | None:
+    """A SLURM time limit (``--time``) in seconds; ``None`` for ``UNLIMITED``.
+
+    SLURM's forms: ``MINUTES``, ``MINUTES:SECONDS``, ``HOURS:MINUTES:SECONDS``,
+    ``DAYS-HOURS``, ``DAYS-HOURS:MINUTES`` and ``DAYS-HOURS:MINUTES:SECONDS``.
+
+    Raises:
+        ConfigurationError: ``text`` is none of them, or is no time at all.
+    """
+    stripped = text.strip()
+    if stripped.upper() in {"UNLIMITED", "INFINITE"}:
+        return None
+    days, clock = 0, stripped
+    if "-" in stripped:
+        day_text, clock = stripped.split("-", 1)
+        days = int(day_text) if day_text.isdigit() else -1
+    parts = clock.split(":")
+    valid = days >= 0 and 1 <= len(parts) <= 3 and all(p.isdigit() for p in parts)
+    if valid and "-" in stripped:
+        hours, minutes, seconds = [*map(int, parts), 0, 0][:3]
+    elif valid and len(parts) == 3:
+        hours, minutes, seconds = map(int, parts)
+    elif valid:
+        hours, (minutes, seconds) = 0, [*map(int, parts), 0][:2]
+    else:
+        raise ConfigurationError(
+            f"{text!r} is not a SLURM time limit",
+            value=text,
+            choices=_TIME_LIMIT_FORMATS,
+            fix="write e.g. 04:00:00 for four hours, or 1-12 for a day and a half",
+        )
+    total = ((days * 24 + hours) * 60 + minutes) * 60 + seconds
+    if total <= 0:
+        raise ConfigurationError(
+            f"the time limit {text!r} is no time at all",
+            value=text,
+            fix="give the job some time, e.g. 04:00:00, or leave the limit to the partition",
+        )
+    return total
+
+
+def _option_value(name: str, value: str) -> str:
+    if not value or any(character.isspace() for character in value):
+        raise ConfigurationError(
+            f"{name}={value!r} is empty or holds white space, which an #SBATCH line cannot",
+            value=value,
+            fix=f"give {name} one word, e.g. {name}=digits",
+        )
+    return value
+
+
+def batch_script(
+    command: Sequence[str],
+    *,
+    nodes: int,
+    tasks_per_node: int,
+    gpus_per_node: int = 0,
+    time: str | None = None,
+    signal_before: int | None = 120,
+    job_name: str = "plait",
+    partition: str | None = None,
+    options: Sequence[str] = (),
+) -> str:
+    """An ``sbatch`` script that runs ``command`` as one task per device, and requeues.
+
+    ``srun`` starts ``nodes x tasks_per_node`` tasks, each a rank that
+    `SLURMEnvironment` places. SLURM sends SIGUSR1 ``signal_before`` seconds before
+    the time limit; plait's trainer stops every rank after the same batch, saves
+    ``last.ckpt`` and exits with status 138, and the script then requeues the job,
+    which runs ``command`` again: give it ``ckpt_path="last"`` (``--ckpt-path last``)
+    to resume. A job that SLURM pre-empts is sent SIGTERM, saves alike, and is
+    requeued by SLURM itself. Output is appended across requeues.
+
+    Args:
+        command: The program each task runs, e.g. ``["python", "train.py"]``.
+        nodes: ``--nodes``: machines, as the trainer's ``num_nodes``.
+        tasks_per_node: ``--ntasks-per-node``: processes per machine, one per device,
+            as the trainer's ``devices``.
+        gpus_per_node: GPUs to request on each node (``--gres=gpu:N``); 0 for none.
+        time: ``--time``, the time limit, in any of SLURM's forms (e.g. ``04:00:00``);
+            ``None`` leaves it to the partition.
+        signal_before: Seconds before the time limit to send SIGUSR1
+            (``--signal=USR1@N``); ``None`` sends none.
+        job_name: ``--job-name``.
+        partition: ``--partition``; ``None`` for the cluster's default.
+        options: More ``sbatch`` options, one per ``#SBATCH`` line (e.g.
+            ``"--account=ml"``, ``"--mem=64G"``).
+
+    Raises:
+        ConfigurationError: A count is below its minimum, the time limit is malformed
+            or not longer than ``signal_before``, a name holds white space, an option
+            does not start with ``--``, or ``command`` is empty.
+    """
+    if not command:
+        raise ConfigurationError(
+            "the batch script has no command to run",
+            value=command,
+            fix="pass the program each task runs, e.g. ['python', 'train.py']",
+        )
+    counts: tuple[tuple[str, object, int], ...] = (
+        ("nodes", nodes, 1),
+        ("tasks_per_node", tasks_per_node, 1),
+        ("gpus_per_node", gpus_per_node, 0),
+    )
+    for name, value, minimum in counts:  # checked whatever a caller without types passes
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            raise ConfigurationError(
+                f"{name}={value!r} is not a whole number of at least {minimum}",
+                value=value,
+                fix=f"pass {name} as an int >= {minimum}",
+            )
+    limit = None if time is None else time_limit_seconds(time)
+    if signal_before is not None:
+        if isinstance(signal_before, bool) or not 0 < signal_before <= 65535:
+            raise ConfigurationError(
+                f"signal_before={signal_before!r} is not a number of seconds from 1 to 65535 "
+                "(SLURM's range for --signal)",
+                value=signal_before,
+                fix="pass e.g. signal_before=120, or None to send no signal",
+            )
+        if limit is not None and signal_before >= limit:
+            raise ConfigurationError(
+                f"signal_before={signal_before} s is not shorter than the time limit "
+                f"{time!r} ({limit} s): the job would be signalled as it starts",
+                value=signal_before,
+                fix="send the signal a few minutes before the limit, e.g. signal_before=120, "
+                "or give the job more time",
+            )
+    lines = [
+        "#!/bin/bash",
+        f"#SBATCH --job-name={_option_value('job_name', job_name)}",
+        f"#SBATCH --nodes={nodes}",
+        f"#SBATCH --ntasks-per-node={tasks_per_node}",
+    ]
+    if gpus_per_node:
+        lines.append(f"#SBATCH --gres=gpu:{gpus_per_node}")
+    if partition is not None:
+        lines.append(f"#SBATCH --partition={_option_value('partition', partition)}")
+    if time is not None:
+        lines.append(f"#SBATCH --time={time.strip()}")
+    if signal_before is not None:
+        lines.append(f"#SBATCH --signal=USR1@{signal_before}")
+    lines += ["#SBATCH --requeue", "#SBATCH --open-mode=append"]
+    for option in options:
+        if not option.startswith("--") or "\n" in option:
+            raise ConfigurationError(
+                f"{option!r} is not an sbatch option of one line",
+                value=option,
+                fix="write long options, e.g. '--account=ml' or '--mem=64G'",
+            )
+        lines.append(f"#SBATCH {option}")
+    lines += [
+        "",
+        "# One task per device: srun starts every rank, on every node.",
+        f"srun {shlex.join(command)}",
+        "status=$?",
+        'echo "plait: the job step ended with exit status $status"',
+        f"# {STOPPED_BY_SIGUSR1} = 128 + SIGUSR1: every rank stopped after the same batch",
+        "# and saved last.ckpt; the requeued job runs the command again, resuming from it.",
+        f'if [ "$status" -eq {STOPPED_BY_SIGUSR1} ]; then',
+        '    scontrol requeue "$SLURM_JOB_ID"',
+        "fi",
+        'exit "$status"',
+    ]
+    return "\n".join(lines) + "\n"

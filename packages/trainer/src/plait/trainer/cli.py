@@ -2,6 +2,7 @@
 
 plait fit --example digits --strategy ddp --accelerator cpu --devices 2 --max-epochs 5
 plait validate --example digits --ckpt-path plait_runs/checkpoints/last.ckpt
+plait sbatch --example digits --strategy ddp --devices 4 --num-nodes 2 --time 04:00:00
 plait list strategies
 """
 
@@ -12,6 +13,7 @@ import logging
 import math
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
 from plait.core import (
@@ -26,6 +28,7 @@ from plait.core import (
     StrategyRegistry,
     seed_everything,
 )
+from plait.environments import batch_script
 from plait.trainer.examples import EXAMPLES
 from plait.trainer.loggers import CSVLogger, Logger, TensorBoardLogger
 from plait.trainer.trainer import Trainer
@@ -129,23 +132,8 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The ``plait`` command line."""
-    parser = argparse.ArgumentParser(
-        prog="plait",
-        description="Train plait's bundled examples with any registered strategy, or list "
-        "what is registered.",
-        epilog="example: plait fit --example digits --strategy ddp --accelerator cpu "
-        "--devices 2 --max-epochs 5",
-    )
-    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    fit = commands.add_parser(
-        "fit", help="train an example, then report its validation metrics and checkpoint",
-        description="Train an example with a strategy, show progress, and report the final "
-        "validation metrics and where the checkpoint went.",
-    )  # fmt: skip
-    _add_run_options(fit)
-    training = fit.add_argument_group("training")
+def _add_training_options(parser: argparse.ArgumentParser) -> None:
+    training = parser.add_argument_group("training")
     training.add_argument(
         "--max-epochs", type=_at_least(1), default=10, help="epochs to train (default: 10)"
     )
@@ -167,11 +155,61 @@ def build_parser() -> argparse.ArgumentParser:
     training.add_argument(
         "--gradient-clip-val", type=_positive, default=None, help="clip gradients to this norm"
     )
+
+
+def _add_slurm_options(parser: argparse.ArgumentParser) -> None:
+    slurm = parser.add_argument_group("the SLURM job")
+    slurm.add_argument(
+        "--time", default=None, help="the time limit, e.g. 04:00:00 (default: the partition's)"
+    )
+    slurm.add_argument(
+        "--signal-before",
+        type=_at_least(0),
+        default=120,
+        help="seconds before the time limit to stop, save and requeue; 0 for never (default: 120)",
+    )
+    slurm.add_argument("--job-name", default=None, help="(default: plait-EXAMPLE)")
+    slurm.add_argument("--partition", default=None, help="(default: the cluster's)")
+    slurm.add_argument(
+        "--sbatch-option",
+        action="append",
+        default=[],
+        metavar="OPTION",
+        help="one more #SBATCH line, e.g. --sbatch-option=--account=ml (repeatable)",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``plait`` command line."""
+    parser = argparse.ArgumentParser(
+        prog="plait",
+        description="Train plait's bundled examples with any registered strategy, or list "
+        "what is registered.",
+        epilog="example: plait fit --example digits --strategy ddp --accelerator cpu "
+        "--devices 2 --max-epochs 5",
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    fit = commands.add_parser(
+        "fit", help="train an example, then report its validation metrics and checkpoint",
+        description="Train an example with a strategy, show progress, and report the final "
+        "validation metrics and where the checkpoint went.",
+    )  # fmt: skip
+    _add_run_options(fit)
+    _add_training_options(fit)
     validate = commands.add_parser(
         "validate", help="evaluate an example (from a checkpoint) on its validation data",
         description="Run the validation loop of an example once and print its metrics.",
     )  # fmt: skip
     _add_run_options(validate)
+    sbatch = commands.add_parser(
+        "sbatch", help="print a SLURM batch script that runs `plait fit` and requeues itself",
+        description="Print an sbatch script that trains an example as one SLURM task per "
+        "device, stops and saves before the time limit, requeues itself and resumes "
+        "(plait sbatch ... > job.sh; sbatch job.sh).",
+    )  # fmt: skip
+    _add_run_options(sbatch)
+    _add_training_options(sbatch)
+    _add_slurm_options(sbatch)
     listing = commands.add_parser(
         "list", help="list registered names", description="List registered names."
     )
@@ -205,6 +243,58 @@ def _list(what: str) -> None:
     }
     for entry in registries[what].entries():
         _say(f"{entry.name:<36} {entry.description}")
+
+
+def _fit_command(arguments: argparse.Namespace) -> list[str]:
+    """``plait fit`` with the options of ``arguments`` that differ from fit's defaults."""
+    program = Path(sys.executable).with_name("plait")
+    command = [str(program)] if program.exists() else [sys.executable, "-m", "plait.trainer.cli"]
+    command.append("fit")
+    fit = argparse.ArgumentParser(add_help=False)
+    _add_run_options(fit)
+    _add_training_options(fit)
+    # argparse keeps a parser's options in _actions, and has no public way to list them.
+    for action in fit._actions:
+        value = getattr(arguments, action.dest)
+        if value == action.default:
+            continue
+        flag = action.option_strings[-1]
+        command += [flag] if isinstance(value, bool) else [flag, str(value)]
+    return command
+
+
+def _sbatch(arguments: argparse.Namespace) -> str:
+    devices = arguments.devices
+    if isinstance(devices, bool) or not isinstance(devices, int) or devices < 1:
+        raise ConfigurationError(
+            f"--devices {devices!r} is not a number of devices per node, which a batch "
+            "script needs for --ntasks-per-node",
+            value=devices,
+            fix="pass --devices N, e.g. --devices 4 for four GPUs (or processes) per node",
+        )
+    if arguments.strategy.strip().lower() != "auto":
+        StrategyRegistry.entry(arguments.strategy.strip().lower())  # refuses unknown names
+    if arguments.ckpt_path not in (None, "last"):
+        raise ConfigurationError(
+            f"--ckpt-path {arguments.ckpt_path!r}: a requeued job resumes from its own "
+            "last.ckpt, so the batch script passes --ckpt-path last",
+            value=arguments.ckpt_path,
+            fix="leave --ckpt-path out; to start from a checkpoint, copy it to "
+            "DEFAULT_ROOT_DIR/checkpoints/last.ckpt first",
+        )
+    arguments.ckpt_path = "last"
+    cuda = arguments.accelerator.strip().lower() in {"cuda", "gpu"}
+    return batch_script(
+        _fit_command(arguments),
+        nodes=arguments.num_nodes,
+        tasks_per_node=devices,
+        gpus_per_node=devices if cuda else 0,
+        time=arguments.time,
+        signal_before=arguments.signal_before or None,
+        job_name=arguments.job_name or f"plait-{arguments.example}",
+        partition=arguments.partition,
+        options=arguments.sbatch_option,
+    )
 
 
 def _run(arguments: argparse.Namespace) -> None:
@@ -253,11 +343,14 @@ def _run(arguments: argparse.Namespace) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``plait`` command; returns the exit status."""
     arguments = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.WARNING, format="%(message)s")
     if arguments.command == "list":
         _list(arguments.what)
         return 0
     try:
+        if arguments.command == "sbatch":
+            sys.stdout.write(_sbatch(arguments))
+            return 0
+        logging.basicConfig(level=logging.WARNING, format="%(message)s")
         _run(arguments)
     except (ConfigurationError, MissingDependencyError, CheckpointError) as error:
         _say(f"plait: error: {error}", error=True)
