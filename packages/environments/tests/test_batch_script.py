@@ -151,6 +151,7 @@ def _script(**changes: object) -> Callable[[], str]:
         (_script(gpus_per_node=-1), "gpus_per_node=-1"),
         (_script(signal_before=0), "signal_before=0 is not a number of seconds from 1 to 65535"),
         (_script(signal_before=70000), "signal_before=70000"),
+        (_script(signal_before="120"), "signal_before='120'"),
         (_script(time="00:02:00"), "signal_before=120 s is not shorter than the time limit"),
         (_script(time="4h"), "'4h' is not a SLURM time limit"),
         (_script(job_name="my job"), "job_name='my job' is empty or holds white space"),

@@ -207,7 +207,7 @@ def _option_value(name: str, value: str) -> str:
         raise ConfigurationError(
             f"{name}={value!r} is empty or holds white space, which an #SBATCH line cannot",
             value=value,
-            fix=f"give {name} one word, e.g. {name}=digits",
+            fix=f"give {name} as one word, without spaces",
         )
     return value
 
@@ -274,7 +274,8 @@ def batch_script(
             )
     limit = None if time is None else time_limit_seconds(time)
     if signal_before is not None:
-        if isinstance(signal_before, bool) or not 0 < signal_before <= 65535:
+        given: object = signal_before  # checked whatever a caller without types passes
+        if isinstance(given, bool) or not isinstance(given, int) or not 0 < given <= 65535:
             raise ConfigurationError(
                 f"signal_before={signal_before!r} is not a number of seconds from 1 to 65535 "
                 "(SLURM's range for --signal)",
