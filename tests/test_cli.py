@@ -213,6 +213,16 @@ def test_sbatch_prints_a_script_whose_srun_runs_fit_with_the_same_options_and_re
     assert fit.ckpt_path == "last"  # a requeued job resumes
 
 
+@pytest.mark.parametrize(("accelerator", "gres"), [("cuda", True), ("gpu", True), ("cpu", False)])
+def test_sbatch_asks_for_a_gpu_per_task_when_the_accelerator_is_cuda(
+    capsys: pytest.CaptureFixture[str], accelerator: str, gres: bool
+) -> None:
+    status = main(["sbatch", "--example", "digits", "--devices", "2", "--accelerator", accelerator])
+
+    assert status == 0
+    assert ("#SBATCH --gres=gpu:2\n" in capsys.readouterr().out) is gres
+
+
 @pytest.mark.parametrize(
     ("options", "message"),
     [
@@ -220,6 +230,8 @@ def test_sbatch_prints_a_script_whose_srun_runs_fit_with_the_same_options_and_re
         (["--devices", "0,1"], "--devices '0,1' is not a number of devices per node"),
         (["--devices", "2", "--ckpt-path", "best"], "a requeued job resumes from its own"),
         (["--devices", "2", "--strategy", "ddpp"], "did you mean 'ddp'?"),
+        (["--devices", "2", "--accelerator", "cdua"], "did you mean 'cuda'?"),
+        (["--devices", "2", "--precision", "bf16-mix"], "no precision named 'bf16-mix'"),
         (["--devices", "2", "--time", "4h"], "'4h' is not a SLURM time limit"),
         (["--devices", "2", "--time", "1", "--signal-before", "300"], "not shorter than"),
     ],

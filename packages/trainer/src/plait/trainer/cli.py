@@ -272,8 +272,11 @@ def _sbatch(arguments: argparse.Namespace) -> str:
             value=devices,
             fix="pass --devices N, e.g. --devices 4 for four GPUs (or processes) per node",
         )
+    # Unknown names are refused here, not when the job starts hours later.
     if arguments.strategy.strip().lower() != "auto":
-        StrategyRegistry.entry(arguments.strategy.strip().lower())  # refuses unknown names
+        StrategyRegistry.entry(arguments.strategy)
+    if arguments.precision is not None:
+        PrecisionRegistry.entry(arguments.precision)
     if arguments.ckpt_path not in (None, "last"):
         raise ConfigurationError(
             f"--ckpt-path {arguments.ckpt_path!r}: a requeued job resumes from its own "
@@ -283,7 +286,8 @@ def _sbatch(arguments: argparse.Namespace) -> str:
             "DEFAULT_ROOT_DIR/checkpoints/last.ckpt first",
         )
     arguments.ckpt_path = "last"
-    cuda = arguments.accelerator.strip().lower() in {"cuda", "gpu"}
+    accelerator = AcceleratorRegistry.entry(arguments.accelerator)
+    cuda = accelerator.factory is AcceleratorRegistry.entry("cuda").factory  # or an alias
     return batch_script(
         _fit_command(arguments),
         nodes=arguments.num_nodes,
