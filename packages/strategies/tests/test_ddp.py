@@ -1,5 +1,6 @@
 """DDPStrategy in this process: start-up, overriding, registration, and its launcher."""
 
+import socket
 from collections.abc import Mapping
 from datetime import timedelta
 from pathlib import Path
@@ -65,6 +66,25 @@ def test_start_up_without_a_reachable_rank_zero_names_it(monkeypatch: pytest.Mon
         strategy.setup_environment()
 
     assert caught.value.missing_ranks == (0,)
+
+
+def test_rank_zero_on_a_port_another_program_holds_names_the_port_and_master_port(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    with socket.socket() as holder:  # another job's server, on the port this job derived
+        holder.bind(("", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        as_rank(monkeypatch, 0, 2, port)
+        strategy = DDPStrategy(accelerator="cpu", start_timeout=timedelta(seconds=1))
+
+        with pytest.raises(ConfigurationError) as caught:
+            strategy.setup_environment()
+
+    assert f"could not serve the job's store at 127.0.0.1:{port}" in str(caught.value)
+    assert caught.value.value == port
+    assert caught.value.fix is not None
+    assert "MASTER_PORT" in caught.value.fix
 
 
 class RecordingCheckpointIO(TorchCheckpointIO):

@@ -80,7 +80,8 @@ def init_distributed(
 
     Raises:
         ConfigurationError: torch.distributed was initialised by someone else, so
-            plait cannot own the group's store and timeouts.
+            plait cannot own the group's store and timeouts; or, on rank 0, another
+            program holds the job's port for all of ``start_timeout``.
         CollectiveTimeoutError: Ranks did not all arrive within ``start_timeout``
             (they are named), or rank 0's store could not be reached.
         ConfigurationError: Two ranks use one GPU, or claim one local rank on a
@@ -270,11 +271,25 @@ def _connect(environment: ClusterEnvironment, start_timeout: timedelta) -> dist.
             # Rank 0 of a second run in one program (a test after a fit) binds the
             # port of the first run's store, which may still be closing: wait for the
             # port, as the other ranks wait to connect.
-            if "EADDRINUSE" not in str(error) or time.monotonic() > deadline:
+            if "EADDRINUSE" not in str(error):
                 raise _start_up_failed(environment, start_timeout) from error
+            if time.monotonic() > deadline:
+                raise _port_in_use(environment, start_timeout) from error
             time.sleep(_BIND_RETRY_INTERVAL)
         except (RuntimeError, dist.DistError) as error:
             raise _start_up_failed(environment, start_timeout) from error
+
+
+def _port_in_use(environment: ClusterEnvironment, start_timeout: timedelta) -> ConfigurationError:
+    address, port = environment.main_address, environment.main_port
+    return ConfigurationError(
+        f"rank 0 could not serve the job's store at {address}:{port}: another program "
+        f"held the port for the whole start timeout ({start_timeout.total_seconds():g} s)",
+        value=port,
+        fix=f"set MASTER_PORT to a port free on {address} (SLURM and LSF jobs without it use "
+        "a port derived from the job id, which another job on the node may hold), or stop "
+        "the program holding it",
+    )
 
 
 def _start_up_failed(
