@@ -155,6 +155,28 @@ def parameters(folder: Path) -> dict[str, torch.Tensor]:
     return state
 
 
+def interrupt_once(slurm: Cluster, folder: Path, command: list[str], signal_name: str) -> str:
+    """Submit an 8-epoch job, run ``command JOB`` once it has saved, and let it finish.
+
+    The job must be stopped by ``signal_name``, requeued once, resume from its
+    checkpoint and complete; its output is returned.
+    """
+    job = slurm.submit(folder, 8)
+    checkpoint = folder / "run" / "checkpoints" / "last.ckpt"
+    wait_for(checkpoint.exists, 240, "the first epoch's checkpoint")
+    interrupted = slurm.run(*command, job)
+    assert interrupted.returncode == 0, interrupted.stderr
+
+    state = slurm.wait_until_ended(job, 300, "the requeued job to end")
+    output = (folder / "out.txt").read_text()
+    assert state == "COMPLETED", output[-3000:]
+    assert slurm.field(job, "Restarts") == "1"
+    assert f"plait: training stopped on {signal_name}" in output
+    assert output.count("UserWarning: ckpt_path='last'") == 1  # the second run resumed
+    assert "trained digits with ddp on 2 process(es) (cpu) for 8 epoch(s)" in output
+    return output
+
+
 @pytest.mark.timeout(900)
 def test_sbatch_runs_plait_fit_and_a_stopped_or_preempted_job_is_requeued_and_resumes(
     slurm: Cluster, tmp_path: Path
@@ -171,21 +193,10 @@ def test_sbatch_runs_plait_fit_and_a_stopped_or_preempted_job_is_requeued_and_re
     assert "trained digits with ddp on 2 process(es) (cpu) for 8 epoch(s)" in output
     assert "plait: the job step ended with exit status 0" in output
 
-    job = slurm.submit(stopped, 8)
-    checkpoint = stopped / "run" / "checkpoints" / "last.ckpt"
-    wait_for(checkpoint.exists, 240, "the first epoch's checkpoint")
-    # As SLURM does before the time limit with --signal=USR1@SECONDS.
-    signalled = slurm.run("scancel", "--signal=USR1", job)
-    assert signalled.returncode == 0, signalled.stderr
-
-    state = slurm.wait_until_ended(job, 300, "the requeued job to end")
-    output = (stopped / "out.txt").read_text()
-    assert state == "COMPLETED", output[-3000:]
-    assert slurm.field(job, "Restarts") == "1"
-    assert "plait: training stopped on SIGUSR1" in output
+    # As SLURM does before the time limit with --signal=USR1@SECONDS: the script
+    # requeues the job.
+    output = interrupt_once(slurm, stopped, ["scancel", "--signal=USR1"], "SIGUSR1")
     assert "plait: the job step ended with exit status 138" in output
-    assert output.count("UserWarning: ckpt_path='last'") == 1  # the second run resumed
-    assert "trained digits with ddp on 2 process(es) (cpu) for 8 epoch(s)" in output
     expected = parameters(undisturbed)
     for name, value in parameters(stopped).items():
         assert torch.equal(value, expected[name]), name
@@ -193,19 +204,7 @@ def test_sbatch_runs_plait_fit_and_a_stopped_or_preempted_job_is_requeued_and_re
     # Pre-emption as SLURM does it (PreemptMode=REQUEUE, or an operator's requeue):
     # SIGTERM to every process of the job, SIGKILL KillWait (30 s) later, then the
     # job is requeued without the script's help.
-    job = slurm.submit(preempted, 8)
-    checkpoint = preempted / "run" / "checkpoints" / "last.ckpt"
-    wait_for(checkpoint.exists, 240, "the first epoch's checkpoint")
-    requeued = slurm.run("scontrol", "requeue", job)
-    assert requeued.returncode == 0, requeued.stderr
-
-    state = slurm.wait_until_ended(job, 300, "the pre-empted job to end")
-    output = (preempted / "out.txt").read_text()
-    assert state == "COMPLETED", output[-3000:]
-    assert slurm.field(job, "Restarts") == "1"
-    assert "plait: training stopped on SIGTERM" in output
-    assert output.count("UserWarning: ckpt_path='last'") == 1  # the second run resumed
-    assert "trained digits with ddp on 2 process(es) (cpu) for 8 epoch(s)" in output
+    interrupt_once(slurm, preempted, ["scontrol", "requeue"], "SIGTERM")
     for name, value in parameters(preempted).items():
         assert torch.equal(value, expected[name]), name
 
