@@ -83,11 +83,19 @@ class Cluster:
         assert submitted.returncode == 0, submitted.stderr
         return submitted.stdout.strip().split(";")[0]
 
-    def field(self, job: str, name: str) -> str:
+    def fields(self, job: str, *names: str) -> list[str]:
+        """The values of ``names`` in one ``scontrol show job``."""
         shown = self.run("scontrol", "show", "job", job)
-        found = re.search(rf"\b{name}=(\S+)", shown.stdout)
-        assert found is not None, shown.stdout + shown.stderr
-        return found.group(1)
+        values = []
+        for name in names:
+            found = re.search(rf"\b{name}=(\S+)", shown.stdout)
+            assert found is not None, shown.stdout + shown.stderr
+            values.append(found.group(1))
+        return values
+
+    def field(self, job: str, name: str) -> str:
+        [value] = self.fields(job, name)
+        return value
 
     def wait_until_ended(self, job: str, timeout: float, what: str) -> str:
         """Wait for ``job`` to end; its final state.
@@ -97,10 +105,8 @@ class Cluster:
         """
 
         def ended() -> bool:
-            return (
-                self.field(job, "JobState") in ENDED
-                or self.field(job, "Reason") == "launch_failed_requeued_held"
-            )
+            state, reason = self.fields(job, "JobState", "Reason")
+            return state in ENDED or reason == "launch_failed_requeued_held"
 
         try:
             wait_for(ended, timeout, what, interval=0.5)
