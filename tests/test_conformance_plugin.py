@@ -98,6 +98,10 @@ def test_the_shipped_suite_runs_a_registered_strategy_on_xdist_workers(tmp_path:
     assert "ddp-gloo-2: 10 passed" in run.stdout
     reports = sorted(path.name for path in (tmp_path / "reports").iterdir())
     assert reports == ["ddp-gloo-1.json", "ddp-gloo-2.json"]
+    # Each lane runs on one worker, so its ranks start once, counted across workers.
+    for name in reports:
+        assert json.loads((tmp_path / "reports" / name).read_text())["pool_starts"] == 1
+    assert run.stdout.count("; ranks started once") == 2
     one = json.loads((tmp_path / "reports" / "ddp-gloo-1.json").read_text())
     assert one["properties"]["mismatch"]["outcome"] == "skipped"
     assert "needs 2 ranks or more" in one["properties"]["mismatch"]["message"]

@@ -59,6 +59,7 @@ _PROPERTY: Final = "plait_property"
 _EXAMPLES: Final = "plait_examples"
 _VIOLATION: Final = "plait_violation"
 _SECONDS: Final = "plait_seconds"
+_STARTED: Final = "plait_pool_started"
 
 
 class ExpectationWarning(pytest.PytestWarning):
@@ -111,6 +112,8 @@ class PoolCache:
         self.size = size
         self._pools: dict[Lane, RankPool] = {}
         self._failed: dict[Lane, str] = {}
+        self.starts: dict[Lane, int] = {}
+        """How many times each lane's ranks were started in this process."""
 
     def get(self, lane: Lane, test: str = "") -> RankPool:
         """The pool of ``lane``, started (an older one is closed to make room).
@@ -135,6 +138,8 @@ class PoolCache:
                 start_timeout=lane.start_timeout,
             )
         self._pools[lane] = pool  # most recently used last
+        if not pool.running:
+            self.starts[lane] = self.starts.get(lane, 0) + 1
         try:
             pool.start()
         except PoolStartError:
@@ -401,6 +406,9 @@ def _for_another_run(entry: _Expectation, lanes: list[Lane]) -> bool:
     return not any(_Expectation(part, "", 0).matches(*lane.names) for lane in lanes)
 
 
+# First: pytest-xdist's worker reads the group markers in its own hook of this name,
+# which pluggy calls before ours otherwise (it is registered later).
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Label the suite's tests, group each lane on one xdist worker, apply expectations."""
     expectations = config.stash[_expectations_key]
@@ -474,12 +482,20 @@ def plait_pool(
     the lane's other tests are skipped, pointing to it.
     """
     failure = ""
+    before = plait_pools.starts.get(plait_lane, 0)
     try:
-        return plait_pools.get(plait_lane, request.node.name)
+        pool = plait_pools.get(plait_lane, request.node.name)
     except LaneDown as down:
         pytest.skip(str(down))
     except PoolStartError as error:
         failure = f"PoolStartError: {error}"
+    else:
+        if plait_pools.starts.get(plait_lane, 0) > before:
+            # Counted by the controller: a lane split over pytest-xdist's workers
+            # starts its ranks on each of them.
+            worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+            request.node.user_properties.append((_STARTED, worker))
+        return pool
     pytest.fail(failure, pytrace=False)  # the ranks' own tracebacks say where
 
 
@@ -511,6 +527,8 @@ class Reporter:
         self.config = config
         self.lanes: dict[str, dict[str, object]] = {}
         self.results: dict[str, dict[str, dict[str, object]]] = {}
+        self.starts: dict[str, list[str]] = {}
+        """Per lane, the worker of each start of its ranks."""
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         """Record the outcome of a property's test (its call, or a failed set-up)."""
@@ -518,6 +536,9 @@ class Reporter:
         lane = labels.get(_LANE)
         if not isinstance(lane, dict) or (report.when != "call" and report.passed):
             return
+        started = labels.get(_STARTED)
+        if report.when == "call" and isinstance(started, str):
+            self.starts.setdefault(str(lane["id"]), []).append(started)
         outcome: str = report.outcome
         if hasattr(report, "wasxfail"):
             outcome = "xfailed" if report.skipped else "xpassed"
@@ -558,6 +579,7 @@ class Reporter:
                     entry["outcome"] in ("passed", "skipped", "xfailed")
                     for entry in properties.values()
                 ),
+                "pool_starts": len(self.starts.get(lane_id, [])),
                 "properties": properties,
                 "versions": versions,
             }
@@ -588,12 +610,28 @@ class Reporter:
                     f"; {examples} examples, {statistics.median(rates):.0f} examples/s "
                     "(median over the properties)"
                 )
-            terminalreporter.write_line(f"{lane_id}: {summary}")
+            terminalreporter.write_line(f"{lane_id}: {summary}; {self._started(lane_id)}")
         terminalreporter.write_line(f"seed {seed}: --plait-seed={seed} draws the same examples")
         backends = sorted({str(lane["backend"]) for lane in self.lanes.values()})
         for backend in backends:
             for dtype, reason in UNHELD_DTYPES.get(backend, {}).items():
                 terminalreporter.write_line(f"{backend} lanes: no {dtype} examples: {reason}")
+
+    def _started(self, lane_id: str) -> str:
+        """How often the lane's ranks started, and on which workers if more than once."""
+        workers = self.starts.get(lane_id, [])
+        if len(workers) <= 1:
+            return "ranks started once" if workers else "ranks not started"
+        if len(set(workers)) == 1:
+            return (
+                f"ranks started {len(workers)} times on {workers[0]}: its tests ran between "
+                "other lanes' (a session keeps two lanes' ranks at a time)"
+            )
+        return (
+            f"ranks started {len(workers)} times, on {', '.join(sorted(set(workers)))}: the "
+            "lane was split over pytest-xdist's workers; run with --dist loadgroup, under a "
+            "pytest it groups with (pytest-xdist issue 1386: under pytest 9.2 it groups nothing)"
+        )
 
 
 def _message(report: pytest.TestReport, violation: object) -> str:
