@@ -8,7 +8,12 @@ import pytest
 import torch
 
 from plait.core import ConfigurationError
-from plait.strategies.placement import Placement, check_placements, placement_of
+from plait.strategies.placement import (
+    Placement,
+    check_placements,
+    placement_of,
+    shares_devices,
+)
 
 StartRanks = Callable[..., list[str]]  # the fixture of the root conftest.py
 
@@ -54,6 +59,24 @@ def test_two_ranks_on_one_gpu_are_named_with_the_device_and_the_fix() -> None:
     assert "--nproc-per-node" in error.fix
     assert "--gpu-bind" in error.fix
     assert "(LOCAL_RANK)" in error.fix
+
+
+def test_ranks_may_share_a_gpu_over_gloo_only_and_still_need_their_own_local_ranks() -> None:
+    placements = two_by_two()
+    placements[3] = attrs.evolve(placements[3], device="cuda:0", device_id="GPU-2")
+
+    assert shares_devices("gloo")
+    assert not shares_devices("nccl")
+    assert check_placements(placements, TORCHRUN, shared_devices=shares_devices("gloo")) is None
+    error = check_placements(placements, TORCHRUN, shared_devices=shares_devices("nccl"))
+    assert error is not None
+    assert error.fix is not None
+    assert "process_group_backend='gloo'" in error.fix
+    # Sharing a GPU is not sharing a local rank.
+    placements[3] = attrs.evolve(placements[3], local_rank=0)
+    clash = check_placements(placements, TORCHRUN, shared_devices=True)
+    assert clash is not None
+    assert "ranks 2 and 3 say they are local rank 0" in str(clash)
 
 
 def test_one_local_rank_claimed_twice_on_a_node_is_named() -> None:

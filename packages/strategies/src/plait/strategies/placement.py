@@ -2,8 +2,8 @@
 
 Each rank posts its host, its ranks and its device to the job's store; rank 0 reads
 them all in one request, checks that they make one consistent layout, and posts its
-verdict, which every rank reads. A layout that cannot be right (two ranks on one GPU,
-two ranks with one local rank on one node, one node spread over two hosts) raises
+verdict, which every rank reads. A layout that cannot be right (two ranks on one GPU
+under NCCL, two ranks with one local rank on one node, one node spread over two hosts) raises
 the same `ConfigurationError` on every rank, naming the ranks, before the process
 group forms: not a cryptic backend error, a hang or silently shared hardware later.
 """
@@ -24,7 +24,13 @@ import torch.distributed as dist
 
 from plait.core import ClusterEnvironment, CollectiveTimeoutError, ConfigurationError
 
-__all__ = ["Placement", "agree_on_placement", "check_placements", "placement_of"]
+__all__ = [
+    "Placement",
+    "agree_on_placement",
+    "check_placements",
+    "placement_of",
+    "shares_devices",
+]
 
 _POSTED: Final = "placement/"
 _VERDICT: Final = "placement-verdict"
@@ -106,7 +112,10 @@ class _Problem:
 
 
 def check_placements(
-    placements: Sequence[Placement], variables: Mapping[str, str] | None = None
+    placements: Sequence[Placement],
+    variables: Mapping[str, str] | None = None,
+    *,
+    shared_devices: bool = False,
 ) -> ConfigurationError | None:
     """The first thing wrong with the job's layout, as the error to raise, or ``None``.
 
@@ -114,12 +123,21 @@ def check_placements(
         placements: Every rank's placement.
         variables: The variable each of ``local_rank`` and ``node_rank`` is read
             from in this environment, for the message.
+        shared_devices: Whether ranks may share a GPU: over gloo, which stages CUDA
+            tensors through host memory, they may; NCCL refuses two ranks on one GPU.
     """
-    problem = _problem(placements, variables or {})
+    problem = _problem(placements, variables or {}, shared_devices=shared_devices)
     return None if problem is None else problem.error()
 
 
-def _problem(placements: Sequence[Placement], named: Mapping[str, str]) -> _Problem | None:
+def shares_devices(backend: str) -> bool:
+    """Whether ranks of a process group of ``backend`` may share a GPU (gloo's may)."""
+    return backend == "gloo"
+
+
+def _problem(
+    placements: Sequence[Placement], named: Mapping[str, str], *, shared_devices: bool
+) -> _Problem | None:
     def source(field: str) -> str:
         return f" ({named[field]})" if field in named else ""
 
@@ -127,7 +145,7 @@ def _problem(placements: Sequence[Placement], named: Mapping[str, str]) -> _Prob
     slots: dict[tuple[int, int], list[int]] = defaultdict(list)
     hosts: dict[int, dict[str, list[int]]] = defaultdict(lambda: defaultdict(list))
     for placement in placements:
-        if placement.device_id is not None:
+        if placement.device_id is not None and not shared_devices:
             devices[placement.device_id].append(placement)
         slots[placement.node_rank, placement.local_rank].append(placement.rank)
         hosts[placement.node_rank][placement.host].append(placement.rank)
@@ -142,7 +160,8 @@ def _problem(placements: Sequence[Placement], named: Mapping[str, str]) -> _Prob
                 device_id,
                 "start one process per device on each node (torchrun --nproc-per-node, "
                 "srun --ntasks-per-node) and check each process's local rank"
-                f"{source('local_rank')} and CUDA_VISIBLE_DEVICES (srun --gpu-bind)",
+                f"{source('local_rank')} and CUDA_VISIBLE_DEVICES (srun --gpu-bind); to "
+                "share a GPU on purpose (a test), use process_group_backend='gloo'",
             )
     for (node, local), ranks in sorted(slots.items()):
         if len(ranks) > 1:
@@ -181,6 +200,7 @@ def agree_on_placement(
     *,
     timeout: timedelta,
     post: bool = True,
+    shared_devices: bool = False,
 ) -> None:
     """Check the job's layout once, the same on every rank.
 
@@ -193,6 +213,7 @@ def agree_on_placement(
         device: This process's device.
         timeout: How long a rank waits for rank 0's verdict.
         post: Post this rank's placement first.
+        shared_devices: Whether ranks may share a GPU (see `check_placements`).
 
     Raises:
         ConfigurationError: The layout cannot be right; the same error on every rank.
@@ -205,7 +226,8 @@ def agree_on_placement(
         keys = [f"{_POSTED}{rank}" for rank in range(world_size)]
         store.wait(keys, timeout)
         posted = [Placement.decode(text) for text in store.multi_get(keys)]
-        problem = _problem(posted, getattr(environment, "variables", None) or {})
+        named = getattr(environment, "variables", None) or {}
+        problem = _problem(posted, named, shared_devices=shared_devices)
         store.set(_VERDICT, _AGREED if problem is None else json.dumps(attrs.asdict(problem)))
     else:
         try:

@@ -32,7 +32,7 @@ from plait.strategies.collectives import DistributedCollectives, Rendezvous, agr
 from plait.strategies.launchers.children import HOSTED_STORE_VARIABLE, die_with_parent
 from plait.strategies.launchers.subprocess import become_rank
 from plait.strategies.network import choose_gloo_interface
-from plait.strategies.placement import agree_on_placement, post_placement
+from plait.strategies.placement import agree_on_placement, post_placement, shares_devices
 from plait.strategies.store import CURRENT_RUN_KEY, START_PREFIX, run_prefix
 
 __all__ = ["init_distributed"]
@@ -84,7 +84,7 @@ def init_distributed(
             program holds the job's port for all of ``start_timeout``.
         CollectiveTimeoutError: Ranks did not all arrive within ``start_timeout``
             (they are named), or rank 0's store could not be reached.
-        ConfigurationError: Two ranks use one GPU, or claim one local rank on a
+        ConfigurationError: Two ranks use one GPU (but over gloo), or claim one local rank on a
             node, or one node's ranks are on different hosts (on every rank, naming
             them; see `plait.strategies.placement.check_placements`).
     """
@@ -112,7 +112,14 @@ def init_distributed(
     ).meet(CollectiveCall("start-up"), start_timeout)
     if several:
         # Before the backend forms a group on a layout that cannot work.
-        agree_on_placement(store, environment, device, timeout=start_timeout, post=False)
+        agree_on_placement(
+            store,
+            environment,
+            device,
+            timeout=start_timeout,
+            post=False,
+            shared_devices=shares_devices(backend),
+        )
     # gloo (the backend, or the twin that agrees on calls) must bind an address the
     # other hosts can reach.
     choose_gloo_interface(environment.main_address, environment.main_port)
