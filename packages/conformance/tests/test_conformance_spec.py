@@ -298,6 +298,24 @@ def test_a_lane_this_machine_lacks_says_why() -> None:
         assert backend_unavailable("nccl", 2) == (
             f"the nccl lane needs 2 CUDA devices: this machine has {torch.cuda.device_count()}"
         )
+    # Ranks share the GPUs on gloo-cuda: one device serves any number of them.
+    if torch.cuda.device_count() == 0:
+        assert backend_unavailable("gloo-cuda", 2) == (
+            "the gloo-cuda lane needs a CUDA device, which its ranks share: this machine has 0"
+        )
+    else:
+        assert backend_unavailable("gloo-cuda", 4) is None
+
+
+def test_only_the_gloo_lane_hides_the_gpus_from_its_ranks() -> None:
+    from plait.conformance.pool import _rank_environ  # noqa: PLC0415
+
+    assert _rank_environ(0, 2, "gloo", 1234, "run")["CUDA_VISIBLE_DEVICES"] == ""
+    for lane in ("gloo-cuda", "nccl"):
+        environ = _rank_environ(1, 2, lane, 1234, "run")
+        assert "CUDA_VISIBLE_DEVICES" not in environ
+        assert environ["PLAIT_CONFORMANCE_BACKEND"] == lane
+        assert environ["LOCAL_WORLD_SIZE"] == "2"
 
 
 def test_the_dtypes_of_an_example_are_found_wherever_its_tensors_are() -> None:

@@ -189,7 +189,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )  # fmt: skip
     group.addoption(
         "--plait-backend", choices=tuple(LANES), default=None,
-        help="lane: gloo (CPU), nccl (CUDA) or xla; default: each suite's own (gloo)",
+        help="lane: gloo (CPU), gloo-cuda (gloo with CUDA tensors, ranks sharing GPUs), "
+        "nccl (CUDA) or xla; default: each suite's own (gloo)",
     )  # fmt: skip
     group.addoption(
         "--plait-world-sizes", default=None, metavar="N,N,...",

@@ -44,8 +44,13 @@ __all__ = [
     "backend_unavailable",
 ]
 
-LANES: Final = {"gloo": "cpu", "nccl": "cuda", "xla": "xla"}
-"""Each backend lane and the device type its ranks must run on."""
+LANES: Final = {"gloo": "cpu", "gloo-cuda": "cuda", "nccl": "cuda", "xla": "xla"}
+"""Each backend lane and the device type its ranks must run on.
+
+``gloo-cuda`` is gloo with the ranks' tensors on CUDA devices, which ranks may share:
+it runs several ranks on a machine of one GPU. Its strategies choose their devices
+and the gloo backend themselves (a factory reads ``PLAIT_CONFORMANCE_BACKEND``).
+"""
 
 UNHELD_DTYPES: Final[dict[str, dict[str, str]]] = {
     "xla": {
@@ -108,7 +113,10 @@ def backend_unavailable(backend: str, world_size: int) -> str | None:
     if backend == "nccl":
         count = torch.cuda.device_count()
         if count < world_size:
-            return f"the nccl lane needs {world_size} CUDA devices: this machine has {count}"
+            devices = "a CUDA device" if world_size == 1 else f"{world_size} CUDA devices"
+            return f"the nccl lane needs {devices}: this machine has {count}"
+    if backend == "gloo-cuda" and torch.cuda.device_count() == 0:
+        return "the gloo-cuda lane needs a CUDA device, which its ranks share: this machine has 0"
     if backend == "xla":
         import importlib.util  # noqa: PLC0415 - only the XLA lane asks
 
@@ -149,7 +157,8 @@ class RankPool:
     Args:
         target: The strategy: a registered name, ``"module:factory"``, or a factory.
         world_size: The number of ranks.
-        backend: The lane: ``"gloo"`` (CPU), ``"nccl"`` (CUDA) or ``"xla"``.
+        backend: The lane: ``"gloo"`` (CPU), ``"gloo-cuda"`` (gloo with CUDA tensors,
+            the ranks sharing the GPUs), ``"nccl"`` (CUDA) or ``"xla"``.
         deadline: Seconds an example may take on every rank before it counts as a hang.
         start_timeout: Seconds the ranks may take to build the strategy and join.
 

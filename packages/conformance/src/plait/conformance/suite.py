@@ -45,7 +45,8 @@ class ConformanceSuite:
             or module-level factories. Empty means ``--plait-strategy``.
         world_sizes: The numbers of ranks to test at (``--plait-world-sizes``
             overrides them).
-        backend: ``"gloo"`` (CPU), ``"nccl"`` (CUDA) or ``"xla"`` (``--plait-backend``
+        backend: ``"gloo"`` (CPU), ``"gloo-cuda"`` (gloo with CUDA tensors, the ranks
+            sharing the GPUs), ``"nccl"`` (CUDA) or ``"xla"`` (``--plait-backend``
             overrides it).
         deadline: Seconds an example may take before it counts as a hang
             (``--plait-deadline`` overrides it).
