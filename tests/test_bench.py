@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 TOOLS = Path(__file__).resolve().parent.parent / "tools"
 TOOL = TOOLS / "bench.py"
@@ -62,3 +63,20 @@ def test_an_unknown_side_is_refused_with_the_choices() -> None:
 
     assert run.returncode == 2
     assert "unknown sides ['keras']: choose from plain, plait-strategy" in run.stderr
+
+
+@pytest.mark.skipif(torch.cuda.device_count() > 0, reason="this machine has a CUDA device")
+def test_the_gpu_rows_without_a_gpu_are_refused_with_the_fix() -> None:
+    run = _bench("--accelerator", "cuda", "--sections", "fsdp")
+
+    assert run.returncode == 2
+    assert "--accelerator cuda: this machine has no CUDA device; use --accelerator cpu" in (
+        run.stderr
+    )
+    sharding = subprocess.run(
+        [sys.executable, str(TOOLS / "bench_fsdp.py"), "--side", "plain-ddp",
+         "--accelerator", "cuda", "--ranks", "2", "--out", "unused.json"],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert sharding.returncode == 2
+    assert "--ranks 2 needs as many GPUs: this machine has 0; pass --ranks 1" in sharding.stderr

@@ -25,6 +25,10 @@ Sections:
                for hand-written DDP and DeepSpeed (ZeRO-2) loops, DeepSpeedStrategy in
                that loop, and plait's Trainer at ZeRO stages 0-3 (Lightning's
                DeepSpeed refuses the CPU: no side)
+
+               With --accelerator cuda, fsdp and deepspeed run on NCCL, one rank per
+               GPU (at most 2), and add each rank's CUDA peak: the growth of
+               torch.cuda.max_memory_allocated from just before the model was built
   scale        checked collectives as the ranks grow: seconds per call at 2 to 16 real
                gloo ranks (quick: 2 and 4), raw against plait unchecked, checked
                through the store and checked through the process group (auto takes
@@ -269,6 +273,28 @@ _FSDP_SIDES: Final = {
 """Lightning's FSDP strategy refuses the CPU, so it has no side on this CPU benchmark."""
 
 
+@attrs.frozen
+class Placement:
+    """Where the sharding sections run: the CPU (2 gloo ranks) or GPUs (NCCL)."""
+
+    accelerator: str = "cpu"
+    ranks: int = 2
+
+    @classmethod
+    def of(cls, accelerator: str) -> Placement:
+        """2 gloo ranks on the CPU, or one NCCL rank per GPU (at most 2)."""
+        if accelerator == "cpu":
+            return cls()
+        import torch  # noqa: PLC0415 - only the CUDA sections ask
+
+        return cls(accelerator, min(2, torch.cuda.device_count()))
+
+    @property
+    def label(self) -> str:
+        """What a row's section says of it."""
+        return "" if self.accelerator == "cpu" else f" (cuda, {self.ranks} nccl)"
+
+
 def _sharding_figures(
     sides: dict[str, str],
     kinds: tuple[str, ...],
@@ -277,6 +303,7 @@ def _sharding_figures(
     steps: int,
     width: int,
     scratch: Path,
+    placement: Placement,
 ) -> dict[str, dict[str, list[float]]]:
     """Run each side of tools/bench_fsdp.py ``rounds`` times; each kind's figures by side."""
     figures: dict[str, dict[str, list[float]]] = {
@@ -285,14 +312,20 @@ def _sharding_figures(
     out = scratch / "sharding.json"
     # Large blocks are mapped and unmapped, not kept in the heap: the peak resident
     # size then follows the tensors alive, on every side alike.
-    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "131072", "DS_ACCELERATOR": "cpu"}
+    env = {
+        **os.environ,
+        "MALLOC_MMAP_THRESHOLD_": "131072",
+        "DS_ACCELERATOR": placement.accelerator,
+    }
     names = list(sides)
     for index in range(rounds):
         shift = index % len(names)
         for side in [*names[shift:], *names[:shift]]:
             out.unlink(missing_ok=True)
             command = [sys.executable, str(FSDP_TOOL), "--side", sides[side],
-                       "--width", str(width), "--steps", str(steps), "--out", str(out)]  # fmt: skip
+                       "--width", str(width), "--steps", str(steps), "--out", str(out),
+                       "--accelerator", placement.accelerator,
+                       "--ranks", str(placement.ranks)]  # fmt: skip
             done = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
             if done.returncode != 0:
                 raise RuntimeError(f"{side} failed:\n{done.stderr[-3000:]}")
@@ -302,26 +335,45 @@ def _sharding_figures(
     return figures
 
 
-def bench_fsdp(rounds: int, steps: int, width: int, scratch: Path) -> list[Row]:
+def _cuda_peak_rows(
+    section: str, figures: dict[str, dict[str, list[float]]], placement: Placement, ddp: str
+) -> list[Row]:
+    """Each side's CUDA peak growth against hand-written DDP's, on CUDA only."""
+    if placement.accelerator != "cuda":
+        return []
+    peaks = figures["cuda_peak_growth"]
+    return [
+        Row(section, f"CUDA peak growth per rank: {side}", "B", peaks[side], peaks[ddp], ddp)
+        for side in peaks
+        if side != ddp
+    ]
+
+
+def bench_fsdp(
+    rounds: int, steps: int, width: int, scratch: Path, placement: Placement | None = None
+) -> list[Row]:
     """Memory each rank holds and seconds per step, DDP against FSDP, on 2 gloo ranks."""
+    placement = placement or Placement()
+    section = "fsdp" + placement.label
     sides = list(_FSDP_SIDES)
     figures = _sharding_figures(
-        _FSDP_SIDES, ("per_step", "held_bytes", "peak_growth"),
-        rounds=rounds, steps=steps, width=width, scratch=scratch,
+        _FSDP_SIDES, ("per_step", "held_bytes", "peak_growth", "cuda_peak_growth"),
+        rounds=rounds, steps=steps, width=width, scratch=scratch, placement=placement,
     )  # fmt: skip
     ddp, fsdp2 = "hand-written DDP", "hand-written FSDP2"
     rows = [
-        Row("fsdp", f"held per rank: {side}", "B", figures["held_bytes"][side],
+        Row(section, f"held per rank: {side}", "B", figures["held_bytes"][side],
             figures["held_bytes"][ddp], ddp)
         for side in sides if side != ddp
     ]  # fmt: skip
     rows += [
-        Row("fsdp", f"peak growth per rank: {side}", "B", figures["peak_growth"][side],
+        Row(section, f"peak growth per rank: {side}", "B", figures["peak_growth"][side],
             figures["peak_growth"][ddp], ddp)
         for side in sides if side != ddp
     ]  # fmt: skip
+    rows += _cuda_peak_rows(section, figures, placement, ddp)
     rows += [
-        Row("fsdp", f"per step: {side}", "s", figures["per_step"][side],
+        Row(section, f"per step: {side}", "s", figures["per_step"][side],
             figures["per_step"][fsdp2], fsdp2)
         for side in sides if side != fsdp2
     ]  # fmt: skip
@@ -338,35 +390,40 @@ _DEEPSPEED_SIDES: Final = {
 """Lightning's DeepSpeed strategy refuses the CPU ("only supported on CUDA GPUs"): no side."""
 
 
-def bench_deepspeed(rounds: int, steps: int, width: int, scratch: Path) -> list[Row]:
+def bench_deepspeed(
+    rounds: int, steps: int, width: int, scratch: Path, placement: Placement | None = None
+) -> list[Row]:
     """Weights and optimizer state each rank holds, and seconds per step, per ZeRO stage."""
+    placement = placement or Placement()
+    section = "deepspeed" + placement.label
     sides = list(_DEEPSPEED_SIDES)
     figures = _sharding_figures(
-        _DEEPSPEED_SIDES, ("per_step", "weights_bytes", "peak_growth"),
-        rounds=rounds, steps=steps, width=width, scratch=scratch,
+        _DEEPSPEED_SIDES, ("per_step", "weights_bytes", "peak_growth", "cuda_peak_growth"),
+        rounds=rounds, steps=steps, width=width, scratch=scratch, placement=placement,
     )  # fmt: skip
     ddp, hand = "hand-written DDP", "hand-written DeepSpeed ZeRO-2"
     trainers = [side for side in sides if side.startswith("plait Trainer")]
     rows = [
-        Row("deepspeed", f"weights + optimizer per rank: {side}", "B",
+        Row(section, f"weights + optimizer per rank: {side}", "B",
             figures["weights_bytes"][side], figures["weights_bytes"][ddp], ddp)
         for side in sides if side != ddp
     ]  # fmt: skip
     rows += [
-        Row("deepspeed", f"peak growth per rank: {side}", "B", figures["peak_growth"][side],
+        Row(section, f"peak growth per rank: {side}", "B", figures["peak_growth"][side],
             figures["peak_growth"][ddp], ddp)
         for side in sides if side != ddp
     ]  # fmt: skip
+    rows += _cuda_peak_rows(section, figures, placement, ddp)
     # The framework's own cost, beside the same engine driven by hand.
     rows += [
-        Row("deepspeed", f"per step: {side}", "s", figures["per_step"][side],
+        Row(section, f"per step: {side}", "s", figures["per_step"][side],
             figures["per_step"][hand], hand)
         for side in ("plait DeepSpeedStrategy ZeRO-2 in that loop",
                      "plait Trainer, deepspeed stage 2")
     ]  # fmt: skip
     # What each stage costs against plain data parallelism.
     rows += [
-        Row("deepspeed", f"per step against DDP: {side}", "s", figures["per_step"][side],
+        Row(section, f"per step against DDP: {side}", "s", figures["per_step"][side],
             figures["per_step"][ddp], ddp)
         for side in [hand, *trainers]
     ]  # fmt: skip
@@ -696,6 +753,12 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="compare with Lightning too (tools/bench installs it for the run)",
     )
+    parser.add_argument(
+        "--accelerator",
+        choices=("cpu", "cuda"),
+        default="cpu",
+        help="where the fsdp and deepspeed sections run (cuda: NCCL, a rank per GPU)",
+    )
     args = parser.parse_args(argv)
     if args.with_lightning and not _installed("lightning.pytorch"):
         parser.error(
@@ -709,6 +772,9 @@ def main(argv: list[str] | None = None) -> int:
     rounds = args.rounds or (3 if args.quick else 11)
     if rounds < 1:
         parser.error(f"--rounds={rounds} must be 1 or more")
+    placement = Placement.of(args.accelerator)
+    if placement.ranks < 1:
+        parser.error("--accelerator cuda: this machine has no CUDA device; use --accelerator cpu")
 
     rows: list[Row] = []
     scratch = args.json.resolve().parent
@@ -720,10 +786,12 @@ def main(argv: list[str] | None = None) -> int:
     if "ddp" in sections:
         rows += bench_ddp(1 if args.quick else rounds, 60 if args.quick else 300, 256, scratch)
     if "fsdp" in sections:
-        rows += bench_fsdp(1 if args.quick else rounds, 20 if args.quick else 100, 512, scratch)
+        rows += bench_fsdp(
+            1 if args.quick else rounds, 20 if args.quick else 100, 512, scratch, placement
+        )
     if "deepspeed" in sections:
         rows += bench_deepspeed(
-            1 if args.quick else rounds, 20 if args.quick else 100, 512, scratch
+            1 if args.quick else rounds, 20 if args.quick else 100, 512, scratch, placement
         )
     if "collectives" in sections:
         rows += bench_collectives(rounds, scratch)

@@ -1,14 +1,17 @@
 """The sharding workload tools/bench times: one model, sharded (or not) by each side, on 2 ranks.
 
     python tools/bench_fsdp.py --side plait-trainer --width 512 --steps 100 --out result.json
+    python tools/bench_fsdp.py --side plait-trainer --accelerator cuda --ranks 1 --out r.json
 
 Every side trains the same model (4 residual blocks of ``width`` x ``width``, AdamW)
-on the same batches made beforehand (no loader), on two gloo processes, and rank 0
+on the same batches made beforehand (no loader), on two gloo processes (or
+``--ranks`` processes on NCCL, one per GPU, with ``--accelerator cuda``), and rank 0
 writes to ``--out``: seconds per step (after a warm-up), the bytes of parameters,
 gradients and optimizer state it holds (its shards'), the bytes of parameters and
 optimizer state alone (with any fp32 master copies: DeepSpeed keeps its gradients in
-buffers of its own), and how much its peak resident memory grew from just before
-the model was built.
+buffers of its own), how much its peak resident memory grew from just before the
+model was built, and on CUDA how much its peak of allocated GPU memory
+(``torch.cuda.max_memory_allocated``) grew from then.
 
 FSDP sides: ``plain-ddp`` (hand-written DDP), ``plain-fsdp2`` (hand-written FSDP2:
 each block, then the root, ``fully_shard``-ed), ``plait-strategy`` (`FSDPStrategy`
@@ -143,8 +146,13 @@ def peak_rss() -> int:
 class Record:
     """Step times and memory, as rank 0 reports them."""
 
-    def __init__(self, steps: int, out: Path) -> None:
+    def __init__(self, steps: int, out: Path, device: torch.device | None = None) -> None:
         self.steps, self.out = steps, out
+        self.device = device if device is not None and device.type == "cuda" else None
+        self.cuda_baseline = 0
+        if self.device is not None:
+            torch.cuda.reset_peak_memory_stats(self.device)
+            self.cuda_baseline = torch.cuda.memory_allocated(self.device)
         self.baseline = peak_rss()
         self.held = 0
         self.weights = 0
@@ -164,15 +172,20 @@ class Record:
                 "held_bytes": self.held,
                 "weights_bytes": self.weights,
                 "peak_growth": peak_rss() - self.baseline,
+                "cuda_peak_growth": (
+                    torch.cuda.max_memory_allocated(self.device) - self.cuda_baseline
+                    if self.device is not None
+                    else 0
+                ),
             }
             self.out.write_text(json.dumps(result), encoding="utf-8")
 
 
-def _shard_by_hand(layers: nn.Sequential) -> nn.Module:
+def _shard_by_hand(layers: nn.Sequential, device_type: str) -> nn.Module:
     from torch.distributed.device_mesh import init_device_mesh  # noqa: PLC0415
     from torch.distributed.fsdp import fully_shard  # noqa: PLC0415
 
-    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    mesh = init_device_mesh(device_type, (dist.get_world_size(),))
     for layer in layers:
         if isinstance(layer, Block):
             fully_shard(layer, mesh=mesh)
@@ -180,30 +193,54 @@ def _shard_by_hand(layers: nn.Sequential) -> nn.Module:
     return layers
 
 
+def _rank_device(rank: int, accelerator: str) -> torch.device:
+    """The rank's device: its GPU on CUDA (made current), else the CPU."""
+    if accelerator != "cuda":
+        return torch.device("cpu")
+    device = torch.device("cuda", rank)
+    torch.cuda.set_device(device)
+    return device
+
+
+def _on(
+    device: torch.device, data: list[tuple[torch.Tensor, torch.Tensor]]
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    return [(x.to(device), y.to(device)) for x, y in data]
+
+
 def hand_written(  # noqa: PLR0917 (torch.multiprocessing.spawn passes them by position)
-    rank: int, side: str, port: int, width: int, steps: int, out: Path
+    rank: int,
+    side: str,
+    port: int,
+    width: int,
+    steps: int,
+    out: Path,
+    accelerator: str = "cpu",
+    ranks: int = 2,
 ) -> None:
     """A hand-written loop on one rank: DDP, FSDP2, or FSDPStrategy in the loop."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-                      WORLD_SIZE="2", LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE="2")  # fmt: skip
+                      WORLD_SIZE=str(ranks), LOCAL_RANK=str(rank),
+                      LOCAL_WORLD_SIZE=str(ranks))  # fmt: skip
     torch.set_num_threads(1)
-    data = batches(width, steps)
-    record = Record(steps, out)
+    device = _rank_device(rank, accelerator)
+    data = _on(device, batches(width, steps))
+    record = Record(steps, out, device)
     strategy = None
     if side == "plait-strategy":
-        strategy = FSDPStrategy(accelerator="cpu", auto_wrap_policy={Block})
+        strategy = FSDPStrategy(accelerator=accelerator, auto_wrap_policy={Block})
         strategy.setup_environment()
         layers = model(width)
         wrapped, [optimizer] = strategy.setup_module_and_optimizers(
             layers, [torch.optim.AdamW(layers.parameters(), lr=1e-3)]
         )
     else:
-        dist.init_process_group("gloo")
-        layers = model(width)
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+        layers = model(width).to(device)
         if side == "plain-ddp":
             wrapped = nn.parallel.DistributedDataParallel(layers)
         else:
-            wrapped = _shard_by_hand(layers)
+            wrapped = _shard_by_hand(layers, device.type)
         optimizer = torch.optim.AdamW(wrapped.parameters(), lr=1e-3)
     for done, (x, y) in enumerate(data, start=1):
         if strategy is not None:
@@ -294,22 +331,30 @@ class Engine(Protocol):
 
 
 def deepspeed_loop(  # noqa: PLR0917 (torch.multiprocessing.spawn passes them by position)
-    rank: int, side: str, port: int, width: int, steps: int, out: Path
+    rank: int,
+    side: str,
+    port: int,
+    width: int,
+    steps: int,
+    out: Path,
+    accelerator: str = "cpu",
+    ranks: int = 2,
 ) -> None:
     """A hand-written loop on one rank, on DeepSpeed's engine or DeepSpeedStrategy."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-                      WORLD_SIZE="2", LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE="2",
-                      DS_ACCELERATOR="cpu")  # fmt: skip
+                      WORLD_SIZE=str(ranks), LOCAL_RANK=str(rank),
+                      LOCAL_WORLD_SIZE=str(ranks), DS_ACCELERATOR=accelerator)  # fmt: skip
     from plait.strategies.deepspeed.library import import_deepspeed  # noqa: PLC0415
 
     torch.set_num_threads(1)
-    deepspeed = import_deepspeed("cpu")  # without the shared-memory op: nothing compiled
-    data = batches(width, steps)
-    record = Record(steps, out)
-    layers = model(width)
+    deepspeed = import_deepspeed(accelerator)  # without the shared-memory op: nothing compiled
+    device = _rank_device(rank, accelerator)
+    data = _on(device, batches(width, steps))
+    record = Record(steps, out, device)
+    layers = model(width).to(device)
     optimizer = torch.optim.AdamW(layers.parameters(), lr=1e-3)
     if side == "plait-deepspeed-strategy":
-        strategy = DeepSpeedStrategy(accelerator="cpu", stage=2)
+        strategy = DeepSpeedStrategy(accelerator=accelerator, stage=2)
         strategy.setup_environment()
         wrapped, _ = strategy.setup_module_and_optimizers(layers, [optimizer])
         engine = strategy.engine
@@ -324,8 +369,9 @@ def deepspeed_loop(  # noqa: PLR0917 (torch.multiprocessing.spawn passes them by
                 )
         strategy.teardown()
         return
-    dist.init_process_group("gloo")
-    deepspeed.init_distributed(dist_backend="gloo", dist_init_required=False)
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    dist.init_process_group(backend)
+    deepspeed.init_distributed(dist_backend=backend, dist_init_required=False)
     made, *_ = deepspeed.initialize(
         model=layers, optimizer=optimizer, config=DEEPSPEED_CONFIG, dist_init_required=False
     )
@@ -358,23 +404,32 @@ class Weights(Callback):
             )
 
 
-def plait_trainer(width: int, steps: int, out: Path, stage: int | None = None) -> None:
+def plait_trainer(  # noqa: PLR0917
+    width: int,
+    steps: int,
+    out: Path,
+    stage: int | None = None,
+    accelerator: str = "cpu",
+    ranks: int = 2,
+) -> None:
     """plait's Trainer with FSDPStrategy (or DeepSpeedStrategy at ``stage``), its own
-    launcher starting the second rank."""
+    launcher starting the other ranks."""
     if stage is not None:  # imported by the hand-written side before it measures, too
         from plait.strategies.deepspeed.library import import_deepspeed  # noqa: PLC0415
 
-        import_deepspeed("cpu")
+        import_deepspeed(accelerator)
     timing = Timing(steps, out)
-    timing.record = Record(steps, out)  # before the model is built
+    # Before the model is built; rank 0 (this process) uses the first GPU.
+    device = torch.device("cuda", 0) if accelerator == "cuda" else None
+    timing.record = Record(steps, out, device)
     trainer = Trainer(
         strategy=(
             FSDPStrategy(auto_wrap_policy={Block})
             if stage is None
             else DeepSpeedStrategy(stage=stage)
         ),
-        accelerator="cpu",
-        devices=2,
+        accelerator=accelerator,
+        devices=ranks,
         max_steps=WARMUP + steps,
         logger=False,
         enable_progress_bar=False,
@@ -392,27 +447,31 @@ def _free_port() -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run one side on two ranks; rank 0 writes its figures to ``--out``."""
+    """Run one side on its ranks; rank 0 writes its figures to ``--out``."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--side", choices=SIDES, required=True)
     parser.add_argument("--width", type=int, default=512)
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--accelerator", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--ranks", type=int, default=2, help="processes (one per GPU on cuda)")
     args = parser.parse_args(argv)
+    if args.accelerator == "cuda" and torch.cuda.device_count() < args.ranks:
+        parser.error(
+            f"--ranks {args.ranks} needs as many GPUs: this machine has "
+            f"{torch.cuda.device_count()}; pass --ranks {max(1, torch.cuda.device_count())}"
+        )
+    where = (args.accelerator, args.ranks)
     if args.side == "plait-trainer":
-        plait_trainer(args.width, args.steps, args.out)
+        plait_trainer(args.width, args.steps, args.out, None, *where)
     elif args.side.startswith("plait-deepspeed-") and args.side[-1].isdigit():
-        plait_trainer(args.width, args.steps, args.out, stage=int(args.side[-1]))
-    elif args.side in DEEPSPEED_SIDES:
-        from torch.multiprocessing.spawn import spawn  # noqa: PLC0415
-
-        spawned = (args.side, _free_port(), args.width, args.steps, args.out)
-        spawn(deepspeed_loop, spawned, nprocs=2)  # type: ignore[no-untyped-call]
+        plait_trainer(args.width, args.steps, args.out, int(args.side[-1]), *where)
     else:
         from torch.multiprocessing.spawn import spawn  # noqa: PLC0415
 
-        spawned = (args.side, _free_port(), args.width, args.steps, args.out)
-        spawn(hand_written, spawned, nprocs=2)  # type: ignore[no-untyped-call]
+        loop = deepspeed_loop if args.side in DEEPSPEED_SIDES else hand_written
+        spawned = (args.side, _free_port(), args.width, args.steps, args.out, *where)
+        spawn(loop, spawned, nprocs=args.ranks)  # type: ignore[no-untyped-call]
     return 0
 
 
