@@ -1,4 +1,4 @@
-"""Print the slowest tests of one or more JUnit XML files, as tools/check's summary does.
+"""Counts and the slowest tests of JUnit XML files, as tools/check's summary prints them.
 
     python tools/slowest.py --count 5 .cache/check/pytest.xml .cache/check/xla.xml
 
@@ -8,8 +8,21 @@ A test's time is pytest's for its set-up, call and tear-down together.
 from __future__ import annotations
 
 import argparse
+from collections import Counter
 from pathlib import Path
 from xml.etree import ElementTree
+
+
+def _outcome(case: ElementTree.Element) -> str:
+    for child, outcome in (("skipped", "skipped"), ("failure", "failed"), ("error", "error")):
+        if case.find(child) is not None:
+            return outcome
+    return "passed"
+
+
+def counts(path: Path) -> Counter[str]:
+    """How many of ``path``'s test cases passed, failed, errored and were skipped."""
+    return Counter(_outcome(case) for case in ElementTree.parse(path).getroot().iter("testcase"))
 
 
 def slowest(paths: list[Path], count: int) -> list[tuple[float, str]]:
@@ -28,7 +41,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--count", type=int, default=5)
     parser.add_argument("paths", type=Path, nargs="+")
     options = parser.parse_args(argv)
-    for seconds, test in slowest([p for p in options.paths if p.is_file()], options.count):
+    paths = [path for path in options.paths if path.is_file()]
+    for path in paths:
+        found = counts(path)
+        listed = ", ".join(
+            f"{found[key]} {key}" for key in ("passed", "failed", "error", "skipped")
+        )
+        print(f"{path.name}: {sum(found.values())} tests: {listed}")
+    print(f"\nthe {options.count} slowest tests (set-up, call and tear-down):")
+    for seconds, test in slowest(paths, options.count):
         print(f"{seconds:8.1f}s  {test}")
     return 0
 
