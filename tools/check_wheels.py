@@ -5,8 +5,9 @@ virtualenv, installs that package's wheel (pip resolves plait-core and any other
 sibling it declares from the wheels just built, nothing else), and imports it.
 
 Third-party dependencies (torch above all) come from one shared base environment,
-made once and reused while the packages' dependencies are unchanged, which each
-fresh virtualenv sees through a .pth file. The base holds no plait package, so a
+made once per machine (under ~/.cache/plait) and reused while the packages'
+dependencies and the Python are unchanged, which each fresh virtualenv sees
+through a .pth file. The base holds no plait package, so a
 sibling that a package imports without declaring it fails the import.
 """
 
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import os
 import shutil
 import subprocess
 import sys
@@ -27,6 +29,8 @@ from packaging.requirements import Requirement
 
 REPO = Path(__file__).resolve().parent.parent
 TORCH_PIN = "torch==2.13.0"  # the CPU build on these machines, as in requirements/dev.txt
+# The machine's cache, as the XLA lane's environment is: a fresh clone reuses the base.
+CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "plait" / "wheel-check"
 
 
 def run(*command: str | Path, cwd: Path = REPO) -> str:
@@ -72,7 +76,8 @@ def base_environment(cache: Path) -> Path:
         }
         | {TORCH_PIN}
     )
-    key = hashlib.sha256("\n".join(third_party).encode()).hexdigest()[:16]
+    made_of = [sys.version, *third_party]
+    key = hashlib.sha256("\n".join(made_of).encode()).hexdigest()[:16]
     base = cache / f"base-{key}"
     if not (base / ".complete").exists():
         shutil.rmtree(base, ignore_errors=True)
@@ -174,8 +179,9 @@ def main() -> None:
     parser.add_argument(
         "--cache",
         type=Path,
-        default=REPO / ".cache" / "wheel-check",
-        help="where the shared base environment is kept",
+        default=CACHE,
+        help="where the shared base environment is kept (the machine's, like the XLA "
+        "lane's: a fresh clone reuses it)",
     )
     args = parser.parse_args()
     start = time.monotonic()
