@@ -45,9 +45,10 @@ settings.load_profile("default")
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Skip the tests of hardware lanes this machine lacks, saying why; slow tests first.
 
-    pytest-xdist hands out tests in this order: the long ones start while the other
-    workers have the short ones to share, instead of one long test ending the run
-    with the other workers idle. The order is otherwise kept (a stable sort).
+    pytest-xdist hands out single tests in this order (with ``--dist loadgroup``,
+    after the groups, largest first: the conformance lanes): the long ones start while
+    the other workers have the short ones to share, instead of one long test ending
+    the run with the other workers idle. The order is otherwise kept (a stable sort).
     """
     if torch.cuda.device_count() == 0:
         skip = pytest.mark.skip(reason="needs a CUDA device: this machine has none")
