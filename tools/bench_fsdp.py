@@ -34,6 +34,7 @@ import socket
 import sys
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Final, Protocol, cast
 
@@ -193,39 +194,39 @@ def _shard_by_hand(layers: nn.Sequential, device_type: str) -> nn.Module:
     return layers
 
 
-def _rank_device(rank: int, accelerator: str) -> torch.device:
-    """The rank's device: its GPU on CUDA (made current), else the CPU."""
-    if accelerator != "cuda":
-        return torch.device("cpu")
-    device = torch.device("cuda", rank)
-    torch.cuda.set_device(device)
-    return device
+@dataclass(frozen=True)
+class Job:
+    """What every rank of a hand-written side is told (it crosses to the ranks pickled)."""
+
+    side: str
+    port: int
+    width: int
+    steps: int
+    out: Path
+    accelerator: str = "cpu"
+    ranks: int = 2
+
+    def join(
+        self, rank: int
+    ) -> tuple[torch.device, list[tuple[torch.Tensor, torch.Tensor]], Record]:
+        """Become ``rank``: its variables, its device (its GPU, made current, on CUDA),
+        the batches on it, and the record of its figures."""
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(self.port),
+                          RANK=str(rank), WORLD_SIZE=str(self.ranks), LOCAL_RANK=str(rank),
+                          LOCAL_WORLD_SIZE=str(self.ranks))  # fmt: skip
+        torch.set_num_threads(1)
+        device = torch.device("cpu")
+        if self.accelerator == "cuda":
+            device = torch.device("cuda", rank)
+            torch.cuda.set_device(device)
+        data = [(x.to(device), y.to(device)) for x, y in batches(self.width, self.steps)]
+        return device, data, Record(self.steps, self.out, device)
 
 
-def _on(
-    device: torch.device, data: list[tuple[torch.Tensor, torch.Tensor]]
-) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    return [(x.to(device), y.to(device)) for x, y in data]
-
-
-def hand_written(  # noqa: PLR0917 (torch.multiprocessing.spawn passes them by position)
-    rank: int,
-    side: str,
-    port: int,
-    width: int,
-    steps: int,
-    out: Path,
-    accelerator: str = "cpu",
-    ranks: int = 2,
-) -> None:
+def hand_written(rank: int, job: Job) -> None:
     """A hand-written loop on one rank: DDP, FSDP2, or FSDPStrategy in the loop."""
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-                      WORLD_SIZE=str(ranks), LOCAL_RANK=str(rank),
-                      LOCAL_WORLD_SIZE=str(ranks))  # fmt: skip
-    torch.set_num_threads(1)
-    device = _rank_device(rank, accelerator)
-    data = _on(device, batches(width, steps))
-    record = Record(steps, out, device)
+    device, data, record = job.join(rank)
+    side, accelerator, width = job.side, job.accelerator, job.width
     strategy = None
     if side == "plait-strategy":
         strategy = FSDPStrategy(accelerator=accelerator, auto_wrap_policy={Block})
@@ -330,27 +331,14 @@ class Engine(Protocol):
     def step(self) -> None: ...
 
 
-def deepspeed_loop(  # noqa: PLR0917 (torch.multiprocessing.spawn passes them by position)
-    rank: int,
-    side: str,
-    port: int,
-    width: int,
-    steps: int,
-    out: Path,
-    accelerator: str = "cpu",
-    ranks: int = 2,
-) -> None:
+def deepspeed_loop(rank: int, job: Job) -> None:
     """A hand-written loop on one rank, on DeepSpeed's engine or DeepSpeedStrategy."""
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-                      WORLD_SIZE=str(ranks), LOCAL_RANK=str(rank),
-                      LOCAL_WORLD_SIZE=str(ranks), DS_ACCELERATOR=accelerator)  # fmt: skip
     from plait.strategies.deepspeed.library import import_deepspeed  # noqa: PLC0415
 
-    torch.set_num_threads(1)
+    side, accelerator, width = job.side, job.accelerator, job.width
+    os.environ["DS_ACCELERATOR"] = accelerator
     deepspeed = import_deepspeed(accelerator)  # without the shared-memory op: nothing compiled
-    device = _rank_device(rank, accelerator)
-    data = _on(device, batches(width, steps))
-    record = Record(steps, out, device)
+    device, data, record = job.join(rank)
     layers = model(width).to(device)
     optimizer = torch.optim.AdamW(layers.parameters(), lr=1e-3)
     if side == "plait-deepspeed-strategy":
@@ -470,8 +458,8 @@ def main(argv: list[str] | None = None) -> int:
         from torch.multiprocessing.spawn import spawn  # noqa: PLC0415
 
         loop = deepspeed_loop if args.side in DEEPSPEED_SIDES else hand_written
-        spawned = (args.side, _free_port(), args.width, args.steps, args.out, *where)
-        spawn(loop, spawned, nprocs=args.ranks)  # type: ignore[no-untyped-call]
+        job = Job(args.side, _free_port(), args.width, args.steps, args.out, *where)
+        spawn(loop, (job,), nprocs=args.ranks)  # type: ignore[no-untyped-call]
     return 0
 
 
