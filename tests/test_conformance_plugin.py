@@ -169,7 +169,7 @@ def test_a_failure_names_the_property_and_prints_how_to_rerun_it(tmp_path: Path)
         ),
         (
             ("--plait-strategy=ddp", "--plait-backend=nccl", "--plait-require-lanes"),
-            "the nccl lane needs 1 CUDA devices: this machine has 0",
+            "the nccl lane needs a CUDA device: this machine has 0",
         ),
         (("--plait-strategy=ddp", "--plait-backend=ncl"), "invalid choice: 'ncl'"),
         (("--plait-strategy=ddp", "--plait-expectations=nowhere.txt"), "no such file"),
