@@ -199,3 +199,21 @@ def run(
 ) -> Finished:
     """Run a job to its end (see `Job.finish`)."""
     return Job(command, root, environment).finish(timeout)
+
+
+def finish_all(jobs: Sequence[Job], timeout: float = LAUNCH_TIMEOUT) -> list[Finished]:
+    """Finish every job of ``jobs`` (started at once), even after one failed; their ends.
+
+    Raises:
+        AssertionError: The first job that failed to end well (see `Job.finish`).
+    """
+    finished: list[Finished] = []
+    failures: list[AssertionError] = []
+    for job in jobs:
+        try:
+            finished.append(job.finish(timeout))
+        except AssertionError as failure:  # noqa: PERF203 (each job must be finished)
+            failures.append(failure)
+    if failures:
+        raise failures[0]
+    return finished

@@ -11,7 +11,14 @@ import signal
 from pathlib import Path
 
 import pytest
-from tests.reliability.jobs import Job, fit_command, run, torchrun_command, wait_for
+from tests.reliability.jobs import (
+    Job,
+    finish_all,
+    fit_command,
+    run,
+    torchrun_command,
+    wait_for,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -129,14 +136,21 @@ def test_a_stalled_rank_0_under_popen_is_named_every_time_within_60s_each(
     tmp_path: Path,
 ) -> None:
     # Rank 0 is the calling process, asleep in the user's code: the hardest to stop.
+    # The three jobs run at once: each spends most of its time waiting (for the
+    # collective timeout, then the grace period), not computing.
+    jobs = []
     for attempt in range(3):
         root = tmp_path / str(attempt)
         root.mkdir()
-        done = run(
-            fit_command("ddp", 2, root, "max_epochs=1"),
-            root,
-            {"STALL_RANK": "0", "STALL_STEP": str(2 + attempt), "TIMEOUT": "3"},
+        jobs.append(
+            Job(
+                fit_command("ddp", 2, root, "max_epochs=1"),
+                root,
+                {"STALL_RANK": "0", "STALL_STEP": str(2 + attempt), "TIMEOUT": "3"},
+            )
         )
+    finished = finish_all(jobs)
+    for attempt, done in enumerate(finished):
         assert done.returncode == 1
         assert done.seconds < 60, f"attempt {attempt} took {done.seconds:.1f} s"
         assert "rank 0 stalled: rank 1 timed out after 3 s" in done.headline
