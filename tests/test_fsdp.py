@@ -22,13 +22,25 @@ from tests.sharded_jobs import (
 
 JOB = Path(__file__).resolve().with_name("fsdp_job.py")
 
-pytestmark = pytest.mark.slow
+# One worker runs the module, so that the runs its tests share (below) run once.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("test_fsdp")]
 
 
 def _run(
     root: Path, tag: str, *options: str, env: dict[str, str] | None = None
 ) -> dict[str, object]:
     return run_job(JOB, root, tag, *options, env=env)
+
+
+@pytest.fixture(scope="module")
+def one_epoch(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
+    """FSDP's defaults (full sharding) on 2 processes for 1 epoch: what the variants match.
+
+    Every test below that needs this run reads this one: the job is deterministic,
+    and none of them reads or writes its directory.
+    """
+    root = tmp_path_factory.mktemp("fsdp-one-epoch")
+    return _run(root, "full", "--devices", "2", "--epochs", "1")
 
 
 def _state_bytes(result: dict[str, object]) -> int:
@@ -96,8 +108,10 @@ def test_an_optimizer_without_per_parameter_state_resumes_exactly(tmp_path: Path
     assert losses_of(resumed) == {k: v for k, v in losses_of(straight).items() if int(k) >= 4}
 
 
-def test_bf16_activation_checkpointing_prefetch_and_uneven_validation(tmp_path: Path) -> None:
-    fp32 = _run(tmp_path / "fp32", "fp32", "--devices", "2", "--epochs", "1")
+def test_bf16_activation_checkpointing_prefetch_and_uneven_validation(
+    tmp_path: Path, one_epoch: dict[str, object]
+) -> None:
+    fp32 = one_epoch
     options = '{"checkpoint_blocks": true, "wrap": "blocks", "backward_prefetch": "BACKWARD_PRE"}'
     result = _run(tmp_path / "bf16", "bf16", "--devices", "2", "--epochs", "1",
                   "--precision", "bf16-mixed", "--options", options,
@@ -125,9 +139,11 @@ def test_a_model_built_on_meta_with_cpu_offload_trains_from_each_ranks_shards(
     assert losses[-1] < losses[0]
 
 
-def test_a_full_state_dict_is_one_file_plain_pytorch_loads(tmp_path: Path) -> None:
+def test_a_full_state_dict_is_one_file_plain_pytorch_loads(
+    tmp_path: Path, one_epoch: dict[str, object]
+) -> None:
     options = '{"state_dict_type": "full", "sharding_strategy": "SHARD_GRAD_OP", "wrap": 200}'
-    sharded = _run(tmp_path / "sharded", "sharded", "--devices", "2", "--epochs", "1")
+    sharded = one_epoch
     full = _run(tmp_path / "full", "full", "--devices", "2", "--epochs", "1",
                 "--options", options)  # fmt: skip
 
@@ -166,9 +182,9 @@ def test_after_fit_a_new_module_validates_from_the_checkpoint_and_the_fitted_one
     ],
 )
 def test_replicated_and_hybrid_sharding_train_as_full_sharding_does(
-    tmp_path: Path, strategy: str, options: str
+    tmp_path: Path, strategy: str, options: str, one_epoch: dict[str, object]
 ) -> None:
-    reference = _run(tmp_path / "full", "full", "--devices", "2", "--epochs", "1")
+    reference = one_epoch
     result = _run(tmp_path / "other", "other", "--strategy", strategy, "--devices", "4",
                   "--epochs", "1", "--options", options)  # fmt: skip
 
