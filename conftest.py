@@ -61,7 +61,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 StartRanks = Callable[..., list[str]]
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def start_ranks() -> StartRanks:
     """Run ``script ARGS`` as ``world_size`` ranks on gloo; return their outputs.
 

@@ -1,6 +1,8 @@
 """One rank of the multi-process strategy tests.
 
-Usage: RANK=r WORLD_SIZE=n MASTER_ADDR=... MASTER_PORT=... python rank_main.py SCENARIO
+Usage: RANK=r WORLD_SIZE=n MASTER_ADDR=... MASTER_PORT=... python rank_main.py SCENARIOS
+
+SCENARIOS is one scenario's name, or several separated by commas.
 
 Each scenario checks its own results and raises on any difference; the test that
 started the ranks checks that every rank exited 0 and reads what they printed.
@@ -355,9 +357,10 @@ SCENARIOS: dict[str, tuple[Callable[[DDPStrategy], None], dict[str, object]]] = 
 }
 
 
-if __name__ == "__main__":
-    scenario, options = SCENARIOS[sys.argv[1]]
-    kind = DDPShardedStrategy if sys.argv[1].startswith("sharded") else DDPStrategy
+def run(name: str) -> None:
+    """Run the scenario ``name`` on a strategy of its own, set up and torn down."""
+    scenario, options = SCENARIOS[name]
+    kind = DDPShardedStrategy if name.startswith("sharded") else DDPStrategy
     strategy = kind(accelerator="cpu", timeout=timedelta(seconds=60), **options)  # type: ignore[arg-type]
     strategy.setup_environment()
     path = strategy.distributed_collectives.path
@@ -366,3 +369,11 @@ if __name__ == "__main__":
         scenario(strategy)
     finally:
         strategy.teardown()
+
+
+if __name__ == "__main__":
+    # One scenario, or several separated by commas: one job runs them in turn, each
+    # on a strategy (and process group) of its own, each under a header line.
+    for name in sys.argv[1].split(","):
+        print(f"== scenario {name}", flush=True)
+        run(name)

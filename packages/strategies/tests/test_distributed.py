@@ -14,6 +14,13 @@ StartRanks = Callable[..., list[str]]  # the fixture of the root conftest.py
 RANK_SCRIPT = Path(__file__).resolve().parent / "rank_main.py"
 
 
+def _agreed(outputs: list[str], world_size: int, agreement: str) -> None:
+    # Every rank says it took the path ``agreement`` asks for.
+    if world_size > 1:  # one process has nothing to agree with
+        path = "backend" if agreement == "backend" else "store"
+        assert all(f"agreeing through the {path}" in output for output in outputs)
+
+
 @pytest.fixture
 def run_ranks(start_ranks: StartRanks) -> RunRanks:
     """Run ``rank_main.py SCENARIO`` as ``world_size`` ranks; return their outputs.
@@ -32,12 +39,62 @@ def run_ranks(start_ranks: StartRanks) -> RunRanks:
             environ={"PLAIT_CHECK_AGREEMENT": agreement},
             timeout=timeout,
         )
-        if world_size > 1:  # one process has nothing to agree with
-            path = "backend" if agreement == "backend" else "store"
-            assert all(f"agreeing through the {path}" in output for output in outputs)
+        _agreed(outputs, world_size, agreement)
         return outputs
 
     return run
+
+
+CONTRACT = ("collectives", "collectives_unchecked", "broadcasts", "broadcasts_unchecked")
+SHARED_JOBS = {
+    1: CONTRACT,
+    2: (*CONTRACT, "mismatch"),
+    3: (*CONTRACT, "groups", "groups_unchecked", "mismatch"),
+}
+"""The scenarios one job runs in turn, by world size: those that leave the ranks in
+step, each on a strategy of its own. A job per world size and agreement path runs
+them all, instead of a job per test."""
+
+SHARED = pytest.mark.xdist_group("strategies_shared_jobs")
+"""The tests of the shared jobs run on one pytest-xdist worker: each job runs once."""
+
+
+@pytest.fixture(scope="module")
+def scenario_outputs(start_ranks: StartRanks) -> RunRanks:
+    """Each rank's output of ``scenario`` in the shared job of its world size and agreement.
+
+    The job runs at the first test that needs it; a job that failed fails every test
+    of its scenarios, with its output (whose headers say which scenario failed).
+    """
+    jobs: dict[tuple[int, str], list[str] | AssertionError] = {}
+
+    def outputs(scenario: str, world_size: int, agreement: str) -> list[str]:
+        key = (world_size, agreement)
+        if key not in jobs:
+            try:
+                jobs[key] = start_ranks(
+                    RANK_SCRIPT,
+                    [",".join(SHARED_JOBS[world_size])],
+                    world_size,
+                    environ={"PLAIT_CHECK_AGREEMENT": agreement},
+                )
+            except AssertionError as failure:
+                jobs[key] = failure
+        job = jobs[key]
+        if isinstance(job, AssertionError):
+            raise AssertionError(f"the shared job of {world_size} rank(s) failed:\n{job}")
+        sections = [_section(output, scenario) for output in job]
+        _agreed(sections, world_size, agreement)
+        return sections
+
+    return outputs
+
+
+def _section(output: str, scenario: str) -> str:
+    """What a rank printed while it ran ``scenario`` (under its header line)."""
+    header = f"== scenario {scenario}\n"
+    assert header in output, f"{scenario} did not run:\n{output}"
+    return output.split(header, 1)[1].split("== scenario ", 1)[0]
 
 
 AGREEMENTS = pytest.mark.parametrize("agreement", ["auto", "backend"])
@@ -46,47 +103,51 @@ through the process group (``backend``, the path of large groups)."""
 
 
 @pytest.mark.slow
+@SHARED
 @AGREEMENTS
 @pytest.mark.parametrize("scenario", ["collectives", "collectives_unchecked"])
 @pytest.mark.parametrize("world_size", [1, 2, 3])
 def test_the_collective_contract_holds_on_every_rank(
-    run_ranks: RunRanks, world_size: int, scenario: str, agreement: str
+    scenario_outputs: RunRanks, world_size: int, scenario: str, agreement: str
 ) -> None:
-    outputs = run_ranks(scenario, world_size, agreement=agreement)
+    outputs = scenario_outputs(scenario, world_size, agreement)
 
     assert all("collectives ok" in output for output in outputs)
 
 
 @pytest.mark.slow
+@SHARED
 @AGREEMENTS
 @pytest.mark.parametrize("scenario", ["groups", "groups_unchecked"])
 def test_collectives_over_a_sub_group_keep_the_contract_among_its_ranks(
-    run_ranks: RunRanks, scenario: str, agreement: str
+    scenario_outputs: RunRanks, scenario: str, agreement: str
 ) -> None:
-    outputs = run_ranks(scenario, 3, agreement=agreement)
+    outputs = scenario_outputs(scenario, 3, agreement)
 
     assert all("groups ok" in output for output in outputs)
 
 
 @pytest.mark.slow
+@SHARED
 @AGREEMENTS
 @pytest.mark.parametrize("scenario", ["broadcasts", "broadcasts_unchecked"])
 @pytest.mark.parametrize("world_size", [1, 2, 3])
 def test_broadcast_gives_every_rank_src_value_small_or_large(
-    run_ranks: RunRanks, world_size: int, scenario: str, agreement: str
+    scenario_outputs: RunRanks, world_size: int, scenario: str, agreement: str
 ) -> None:
-    outputs = run_ranks(scenario, world_size, agreement=agreement)
+    outputs = scenario_outputs(scenario, world_size, agreement)
 
     assert all("broadcasts ok" in output for output in outputs)
 
 
 @pytest.mark.slow
+@SHARED
 @AGREEMENTS
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_mismatched_calls_raise_on_every_rank_and_leave_the_ranks_in_step(
-    run_ranks: RunRanks, world_size: int, agreement: str
+    scenario_outputs: RunRanks, world_size: int, agreement: str
 ) -> None:
-    outputs = run_ranks("mismatch", world_size, agreement=agreement)
+    outputs = scenario_outputs("mismatch", world_size, agreement)
 
     for output in outputs:
         assert "mismatch ok" in output
