@@ -22,9 +22,10 @@ from pathlib import Path
 import pytest
 import torch
 from tests.multinode.hosts import Host, hosts, unavailable
-from tests.reliability.jobs import SCRIPT, Finished, Job
+from tests.reliability.jobs import SCRIPT, Finished, Job, finish_all
 
-pytestmark = pytest.mark.slow
+# One worker runs the module, so that the undisturbed run its tests share runs once.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("multinode_hosts")]
 
 PLACED = Path(__file__).resolve().parent / "placed_main.py"
 PLAIT = Path(sys.executable).with_name("plait")
@@ -77,16 +78,7 @@ def on_every_host(
     jobs = [
         Job(torchrun(host, every, program, restarts=restarts), root, variables) for host in every
     ]
-    finished: list[Finished] = []
-    failures: list[AssertionError] = []
-    for job in jobs:  # every job is waited for and reaped, even after one failed
-        try:
-            finished.append(job.finish(150))
-        except AssertionError as failure:  # noqa: PERF203 (each job must be finished)
-            failures.append(failure)
-    if failures:
-        raise failures[0]
-    return finished
+    return finish_all(jobs, 150)  # every job is reaped, even after one failed
 
 
 def plait_fit(root: Path, *options: str, devices: int = 2, strategy: str = "ddp") -> list[str]:
@@ -206,29 +198,38 @@ def test_a_num_nodes_that_disagrees_with_torchrun_is_refused_on_every_host(
         )
 
 
+ELASTIC_PROGRAM = (str(SCRIPT), "ddp", "2", "max_epochs=2", "ckpt_path='last'", "num_nodes=2")
+"""The user's script, resuming from its last checkpoint when torchrun restarts it."""
+
+
+@pytest.fixture(scope="module")
+def undisturbed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[Finished]]:
+    """The elastic job across two hosts, run to its end without a failure: its folder
+    and each host's outcome, for every disturbed run to be compared with."""
+    reason = unavailable()
+    if reason is not None:
+        pytest.skip(reason)
+    root = tmp_path_factory.mktemp("undisturbed")
+    with hosts(2) as two:
+        program = [*ELASTIC_PROGRAM, f"default_root_dir={str(root)!r}"]
+        return root, on_every_host(two, program, root, restarts=1)
+
+
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("failing_rank", [2, 0])
 def test_an_elastic_restart_across_hosts_resumes_and_ends_as_an_undisturbed_run(
-    two_hosts: list[Host], tmp_path: Path, failing_rank: int
+    two_hosts: list[Host],
+    tmp_path: Path,
+    failing_rank: int,
+    undisturbed: tuple[Path, list[Finished]],
 ) -> None:
-    program = [
-        str(SCRIPT),
-        "ddp",
-        "2",
-        "max_epochs=2",
-        "ckpt_path='last'",
-        "num_nodes=2",
-    ]
-    undisturbed, disturbed = tmp_path / "undisturbed", tmp_path / "disturbed"
-    for root in (undisturbed, disturbed):
-        root.mkdir()
+    calm_root, calm = undisturbed
+    disturbed = tmp_path / "disturbed"
+    disturbed.mkdir()
 
-    calm = on_every_host(
-        two_hosts, [*program, f"default_root_dir={str(undisturbed)!r}"], undisturbed, restarts=1
-    )
     failed_once = on_every_host(
         two_hosts,
-        [*program, f"default_root_dir={str(disturbed)!r}"],
+        [*ELASTIC_PROGRAM, f"default_root_dir={str(disturbed)!r}"],
         disturbed,
         {"FAIL_RANK": str(failing_rank), "FAIL_STEP": "5", "FAIL_ONCE": str(disturbed / "failed")},
         restarts=1,
@@ -238,7 +239,7 @@ def test_an_elastic_restart_across_hosts_resumes_and_ends_as_an_undisturbed_run(
         assert run.returncode == 0, run.stderr[-3000:]
     assert (disturbed / "failed").exists()  # it did fail, in the second epoch
     assert failed_once[0].result() == calm[0].result() == {"global_step": 8, "epoch": 2}
-    expected = parameters(undisturbed)
+    expected = parameters(calm_root)
     for name, value in parameters(disturbed).items():
         # The resumed processes may round the last bit of a float otherwise.
         torch.testing.assert_close(value, expected[name], rtol=0, atol=1e-6)
