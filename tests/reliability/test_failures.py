@@ -8,10 +8,12 @@ ranks takes several seconds on a small machine: the bounds leave room for it.
 from __future__ import annotations
 
 import signal
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from tests.reliability.jobs import (
+    Finished,
     Job,
     finish_all,
     fit_command,
@@ -65,24 +67,59 @@ def test_a_rank_that_raises_under_torchrun_ends_the_job_within_60s(tmp_path: Pat
     assert "RuntimeError: injected failure on rank 1 at step 3" in done.stderr
 
 
+Stalled = Callable[[str, int], dict[str, Finished | AssertionError]]
+"""How the jobs of a launcher whose rank stalls ended, by agreement path (see `stalled`)."""
+
+
+@pytest.fixture(scope="module")
+def stalled(tmp_path_factory: pytest.TempPathFactory) -> Stalled:
+    """How the jobs whose rank ``rank`` stalls ended, under both agreement paths.
+
+    The two jobs of a launcher and rank run at once: each spends most of its time
+    waiting (for the collective timeout, then the launcher's grace period), not
+    computing. A job that did not end well is its failure.
+    """
+    pairs: dict[tuple[str, int], dict[str, Finished | AssertionError]] = {}
+
+    def both(strategy: str, rank: int) -> dict[str, Finished | AssertionError]:
+        if (strategy, rank) not in pairs:
+            jobs = {}
+            for agreement in ("auto", "backend"):
+                root = tmp_path_factory.mktemp(f"stalled-{rank}-{strategy}-{agreement}")
+                # The stall lasts 600 s; the collective timeout is 3 s.
+                jobs[agreement] = Job(
+                    fit_command(strategy, 2, root, "max_epochs=1"),
+                    root,
+                    {
+                        "STALL_RANK": str(rank),
+                        "STALL_STEP": "3",
+                        "TIMEOUT": "3",
+                        "PLAIT_CHECK_AGREEMENT": agreement,
+                    },
+                )
+            ended: dict[str, Finished | AssertionError] = {}
+            for agreement, job in jobs.items():
+                try:
+                    ended[agreement] = job.finish()
+                except AssertionError as failure:  # noqa: PERF203 (each job must be finished)
+                    ended[agreement] = failure
+            pairs[strategy, rank] = ended
+        return pairs[strategy, rank]
+
+    return both
+
+
 @pytest.mark.timeout(300)
+@pytest.mark.xdist_group("stalled_ranks")  # one worker: each pair of jobs runs once
 @AGREEMENTS
 @pytest.mark.parametrize("strategy", LAUNCHERS)
 @pytest.mark.parametrize("rank", [0, 1])
 def test_a_stalled_rank_is_named_and_the_job_ends_within_60s(
-    tmp_path: Path, strategy: str, rank: int, agreement: str
+    stalled: Stalled, strategy: str, rank: int, agreement: str
 ) -> None:
-    # The stall lasts 600 s; the collective timeout is 3 s.
-    done = run(
-        fit_command(strategy, 2, tmp_path, "max_epochs=1"),
-        tmp_path,
-        {
-            "STALL_RANK": str(rank),
-            "STALL_STEP": "3",
-            "TIMEOUT": "3",
-            "PLAIT_CHECK_AGREEMENT": agreement,
-        },
-    )
+    done = stalled(strategy, rank)[agreement]
+    if isinstance(done, AssertionError):
+        raise done
 
     assert done.returncode == 1
     assert done.seconds < 60
