@@ -218,6 +218,10 @@ def main() -> None:
     parser.add_argument("--resume-from", default=None)
     parser.add_argument("--then-validate", action="store_true")
     parser.add_argument("--no-export", action="store_true", help="skip writing the weights")
+    parser.add_argument(
+        "--keep-every-epoch", action="store_true",
+        help="keep every epoch's checkpoint, not only the newest",
+    )  # fmt: skip
     arguments = parser.parse_args()
     seed_everything(0)
     train = _batches(arguments.batches, seed=1, size=arguments.batch_size)
@@ -235,7 +239,11 @@ def main() -> None:
         logger=False,
         callbacks=[
             Measure(root, arguments.tag),
-            ModelCheckpoint(dirpath=root / "checkpoints", save_last=True),
+            ModelCheckpoint(
+                dirpath=root / "checkpoints",
+                save_last=True,
+                save_top_k=-1 if arguments.keep_every_epoch else 1,
+            ),
         ],
     )
     model = Net(depth=arguments.depth, lazy=arguments.lazy, optimizer=arguments.optimizer)

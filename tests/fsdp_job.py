@@ -214,6 +214,10 @@ def main() -> None:
     parser.add_argument("--sgd", action="store_true")
     parser.add_argument("--no-checkpoints", action="store_true")
     parser.add_argument(
+        "--keep-every-epoch", action="store_true",
+        help="keep every epoch's checkpoint, not only the newest",
+    )  # fmt: skip
+    parser.add_argument(
         "--then-validate", action="store_true",
         help="after fit: validate a new module from the checkpoint, then the fitted one",
     )  # fmt: skip
@@ -242,7 +246,13 @@ def main() -> None:
             *(
                 []
                 if arguments.no_checkpoints
-                else [ModelCheckpoint(dirpath=root / "checkpoints", save_last=True)]
+                else [
+                    ModelCheckpoint(
+                        dirpath=root / "checkpoints",
+                        save_last=True,
+                        save_top_k=-1 if arguments.keep_every_epoch else 1,
+                    )
+                ]
             ),
         ],
         enable_checkpointing=not arguments.no_checkpoints,

@@ -56,19 +56,32 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str,
     return root, _run(root, "ddp", "--strategy", "ddp", "--epochs", "3")
 
 
+@pytest.fixture(scope="module")
+def stages(tmp_path_factory: pytest.TempPathFactory) -> dict[int, tuple[Path, dict[str, object]]]:
+    """Each ZeRO stage over the reference's 3 epochs, keeping every epoch's checkpoint:
+    its folder and rank 0's results, by stage. The resume tests resume from its first
+    epoch's checkpoint."""
+    runs = {}
+    for stage in (0, 1, 2, 3):
+        root = tmp_path_factory.mktemp(f"stage{stage}")
+        runs[stage] = root, _run(root, f"stage{stage}", "--strategy", "deepspeed", "--epochs",
+                                 "3", "--options", json.dumps({"stage": stage}),
+                                 "--keep-every-epoch")  # fmt: skip
+    return runs
+
+
 def test_every_stage_trains_as_ddp_does_and_holds_its_share_of_the_state(
-    tmp_path: Path, reference: tuple[Path, dict[str, object]]
+    reference: tuple[Path, dict[str, object]], stages: dict[int, tuple[Path, dict[str, object]]]
 ) -> None:
     root, ddp = reference
     losses = [loss for _, loss in sorted(losses_of(ddp).items(), key=lambda item: int(item[0]))]
     assert sum(losses[-4:]) < 0.65 * sum(losses[:4])  # it learns: the epochs' mean losses
     for stage in (0, 1, 2, 3):
         tag = f"stage{stage}"
-        result = _run(tmp_path / tag, tag, "--strategy", "deepspeed", "--epochs", "3",
-                      "--options", json.dumps({"stage": stage}))  # fmt: skip
+        folder, result = stages[stage]
         assert_losses_close(losses_of(result), losses_of(ddp), 1e-5)
         # The weights exported from the engine's checkpoint, read by plain PyTorch.
-        exported, expected = final_weights(tmp_path / tag, tag), final_weights(root, "ddp")
+        exported, expected = final_weights(folder, tag), final_weights(root, "ddp")
         assert exported.keys() == expected.keys()
         for key, value in exported.items():
             torch.testing.assert_close(value, expected[key], rtol=1e-5, atol=1e-6)
@@ -84,12 +97,15 @@ def test_every_stage_trains_as_ddp_does_and_holds_its_share_of_the_state(
 
 @pytest.mark.parametrize("stage", [0, 1, 2, 3])
 def test_a_checkpoint_resumes_exactly_then_training_and_checkpointing_go_on(
-    tmp_path: Path, stage: int, reference: tuple[Path, dict[str, object]]
+    tmp_path: Path,
+    stage: int,
+    reference: tuple[Path, dict[str, object]],
+    stages: dict[int, tuple[Path, dict[str, object]]],
 ) -> None:
     root, ddp = reference
     options = ("--strategy", "deepspeed", "--options", json.dumps({"stage": stage}))
-    _run(tmp_path / "first", "first", *options, "--epochs", "1")
-    last = tmp_path / "first" / "checkpoints" / "last.ckpt"
+    # The checkpoint the stage's run saved after its first epoch (of 4 steps).
+    last = stages[stage][0] / "checkpoints" / "epoch=0-step=4.ckpt"
     assert (last / "latest").is_file()  # the engine's directory, every rank's partitions
     resumed = _run(tmp_path / "resumed", "resumed", *options, "--epochs", "3",
                    "--resume-from", str(last))  # fmt: skip

@@ -79,9 +79,10 @@ def test_fsdp_trains_as_ddp_does_and_holds_a_world_size_share_of_the_state(
 
 
 def test_a_sharded_checkpoint_resumes_exactly_and_at_other_world_sizes(tmp_path: Path) -> None:
-    straight = _run(tmp_path / "straight", "straight", "--devices", "2", "--epochs", "3")
-    _run(tmp_path / "first", "first", "--devices", "2", "--epochs", "2")
-    saved = tmp_path / "first" / "checkpoints" / "last.ckpt"
+    straight = _run(tmp_path / "straight", "straight", "--devices", "2", "--epochs", "3",
+                    "--keep-every-epoch")  # fmt: skip
+    # What the run saved after its second epoch (of 4 steps each).
+    saved = tmp_path / "straight" / "checkpoints" / "epoch=1-step=8.ckpt"
     assert saved.is_dir()  # every rank wrote its shards
     expected = {k: v for k, v in losses_of(straight).items() if int(k) >= 8}
 
@@ -99,9 +100,9 @@ def test_a_sharded_checkpoint_resumes_exactly_and_at_other_world_sizes(tmp_path:
 
 def test_an_optimizer_without_per_parameter_state_resumes_exactly(tmp_path: Path) -> None:
     # Plain SGD keeps no state: the sharded checkpoint holds its groups alone.
-    straight = _run(tmp_path / "straight", "straight", "--sgd", "--epochs", "2")
-    _run(tmp_path / "first", "first", "--sgd", "--epochs", "1")
-    saved = tmp_path / "first" / "checkpoints" / "last.ckpt"
+    straight = _run(tmp_path / "straight", "straight", "--sgd", "--epochs", "2",
+                    "--keep-every-epoch")  # fmt: skip
+    saved = tmp_path / "straight" / "checkpoints" / "epoch=0-step=4.ckpt"  # after 1 epoch
     resumed = _run(tmp_path / "resumed", "resumed", "--sgd", "--epochs", "2",
                    "--resume-from", str(saved))  # fmt: skip
 
