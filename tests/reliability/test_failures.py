@@ -8,19 +8,10 @@ ranks takes several seconds on a small machine: the bounds leave room for it.
 from __future__ import annotations
 
 import signal
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from tests.reliability.jobs import (
-    Finished,
-    Job,
-    finish_all,
-    fit_command,
-    run,
-    torchrun_command,
-    wait_for,
-)
+from tests.reliability.jobs import Job, fit_command, run, torchrun_command, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -67,59 +58,24 @@ def test_a_rank_that_raises_under_torchrun_ends_the_job_within_60s(tmp_path: Pat
     assert "RuntimeError: injected failure on rank 1 at step 3" in done.stderr
 
 
-Stalled = Callable[[str, int], dict[str, Finished | AssertionError]]
-"""How the jobs of a launcher whose rank stalls ended, by agreement path (see `stalled`)."""
-
-
-@pytest.fixture(scope="module")
-def stalled(tmp_path_factory: pytest.TempPathFactory) -> Stalled:
-    """How the jobs whose rank ``rank`` stalls ended, under both agreement paths.
-
-    The two jobs of a launcher and rank run at once: each spends most of its time
-    waiting (for the collective timeout, then the launcher's grace period), not
-    computing. A job that did not end well is its failure.
-    """
-    pairs: dict[tuple[str, int], dict[str, Finished | AssertionError]] = {}
-
-    def both(strategy: str, rank: int) -> dict[str, Finished | AssertionError]:
-        if (strategy, rank) not in pairs:
-            jobs = {}
-            for agreement in ("auto", "backend"):
-                root = tmp_path_factory.mktemp(f"stalled-{rank}-{strategy}-{agreement}")
-                # The stall lasts 600 s; the collective timeout is 3 s.
-                jobs[agreement] = Job(
-                    fit_command(strategy, 2, root, "max_epochs=1"),
-                    root,
-                    {
-                        "STALL_RANK": str(rank),
-                        "STALL_STEP": "3",
-                        "TIMEOUT": "3",
-                        "PLAIT_CHECK_AGREEMENT": agreement,
-                    },
-                )
-            ended: dict[str, Finished | AssertionError] = {}
-            for agreement, job in jobs.items():
-                try:
-                    ended[agreement] = job.finish()
-                except AssertionError as failure:  # noqa: PERF203 (each job must be finished)
-                    ended[agreement] = failure
-            pairs[strategy, rank] = ended
-        return pairs[strategy, rank]
-
-    return both
-
-
 @pytest.mark.timeout(300)
-@pytest.mark.xdist_group("stalled_ranks")  # one worker: each pair of jobs runs once
 @AGREEMENTS
 @pytest.mark.parametrize("strategy", LAUNCHERS)
 @pytest.mark.parametrize("rank", [0, 1])
 def test_a_stalled_rank_is_named_and_the_job_ends_within_60s(
-    stalled: Stalled, strategy: str, rank: int, agreement: str
+    tmp_path: Path, strategy: str, rank: int, agreement: str
 ) -> None:
-    done = stalled(strategy, rank)[agreement]
-    if isinstance(done, AssertionError):
-        raise done
+    # The stall lasts 600 s; the collective timeout is 3 s.
+    done = run(
+        fit_command(strategy, 2, tmp_path, "max_epochs=1"),
+        tmp_path,
+        {
+            "STALL_RANK": str(rank),
+            "STALL_STEP": "3",
+            "TIMEOUT": "3",
+            "PLAIT_CHECK_AGREEMENT": agreement,
+        },
+    )
 
     assert done.returncode == 1
     assert done.seconds < 60
@@ -173,21 +129,14 @@ def test_a_stalled_rank_0_under_popen_is_named_every_time_within_60s_each(
     tmp_path: Path,
 ) -> None:
     # Rank 0 is the calling process, asleep in the user's code: the hardest to stop.
-    # The three jobs run at once: each spends most of its time waiting (for the
-    # collective timeout, then the grace period), not computing.
-    jobs = []
     for attempt in range(3):
         root = tmp_path / str(attempt)
         root.mkdir()
-        jobs.append(
-            Job(
-                fit_command("ddp", 2, root, "max_epochs=1"),
-                root,
-                {"STALL_RANK": "0", "STALL_STEP": str(2 + attempt), "TIMEOUT": "3"},
-            )
+        done = run(
+            fit_command("ddp", 2, root, "max_epochs=1"),
+            root,
+            {"STALL_RANK": "0", "STALL_STEP": str(2 + attempt), "TIMEOUT": "3"},
         )
-    finished = finish_all(jobs)
-    for attempt, done in enumerate(finished):
         assert done.returncode == 1
         assert done.seconds < 60, f"attempt {attempt} took {done.seconds:.1f} s"
         assert "rank 0 stalled: rank 1 timed out after 3 s" in done.headline
