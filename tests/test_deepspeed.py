@@ -27,7 +27,8 @@ from tests.sharded_jobs import (
 REPO = Path(__file__).resolve().parent.parent
 JOB = REPO / "tests" / "deepspeed_job.py"
 
-# One worker runs the module, so that its module fixture (the DDP reference) runs once.
+# One worker runs the module, so that its module fixtures (the DDP reference, the ZeRO
+# stages' runs) run once.
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("test_deepspeed")]
 
 
