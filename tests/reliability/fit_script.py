@@ -9,7 +9,8 @@ accelerator="cpu", **settings)``. Settings are Python literals (``max_epochs=2``
 - ``FAIL_RANK`` / ``FAIL_STEP``: that rank raises in ``training_step`` at that global
   step (``FAIL_ONCE=path``: only while ``path`` does not exist; it is created first).
 - ``STALL_RANK`` / ``STALL_STEP``: that rank sleeps ``STALL_SECONDS`` there instead
-  (after writing ``stalling-RANK`` into the root directory).
+  (after writing ``stalling-RANK`` into the root directory); with ``STALL_MASKED``
+  it blocks SIGINT first, as a C call that no signal reaches would.
 - ``SIGNAL_STEP``: at that step, rank 0 sends ``SIGNAL`` (default SIGTERM) to
   itself, or to its parent with ``SIGNAL_TO=parent`` (the ddp_spawn launcher).
 - ``LOG_NAMES``: ``rank:name,rank:name``: the synced metric each rank logs
@@ -79,6 +80,8 @@ class Tiny(Module):
             sys.stderr.write(f"rank {rank} stalls at step {step}\n")
             sys.stderr.flush()
             Path(self.trainer.default_root_dir, f"stalling-{rank}").touch()
+            if os.environ.get("STALL_MASKED"):
+                signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
             time.sleep(float(os.environ.get("STALL_SECONDS", "600")))
         if rank == 0 and _env_int("SIGNAL_STEP") == step:
             signum = signal.Signals[os.environ.get("SIGNAL", "SIGTERM")]

@@ -142,6 +142,28 @@ def test_a_stalled_rank_0_under_popen_is_named_every_time_within_60s_each(
         assert "rank 0 stalled: rank 1 timed out after 3 s" in done.headline
 
 
+def test_a_stalled_rank_0_that_no_signal_reaches_is_shown_where_it_was_then_named(
+    tmp_path: Path,
+) -> None:
+    # Rank 0 stalls with SIGINT blocked (stuck in a C call): the launcher's interrupt
+    # cannot stop it, so after the grace period it prints where rank 0 was and ends
+    # the job; the cause is still the last line.
+    done = run(
+        fit_command("ddp", 2, tmp_path, "max_epochs=1"),
+        tmp_path,
+        {"STALL_RANK": "0", "STALL_STEP": "3", "TIMEOUT": "3", "STALL_MASKED": "1"},
+    )
+
+    assert done.returncode == 1, done.stderr[-3000:]
+    assert done.seconds < 60
+    assert "rank 0 stalled: rank 1 timed out after 3 s" in done.headline, done.stderr[-3000:]
+    _, _, cause = done.stderr.partition("plait: rank 0 did not stop within 5 s")
+    assert cause, done.stderr[-3000:]
+    assert "of being interrupted; it was at:" in cause
+    assert "in _inject" in cause  # the stall's frame, in the user's training_step
+    assert "time.sleep(" in cause
+
+
 @pytest.mark.timeout(400)
 def test_spawn_failures_of_rank_0_blame_rank_0_every_time_within_45s_each(tmp_path: Path) -> None:
     for attempt in range(4):

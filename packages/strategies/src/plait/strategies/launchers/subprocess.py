@@ -206,11 +206,13 @@ class _Job:
         if self._idle.wait(self.grace):
             return
         # Stuck where no signal reaches it (inside a C call): report, and end the job.
+        # Where rank 0 was comes first and the failure last, as a traceback ends with
+        # its error: the last line the user reads is the cause, not the stuck stack.
         frames = sys._current_frames().get(main.ident or -1)
         where = "".join(traceback.format_stack(frames)) if frames is not None else ""
         sys.stderr.write(
-            f"plait: {failure}\nplait: rank 0 did not stop within {self.grace:g} s; it was at:\n"
-            f"{where}"
+            f"plait: rank 0 did not stop within {self.grace:g} s of being interrupted; "
+            f"it was at:\n{where}plait: {failure}\n"
         )
         sys.stderr.flush()
         os._exit(1)
