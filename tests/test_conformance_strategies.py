@@ -49,6 +49,16 @@ DEEPSPEED_VARIANTS: Final = (
 )
 """``deepspeed`` at other ZeRO stages: its collectives, so run at world size 2 only."""
 
+DDP_VARIANTS: Final = (
+    "ddp_find_unused_parameters_true",
+    "ddp_fork",
+    "ddp_notebook",
+    "ddp_sharded",
+    "ddp_spawn",
+)
+"""``ddp`` with another launcher or wrapper option, or a sharded optimizer: DDP's
+collectives, which the conformance ranks call without the launcher."""
+
 OWN_COLLECTIVES: Final = ("example_bytes_ddp",)
 """A third party's DDP with collectives of its own (``ParallelStrategy.make_collectives``)."""
 
@@ -57,6 +67,7 @@ MULTI_PROCESS: Final = tuple(
     for name in StrategyRegistry.available_strategies()
     if name not in NOT_ON_CPU
     and name not in ONE_PROCESS
+    and name not in DDP_VARIANTS
     and name not in FSDP_VARIANTS
     and name not in DEEPSPEED_VARIANTS
     and name not in OWN_COLLECTIVES
@@ -70,6 +81,12 @@ class TestMultiProcessStrategies(ConformanceSuite):
 
 # The variants' collectives are their family's, which runs the whole profile above:
 # the grid and a fourth of the drawn examples prove that the options change none.
+
+
+class TestDDPVariants(ConformanceSuite):
+    strategies = DDP_VARIANTS
+    world_sizes = (1, 2, 3, 4)
+    max_examples = 50
 
 
 class TestFSDPVariants(ConformanceSuite):
@@ -111,14 +128,14 @@ def test_every_registered_strategy_is_run_or_excused() -> None:
 
     assert set(ONE_PROCESS) <= registered
     assert set(NOT_ON_CPU) <= registered
-    assert {"ddp", "ddp_spawn", "ddp_fork", "ddp_sharded", "fsdp", "deepspeed"} <= set(
-        MULTI_PROCESS
-    )
+    assert {"ddp", "fsdp", "deepspeed"} <= set(MULTI_PROCESS)
+    assert set(DDP_VARIANTS) <= registered
     assert set(FSDP_VARIANTS) <= registered
     assert set(DEEPSPEED_VARIANTS) <= registered
     assert set(OWN_COLLECTIVES) <= registered
     assert registered == (
         set(MULTI_PROCESS)
+        | set(DDP_VARIANTS)
         | set(OWN_COLLECTIVES)
         | set(FSDP_VARIANTS)
         | set(DEEPSPEED_VARIANTS)
