@@ -84,11 +84,7 @@ def base_environment(cache: Path) -> Path:
         print(f"wheels: making the base environment with {', '.join(third_party)}")
         venv.create(base, with_pip=False)
         python = base / "bin" / "python"
-        # --no-compile: the probes import a small part of what is installed.
-        run(
-            sys.executable, "-m", "pip", "--python", python, "install", "--quiet", "--no-compile",
-            *third_party,
-        )  # fmt: skip
+        run(sys.executable, "-m", "pip", "--python", python, "install", "--quiet", *third_party)
         (base / ".complete").touch()
     return next((base / "lib").glob("python3.*/site-packages"))
 
