@@ -161,20 +161,18 @@ def parameters(folder: Path) -> dict[str, torch.Tensor]:
     return state
 
 
-def interrupt_once(slurm: Cluster, folder: Path, job: str, command: list[str]) -> None:
-    """Run ``command JOB`` once ``job`` (8 epochs, under ``folder``) has saved."""
+def interrupt_once(slurm: Cluster, folder: Path, command: list[str], signal_name: str) -> str:
+    """Submit an 8-epoch job, run ``command JOB`` once it has saved, and let it finish.
+
+    The job must be stopped by ``signal_name``, requeued once, resume from its
+    checkpoint and complete; its output is returned.
+    """
+    job = slurm.submit(folder, 8)
     checkpoint = folder / "run" / "checkpoints" / "last.ckpt"
     wait_for(checkpoint.exists, 240, "the first epoch's checkpoint")
     interrupted = slurm.run(*command, job)
     assert interrupted.returncode == 0, interrupted.stderr
 
-
-def requeued_and_resumed(slurm: Cluster, folder: Path, job: str, signal_name: str) -> str:
-    """Wait for ``job`` to end; its output.
-
-    The job must have been stopped by ``signal_name``, requeued once, have resumed
-    from its checkpoint and completed.
-    """
     state = slurm.wait_until_ended(job, 300, "the requeued job to end")
     output = (folder / "out.txt").read_text()
     assert state == "COMPLETED", output[-3000:]
@@ -193,18 +191,7 @@ def test_sbatch_runs_plait_fit_and_a_stopped_or_preempted_job_is_requeued_and_re
     for folder in (undisturbed, stopped, preempted):
         folder.mkdir()
 
-    # The three jobs are queued at once; the node runs two at a time (4 CPUs), the
-    # third starting when CPUs free up, as on a busy cluster.
-    calm, to_stop, to_preempt = (
-        slurm.submit(folder, 8) for folder in (undisturbed, stopped, preempted)
-    )
-    # As SLURM does before the time limit with --signal=USR1@SECONDS: the script
-    # requeues the job.
-    interrupt_once(slurm, stopped, to_stop, ["scancel", "--signal=USR1"])
-    # Pre-emption as SLURM does it (PreemptMode=REQUEUE, or an operator's requeue):
-    # SIGTERM to every process of the job, SIGKILL KillWait (30 s) later, then the
-    # job is requeued without the script's help.
-    interrupt_once(slurm, preempted, to_preempt, ["scontrol", "requeue"])
+    calm = slurm.submit(undisturbed, 8)
 
     state = slurm.wait_until_ended(calm, 300, "the undisturbed job to end")
     output = (undisturbed / "out.txt").read_text()
@@ -212,13 +199,18 @@ def test_sbatch_runs_plait_fit_and_a_stopped_or_preempted_job_is_requeued_and_re
     assert "trained digits with ddp on 2 process(es) (cpu) for 8 epoch(s)" in output
     assert "plait: the job step ended with exit status 0" in output
 
-    output = requeued_and_resumed(slurm, stopped, to_stop, "SIGUSR1")
+    # As SLURM does before the time limit with --signal=USR1@SECONDS: the script
+    # requeues the job.
+    output = interrupt_once(slurm, stopped, ["scancel", "--signal=USR1"], "SIGUSR1")
     assert "plait: the job step ended with exit status 138" in output
     expected = parameters(undisturbed)
     for name, value in parameters(stopped).items():
         assert torch.equal(value, expected[name]), name
 
-    requeued_and_resumed(slurm, preempted, to_preempt, "SIGTERM")
+    # Pre-emption as SLURM does it (PreemptMode=REQUEUE, or an operator's requeue):
+    # SIGTERM to every process of the job, SIGKILL KillWait (30 s) later, then the
+    # job is requeued without the script's help.
+    interrupt_once(slurm, preempted, ["scontrol", "requeue"], "SIGTERM")
     for name, value in parameters(preempted).items():
         assert torch.equal(value, expected[name]), name
 
