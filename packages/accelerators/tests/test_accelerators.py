@@ -117,8 +117,9 @@ def test_cuda_devices_are_indexed_and_set_up() -> None:
     cuda.setup_device(device)
     assert torch.cuda.current_device() == count - 1
     assert isinstance(cuda, SupportsDeviceStats)
-    torch.ones(1, device=device)
+    held = torch.ones(1, device=device)
     assert cuda.get_device_stats(device)["allocated_bytes.all.current"] > 0
+    del held
     cuda.teardown()
 
 

@@ -20,6 +20,28 @@ def test_it_is_registered_and_meets_the_protocol() -> None:
     assert strategy.root_device == torch.device("cpu")
 
 
+def test_an_accelerator_device_without_an_index_is_the_current_one_read_when_first_asked(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    asked: list[int] = []
+
+    def current_device() -> int:
+        asked.append(1)
+        return 3
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", current_device)
+
+    strategy = SingleDeviceStrategy("cuda")
+    assert asked == []  # building it does not start CUDA
+
+    assert strategy.root_device == torch.device("cuda", 3)  # set_device and memory stats need it
+    assert strategy.root_device == torch.device("cuda", 3)
+    assert asked == [1]  # read once: the device does not move
+    assert SingleDeviceStrategy("cuda:1").root_device == torch.device("cuda", 1)
+    assert repr(strategy) == "SingleDeviceStrategy(device='cuda:3')"
+
+
 def test_parts_default_by_name_and_can_be_given() -> None:
     default = SingleDeviceStrategy()
     assert type(default.accelerator).__name__ == "CPUAccelerator"

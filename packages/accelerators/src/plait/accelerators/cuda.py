@@ -28,9 +28,10 @@ class CUDAAccelerator(DeviceAccelerator):
 
     @override
     def setup_device(self, device: torch.device) -> None:
-        """Make ``device`` this process's current CUDA device."""
+        """Make ``device`` this process's current CUDA device (``cuda`` alone: keep it)."""
         super().setup_device(device)
-        torch.cuda.set_device(device)
+        if device.index is not None:
+            torch.cuda.set_device(device)
 
     @override
     def teardown(self) -> None:

@@ -70,6 +70,22 @@ class SingleDeviceStrategy(OneProcessStrategy):
     @property
     @override
     def root_device(self) -> torch.device:
+        """The device, with its index: ``"cuda"`` alone is the process's current GPU.
+
+        An accelerator's collectives, memory statistics and ``set_device`` need the
+        index; it is read once, when first asked for, so that building the strategy
+        does not initialise the accelerator.
+        """
+        kind = self._device.type
+        index: int | None = self._device.index  # torch's stubs say int; it is None for "cuda"
+        if index is None and kind != "cpu":
+            try:
+                module = torch.get_device_module(kind)
+            except RuntimeError:  # a type torch has no module for (xla, meta)
+                return self._device
+            current = getattr(module, "current_device", None)  # mps has none: one device
+            if current is not None and module.is_available():
+                self._device = torch.device(kind, int(current()))
         return self._device
 
     @override
