@@ -64,12 +64,30 @@ def test_without_a_gpu_every_lane_runs_its_tests_skip_saying_why_and_the_report_
     assert "| cuda-tests | 0 | 0 |" in text
     assert text in run.stdout
 
+    # A lane that runs over its time is stopped and reported failed, with its output;
+    # pytest cannot import torch in a fifth of a second, so this one always does.
+    over = tmp_path / "over" / "r.json"
+    run = _tool("--wheels", wheels, "--site", site, "--report", over,
+                "--lane", "cuda-tests", "--lane-timeout", "0.2")  # fmt: skip
+    assert run.returncode == 1, run.stdout + run.stderr
+    [lane] = json.loads(over.read_text())["lanes"]
+    assert lane["errors"] == 1
+    assert lane["failures"] == ["the lane ran over its 0.2 s (--lane-timeout) and was stopped"]
+    assert "FAILED the lane ran over its 0.2 s" in over.with_suffix(".md").read_text()
+
 
 def test_wheels_that_were_never_prepared_are_named_with_the_fix(tmp_path: Path) -> None:
     run = _tool("--wheels", tmp_path, "--site", tmp_path / "site", timeout=60)
 
     assert run.returncode == 1
     assert f"{tmp_path} holds no manifest.json: run `tools/gpu-check --prepare`" in run.stderr
+
+
+def test_a_lane_timeout_that_is_not_a_positive_number_is_refused() -> None:
+    run = _tool("--lane-timeout", "0", timeout=60)
+
+    assert run.returncode == 2
+    assert "--lane-timeout must be a positive number of seconds, not 0" in run.stderr
 
 
 def test_an_unknown_lane_is_refused_with_the_choices() -> None:

@@ -152,6 +152,7 @@ class Record:
         self.device = device if device is not None and device.type == "cuda" else None
         self.cuda_baseline = 0
         if self.device is not None:
+            torch.cuda.init()  # type: ignore[no-untyped-call]  # the allocator's statistics exist only once CUDA has started
             torch.cuda.reset_peak_memory_stats(self.device)
             self.cuda_baseline = torch.cuda.memory_allocated(self.device)
         self.baseline = peak_rss()

@@ -40,6 +40,7 @@ import json
 import os
 import platform
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -339,8 +340,28 @@ def read_junit(path: Path, result: LaneResult) -> None:
             result.passed += 1
 
 
-def run_lane(lane: Lane, environ: dict[str, str], scratch: Path, gpu: bool) -> LaneResult:
-    """Run one lane's pytest; its counts and skip reasons."""
+def _bounded(
+    command: Sequence[str], environ: dict[str, str], limit: float
+) -> tuple[int | None, str]:
+    """Run ``command`` for at most ``limit`` seconds: its exit status (None if it ran
+    over and was stopped, its whole process group with it) and its output."""
+    with subprocess.Popen(
+        command, cwd=REPO, env=environ, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        text=True, start_new_session=True,
+    ) as process:  # fmt: skip
+        try:
+            output, _ = process.communicate(timeout=limit)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            output, _ = process.communicate()
+            return None, output
+    return process.returncode, output
+
+
+def run_lane(
+    lane: Lane, environ: dict[str, str], scratch: Path, gpu: bool, limit: float
+) -> LaneResult:
+    """Run one lane's pytest for at most ``limit`` seconds; its counts and skip reasons."""
     junit = scratch / f"{lane.name}.xml"
     plugins = [argument for name in PLUGINS for argument in ("-p", name)]
     extra = []
@@ -354,33 +375,42 @@ def run_lane(lane: Lane, environ: dict[str, str], scratch: Path, gpu: bool) -> L
         f"--junitxml={junit}", "-o", "junit_family=xunit1", "-q", *extra, *lane.arguments,
     ]  # fmt: skip
     start = time.monotonic()
-    done = subprocess.run(
-        command, cwd=REPO, env=environ, capture_output=True, text=True, check=False,
-        timeout=1500,
-    )  # fmt: skip
+    code, output = _bounded(command, environ, limit)
     result = LaneResult(lane.name, lane.about, seconds=round(time.monotonic() - start, 1))
-    result.exit_code = done.returncode
-    result.output_tail = (done.stdout + done.stderr)[-3000:]
+    result.output_tail = output[-3000:]
+    if code is None:
+        # Stopped, pytest wrote no JUnit file: the lane failed, and its output says where.
+        result.exit_code = -signal.SIGKILL
+        result.errors += 1
+        result.failures.append(
+            f"the lane ran over its {limit:g} s (--lane-timeout) and was stopped"
+        )
+        return result
+    result.exit_code = code
     read_junit(junit, result)
-    if done.returncode not in (0, 5) and not (result.failed or result.errors):
+    if code not in (0, 5) and not (result.failed or result.errors):
         # pytest stopped before any test (a usage error, a crash): that is a failure.
         result.errors += 1
-        result.failures.append(f"pytest exited {done.returncode} before reporting a failure")
+        result.failures.append(f"pytest exited {code} before reporting a failure")
     return result
 
 
-def bench_rows(environ: dict[str, str], scratch: Path, gpu: bool) -> tuple[list[object], str]:
+def bench_rows(
+    environ: dict[str, str], scratch: Path, gpu: bool, limit: float
+) -> tuple[list[object], str]:
     """The benchmark's GPU rows (empty where there is no GPU), and why none."""
     if not gpu:
         return [], "no CUDA device: the GPU rows need one"
     out = scratch / "bench.json"
-    done = subprocess.run(
+    code, output = _bounded(
         [sys.executable, str(REPO / "tools" / "bench.py"), "--quick", "--sections",
          "fsdp,deepspeed", "--accelerator", "cuda", "--json", str(out)],
-        cwd=REPO, env=environ, capture_output=True, text=True, check=False, timeout=900,
+        environ, limit,
     )  # fmt: skip
-    if done.returncode != 0:
-        return [], f"tools/bench.py exited {done.returncode}: {(done.stdout + done.stderr)[-2000:]}"
+    if code is None:
+        return [], f"tools/bench.py ran over its {limit:g} s (--lane-timeout): {output[-2000:]}"
+    if code != 0:
+        return [], f"tools/bench.py exited {code}: {output[-2000:]}"
     rows: list[object] = json.loads(out.read_text())["rows"]
     return rows, ""
 
@@ -423,8 +453,12 @@ def render(report: dict[str, object]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def check(wheels: Path, site: Path, report_path: Path, chosen: Sequence[str]) -> int:
-    """Install, run the chosen lanes and the bench, write the report; the exit status."""
+def check(wheels: Path, site: Path, report_path: Path, chosen: Sequence[str], limit: float) -> int:
+    """Install, run the chosen lanes and the bench, write the report; the exit status.
+
+    The report is written again after each lane, so that a run stopped from outside
+    still leaves the lanes it finished.
+    """
     install(wheels, site)
     environ = _environment(site)
     machine = probe(environ)
@@ -442,28 +476,37 @@ def check(wheels: Path, site: Path, report_path: Path, chosen: Sequence[str]) ->
     scratch.mkdir(parents=True)
     every = lanes(scratch / "conformance")
     names = list(chosen) or [*every, "bench"]
-    results = []
+    results: list[LaneResult] = []
+    manifest = json.loads((wheels / MANIFEST).read_text())
+
+    def write(rows: list[object], why: str) -> str:
+        report: dict[str, object] = {
+            "made": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+            "commit": manifest["commit"],
+            "python": platform.python_version(),
+            "machine": machine,
+            "lanes": [result.__dict__ for result in results],
+            "bench": {"rows": rows, "skipped": why},
+        }
+        report_path.parent.mkdir(parents=True, exist_ok=True)
+        report_path.write_text(json.dumps(report, indent=2) + "\n")
+        text = render(report)
+        report_path.with_suffix(".md").write_text(text)
+        return text
+
     for name in (name for name in names if name in every):
         print(f"gpu-check: lane {name} ({every[name].about})", flush=True)
-        result = run_lane(every[name], environ, scratch, gpu)
+        result = run_lane(every[name], environ, scratch, gpu, limit)
         print(f"gpu-check: {name}: {result.passed} passed, {result.failed + result.errors} "
               f"failed, {result.skipped} skipped in {result.seconds}s", flush=True)  # fmt: skip
         results.append(result)
-    rows, why = bench_rows(environ, scratch, gpu) if "bench" in names else ([], "not chosen")
-    manifest = json.loads((wheels / MANIFEST).read_text())
-    report: dict[str, object] = {
-        "made": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "commit": manifest["commit"],
-        "python": platform.python_version(),
-        "machine": machine,
-        "lanes": [result.__dict__ for result in results],
-        "bench": {"rows": rows, "skipped": why},
-    }
-    report_path.parent.mkdir(parents=True, exist_ok=True)
-    report_path.write_text(json.dumps(report, indent=2) + "\n")
-    text = render(report)
-    report_path.with_suffix(".md").write_text(text)
-    print(text)
+        write([], "not run yet")
+    if "bench" in names:
+        print("gpu-check: bench (the FSDP and DeepSpeed benchmarks on the GPU)", flush=True)
+        rows, why = bench_rows(environ, scratch, gpu, limit)
+    else:
+        rows, why = [], "not chosen"
+    print(write(rows, why))
     failed = any(result.failed or result.errors for result in results)
     return 1 if failed or (gpu and why.startswith("tools/bench")) else 0
 
@@ -493,6 +536,14 @@ def main(argv: list[str] | None = None) -> int:
         choices=(*lanes(Path()), "bench"),
         help="run only this lane (repeat for several); every lane by default",
     )
+    parser.add_argument(
+        "--lane-timeout",
+        type=float,
+        default=1500.0,
+        metavar="SECONDS",
+        help="stop a lane (or the bench) that runs longer, and report it as failed with "
+        "its output (default 1500)",
+    )
     options = parser.parse_args(argv)
     if options.prepare:
         manifest = prepare(options.wheels, options.python_version)
@@ -501,7 +552,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"gpu-check: {len(wheels)} wheels, {int(str(manifest['bytes'])) / 2**20:.1f} MiB, "
               f"in {options.wheels}")  # fmt: skip
         return 0
-    return check(options.wheels, options.site, options.report, options.lane)
+    if options.lane_timeout <= 0:
+        parser.error(
+            f"--lane-timeout must be a positive number of seconds, not {options.lane_timeout:g}"
+        )
+    return check(options.wheels, options.site, options.report, options.lane, options.lane_timeout)
 
 
 if __name__ == "__main__":
