@@ -39,6 +39,16 @@ _ENGINE_STATE: Final = frozenset(
         "global_samples", "dp_world_size", "mp_world_size", "ds_config", "ds_version",
     }
 )  # fmt: skip
+# The client state's own keys, saved beside it: what loading gives back, and nothing
+# the engine adds (its list of those grows with DeepSpeed's versions).
+_CLIENT_KEYS: Final = "plait_client_keys"
+
+
+def _client_entries(saved: Mapping[str, object]) -> Checkpoint:
+    keys = saved.get(_CLIENT_KEYS)
+    if isinstance(keys, list):
+        return {key: saved[key] for key in keys if key in saved}
+    return {key: value for key, value in saved.items() if key not in _ENGINE_STATE}
 
 
 def is_deepspeed_checkpoint(path: PathLike) -> bool:
@@ -98,6 +108,7 @@ class DeepSpeedCheckpointIO:
         # The ranks agree on the new tag: one more than rank 0 sees.
         tag = strategy.broadcast(_next_tag(directory) if strategy.is_global_zero else "")
         client_state = {key: value for key, value in checkpoint.items() if key not in _ENGINE_KEYS}
+        client_state[_CLIENT_KEYS] = sorted(client_state)
         strategy.engine.save_checkpoint(os.fspath(path), tag=tag, client_state=client_state)
         strategy.barrier("deepspeed save_checkpoint")
         if strategy.is_global_zero:
@@ -144,7 +155,7 @@ class DeepSpeedCheckpointIO:
             raise CheckpointError(
                 os.fspath(path), f"has no readable tag {tag!r}", fix="resume from another"
             )
-        return {**client_state, "state_dict": {}, "optimizer_states": []}
+        return {**_client_entries(client_state), "state_dict": {}, "optimizer_states": []}
 
     def _load_weights(self, path: PathLike, tag: str) -> Checkpoint:
         from plait.strategies.deepspeed.export import read_fp32_state  # noqa: PLC0415
@@ -161,8 +172,7 @@ class DeepSpeedCheckpointIO:
             ) from error
         state = read_fp32_state(path, tag=tag) if strategy.is_global_zero else {}
         strategy.load_whole_module_state(state, source=path)
-        client_state = {key: value for key, value in saved.items() if key not in _ENGINE_STATE}
-        return {**client_state, "state_dict": {}, "optimizer_states": []}
+        return {**_client_entries(saved), "state_dict": {}, "optimizer_states": []}
 
     def remove_checkpoint(self, path: PathLike) -> None:
         """Remove the checkpoint directory ``path`` (on rank 0, once every rank is here)."""
