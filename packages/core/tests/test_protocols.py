@@ -5,8 +5,8 @@ them to variables of the Protocol types makes mypy prove they conform; the
 ``isinstance`` checks prove the runtime checks that the composition root relies on.
 """
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from datetime import timedelta
 from typing import ParamSpec, TypeVar, overload
 
@@ -296,8 +296,22 @@ class SoloStrategy:
     def save_checkpoint(self, checkpoint: Mapping[str, object], path: PathLike) -> None:
         self.checkpoint_io.save_checkpoint(checkpoint, path)
 
-    def load_checkpoint(self, path: PathLike, module: torch.nn.Module | None = None) -> Checkpoint:
+    def load_checkpoint(
+        self, path: PathLike, state: torch.nn.Module | Mapping[str, object] | None = None
+    ) -> Checkpoint:
+        checkpoint = self.read_checkpoint(path)
+        if isinstance(state, torch.nn.Module):
+            self.set_state_dict(state, [], checkpoint)
+            return {key: value for key, value in checkpoint.items() if key != "state_dict"}
+        return checkpoint
+
+    def read_checkpoint(self, path: PathLike, module: torch.nn.Module | None = None) -> Checkpoint:
         return self.checkpoint_io.load_checkpoint(path, self.root_device)
+
+    def no_sync(
+        self, module: torch.nn.Module, enabled: bool = True
+    ) -> AbstractContextManager[None]:
+        return nullcontext()  # one process: backward never synchronises
 
     def remove_checkpoint(self, path: PathLike) -> None:
         self.checkpoint_io.remove_checkpoint(path)
@@ -307,10 +321,6 @@ class SoloStrategy:
 
     def teardown(self) -> None:
         pass
-
-    @contextmanager
-    def no_sync(self, module: torch.nn.Module) -> Iterator[None]:
-        yield
 
 
 # mypy proves each assignment: the implementations conform structurally.

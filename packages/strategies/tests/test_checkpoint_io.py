@@ -67,12 +67,14 @@ def test_optimizer_moments_survive_a_distributed_checkpoint(tmp_path: Path) -> N
     # "0", "1". Loaded so, it would sit beside the parameters' state, unused.
     module, optimizer = _adam_after_a_step()
     strategy = SingleDeviceStrategy("cpu", checkpoint_io="distributed")
-    strategy.save_checkpoint(strategy.get_state_dict(module, [optimizer]), tmp_path / "ckpt")
+    strategy.save_checkpoint({"model": module, "optimizer": optimizer}, tmp_path / "ckpt")
 
     fresh = torch.nn.Linear(3, 2)
     fresh_optimizer = torch.optim.Adam(fresh.parameters(), lr=0.1)
-    loaded = strategy.load_checkpoint(tmp_path / "ckpt", fresh)
-    strategy.set_state_dict(fresh, [fresh_optimizer], loaded)
+    left = strategy.load_checkpoint(
+        tmp_path / "ckpt", {"model": fresh, "optimizer": fresh_optimizer}
+    )
+    assert left == {}
 
     restored = fresh_optimizer.state_dict()["state"]
     saved = optimizer.state_dict()["state"]

@@ -8,6 +8,7 @@ import functools
 import gc
 import importlib.metadata
 import inspect
+import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import timedelta
 from types import MappingProxyType
@@ -32,7 +33,13 @@ from plait.core import (
     SupportsLoadInPlace,
     is_collective,
 )
-from plait.strategies.state import load_module_state, module_state_of, optimizer_states_of
+from plait.strategies.state import (
+    NAMES_KEY,
+    LiveState,
+    load_module_state,
+    module_state_of,
+    optimizer_states_of,
+)
 
 if TYPE_CHECKING:
     from plait.core.typing import Checkpoint, Group, PathLike, ReduceOpLike, StateDict
@@ -190,6 +197,7 @@ class BaseStrategy(abc.ABC):
 
     _arguments: tuple[tuple[object, ...], dict[str, object]]
     _model: torch.nn.Module | None
+    _accumulating: int
 
     def __new__(cls, *args: object, **kwargs: object) -> Self:
         """Record the arguments as given, whatever the subclass's signature."""
@@ -200,6 +208,7 @@ class BaseStrategy(abc.ABC):
             given["precision"] = given.pop("precision_plugin")
         instance._arguments = (args, given)
         instance._model = None
+        instance._accumulating = 0
         return instance
 
     @override
@@ -547,8 +556,72 @@ class BaseStrategy(abc.ABC):
         optimizer: torch.optim.Optimizer,
         closure: Callable[[], object] | None = None,
     ) -> object:
-        """Step ``optimizer`` through the precision plugin."""
+        """Step ``optimizer`` through the precision plugin.
+
+        Raises:
+            ConfigurationError: Called inside `no_sync`.
+        """
+        self.check_not_accumulating()
         return self._precision.optimizer_step(optimizer, closure)
+
+    # Accumulation.
+
+    @contextlib.contextmanager
+    def no_sync(self, module: torch.nn.Module, enabled: bool = True) -> Iterator[None]:
+        """Backward passes inside the block accumulate gradients without synchronising.
+
+        Every strategy has it, so one loop accumulates on any of them: run the
+        backward of every micro-batch but the last inside it, then the last one's
+        outside, then step. Where the gradients are not synchronised at backward
+        (one process; DeepSpeed, whose engine reduces at its step; XLA replicas,
+        which average at the step) it changes nothing. ``enabled=False`` makes it
+        no block at all, for a loop that writes ``no_sync(model, enabled=not last)``.
+
+        Args:
+            module: The module `setup_module` returned.
+            enabled: Whether to skip synchronisation.
+
+        Raises:
+            ConfigurationError: ``module`` is not the one this strategy set up (the
+                block would silently synchronise), or the optimizer is stepped
+                inside the block (its gradients were never synchronised).
+        """
+        if not enabled:
+            yield
+            return
+        with self.skip_gradient_sync(module):
+            self._accumulating += 1
+            try:
+                yield
+            finally:
+                self._accumulating -= 1
+
+    def skip_gradient_sync(
+        self, module: torch.nn.Module
+    ) -> contextlib.AbstractContextManager[None]:
+        """The context that stops ``module``'s backward from synchronising gradients.
+
+        Nothing by default (there is nothing to skip); a strategy whose backward
+        communicates (DDP, FSDP) returns its library's own context.
+        """
+        del module
+        return contextlib.nullcontext()
+
+    def check_not_accumulating(self) -> None:
+        """Refuse to step while a `no_sync` block is open.
+
+        Raises:
+            ConfigurationError: A `no_sync` block is open.
+        """
+        if self._accumulating:
+            raise ConfigurationError(
+                "optimizer_step was called inside no_sync: the gradients of this step "
+                "were never synchronised across the ranks, and stepping on them would "
+                "let the replicas drift apart",
+                value="optimizer_step",
+                fix="run the last micro-batch's backward after the no_sync block, then "
+                "step outside it (or no_sync(model, enabled=not last_micro_batch))",
+            )
 
     # State.
 
@@ -620,13 +693,82 @@ class BaseStrategy(abc.ABC):
         """Write ``checkpoint`` through the checkpoint IO.
 
         Every rank calls it; rank 0 alone writes, unless the checkpoint IO is
-        collective (each rank writes its part).
+        collective (each rank writes its part). Its values may be the live objects::
+
+            strategy.save_checkpoint(
+                {"model": model, "optimizer": optimizer, "scheduler": scheduler, "step": step},
+                path,
+            )
+
+        The module's and its optimizers' states are taken as `get_state_dict` takes
+        them (shards, or the engine's partitions, where the strategy keeps them so),
+        each `Stateful`'s with its ``state_dict()``, and other values as they are;
+        `load_checkpoint` with the same mapping restores each one in place. A
+        checkpoint of plain entries (a `get_state_dict` result, say) is written as it is.
+
+        Raises:
+            ConfigurationError: The mapping holds two modules, optimizers without
+                their module, or a name the checkpoint keeps for itself.
         """
+        live = LiveState.of(checkpoint)
+        if live.is_live:
+            checkpoint = self._checkpoint_of(live)
         if self.is_global_zero or self.writes_collectively:
             self.checkpoint_io.save_checkpoint(checkpoint, path)
 
-    def load_checkpoint(self, path: PathLike, module: torch.nn.Module | None = None) -> Checkpoint:
-        """Read the checkpoint at ``path``, its tensors on the CPU.
+    def _checkpoint_of(self, live: LiveState) -> Checkpoint:
+        checkpoint: Checkpoint = dict(live.values)
+        for name, stateful in live.stateful.items():
+            checkpoint[name] = dict(stateful.state_dict())
+        if live.module is not None:
+            checkpoint.update(self.get_state_dict(live.module, list(live.optimizers.values())))
+            checkpoint[NAMES_KEY] = live.names()
+        return checkpoint
+
+    def load_checkpoint(
+        self,
+        path: PathLike,
+        state: torch.nn.Module | Mapping[str, object] | None = None,
+    ) -> Checkpoint:
+        """Restore the checkpoint at ``path`` into ``state``, in place; what it did not take.
+
+        ``state`` is the module `setup_module` returned, or a mapping like the one
+        `save_checkpoint` was given: the module, its optimizers (their states and
+        the precision's go on training), `Stateful` objects (``load_state_dict``)
+        and values (the mapping's entries are replaced). Every strategy restores the
+        same way: on a sharding strategy each rank reads only its shards. Every rank
+        calls it.
+
+        Without ``state`` nothing is restored: the whole checkpoint is returned, its
+        tensors on the CPU (`read_checkpoint`).
+
+        Returns:
+            The checkpoint's entries that nothing in ``state`` took.
+
+        Raises:
+            CheckpointError: The checkpoint holds no state for the module, or of
+                another model (each key that differs is named), another number of
+                optimizers, or no entry for one of the state's names.
+            ConfigurationError: ``state`` holds two modules, or optimizers without
+                their module.
+        """
+        if state is None:
+            return self.read_checkpoint(path)
+        given: Mapping[str, object] = (
+            {"module": state} if isinstance(state, torch.nn.Module) else state
+        )
+        live = LiveState.of(given)
+        checkpoint = self.read_checkpoint(path, live.module)
+        if live.module is not None:
+            optimizers = live.order_optimizers(checkpoint, os.fspath(path))
+            self.set_state_dict(live.module, optimizers, checkpoint, source=os.fspath(path))
+        return live.restore(checkpoint, given, os.fspath(path))
+
+    def read_checkpoint(self, path: PathLike, module: torch.nn.Module | None = None) -> Checkpoint:
+        """Read the checkpoint at ``path`` without restoring it, its tensors on the CPU.
+
+        For a loop that restores the state itself (`set_state_dict`), after looking
+        at the checkpoint (the Trainer's hooks do); `load_checkpoint` does both.
 
         `set_state_dict` copies them into the module's and optimizers' own tensors on
         their devices, so no device holds a second copy of the state. With ``module``

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import re
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Final
 
@@ -350,14 +350,25 @@ class DDPStrategy(SelfLaunchingStrategy):
         assert isinstance(inner, torch.nn.Module)
         return inner
 
-    @contextlib.contextmanager
-    def no_sync(self, module: torch.nn.Module) -> Iterator[None]:
-        """Accumulate gradients locally inside the block (no all-reduce)."""
+    @override
+    def skip_gradient_sync(
+        self, module: torch.nn.Module
+    ) -> contextlib.AbstractContextManager[None]:
+        """`DistributedDataParallel.no_sync`: backward accumulates locally (no all-reduce).
+
+        Raises:
+            ConfigurationError: ``module`` is not the wrapper `setup_module` returned.
+        """
         if isinstance(module, DistributedDataParallel):
-            with module.no_sync():
-                yield
-        else:
-            yield
+            return module.no_sync()
+        if self.model is None or self.model is module:  # not wrapped: nothing reduces
+            return contextlib.nullcontext()
+        raise ConfigurationError(
+            f"no_sync was given the {type(module).__name__} inside the strategy's "
+            "DistributedDataParallel wrapper, whose backward would still all-reduce",
+            value=module,
+            fix="pass the module setup_module (or setup_module_and_optimizers) returned",
+        )
 
     @override
     def __repr__(self) -> str:

@@ -2,17 +2,168 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from collections.abc import Mapping, MutableMapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Final
 
 import torch
 
-from plait.core import CheckpointError
+from plait.core import CheckpointError, ConfigurationError, Stateful
 
 if TYPE_CHECKING:
-    from plait.core.typing import StateDict
+    from plait.core.typing import Checkpoint, StateDict
 
-__all__ = ["check_state_fits", "load_module_state", "module_state_of", "optimizer_states_of"]
+__all__ = [
+    "LiveState",
+    "check_state_fits",
+    "load_module_state",
+    "module_state_of",
+    "optimizer_states_of",
+]
+
+# A checkpoint's own entries: the module's state, the optimizers', the precision's,
+# and which of the caller's names each live object was saved under.
+STRATEGY_KEYS: Final = ("state_dict", "optimizer_states", "precision")
+NAMES_KEY: Final = "plait_names"
+
+
+@dataclass
+class LiveState:
+    """A caller's state, split: the module, its optimizers, `Stateful` objects, values.
+
+    ``names`` is what a checkpoint records (``NAMES_KEY``) so that loading gives each
+    object back its own entry.
+    """
+
+    module: torch.nn.Module | None = None
+    module_name: str | None = None
+    optimizers: dict[str, torch.optim.Optimizer] = field(default_factory=dict)
+    stateful: dict[str, Stateful] = field(default_factory=dict)
+    values: dict[str, object] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, state: Mapping[str, object]) -> LiveState:
+        """Split ``state``.
+
+        Raises:
+            ConfigurationError: It holds two modules, optimizers without their module,
+                or a name the checkpoint keeps for itself.
+        """
+        live = cls()
+        for name, value in state.items():
+            if isinstance(value, torch.nn.Module):
+                if live.module is not None:
+                    raise ConfigurationError(
+                        f"the state holds two modules, {live.module_name!r} and {name!r}; a "
+                        "strategy checkpoints the one module it set up",
+                        value=name,
+                        fix="save the model setup_module returned; put other modules' "
+                        "state_dict() in the state as values",
+                    )
+                live.module, live.module_name = value, name
+            elif isinstance(value, torch.optim.Optimizer):
+                live.optimizers[name] = value
+            elif isinstance(value, Stateful):
+                live.stateful[name] = value
+            else:
+                live.values[name] = value
+        if live.optimizers and live.module is None:
+            raise ConfigurationError(
+                f"the state holds the optimizer {next(iter(live.optimizers))!r} and no module; "
+                "an optimizer's state is saved by the names of its module's parameters",
+                value=next(iter(live.optimizers)),
+                fix="add the module setup_module returned to the state (e.g. 'model': model)",
+            )
+        if live.module is not None:
+            taken = sorted(set(state) & {*STRATEGY_KEYS, NAMES_KEY})
+            if taken:
+                raise ConfigurationError(
+                    f"the state uses the name {taken[0]!r}, which a checkpoint keeps for "
+                    "the strategy's own entries",
+                    value=taken[0],
+                    choices=[*STRATEGY_KEYS, NAMES_KEY],
+                    fix="rename that entry",
+                )
+        return live
+
+    @property
+    def is_live(self) -> bool:
+        """Whether anything in it is an object whose state must be taken."""
+        return self.module is not None or bool(self.stateful)
+
+    def names(self) -> dict[str, object]:
+        """What a checkpoint records of the names."""
+        return {"module": self.module_name, "optimizers": list(self.optimizers)}
+
+    def restore(
+        self, checkpoint: Checkpoint, state: Mapping[str, object], source: object
+    ) -> Checkpoint:
+        """Give each `Stateful` object and value its entry; the entries left over.
+
+        The module's and the optimizers' states are the strategy's to restore; their
+        entries are taken out of what is returned.
+
+        Raises:
+            CheckpointError: The checkpoint holds no entry for one of them.
+            ConfigurationError: Values are given in a mapping that cannot be updated.
+        """
+        missing = sorted((set(self.stateful) | set(self.values)) - set(checkpoint))
+        if missing:
+            held = sorted(key for key in checkpoint if key not in (*STRATEGY_KEYS, NAMES_KEY))
+            raise CheckpointError(
+                str(source),
+                f"holds no {', '.join(map(repr, missing))} (it holds "
+                f"{', '.join(map(repr, held)) or 'no other entries'})",
+                fix="leave that entry out of the state you load into, or save it with the "
+                "checkpoint",
+            )
+        if self.values and not isinstance(state, MutableMapping):
+            raise ConfigurationError(
+                f"the state's values ({', '.join(map(repr, self.values))}) are given back by "
+                f"updating the state, and a {type(state).__name__} cannot be updated",
+                value=type(state).__name__,
+                fix="pass a dict",
+            )
+        for name, stateful in self.stateful.items():
+            entry = checkpoint[name]
+            if not isinstance(entry, Mapping):
+                raise CheckpointError(
+                    str(source),
+                    f"holds a {type(entry).__name__} under {name!r}, and "
+                    f"{type(stateful).__name__}.load_state_dict takes a mapping",
+                    fix="load into the object the checkpoint was saved from",
+                )
+            stateful.load_state_dict(dict(entry))
+        if isinstance(state, MutableMapping):
+            for name in self.values:
+                state[name] = checkpoint[name]
+        consumed = {*self.stateful, *self.values, NAMES_KEY}
+        if self.module is not None:
+            consumed.add("state_dict")
+        if self.optimizers:
+            consumed |= {"optimizer_states", "precision"}
+        return {key: value for key, value in checkpoint.items() if key not in consumed}
+
+    def order_optimizers(
+        self, checkpoint: Checkpoint, source: object
+    ) -> list[torch.optim.Optimizer]:
+        """The optimizers in the order the checkpoint saved their states.
+
+        Raises:
+            CheckpointError: The checkpoint saved other optimizers by name.
+        """
+        names = checkpoint.get(NAMES_KEY)
+        saved = names.get("optimizers") if isinstance(names, Mapping) else None
+        if not isinstance(saved, list) or not self.optimizers:
+            return list(self.optimizers.values())  # by position (a Trainer's checkpoint)
+        if sorted(saved) != sorted(self.optimizers):
+            raise CheckpointError(
+                str(source),
+                f"holds the optimizers {', '.join(map(repr, saved)) or 'none'}, and the "
+                f"state names {', '.join(map(repr, self.optimizers))}",
+                fix="load into the names the checkpoint was saved with",
+            )
+        return [self.optimizers[name] for name in saved]
 
 
 def load_module_state(module: torch.nn.Module, state: Mapping[str, object], source: object) -> None:

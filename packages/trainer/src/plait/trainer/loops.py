@@ -23,7 +23,6 @@ from plait.core import (
     GradientClipAlgorithm,
     Strategy,
     SupportsModelShardedContext,
-    SupportsNoSync,
     SupportsProcessDataloader,
     TrainingStopped,
     rank_zero_warn,
@@ -307,7 +306,7 @@ class Loops(abc.ABC):
         if run.ckpt_path:
             # Read after set-up: a checkpoint IO that loads in place fills the module's
             # own (possibly sharded) tensors, each rank reading only what it holds.
-            checkpoint = strategy.load_checkpoint(run.ckpt_path, module)
+            checkpoint = strategy.read_checkpoint(run.ckpt_path, module)
             self._check_checkpoint(checkpoint, run.ckpt_path)
             module.on_load_checkpoint(checkpoint)
             for callback in self.callbacks:
@@ -483,12 +482,10 @@ class Loops(abc.ABC):
         if stepping:  # the usual batch: no context, and no (slow) Protocol check
             output = self._forward_backward(strategy, wrapped, on_device, batch_idx)
             self._optimizer_step(strategy, wrapped, module)
-        elif isinstance(strategy, SupportsNoSync):
+        else:
             # Between optimizer steps, gradients accumulate without synchronisation.
             with strategy.no_sync(wrapped):
                 output = self._forward_backward(strategy, wrapped, on_device, batch_idx)
-        else:
-            output = self._forward_backward(strategy, wrapped, on_device, batch_idx)
         self._batches_done = batch_idx + 1
         # Agreed at each epoch's first batch, then at every batch while any rank
         # syncs step values: a metric synced on one rank only fails at once.

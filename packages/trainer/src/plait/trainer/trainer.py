@@ -712,7 +712,7 @@ class Trainer(Loops):
 
     def load_checkpoint(self, path: PathLike) -> Checkpoint:
         """Read a checkpoint, its tensors on the CPU."""
-        return self.strategy.load_checkpoint(path)
+        return self.strategy.read_checkpoint(path)
 
     @override
     def __repr__(self) -> str:

@@ -19,6 +19,7 @@ from plait.core.protocols.environment import ClusterEnvironment
 from plait.core.protocols.launcher import Launcher
 from plait.core.protocols.precision import GradientClipAlgorithm, Precision
 from plait.core.protocols.strategy import (
+    Stateful,
     Strategy,
     SupportsLauncher,
     SupportsModelShardedContext,
@@ -35,6 +36,7 @@ __all__ = [
     "GradientClipAlgorithm",
     "Launcher",
     "Precision",
+    "Stateful",
     "Strategy",
     "SupportsAsyncCheckpoint",
     "SupportsCollectiveIO",

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from plait.core.typing import Checkpoint, PathLike
 
 __all__ = [
+    "Stateful",
     "Strategy",
     "SupportsLauncher",
     "SupportsModelShardedContext",
@@ -29,6 +30,19 @@ __all__ = [
     "SupportsProcessDataloader",
     "SupportsReplace",
 ]
+
+
+@runtime_checkable
+class Stateful(Protocol):
+    """An object a checkpoint can hold the state of: a scheduler, a sampler, a counter."""
+
+    def state_dict(self) -> Mapping[str, object]:
+        """Its state."""
+        ...
+
+    def load_state_dict(self, state_dict: Mapping[str, object], /) -> object:
+        """Take back what `state_dict` returned."""
+        ...
 
 
 @runtime_checkable
@@ -177,11 +191,32 @@ class Strategy(Collectives, Protocol):
         ...
 
     def save_checkpoint(self, checkpoint: Mapping[str, object], path: PathLike) -> None:
-        """Save ``checkpoint`` through the checkpoint IO (every rank calls it)."""
+        """Save ``checkpoint`` through the checkpoint IO (every rank calls it).
+
+        Its values may be the live objects: the module, its optimizers, and any
+        `Stateful` (their states are taken as `get_state_dict` takes them).
+        """
         ...
 
-    def load_checkpoint(self, path: PathLike, module: torch.nn.Module | None = None) -> Checkpoint:
-        """Load the checkpoint at ``path`` (tensors on the CPU, or into ``module`` in place)."""
+    def load_checkpoint(
+        self,
+        path: PathLike,
+        state: torch.nn.Module | Mapping[str, object] | None = None,
+    ) -> Checkpoint:
+        """Restore the checkpoint at ``path`` into ``state`` in place; what it did not take.
+
+        ``state`` is the module, or a mapping of what `save_checkpoint` was given
+        (module, optimizers, `Stateful` objects, plain values); without it, the whole
+        checkpoint is returned and nothing is restored. Every rank calls it.
+        """
+        ...
+
+    def read_checkpoint(self, path: PathLike, module: torch.nn.Module | None = None) -> Checkpoint:
+        """Read the checkpoint at ``path`` without restoring it (for `set_state_dict`).
+
+        With ``module``, a checkpoint IO that loads in place reads the module's
+        shards straight into its tensors. Every rank calls it.
+        """
         ...
 
     def remove_checkpoint(self, path: PathLike) -> None:
@@ -196,6 +231,15 @@ class Strategy(Collectives, Protocol):
         """
         ...
 
+    def no_sync(
+        self, module: torch.nn.Module, enabled: bool = True
+    ) -> AbstractContextManager[None]:
+        """Inside this context, backward passes accumulate gradients without synchronising.
+
+        A no-op where backward does not synchronise; stepping inside it is an error.
+        """
+        ...
+
     def teardown(self) -> None:
         """Leave the process group and release devices; safe to call more than once."""
         ...
@@ -203,9 +247,14 @@ class Strategy(Collectives, Protocol):
 
 @runtime_checkable
 class SupportsNoSync(Protocol):
-    """A strategy that can skip gradient synchronisation on accumulation steps."""
+    """A strategy that can skip gradient synchronisation (every `Strategy` now can).
 
-    def no_sync(self, module: torch.nn.Module) -> AbstractContextManager[None]:
+    Kept for the code that checks for it; `Strategy.no_sync` is the contract.
+    """
+
+    def no_sync(
+        self, module: torch.nn.Module, enabled: bool = True
+    ) -> AbstractContextManager[None]:
         """Inside this context, backward passes accumulate locally without communicating."""
         ...
 

@@ -461,8 +461,10 @@ class DeepSpeedStrategy(SelfLaunchingStrategy):
         ``closure`` (which runs forward and `backward`) is called first.
 
         Raises:
-            ConfigurationError: ``optimizer`` is not the engine's.
+            ConfigurationError: ``optimizer`` is not the engine's, or the step is
+                inside `no_sync`.
         """
+        self.check_not_accumulating()
         if optimizer is not self._client_optimizer:
             raise ConfigurationError(
                 f"{type(optimizer).__name__} is not the optimizer the DeepSpeed engine "
@@ -609,7 +611,7 @@ class DeepSpeedStrategy(SelfLaunchingStrategy):
                 load_module_state(target, state, source)
 
     @override
-    def load_checkpoint(self, path: PathLike, module: torch.nn.Module | None = None) -> Checkpoint:
+    def read_checkpoint(self, path: PathLike, module: torch.nn.Module | None = None) -> Checkpoint:
         """Read a checkpoint: through the engine, in place, if DeepSpeed wrote it.
 
         The engine loads its module's partitions (and, when it has an optimizer, the

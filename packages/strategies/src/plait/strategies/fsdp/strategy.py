@@ -428,19 +428,26 @@ class FSDPStrategy(SelfLaunchingStrategy):
         ]
         return list(self._optimizers)
 
-    @contextlib.contextmanager
-    def no_sync(self, module: torch.nn.Module) -> Iterator[None]:
-        """Accumulate unsharded gradients locally inside the block (no reduce-scatter)."""
+    @override
+    def skip_gradient_sync(
+        self, module: torch.nn.Module
+    ) -> contextlib.AbstractContextManager[None]:
+        """Accumulate unsharded gradients locally inside the block (no reduce-scatter).
+
+        Raises:
+            ConfigurationError: ``module`` is not the sharded module `setup_module`
+                returned.
+        """
         from torch.distributed.fsdp import FSDPModule  # noqa: PLC0415
 
         if not isinstance(module, FSDPModule):
-            yield
-            return
-        module.set_requires_gradient_sync(False)
-        try:
-            yield
-        finally:
-            module.set_requires_gradient_sync(True)
+            raise ConfigurationError(
+                f"no_sync was given a {type(module).__name__} that FSDP did not shard, "
+                "so there is no gradient reduction of it to skip",
+                value=module,
+                fix="pass the module setup_module (or setup_module_and_optimizers) returned",
+            )
+        return _gradient_sync_off(module)
 
     # State.
 
@@ -539,7 +546,7 @@ class FSDPStrategy(SelfLaunchingStrategy):
         )
 
     @override
-    def load_checkpoint(self, path: PathLike, module: torch.nn.Module | None = None) -> Checkpoint:
+    def read_checkpoint(self, path: PathLike, module: torch.nn.Module | None = None) -> Checkpoint:
         """Read the checkpoint at ``path``.
 
         A sharded checkpoint is read in place (with ``module``, after set-up): each
@@ -548,7 +555,7 @@ class FSDPStrategy(SelfLaunchingStrategy):
         """
         io = self.checkpoint_io
         if module is None or not isinstance(io, SupportsLoadInPlace):
-            return super().load_checkpoint(path, module)
+            return super().read_checkpoint(path, module)
         from torch.distributed.checkpoint.state_dict import (  # noqa: PLC0415
             get_model_state_dict,
             get_optimizer_state_dict,
@@ -582,3 +589,12 @@ class FSDPStrategy(SelfLaunchingStrategy):
             f"state_dict_type={self.state_dict_type!r}, world_size={self.world_size}, "
             f"device={str(self.root_device)!r})"
         )
+
+
+@contextlib.contextmanager
+def _gradient_sync_off(module: FSDPModule) -> Iterator[None]:
+    module.set_requires_gradient_sync(False)
+    try:
+        yield
+    finally:
+        module.set_requires_gradient_sync(True)
