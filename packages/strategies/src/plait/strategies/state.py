@@ -142,7 +142,10 @@ class LiveState:
             consumed.add("state_dict")
         if self.optimizers:
             consumed |= {"optimizer_states", "precision"}
-        return {key: value for key, value in checkpoint.items() if key not in consumed}
+        # The strategy's own entries are left over only when they hold something (the
+        # optimizers' states, when the module alone is loaded to evaluate).
+        empty = {key for key in STRATEGY_KEYS if key in checkpoint and not checkpoint[key]}
+        return {key: value for key, value in checkpoint.items() if key not in consumed | empty}
 
     def order_optimizers(
         self, checkpoint: Checkpoint, source: object
