@@ -14,20 +14,31 @@ for ``single_device``):
   saves again;
 - ``big``: the same steps over one batch of twice the size, without ``no_sync``.
 
-It writes ``ROOT/STRATEGY.json``: each run's mean loss by step (averaged over the
-ranks with the strategy's ``reduce``) and what ``load_checkpoint`` returned.
+and then, for each ``--move SOURCE:TARGET``:
+
+- ``moved``: TARGET loads SOURCE's SAVE_AT checkpoint and trains on to STEPS. Where
+  one side is DeepSpeed (whose optimizer state is ZeRO's partitions) it first
+  records the refusal of the whole state, then loads with ``weights_only=True``.
+
+At the end of ``full`` every rank calls ``export_checkpoint`` (one file), and the
+launching process consolidates the STEPS checkpoint (``consolidate_checkpoint``).
+
+It writes ``ROOT/STRATEGY.json`` (and ``ROOT/TARGET-from-SOURCE.json``): each run's
+mean loss by step (averaged over the ranks with the strategy's ``reduce``), what
+``load_checkpoint`` returned, and a refusal's message.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
-import sys
 from pathlib import Path
 
 import torch
 from torch import nn
 
-from plait.core import Strategy, StrategyRegistry, seed_everything
+from plait.core import CheckpointError, Strategy, StrategyRegistry, seed_everything
+from plait.strategies import consolidate_checkpoint
 from plait.strategies.launchers import MultiprocessingLauncher
 
 STEPS = 8
@@ -51,8 +62,8 @@ def batch(step: int, rank: int, size: int) -> tuple[torch.Tensor, torch.Tensor]:
     return inputs, targets
 
 
-def run(name: str, root: str, mode: str) -> dict[str, object]:
-    """One rank's loop; rank 0's losses by step and what loading left over."""
+def run(name: str, root: str, mode: str, source: str | None = None) -> dict[str, object]:
+    """One rank's loop; rank 0's losses by step, what loading left over, a refusal."""
     seed_everything(0)
     strategy = make_strategy(name)
     strategy.setup_environment()
@@ -68,19 +79,38 @@ def run(name: str, root: str, mode: str) -> dict[str, object]:
         "step": 0,
     }
     left: dict[str, object] | None = None
+    refusal = None
     if mode == "resumed":
         left = dict(strategy.load_checkpoint(Path(root) / f"{name}-step{SAVE_AT}", state))
+    elif mode == "moved":
+        assert source is not None
+        path = Path(root) / f"{source}-step{SAVE_AT}"
+        weights_only = "deepspeed" in f"{source} {name}"
+        if weights_only:
+            try:
+                strategy.load_checkpoint(path, state)
+            except CheckpointError as error:
+                refusal = str(error)
+        left = dict(strategy.load_checkpoint(path, state, weights_only=weights_only))
     rank = strategy.global_rank
     losses: dict[str, float] = {}
     start = state["step"]
     assert isinstance(start, int)
+    # One process trains on every rank's samples: the same run as two ranks' (the
+    # mean over all of them), so that checkpoints move between world sizes too.
+    ranks = [rank] if strategy.world_size > 1 else list(range(WORLD_SIZE))
     for step in range(start, STEPS):
-        inputs, targets = batch(step, rank, 2 * MICRO_BATCH)
         pieces = 1 if mode == "big" else 2
+        parts = [batch(step, r, 2 * MICRO_BATCH) for r in ranks]
+        micro = [
+            (
+                torch.cat([x.chunk(pieces)[i] for x, _ in parts]),
+                torch.cat([y.chunk(pieces)[i] for _, y in parts]),
+            )
+            for i in range(pieces)
+        ]
         total = 0.0
-        for index, (x, y) in enumerate(
-            zip(inputs.chunk(pieces), targets.chunk(pieces), strict=True)
-        ):
+        for index, (x, y) in enumerate(micro):
             with strategy.no_sync(model, enabled=index < pieces - 1):
                 prediction = strategy.training_step(model, x)
                 assert isinstance(prediction, torch.Tensor)
@@ -96,13 +126,29 @@ def run(name: str, root: str, mode: str) -> dict[str, object]:
             strategy.save_checkpoint(state, Path(root) / f"{name}-{mode}-step{step + 1}")
             if mode == "full" and step + 1 == SAVE_AT:
                 strategy.save_checkpoint(state, Path(root) / f"{name}-step{SAVE_AT}")
+    if mode == "full":
+        strategy.export_checkpoint(model, Path(root) / f"{name}-export.pt")
     strategy.teardown()
-    return {"losses": losses, "left": None if left is None else sorted(left)}
+    return {"losses": losses, "left": None if left is None else sorted(left), "refusal": refusal}
+
+
+def launch(name: str, root: str, mode: str, source: str | None = None) -> dict[str, object]:
+    """Run ``mode`` of the loop in ranks of its own (in this process, for one device)."""
+    if name == "single_device":
+        return run(name, root, mode, source)
+    launcher = MultiprocessingLauncher(WORLD_SIZE, start_method="fork")
+    return launcher.launch(run, name, root, mode, source)
 
 
 def main() -> None:
-    """Every run of every strategy named, each in ranks of its own."""
-    root, names = sys.argv[1], sys.argv[2:]
+    """Every run of every strategy named, each in ranks of its own; then the moves."""
+    parser = argparse.ArgumentParser()
+    parser.add_argument("root")
+    parser.add_argument("strategies", nargs="+")
+    parser.add_argument("--move", action="append", default=[], help="SOURCE:TARGET")
+    options = parser.parse_args()
+    root: str = options.root
+    names: list[str] = options.strategies
     # Imported once here, the forked ranks find them loaded (seconds of each rank's
     # start): FSDP's and checkpointing's modules, and DeepSpeed with the
     # torch._dynamo its engine imports at set-up.
@@ -116,14 +162,15 @@ def main() -> None:
 
         import_deepspeed("cpu")
     for name in names:
-        results = {}
-        for mode in ("full", "resumed", "big"):
-            if name == "single_device":
-                results[mode] = run(name, root, mode)
-            else:
-                launcher = MultiprocessingLauncher(WORLD_SIZE, start_method="fork")
-                results[mode] = launcher.launch(run, name, root, mode)
+        results = {mode: launch(name, root, mode) for mode in ("full", "resumed", "big")}
         (Path(root) / f"{name}.json").write_text(json.dumps(results))
+        consolidate_checkpoint(
+            Path(root) / f"{name}-full-step{STEPS}", Path(root) / f"{name}-consolidated.pt"
+        )
+    for move in options.move:
+        source, target = move.split(":")
+        result = launch(target, root, "moved", source)
+        (Path(root) / f"{target}-from-{source}.json").write_text(json.dumps(result))
 
 
 if __name__ == "__main__":

@@ -4,8 +4,10 @@
 ``no_sync``, checkpoints the model, optimizer, scheduler and step with one
 ``save_checkpoint`` call, and resumes them in ranks launched afresh with one
 ``load_checkpoint`` call. On each strategy the resumed run goes on with the very
-losses of the run that never stopped, loading leaves nothing over, and two
-micro-batches train as one batch of twice the size.
+losses of the run that never stopped, loading leaves nothing over, two
+micro-batches train as one batch of twice the size, and the whole model exports to
+one file plain PyTorch loads. A checkpoint moves between strategies: with its
+optimizer state between DDP, FSDP and one device, its weights to and from DeepSpeed.
 """
 
 from __future__ import annotations
@@ -16,53 +18,83 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from tests.reliability.jobs import processes_mentioning
+from torch import nn
 
 JOB = Path(__file__).resolve().with_name("own_loop_job.py")
 STEPS, SAVE_AT = 8, 4
+STRATEGIES = ("single_device", "ddp", "ddp_spawn", "fsdp")
+DEEPSPEED = ("deepspeed_stage_1", "deepspeed_stage_2", "deepspeed_stage_3")
+# With the optimizer state: between DDP, FSDP and one process.
+WHOLE_MOVES = ("ddp:fsdp", "fsdp:ddp", "fsdp:single_device", "single_device:fsdp")
+# The weights alone: ZeRO's optimizer state is DeepSpeed's own partitions.
+WEIGHT_MOVES = ("deepspeed_stage_3:ddp", "ddp:deepspeed_stage_2")
 
 pytestmark = pytest.mark.slow
 
-
-def _run(root: Path, *strategies: str) -> dict[str, dict[str, dict[str, object]]]:
-    root.mkdir(exist_ok=True)
-    command = [sys.executable, str(JOB), str(root), *strategies]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=300, check=False)
-    assert not processes_mentioning(str(root)), "a rank was left running"
-    assert done.returncode == 0, done.stderr[-6000:]
-    return {name: json.loads((root / f"{name}.json").read_text()) for name in strategies}
+Losses = dict[str, float]
 
 
-def _losses(run: dict[str, object]) -> dict[str, float]:
+def _losses(run: dict[str, object]) -> Losses:
     losses = run["losses"]
     assert isinstance(losses, dict)
     return losses
 
 
-@pytest.mark.parametrize(
-    "strategies",
-    [
-        ("single_device", "ddp", "ddp_spawn", "fsdp"),
-        ("deepspeed_stage_1", "deepspeed_stage_2", "deepspeed_stage_3"),
-    ],
-    ids=["ddp-fsdp-single", "deepspeed"],
-)
-def test_the_same_loop_resumes_exactly_and_accumulates_on_every_strategy(
-    tmp_path: Path, strategies: tuple[str, ...]
-) -> None:
-    if strategies[0].startswith("deepspeed"):
-        pytest.importorskip("deepspeed")
-    results = _run(tmp_path, *strategies)
+def _close(a: Losses, b: Losses, steps: list[str]) -> bool:
+    return all(a[step] == pytest.approx(b[step], rel=1e-5, abs=1e-6) for step in steps)
 
-    for name, runs in results.items():
-        full, resumed, big = (_losses(runs[mode]) for mode in ("full", "resumed", "big"))
-        assert sorted(full, key=int) == [str(step) for step in range(1, STEPS + 1)], name
-        # Restored in place, in one call: the next losses are the very same.
-        assert resumed == {k: v for k, v in full.items() if int(k) > SAVE_AT}, name
-        assert runs["resumed"]["left"] == [], name  # everything saved was taken back
-        # The resumed run kept checkpointing.
-        assert (tmp_path / f"{name}-resumed-step{STEPS}").exists(), name
+
+def test_the_same_loop_resumes_accumulates_exports_and_moves_on_every_strategy(
+    tmp_path: Path,
+) -> None:
+    pytest.importorskip("deepspeed", reason="the deepspeed extra is not installed")
+    names = (*STRATEGIES, *DEEPSPEED)
+    moves = [f"--move={move}" for move in (*WHOLE_MOVES, *WEIGHT_MOVES)]
+    command = [sys.executable, str(JOB), str(tmp_path), *names, *moves]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=400, check=False)
+    assert not processes_mentioning(str(tmp_path)), "a rank was left running"
+    assert done.returncode == 0, done.stderr[-6000:]
+    runs = {name: json.loads((tmp_path / f"{name}.json").read_text()) for name in names}
+    every = [str(step) for step in range(1, STEPS + 1)]
+    later = every[SAVE_AT:]
+
+    reference = _losses(runs["ddp"]["full"])
+    for name, run in runs.items():
+        full, resumed, big = (_losses(run[mode]) for mode in ("full", "resumed", "big"))
+        assert sorted(full, key=int) == every, name
+        # Every strategy (one process on both ranks' samples, too) runs the same run.
+        assert _close(full, reference, every), (name, full, reference)
+        # Restored in place, in one call, in fresh ranks: the very same next losses.
+        assert resumed == {step: full[step] for step in later}, name
+        assert run["resumed"]["left"] == [], name  # everything saved was taken back
+        assert (tmp_path / f"{name}-resumed-step{STEPS}").exists(), name  # and it goes on
         # Two micro-batches (the first inside no_sync) step as one twice the size.
-        for step, loss in big.items():
-            assert loss == pytest.approx(full[step], rel=1e-5, abs=1e-6), (name, step)
+        assert _close(big, full, every), (name, big, full)
         assert full[str(STEPS)] < full["1"], name  # and it learns
+
+        # One file a plain module loads: exported in the run, or consolidated after.
+        exported = torch.load(tmp_path / f"{name}-export.pt")["state_dict"]
+        consolidated = torch.load(tmp_path / f"{name}-consolidated.pt", weights_only=False)
+        plain = nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 1))
+        plain.load_state_dict(exported)
+        plain.load_state_dict(consolidated["state_dict"])
+        for key, tensor in exported.items():
+            assert torch.equal(tensor, consolidated["state_dict"][key]), (name, key)
+        assert consolidated["step"] == STEPS, name  # the run's entries come along
+
+    for move in WHOLE_MOVES:
+        source, target = move.split(":")
+        moved = json.loads((tmp_path / f"{target}-from-{source}.json").read_text())
+        assert moved["left"] == [], move
+        assert moved["refusal"] is None, move
+        # The optimizer's moments came along: the source's very trajectory goes on.
+        assert _close(_losses(moved), _losses(runs[source]["full"]), later), move
+    for move in WEIGHT_MOVES:
+        source, target = move.split(":")
+        moved = json.loads((tmp_path / f"{target}-from-{source}.json").read_text())
+        assert "weights_only=True" in moved["refusal"], move  # the whole state is refused
+        assert moved["left"] == [], move
+        # The weights came along (the first loss is theirs); the optimizer began afresh.
+        assert _close(_losses(moved), _losses(runs[source]["full"]), [later[0]]), move

@@ -153,9 +153,9 @@ class CountingDDP(DDPStrategy):
 
     @override
     @contextlib.contextmanager
-    def no_sync(self, module: torch.nn.Module) -> Iterator[None]:
+    def no_sync(self, module: torch.nn.Module, enabled: bool = True) -> Iterator[None]:
         CountingDDP.entered += 1
-        with super().no_sync(module):
+        with super().no_sync(module, enabled):
             yield
 
 

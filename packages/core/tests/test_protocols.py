@@ -297,7 +297,11 @@ class SoloStrategy:
         self.checkpoint_io.save_checkpoint(checkpoint, path)
 
     def load_checkpoint(
-        self, path: PathLike, state: torch.nn.Module | Mapping[str, object] | None = None
+        self,
+        path: PathLike,
+        state: torch.nn.Module | Mapping[str, object] | None = None,
+        *,
+        weights_only: bool = False,
     ) -> Checkpoint:
         checkpoint = self.read_checkpoint(path)
         if isinstance(state, torch.nn.Module):
@@ -305,8 +309,13 @@ class SoloStrategy:
             return {key: value for key, value in checkpoint.items() if key != "state_dict"}
         return checkpoint
 
-    def read_checkpoint(self, path: PathLike, module: torch.nn.Module | None = None) -> Checkpoint:
+    def read_checkpoint(
+        self, path: PathLike, module: torch.nn.Module | None = None, *, weights_only: bool = False
+    ) -> Checkpoint:
         return self.checkpoint_io.load_checkpoint(path, self.root_device)
+
+    def export_checkpoint(self, module: torch.nn.Module, path: PathLike) -> None:
+        self.checkpoint_io.save_checkpoint({"state_dict": module.state_dict()}, path)
 
     def no_sync(
         self, module: torch.nn.Module, enabled: bool = True

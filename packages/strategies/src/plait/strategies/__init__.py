@@ -8,7 +8,8 @@ DeepSpeed, behind the ``deepspeed`` extra; ``plait.strategies.deepspeed``),
 each meeting the `plait.core.Strategy` protocol, usable with or without a trainer.
 `StrategyRegistry` (from `plait.core`) names them; `CheckpointIO` is a base class for
 checkpoint IOs of your own; `init_distributed` forms a process group for a loop of
-your own.
+your own; `consolidate_checkpoint` turns any checkpoint a strategy wrote into one
+file plain PyTorch loads.
 """
 
 from plait.core import StrategyRegistry
@@ -18,6 +19,7 @@ from plait.strategies.collectives import DistributedCollectives, LocalCollective
 from plait.strategies.ddp import DDPStrategy
 from plait.strategies.deepspeed import DeepSpeedStrategy
 from plait.strategies.dp import DataParallelStrategy
+from plait.strategies.export import consolidate_checkpoint
 from plait.strategies.fsdp import DDPFullyShardedNativeStrategy, FSDPStrategy
 from plait.strategies.parallel import PROCESS_GROUP_BACKENDS, ParallelStrategy
 from plait.strategies.process_group import init_distributed
@@ -43,5 +45,6 @@ __all__ = [
     "StrategyRegistry",
     "XLAFSDPStrategy",
     "XLAStrategy",
+    "consolidate_checkpoint",
     "init_distributed",
 ]

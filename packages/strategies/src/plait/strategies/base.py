@@ -20,6 +20,7 @@ from typing_extensions import Self, override
 from plait.core import (
     Accelerator,
     AcceleratorRegistry,
+    CheckpointError,
     CheckpointIO,
     CheckpointIORegistry,
     Collectives,
@@ -33,11 +34,14 @@ from plait.core import (
     SupportsLoadInPlace,
     is_collective,
 )
+from plait.strategies.export import checkpoint_format, read_whole
 from plait.strategies.state import (
     NAMES_KEY,
     LiveState,
     load_module_state,
     module_state_of,
+    optimizer_parameter_names,
+    optimizer_state_keyed,
     optimizer_states_of,
 )
 
@@ -677,12 +681,43 @@ class BaseStrategy(abc.ABC):
         if not optimizers:
             return
         saved = optimizer_states_of(state, len(optimizers), source)
+        inner = self.unwrap_module(module)
         for optimizer, optimizer_state in zip(optimizers, saved, strict=True):
-            optimizer.load_state_dict(optimizer_state)
+            names = optimizer_parameter_names(inner, optimizer)
+            # FSDP's states are keyed by parameter name; torch's optimizers take indices.
+            optimizer.load_state_dict(
+                optimizer_state_keyed(optimizer_state, names, by_name=False, source=source)
+            )
         precision_state = state.get("precision")
         self.precision.load_state_dict(
             dict(precision_state) if isinstance(precision_state, Mapping) else {}
         )
+
+    def full_module_state(self, module: torch.nn.Module) -> StateDict:
+        """The module's whole state, on the CPU, with the user module's keys.
+
+        Every rank calls it: a sharding strategy gathers the shards (to rank 0 alone
+        where it can; other ranks may get an empty mapping). Nothing else in plait
+        gathers a sharded module whole: this is the one call that does, on demand.
+        """
+        return {key: value.detach().cpu() for key, value in self.module_state_dict(module).items()}
+
+    def export_checkpoint(self, module: torch.nn.Module, path: PathLike) -> None:
+        """Write the module's whole state as one file that a plain module loads.
+
+        ``{"state_dict": ...}`` by ``torch.save`` (any fsspec URL), whatever the
+        strategy and however it holds the module::
+
+            model.load_state_dict(torch.load(path)["state_dict"])
+
+        Every rank calls it; rank 0 writes, and every rank returns once the file is
+        complete. For a checkpoint already written, `plait.strategies.consolidate_checkpoint`
+        does the same in one process.
+        """
+        state = self.full_module_state(module)
+        if self.is_global_zero:
+            CheckpointIORegistry.get("torch").save_checkpoint({"state_dict": state}, path)
+        self.barrier("export_checkpoint")
 
     @property
     def writes_collectively(self) -> bool:
@@ -729,6 +764,8 @@ class BaseStrategy(abc.ABC):
         self,
         path: PathLike,
         state: torch.nn.Module | Mapping[str, object] | None = None,
+        *,
+        weights_only: bool = False,
     ) -> Checkpoint:
         """Restore the checkpoint at ``path`` into ``state``, in place; what it did not take.
 
@@ -741,6 +778,14 @@ class BaseStrategy(abc.ABC):
 
         Without ``state`` nothing is restored: the whole checkpoint is returned, its
         tensors on the CPU (`read_checkpoint`).
+
+        A checkpoint another strategy wrote loads too (a file into FSDP's shards,
+        FSDP's shards into DDP, DeepSpeed's partitions, rebuilt, anywhere), the
+        optimizers' states with it where both strategies keep them whole or by
+        torch.distributed.checkpoint. ``weights_only=True`` loads the module (and
+        the state's other entries) and leaves the optimizers as they are: for
+        moving from DeepSpeed, whose partitioned optimizer state nothing else reads,
+        or to it.
 
         Returns:
             The checkpoint's entries that nothing in ``state`` took.
@@ -758,13 +803,35 @@ class BaseStrategy(abc.ABC):
             {"module": state} if isinstance(state, torch.nn.Module) else state
         )
         live = LiveState.of(given)
-        checkpoint = self.read_checkpoint(path, live.module)
+        if weights_only:
+            live.optimizers = {}
+        checkpoint = self.read_checkpoint(path, live.module, weights_only=weights_only)
         if live.module is not None:
             optimizers = live.order_optimizers(checkpoint, os.fspath(path))
+            if optimizers and "optimizer_states" not in checkpoint:
+                deepspeed = checkpoint_format(path) == "deepspeed"
+                raise CheckpointError(
+                    os.fspath(path),
+                    "holds no optimizer state this strategy can read"
+                    + (
+                        " (it is a DeepSpeed checkpoint: ZeRO's optimizer state is "
+                        "partitioned, and only DeepSpeedStrategy reads it)"
+                        if deepspeed
+                        else ""
+                    ),
+                    fix="pass weights_only=True to load the weights and the rest alone (the "
+                    "optimizers start afresh), or leave the optimizers out of the state",
+                )
             self.set_state_dict(live.module, optimizers, checkpoint, source=os.fspath(path))
-        return live.restore(checkpoint, given, os.fspath(path))
+        left = live.restore(checkpoint, given, os.fspath(path))
+        if weights_only:
+            for key in ("optimizer_states", "precision", NAMES_KEY):
+                left.pop(key, None)
+        return left
 
-    def read_checkpoint(self, path: PathLike, module: torch.nn.Module | None = None) -> Checkpoint:
+    def read_checkpoint(
+        self, path: PathLike, module: torch.nn.Module | None = None, *, weights_only: bool = False
+    ) -> Checkpoint:
         """Read the checkpoint at ``path`` without restoring it, its tensors on the CPU.
 
         For a loop that restores the state itself (`set_state_dict`), after looking
@@ -776,6 +843,16 @@ class BaseStrategy(abc.ABC):
         straight into its tensors instead, each rank reading only what it holds.
         """
         io = self.checkpoint_io
+        kind = checkpoint_format(path)
+        shards = isinstance(io, SupportsLoadInPlace)
+        if (
+            kind == "deepspeed"
+            or (kind == "distributed" and not shards)
+            or (kind == "file" and shards)
+        ):
+            # Another strategy's checkpoint (a DeepSpeed directory, a sharded one for a
+            # strategy that writes files, a file for one that writes shards): whole.
+            return read_whole(path)
         if module is not None and isinstance(io, SupportsLoadInPlace):
             return io.load_checkpoint_into(path, {"state_dict": self.module_state_dict(module)})
         # A checkpoint IO of the user's may take no map_location (as Lightning's

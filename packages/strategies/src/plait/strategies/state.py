@@ -18,6 +18,8 @@ __all__ = [
     "check_state_fits",
     "load_module_state",
     "module_state_of",
+    "optimizer_parameter_names",
+    "optimizer_state_keyed",
     "optimizer_states_of",
 ]
 
@@ -271,3 +273,83 @@ def _integer_keys(optimizer_state: Mapping[str, object]) -> StateDict:
         for key, value in per_parameter.items()
     }
     return {**optimizer_state, "state": restored}
+
+
+# The prefix activation checkpointing adds to a wrapped submodule's names.
+_WRAPPER_PREFIXES: Final = ("_checkpoint_wrapped_module.", "_orig_mod.")
+
+
+def optimizer_parameter_names(
+    module: torch.nn.Module, optimizer: torch.optim.Optimizer
+) -> list[str]:
+    """The names in ``module`` of ``optimizer``'s parameters, in the optimizer's order.
+
+    The names are the user module's (no wrapper prefixes): those a checkpoint keys
+    an optimizer's state by when it keys it by name.
+    """
+    names = {id(parameter): name for name, parameter in module.named_parameters()}
+    ordered = []
+    for group in optimizer.param_groups:
+        for parameter in group["params"]:
+            name = names.get(id(parameter), "")
+            for prefix in _WRAPPER_PREFIXES:
+                name = name.replace(prefix, "")
+            ordered.append(name)
+    return ordered
+
+
+def optimizer_state_keyed(
+    state: Mapping[str, object], names: list[str], *, by_name: bool, source: object
+) -> StateDict:
+    """``state`` keyed as a strategy loads it: by parameter name, or by index.
+
+    torch's optimizers key their state by the index of each parameter in their
+    groups (DDP, one device, DeepSpeed's whole states); `torch.distributed.checkpoint`
+    keys it by the parameter's name (FSDP). ``names`` is the loading optimizer's
+    parameters' names in its order, as `optimizer_parameter_names` gives them: a
+    checkpoint moves between the two as torch's own loading does, by position.
+
+    Raises:
+        CheckpointError: The state holds another number of parameters, or names
+            parameters the module does not have.
+    """
+    groups = state.get("param_groups")
+    per_parameter = state.get("state")
+    if not isinstance(groups, list | tuple) or not isinstance(per_parameter, Mapping):
+        return dict(state)
+    saved = [
+        key for group in groups if isinstance(group, Mapping) for key in group.get("params", ())
+    ]
+    named = any(isinstance(key, str) and not key.isdigit() for key in saved)
+    if named == by_name or not saved:
+        return dict(state)
+    mapping: dict[object, object]
+    if by_name:
+        if len(saved) != len(names):
+            raise CheckpointError(
+                str(source),
+                f"holds optimizer state for {len(saved)} parameters, and the optimizer has "
+                f"{len(names)}",
+                fix="load into the model and optimizer the checkpoint was saved from",
+            )
+        mapping = {key: names[position] for position, key in enumerate(saved)}
+        mapping |= {str(key): value for key, value in mapping.items()}
+    else:
+        unknown = sorted(str(key) for key in saved if key not in names)
+        if unknown:
+            raise CheckpointError(
+                str(source),
+                f"holds optimizer state for {', '.join(map(repr, unknown[:5]))}, which the "
+                "optimizer's parameters do not include",
+                fix="load into the model and optimizer the checkpoint was saved from",
+            )
+        mapping = {name: position for position, name in enumerate(names)}
+    return {
+        **state,
+        "state": {mapping.get(key, key): value for key, value in per_parameter.items()},
+        "param_groups": [
+            {**group, "params": [mapping[key] for key in group.get("params", ())]}
+            for group in groups
+            if isinstance(group, Mapping)
+        ],
+    }

@@ -202,21 +202,31 @@ class Strategy(Collectives, Protocol):
         self,
         path: PathLike,
         state: torch.nn.Module | Mapping[str, object] | None = None,
+        *,
+        weights_only: bool = False,
     ) -> Checkpoint:
         """Restore the checkpoint at ``path`` into ``state`` in place; what it did not take.
 
         ``state`` is the module, or a mapping of what `save_checkpoint` was given
         (module, optimizers, `Stateful` objects, plain values); without it, the whole
-        checkpoint is returned and nothing is restored. Every rank calls it.
+        checkpoint is returned and nothing is restored. ``weights_only`` leaves the
+        optimizers as they are. Every rank calls it.
         """
         ...
 
-    def read_checkpoint(self, path: PathLike, module: torch.nn.Module | None = None) -> Checkpoint:
+    def read_checkpoint(
+        self, path: PathLike, module: torch.nn.Module | None = None, *, weights_only: bool = False
+    ) -> Checkpoint:
         """Read the checkpoint at ``path`` without restoring it (for `set_state_dict`).
 
         With ``module``, a checkpoint IO that loads in place reads the module's
-        shards straight into its tensors. Every rank calls it.
+        shards straight into its tensors (and the optimizers', unless
+        ``weights_only``). Every rank calls it.
         """
+        ...
+
+    def export_checkpoint(self, module: torch.nn.Module, path: PathLike) -> None:
+        """Write the module's whole state as one file a plain module loads (every rank calls it)."""
         ...
 
     def remove_checkpoint(self, path: PathLike) -> None:

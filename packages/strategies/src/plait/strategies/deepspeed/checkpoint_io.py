@@ -23,13 +23,19 @@ if TYPE_CHECKING:
     from plait.core.typing import Checkpoint, PathLike
     from plait.strategies.deepspeed.strategy import DeepSpeedStrategy
 
-__all__ = ["DeepSpeedCheckpointIO", "is_deepspeed_checkpoint", "latest_tag"]
+__all__ = [
+    "STAGE3_MODEL_STATES",
+    "DeepSpeedCheckpointIO",
+    "client_entries",
+    "is_deepspeed_checkpoint",
+    "latest_tag",
+]
 
 LATEST: Final = "latest"
 _TAG_PREFIX: Final = "checkpoint-"
 # What the engine writes itself; the rest of a checkpoint is its "client state".
 _ENGINE_KEYS: Final = ("state_dict", "optimizer_states")
-_STAGE3_MODEL_STATES: Final = "zero_pp_rank_0_mp_rank_00_model_states.pt"
+STAGE3_MODEL_STATES: Final = "zero_pp_rank_0_mp_rank_00_model_states.pt"
 # What the engine itself keeps in its model-states file, beside the client state.
 _ENGINE_STATE: Final = frozenset(
     {
@@ -44,7 +50,8 @@ _ENGINE_STATE: Final = frozenset(
 _CLIENT_KEYS: Final = "plait_client_keys"
 
 
-def _client_entries(saved: Mapping[str, object]) -> Checkpoint:
+def client_entries(saved: Mapping[str, object]) -> Checkpoint:
+    """The entries of a model-states file that the strategy's caller saved."""
     keys = saved.get(_CLIENT_KEYS)
     if isinstance(keys, list):
         return {key: saved[key] for key in keys if key in saved}
@@ -121,10 +128,11 @@ class DeepSpeedCheckpointIO:
         del map_location  # the engine places each partition on its device
         return self.load_into_engine(path)
 
-    def load_into_engine(self, path: PathLike) -> Checkpoint:
+    def load_into_engine(self, path: PathLike, *, optimizer: bool = True) -> Checkpoint:
         """Load the engine's state from ``path`` in place, and return the other entries.
 
-        The optimizer's partitions are loaded when the engine has an optimizer.
+        The optimizer's partitions are loaded when the engine has an optimizer (and
+        ``optimizer`` is true).
 
         Raises:
             CheckpointError: ``path`` is not a complete DeepSpeed checkpoint, or the
@@ -142,7 +150,7 @@ class DeepSpeedCheckpointIO:
                 os.fspath(path),
                 tag=tag,
                 load_module_strict=True,
-                load_optimizer_states=self._strategy.has_optimizer,
+                load_optimizer_states=optimizer and self._strategy.has_optimizer,
                 load_lr_scheduler_states=False,
             )
         except (RuntimeError, KeyError, AssertionError, ValueError) as error:
@@ -155,13 +163,13 @@ class DeepSpeedCheckpointIO:
             raise CheckpointError(
                 os.fspath(path), f"has no readable tag {tag!r}", fix="resume from another"
             )
-        return {**_client_entries(client_state), "state_dict": {}, "optimizer_states": []}
+        return {**client_entries(client_state), "state_dict": {}, "optimizer_states": []}
 
     def _load_weights(self, path: PathLike, tag: str) -> Checkpoint:
         from plait.strategies.deepspeed.export import read_fp32_state  # noqa: PLC0415
 
         strategy = self._strategy
-        first = Path(path) / tag / _STAGE3_MODEL_STATES
+        first = Path(path) / tag / STAGE3_MODEL_STATES
         try:
             saved = torch.load(first, map_location="cpu", weights_only=False)
         except (OSError, RuntimeError) as error:
@@ -172,7 +180,7 @@ class DeepSpeedCheckpointIO:
             ) from error
         state = read_fp32_state(path, tag=tag) if strategy.is_global_zero else {}
         strategy.load_whole_module_state(state, source=path)
-        return {**_client_entries(saved), "state_dict": {}, "optimizer_states": []}
+        return {**client_entries(saved), "state_dict": {}, "optimizer_states": []}
 
     def remove_checkpoint(self, path: PathLike) -> None:
         """Remove the checkpoint directory ``path`` (on rank 0, once every rank is here)."""

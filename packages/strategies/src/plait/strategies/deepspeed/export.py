@@ -13,12 +13,16 @@ import torch
 
 from plait.core import CheckpointError
 from plait.strategies.deepspeed import library
-from plait.strategies.deepspeed.checkpoint_io import latest_tag
+from plait.strategies.deepspeed.checkpoint_io import (
+    STAGE3_MODEL_STATES,
+    client_entries,
+    latest_tag,
+)
 
 if TYPE_CHECKING:
     from plait.core.typing import PathLike, StateDict
 
-__all__ = ["consolidate_checkpoint", "fp32_state_dict", "read_fp32_state"]
+__all__ = ["consolidate_checkpoint", "fp32_state_dict", "read_fp32_state", "read_run_entries"]
 
 # The Trainer's engine wraps the user's module in a router whose attribute is "module".
 _TRAINER_PREFIX: Final = "module."
@@ -81,21 +85,47 @@ def read_fp32_state(checkpoint: PathLike, *, tag: str | None = None) -> StateDic
 
 
 def consolidate_checkpoint(
-    checkpoint: PathLike, output: PathLike, *, tag: str | None = None
+    checkpoint: PathLike,
+    output: PathLike,
+    *,
+    tag: str | None = None,
+    run_entries: bool = False,
 ) -> None:
     """Write a DeepSpeed checkpoint's weights as one ``torch.save`` file, in fp32.
 
     The file loads with plain PyTorch, without deepspeed:
     ``model.load_state_dict(torch.load(output)["state_dict"])``.
+    `plait.strategies.consolidate_checkpoint` calls it for any DeepSpeed directory.
+
+    Args:
+        checkpoint: A checkpoint directory `DeepSpeedStrategy` wrote.
+        output: The file to write.
+        tag: The tag to read (``latest``'s by default).
+        run_entries: Keep the run's own entries too (the step, a scheduler's state:
+            what `save_checkpoint` was given beside the module and optimizers).
 
     Raises:
         CheckpointError: ``checkpoint`` is not a complete DeepSpeed checkpoint, or
             ``output`` cannot be written.
     """
     state = fp32_state_dict(checkpoint, tag=tag)
+    kept: dict[str, object] = {"state_dict": state}
+    if run_entries:
+        kept = {**read_run_entries(checkpoint, tag), **kept}
     try:
-        torch.save({"state_dict": state}, os.fspath(output))
+        torch.save(kept, os.fspath(output))
     except OSError as error:
         raise CheckpointError(
             os.fspath(output), f"cannot be written: {error}", fix="check its directory exists"
         ) from error
+
+
+def read_run_entries(checkpoint: PathLike, tag: str | None = None) -> dict[str, object]:
+    """What the run saved beside the module and optimizers (the step, a scheduler)."""
+    chosen = tag if tag is not None else latest_tag(checkpoint)
+    for name in (_WHOLE_MODULE, STAGE3_MODEL_STATES):
+        first = Path(checkpoint) / chosen / name
+        if first.is_file():
+            saved = torch.load(first, map_location="cpu", weights_only=False)
+            return dict(client_entries(saved))
+    return {}

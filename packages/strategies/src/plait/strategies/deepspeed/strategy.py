@@ -13,7 +13,6 @@ from typing_extensions import override
 
 from plait.core import (
     CheckpointError,
-    CheckpointIORegistry,
     ConfigurationError,
     GradientClipAlgorithm,
 )
@@ -34,6 +33,7 @@ from plait.strategies.deepspeed.config import (
     precision_name,
     read_config,
 )
+from plait.strategies.export import read_whole
 from plait.strategies.parallel import DEFAULT_START_TIMEOUT, DEFAULT_TIMEOUT
 from plait.strategies.state import load_module_state, module_state_of
 
@@ -541,6 +541,11 @@ class DeepSpeedStrategy(SelfLaunchingStrategy):
             "precision": {},
         }
 
+    @override
+    def full_module_state(self, module: torch.nn.Module) -> StateDict:
+        """The whole state on every rank (at stage 3, gathered a submodule at a time)."""
+        return self._whole_module_state(self.unwrap_module(module))
+
     def _whole_module_state(self, module: torch.nn.Module) -> StateDict:
         if self.stage != 3:
             return {key: value.detach().cpu() for key, value in module.state_dict().items()}
@@ -579,9 +584,10 @@ class DeepSpeedStrategy(SelfLaunchingStrategy):
         if optimizers and state.get("optimizer_states"):
             raise CheckpointError(
                 str(source),
-                "holds whole optimizer states, which DeepSpeed's partitioned optimizer cannot load",
-                fix="resume from a checkpoint this strategy wrote, or load the weights "
-                "alone (model.load_state_dict) and start a new fit",
+                "is another strategy's checkpoint: it holds the optimizers' states whole, "
+                "and DeepSpeed's ZeRO optimizer takes them only from its own partitions",
+                fix="pass weights_only=True to load_checkpoint to load the weights alone "
+                "(the optimizer starts afresh), or resume with the strategy that wrote it",
             )
         module_state = module_state_of(state, source)
         target = self.unwrap_module(module)
@@ -611,7 +617,9 @@ class DeepSpeedStrategy(SelfLaunchingStrategy):
                 load_module_state(target, state, source)
 
     @override
-    def read_checkpoint(self, path: PathLike, module: torch.nn.Module | None = None) -> Checkpoint:
+    def read_checkpoint(
+        self, path: PathLike, module: torch.nn.Module | None = None, *, weights_only: bool = False
+    ) -> Checkpoint:
         """Read a checkpoint: through the engine, in place, if DeepSpeed wrote it.
 
         The engine loads its module's partitions (and, when it has an optimizer, the
@@ -623,11 +631,8 @@ class DeepSpeedStrategy(SelfLaunchingStrategy):
                 engine cannot read.
         """
         if not is_deepspeed_checkpoint(path):
-            # One file another strategy wrote: read whole, by torch's checkpoint IO.
-            checkpoint: Checkpoint = CheckpointIORegistry.get("torch").load_checkpoint(
-                path, map_location="cpu"
-            )
-            return checkpoint
+            # Another strategy's checkpoint (a file, shards): read whole.
+            return read_whole(path)
         if self._engine is None:
             raise CheckpointError(
                 str(path),
@@ -636,7 +641,7 @@ class DeepSpeedStrategy(SelfLaunchingStrategy):
                 "with plait.strategies.deepspeed.consolidate_checkpoint",
             )
         assert isinstance(self.checkpoint_io, DeepSpeedCheckpointIO)
-        checkpoint = self.checkpoint_io.load_into_engine(path)
+        checkpoint = self.checkpoint_io.load_into_engine(path, optimizer=not weights_only)
         self._loaded_by_engine = True
         return checkpoint
 

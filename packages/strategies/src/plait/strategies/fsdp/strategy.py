@@ -13,6 +13,7 @@ from typing_extensions import override
 
 from plait.core import CheckpointError, ConfigurationError, SupportsLoadInPlace
 from plait.strategies.ddp import START_METHODS, SelfLaunchingStrategy
+from plait.strategies.export import checkpoint_format
 from plait.strategies.fsdp import parallelize
 from plait.strategies.fsdp.options import (
     backward_prefetch_depth,
@@ -27,7 +28,13 @@ from plait.strategies.fsdp.options import (
     state_dict_type as parse_state_dict_type,
 )
 from plait.strategies.parallel import DEFAULT_START_TIMEOUT, DEFAULT_TIMEOUT
-from plait.strategies.state import check_state_fits, module_state_of, optimizer_states_of
+from plait.strategies.state import (
+    check_state_fits,
+    module_state_of,
+    optimizer_parameter_names,
+    optimizer_state_keyed,
+    optimizer_states_of,
+)
 
 if TYPE_CHECKING:
     from torch.distributed.checkpoint.state_dict import StateDictOptions
@@ -492,6 +499,13 @@ class FSDPStrategy(SelfLaunchingStrategy):
         }
 
     @override
+    def full_module_state(self, module: torch.nn.Module) -> StateDict:
+        """The whole state, gathered shard by shard to rank 0's CPU (empty elsewhere)."""
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict  # noqa: PLC0415
+
+        return dict(get_model_state_dict(module, options=self._options(full=True)))
+
+    @override
     def set_state_dict(
         self,
         module: torch.nn.Module,
@@ -523,7 +537,10 @@ class FSDPStrategy(SelfLaunchingStrategy):
         if not optimizers:
             return
         saved = optimizer_states_of(state, len(optimizers), source)
-        for optimizer, optimizer_state in zip(optimizers, saved, strict=True):
+        for optimizer, keyed in zip(optimizers, saved, strict=True):
+            # Another strategy's (torch's) states are keyed by index; FSDP's by name.
+            names = optimizer_parameter_names(module, optimizer)
+            optimizer_state = optimizer_state_keyed(keyed, names, by_name=True, source=source)
             if optimizer_state["state"]:
                 set_optimizer_state_dict(module, optimizer, optimizer_state, options=options)
                 continue
@@ -546,7 +563,9 @@ class FSDPStrategy(SelfLaunchingStrategy):
         )
 
     @override
-    def read_checkpoint(self, path: PathLike, module: torch.nn.Module | None = None) -> Checkpoint:
+    def read_checkpoint(
+        self, path: PathLike, module: torch.nn.Module | None = None, *, weights_only: bool = False
+    ) -> Checkpoint:
         """Read the checkpoint at ``path``.
 
         A sharded checkpoint is read in place (with ``module``, after set-up): each
@@ -554,8 +573,12 @@ class FSDPStrategy(SelfLaunchingStrategy):
         world size that saved it. A full one is read whole on every rank, on the CPU.
         """
         io = self.checkpoint_io
-        if module is None or not isinstance(io, SupportsLoadInPlace):
-            return super().read_checkpoint(path, module)
+        if (
+            module is None
+            or not isinstance(io, SupportsLoadInPlace)
+            or checkpoint_format(path) not in {"distributed", "other"}
+        ):
+            return super().read_checkpoint(path, module, weights_only=weights_only)
         from torch.distributed.checkpoint.state_dict import (  # noqa: PLC0415
             get_model_state_dict,
             get_optimizer_state_dict,
@@ -565,7 +588,7 @@ class FSDPStrategy(SelfLaunchingStrategy):
         # state first (torch steps it with a learning rate of 0), to be overwritten.
         options = self._options(full=False)
         target: StateDict = {"state_dict": dict(get_model_state_dict(module, options=options))}
-        if self._optimizers:  # to go on training; evaluation reads the module's alone
+        if self._optimizers and not weights_only:  # to go on training
             target["optimizer_states"] = [
                 dict(get_optimizer_state_dict(module, optimizer, options=options))
                 for optimizer in self._optimizers

@@ -46,7 +46,9 @@ class OnXLADevice(BaseStrategy):
         super().save_checkpoint(checkpoint, path)
 
     @override
-    def read_checkpoint(self, path: PathLike, module: torch.nn.Module | None = None) -> Checkpoint:
+    def read_checkpoint(
+        self, path: PathLike, module: torch.nn.Module | None = None, *, weights_only: bool = False
+    ) -> Checkpoint:
         """Read the checkpoint at ``path`` once the device has finished its work."""
         self._xla.sync(wait=True)
-        return super().read_checkpoint(path, module)
+        return super().read_checkpoint(path, module, weights_only=weights_only)
