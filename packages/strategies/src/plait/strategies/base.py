@@ -9,7 +9,7 @@ import gc
 import importlib.metadata
 import inspect
 import os
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from datetime import timedelta
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Final, TypeVar, overload
@@ -34,6 +34,7 @@ from plait.core import (
     SupportsLoadInPlace,
     is_collective,
 )
+from plait.strategies.data import DistributedLoader, setup_dataloader
 from plait.strategies.export import checkpoint_format, read_whole
 from plait.strategies.state import (
     NAMES_KEY,
@@ -567,6 +568,47 @@ class BaseStrategy(abc.ABC):
         """
         self.check_not_accumulating()
         return self._precision.optimizer_step(optimizer, closure)
+
+    # Data.
+
+    def setup_dataloader(
+        self,
+        loader: Iterable[object],
+        *,
+        evaluation: bool = False,
+        move_to_device: bool = False,
+        use_distributed_sampler: bool = True,
+    ) -> DistributedLoader:
+        """``loader`` made this rank's, for a loop of your own.
+
+        A `DataLoader` with the default sampler is rebuilt with a `DistributedSampler`
+        over the data-parallel ranks (`layout`), shuffled as ``shuffle`` asked, from
+        the global seed (`seed_everything`), ``drop_last`` kept. Each pass over the
+        result is an epoch, told to the sampler first. Save the result with the run
+        (it is `Stateful`: its epoch) to shuffle a resumed run as the first.
+
+        Args:
+            loader: A `DataLoader` (or, with ``use_distributed_sampler=False``, any
+                iterable of batches this rank should read).
+            evaluation: Give each sample to exactly one rank, in order, none repeated
+                (for metrics), instead of a shuffled training sampler.
+            move_to_device: Yield batches on `root_device` (a strategy with a device
+                loader of its own, XLA's, always does).
+            use_distributed_sampler: Rebuild the sampler. ``False`` keeps ``loader``
+                as it is, for data you shard yourself.
+
+        Raises:
+            ConfigurationError: With more than one data-parallel rank, a loader that
+                cannot be given a `DistributedSampler` (a sampler of its own, an
+                iterable dataset, not a `DataLoader`): every rank would read all of it.
+        """
+        return setup_dataloader(
+            self,
+            loader,
+            evaluation=evaluation,
+            move_to_device=move_to_device,
+            use_distributed_sampler=use_distributed_sampler,
+        )
 
     # Accumulation.
 

@@ -107,6 +107,17 @@ class Strategy(Collectives, Protocol):
         """Prepare the device and join the process group (once per process)."""
         ...
 
+    def setup_dataloader(
+        self,
+        loader: Iterable[object],
+        *,
+        evaluation: bool = False,
+        move_to_device: bool = False,
+        use_distributed_sampler: bool = True,
+    ) -> Iterable[object]:
+        """``loader`` made this rank's: its share of the data, each epoch shuffled anew."""
+        ...
+
     def setup_module(self, module: torch.nn.Module) -> torch.nn.Module:
         """Move and wrap ``module`` for this strategy (e.g. in DDP); use what it returns."""
         ...
