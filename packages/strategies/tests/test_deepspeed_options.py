@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import time
+import warnings
 from collections import namedtuple
 from pathlib import Path
 
@@ -343,3 +344,24 @@ def test_a_deepspeed_checkpoint_is_loaded_after_set_up_and_saved_to_a_directory(
     state = strategy.get_state_dict(module, [torch.optim.SGD(module.parameters(), lr=0.1)])
     assert state["state_dict"] == {}
     assert state["optimizer_states"] == []
+
+
+def test_only_the_notices_torch_gives_deepspeeds_own_calls_are_hidden_and_only_inside() -> None:
+    notice = "`torch.distributed.all_gather_into_tensor` is deprecated. Please use ..."
+    with warnings.catch_warnings(record=True) as shown:
+        warnings.simplefilter("always")
+        with library.quiet():
+            warnings.warn(notice, FutureWarning, stacklevel=1)
+            warnings.warn("the user's own", FutureWarning, stacklevel=1)
+            warnings.warn(
+                "`torch.distributed.all_gather_into_tensor` is deprecated",
+                UserWarning,
+                stacklevel=1,
+            )
+        warnings.warn(notice, FutureWarning, stacklevel=1)  # outside plait's calls: shown
+
+    assert [(w.category, str(w.message)) for w in shown] == [
+        (FutureWarning, "the user's own"),
+        (UserWarning, "`torch.distributed.all_gather_into_tensor` is deprecated"),
+        (FutureWarning, notice),
+    ]

@@ -18,6 +18,7 @@ import torch
 from typing_extensions import override
 
 from plait.core import CheckpointError
+from plait.strategies.deepspeed import library
 
 if TYPE_CHECKING:
     from plait.core.typing import Checkpoint, PathLike
@@ -116,7 +117,8 @@ class DeepSpeedCheckpointIO:
         tag = strategy.broadcast(_next_tag(directory) if strategy.is_global_zero else "")
         client_state = {key: value for key, value in checkpoint.items() if key not in _ENGINE_KEYS}
         client_state[_CLIENT_KEYS] = sorted(client_state)
-        strategy.engine.save_checkpoint(os.fspath(path), tag=tag, client_state=client_state)
+        with library.quiet():
+            strategy.engine.save_checkpoint(os.fspath(path), tag=tag, client_state=client_state)
         strategy.barrier("deepspeed save_checkpoint")
         if strategy.is_global_zero:
             for old in directory.glob(f"{_TAG_PREFIX}*"):
@@ -146,13 +148,14 @@ class DeepSpeedCheckpointIO:
             # weights to read into: the weights are rebuilt whole, and set from rank 0.
             return self._load_weights(path, tag)
         try:
-            loaded, client_state = engine.load_checkpoint(
-                os.fspath(path),
-                tag=tag,
-                load_module_strict=True,
-                load_optimizer_states=optimizer and self._strategy.has_optimizer,
-                load_lr_scheduler_states=False,
-            )
+            with library.quiet():
+                loaded, client_state = engine.load_checkpoint(
+                    os.fspath(path),
+                    tag=tag,
+                    load_module_strict=True,
+                    load_optimizer_states=optimizer and self._strategy.has_optimizer,
+                    load_lr_scheduler_states=False,
+                )
         except (RuntimeError, KeyError, AssertionError, ValueError) as error:
             raise CheckpointError(
                 os.fspath(path),

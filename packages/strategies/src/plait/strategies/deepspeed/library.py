@@ -12,18 +12,20 @@ names it instead.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import os
 import sys
 import time
+import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Final, Protocol, cast
 
 from plait.core import ConfigurationError
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping, Sequence
+    from collections.abc import Iterator, Mapping, Sequence
     from contextlib import AbstractContextManager
     from types import ModuleType
 
@@ -31,12 +33,14 @@ if TYPE_CHECKING:
 
 __all__ = [
     "EXTRA",
+    "LIBRARY_NOTICES",
     "DeepSpeed",
     "check_extension_locks",
     "extensions_dir",
     "import_deepspeed",
     "import_submodule",
     "is_available",
+    "quiet",
     "require_deepspeed",
     "skip_shared_memory_op",
 ]
@@ -221,3 +225,24 @@ def check_extension_locks(
     for lock in stale:
         lock.unlink(missing_ok=True)
     return stale
+
+
+# The notices torch gives DeepSpeed's own calls, at every step (ZeRO-3: hundreds a
+# run): its collectives by their old names. A user of the strategy cannot act on
+# them; DeepSpeed's maintainers can. Only these, and only inside plait's calls into
+# DeepSpeed, are hidden; every other warning, the user's own above all, is shown.
+LIBRARY_NOTICES: Final = (
+    (
+        FutureWarning,
+        r"`torch\.distributed\.(all_gather_into_tensor|reduce_scatter_tensor)` is deprecated",
+    ),
+)
+
+
+@contextlib.contextmanager
+def quiet() -> Iterator[None]:
+    """Inside it, `LIBRARY_NOTICES` are not shown; any other warning is."""
+    with warnings.catch_warnings():
+        for category, message in LIBRARY_NOTICES:
+            warnings.filterwarnings("ignore", message=message, category=category)
+        yield

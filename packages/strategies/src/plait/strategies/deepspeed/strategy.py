@@ -380,19 +380,21 @@ class DeepSpeedStrategy(SelfLaunchingStrategy):
                 f"{'this rank' if stale else 'another rank'}), in place, over process "
                 "groups that ended with it",
                 value=type(module).__name__,
-                fix="validate during fit (val_dataloaders), or give the next run a module "
-                "made anew and the checkpoint: trainer.validate(Model(), ckpt_path='last')",
+                fix="build the module anew for the next run and load the checkpoint into it "
+                "(strategy.load_checkpoint(path, model); with the Trainer, "
+                "trainer.validate(Model(), ckpt_path='last'), or validate during fit)",
             )
         if self.offload_optimizer or self.offload_parameters or self.uses_config_optimizer:
             # Only these may compile an op: a dead build's lock would stall it silently.
             library.check_extension_locks()
         deepspeed = library.import_deepspeed()
-        made, *_ = deepspeed.initialize(
-            model=module,
-            optimizer=optimizer,
-            config=self.config if optimizer is not None else self._evaluation_config(),
-            dist_init_required=False,
-        )
+        with library.quiet():
+            made, *_ = deepspeed.initialize(
+                model=module,
+                optimizer=optimizer,
+                config=self.config if optimizer is not None else self._evaluation_config(),
+                dist_init_required=False,
+            )
         if not isinstance(made, torch.nn.Module):  # DeepSpeedEngine is a module
             raise TypeError(f"deepspeed.initialize made a {type(made).__name__}, not a module")
         if self.stage == 3:
@@ -443,12 +445,14 @@ class DeepSpeedStrategy(SelfLaunchingStrategy):
         if dtype is not torch.float32:
             args = tuple(_cast_floating(arg, dtype) for arg in args)
             kwargs = {key: _cast_floating(value, dtype) for key, value in kwargs.items()}
-        return module(*args, **kwargs)
+        with library.quiet():  # ZeRO-3 gathers each block's parameters as it runs
+            return module(*args, **kwargs)
 
     @override
     def backward(self, loss: torch.Tensor, module: torch.nn.Module | None = None) -> None:
         """Backward through the engine (loss scaled for fp16), accumulating locally."""
-        self.engine.backward(loss)
+        with library.quiet():
+            self.engine.backward(loss)
 
     @override
     def optimizer_step(
@@ -473,7 +477,8 @@ class DeepSpeedStrategy(SelfLaunchingStrategy):
                 fix="step the optimizer setup_module_and_optimizers returned",
             )
         result = closure() if closure is not None else None
-        self.engine.step()
+        with library.quiet():
+            self.engine.step()
         return result
 
     @override
@@ -553,7 +558,7 @@ class DeepSpeedStrategy(SelfLaunchingStrategy):
         state: StateDict = {}
         for prefix, submodule in module.named_modules():
             own = list(submodule.parameters(recurse=False))
-            with deepspeed.zero.GatheredParameters(own, modifier_rank=None):
+            with library.quiet(), deepspeed.zero.GatheredParameters(own, modifier_rank=None):
                 for name, tensor in submodule.named_parameters(recurse=False):
                     state[f"{prefix}.{name}" if prefix else name] = tensor.detach().cpu().clone()
             for name, buffer in submodule.named_buffers(recurse=False):
@@ -612,7 +617,8 @@ class DeepSpeedStrategy(SelfLaunchingStrategy):
         self, target: torch.nn.Module, state: Mapping[str, object], source: object
     ) -> None:
         deepspeed = library.import_deepspeed()
-        with deepspeed.zero.GatheredParameters(list(target.parameters()), modifier_rank=0):
+        parameters = list(target.parameters())
+        with library.quiet(), deepspeed.zero.GatheredParameters(parameters, modifier_rank=0):
             if self.is_global_zero:
                 load_module_state(target, state, source)
 

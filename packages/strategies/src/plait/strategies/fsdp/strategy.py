@@ -369,8 +369,9 @@ class FSDPStrategy(SelfLaunchingStrategy):
                 f"{'this rank' if stale else 'another rank'}), over process groups that ended "
                 "with it (FSDP2 shards a module object once)",
                 value=type(module).__name__,
-                fix="validate during fit (val_dataloaders), or give the next run a module "
-                "made anew and the checkpoint: trainer.validate(Model(), ckpt_path='last')",
+                fix="build the module anew for the next run and load the checkpoint into it "
+                "(strategy.load_checkpoint(path, model); with the Trainer, "
+                "trainer.validate(Model(), ckpt_path='last'), or validate during fit)",
             )
         if any(isinstance(m, FSDPModule) for m in module.modules()):
             return module  # sharded already, by the user over a mesh of theirs
