@@ -1,14 +1,25 @@
 """Train with DeepSpeed's ZeRO on CPU processes, in a loop of your own (no Trainer).
 
-    python examples/deepspeed_standalone.py --processes 2 --epochs 5 --stage 3 \
-        --checkpoint out/deepspeed
+    python examples/deepspeed_standalone.py --processes 2 --epochs 5 --stage 3 --checkpoint out/ds
+    python examples/deepspeed_standalone.py --epochs 8 --stage 3 --checkpoint out/ds --resume
+    torchrun --nproc-per-node 2 examples/deepspeed_standalone.py --epochs 5 --checkpoint out/ds
 
-Each rank builds its DeepSpeedStrategy (ZeRO stage 3 by default: parameters,
-gradients and optimizer state partitioned across the ranks), builds the model
-partitioned from the start, accumulates gradients over two batches before each
-optimizer step, clips their global norm, and has the engine save its partitions (a
-directory, each rank writing its part). The launching process then exports the
-weights as one fp32 file that plain PyTorch loads, without DeepSpeed.
+`ddp_standalone.py`'s loop, with three lines changed: the strategy is a
+`DeepSpeedStrategy` (ZeRO stage 3 by default: parameters, gradients and optimizer
+state partitioned across the ranks), the model is built partitioned from the start
+(`model_sharded_context`), and the gradients' global norm is clipped before each
+step. `no_sync` changes nothing here (the engine reduces at its step) and is kept:
+the loop is the same on every strategy. The checkpoint is the engine's directory of
+partitions; the export rebuilds the whole model, in fp32. The strategy shards the data
+(`setup_dataloader`), accumulates gradients over two batches without synchronising
+the first (`no_sync`), averages the epoch's loss across ranks (`reduce`), saves the
+model, optimizer, loader and epoch after each epoch in one call
+(`save_checkpoint`), restores them in one call on `--resume` (`load_checkpoint`),
+and exports the trained model as one file plain PyTorch loads
+(`export_checkpoint`).
+
+`strategy.launcher` starts the ranks on this machine (``spawn``); under torchrun
+(or SLURM) it starts nothing, and each process runs `train` in place.
 """
 
 from __future__ import annotations
@@ -18,14 +29,12 @@ from pathlib import Path
 
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+from torch.utils.data import DataLoader, TensorDataset
 
 from plait.core import seed_everything
 from plait.strategies import DeepSpeedStrategy
-from plait.strategies.deepspeed import consolidate_checkpoint
-from plait.strategies.launchers import MultiprocessingLauncher
 
-ACCUMULATE = 2
+ACCUMULATE = 2  # batches per optimizer step
 
 
 def regression_data(samples: int = 512, features: int = 8) -> TensorDataset:
@@ -37,58 +46,71 @@ def regression_data(samples: int = 512, features: int = 8) -> TensorDataset:
     return TensorDataset(inputs, targets)
 
 
-def train(epochs: int, stage: int, checkpoint: Path) -> float:
+def train(strategy: DeepSpeedStrategy, epochs: int, checkpoint: Path, resume: bool) -> float:
     """One rank's training; returns the last epoch's loss, averaged over every rank."""
     seed_everything(0)
-    strategy = DeepSpeedStrategy(accelerator="cpu", stage=stage)
     strategy.setup_environment()
-    dataset = regression_data()
-    layout = strategy.layout
-    sampler: DistributedSampler[tuple[torch.Tensor, ...]] = DistributedSampler(
-        dataset, num_replicas=layout.data_parallel_size, rank=layout.data_parallel_rank, seed=0
-    )
-    loader = DataLoader(dataset, batch_size=16, sampler=sampler)
+    loader = strategy.setup_dataloader(DataLoader(regression_data(), batch_size=16, shuffle=True))
     with strategy.model_sharded_context():  # at stage 3, each rank keeps only its share
         layers = nn.Sequential(nn.Linear(8, 32), nn.Tanh(), nn.Linear(32, 1))
     model, [optimizer] = strategy.setup_module_and_optimizers(
-        layers, [torch.optim.AdamW(layers.parameters(), lr=0.02)]
+        layers, [torch.optim.AdamW(layers.parameters(), lr=0.01)]
     )
+    state: dict[str, object] = {
+        "model": model,
+        "optimizer": optimizer,
+        "loader": loader,
+        "epoch": 0,
+    }
+    if resume:
+        strategy.load_checkpoint(checkpoint / "last", state)  # in place, every entry
+    first = state["epoch"]
+    assert isinstance(first, int)
     epoch_loss = float("nan")
-    for epoch in range(epochs):
-        sampler.set_epoch(epoch)
+    for epoch in range(first, epochs):
         total, batches = 0.0, 0
         for index, (inputs, targets) in enumerate(loader):
-            prediction = strategy.training_step(model, inputs)
-            assert isinstance(prediction, torch.Tensor)
-            loss = nn.functional.mse_loss(prediction, targets)
-            # Gradients accumulate in the engine until the optimizer step.
-            strategy.backward(loss / ACCUMULATE, model)
-            if (index + 1) % ACCUMULATE == 0:
+            stepping = (index + 1) % ACCUMULATE == 0
+            with strategy.no_sync(model, enabled=not stepping):  # the engine accumulates
+                prediction = strategy.training_step(model, inputs)
+                assert isinstance(prediction, torch.Tensor)
+                loss = nn.functional.mse_loss(prediction, targets)
+                strategy.backward(loss / ACCUMULATE, model)
+            if stepping:
                 strategy.clip_gradients(model, optimizer, clip_val=1.0)
                 strategy.optimizer_step(optimizer)
+                strategy.zero_grad(optimizer)
             total, batches = total + loss.item(), batches + 1
         epoch_loss = strategy.reduce(total / batches, reduce_op="mean")
         if strategy.is_global_zero:
             print(f"epoch {epoch}: loss {epoch_loss:.4f} (mean over {strategy.world_size} ranks)")
-    # Every rank has the engine write its partitions; the rest goes in beside them.
-    strategy.save_checkpoint({"epochs": epochs}, checkpoint)
+        state["epoch"] = epoch + 1
+        strategy.save_checkpoint(state, checkpoint / "last")
+    strategy.export_checkpoint(model, checkpoint / "model.pt")
+    if strategy.is_global_zero:
+        print(f"final loss {epoch_loss:.4f}; checkpoint {checkpoint / 'last'}, "
+              f"model {checkpoint / 'model.pt'}")  # fmt: skip
     strategy.teardown()
     return epoch_loss
 
 
 def main() -> None:
-    """Launch the ranks, report rank 0's final loss, and export the weights."""
+    """Start the ranks (or, under torchrun, be one) and train."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--processes", type=int, default=2, help="ranks to start")
     parser.add_argument("--epochs", type=int, default=5)
     parser.add_argument("--stage", type=int, default=3, choices=[0, 1, 2, 3])
     parser.add_argument("--checkpoint", type=Path, default=Path("checkpoints/deepspeed_standalone"))
+    parser.add_argument("--resume", action="store_true", help="go on from the last epoch saved")
     args = parser.parse_args()
-    launcher = MultiprocessingLauncher(args.processes, start_method="spawn")
-    final = launcher.launch(train, args.epochs, args.stage, args.checkpoint)
-    exported = args.checkpoint.with_suffix(".pt")
-    consolidate_checkpoint(args.checkpoint, exported)
-    print(f"final loss {final:.4f}; DeepSpeed checkpoint at {args.checkpoint}, fp32 at {exported}")
+    args.checkpoint.mkdir(parents=True, exist_ok=True)
+    strategy = DeepSpeedStrategy(
+        accelerator="cpu",
+        stage=args.stage,
+        parallel_devices=[torch.device("cpu")] * args.processes,
+        start_method="spawn",
+    )
+    strategy.launcher.launch(train, strategy, args.epochs, args.checkpoint, args.resume)
 
 
 if __name__ == "__main__":

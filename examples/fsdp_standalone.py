@@ -1,12 +1,24 @@
 """Train a model sharded with FSDP on CPU processes, in a loop of your own (no Trainer).
 
     python examples/fsdp_standalone.py --processes 2 --epochs 5 --checkpoint out/fsdp
+    python examples/fsdp_standalone.py --processes 2 --epochs 8 --checkpoint out/fsdp --resume
+    torchrun --nproc-per-node 2 examples/fsdp_standalone.py --epochs 5 --checkpoint out/fsdp
 
-Each rank builds its FSDPStrategy, which shards every block of the model across the
-ranks (a block's parameters are gathered only while it runs), builds the model on
-the meta device so that no rank ever holds it whole, trains on its shard of the
-data, and saves a sharded checkpoint (a directory, each rank writing its part). The
-launching process then consolidates it into one file plain PyTorch loads.
+`ddp_standalone.py`'s loop, with two lines changed: the strategy is an
+`FSDPStrategy`, which shards every block of the model across the ranks (a block's
+parameters are gathered only while it runs), and the model is built on the meta
+device (`model_sharded_context`) so that no rank ever holds it whole. The
+checkpoint is a directory of shards, each rank writing its own; the export gathers
+the whole model to rank 0 alone, on demand. The strategy shards the data
+(`setup_dataloader`), accumulates gradients over two batches without synchronising
+the first (`no_sync`), averages the epoch's loss across ranks (`reduce`), saves the
+model, optimizer, loader and epoch after each epoch in one call
+(`save_checkpoint`), restores them in one call on `--resume` (`load_checkpoint`),
+and exports the trained model as one file plain PyTorch loads
+(`export_checkpoint`).
+
+`strategy.launcher` starts the ranks on this machine (``spawn``); under torchrun
+(or SLURM) it starts nothing, and each process runs `train` in place.
 """
 
 from __future__ import annotations
@@ -16,13 +28,13 @@ from pathlib import Path
 
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+from torch.utils.data import DataLoader, TensorDataset
 from typing_extensions import override
 
 from plait.core import seed_everything
 from plait.strategies import FSDPStrategy
-from plait.strategies.fsdp import consolidate_checkpoint
-from plait.strategies.launchers import MultiprocessingLauncher
+
+ACCUMULATE = 2  # batches per optimizer step
 
 
 def regression_data(samples: int = 512, features: int = 8) -> TensorDataset:
@@ -43,61 +55,72 @@ class Block(nn.Module):
 
     @override
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + torch.relu(self.linear(x))
+        return x + torch.tanh(self.linear(x))
 
 
-def train(epochs: int, checkpoint: Path) -> float:
+def train(strategy: FSDPStrategy, epochs: int, checkpoint: Path, resume: bool) -> float:
     """One rank's training; returns the last epoch's loss, averaged over every rank."""
     seed_everything(0)
-    strategy = FSDPStrategy(accelerator="cpu", auto_wrap_policy={Block})
     strategy.setup_environment()
-    dataset = regression_data()
-    layout = strategy.layout
-    sampler: DistributedSampler[tuple[torch.Tensor, ...]] = DistributedSampler(
-        dataset, num_replicas=layout.data_parallel_size, rank=layout.data_parallel_rank, seed=0
-    )
-    loader = DataLoader(dataset, batch_size=32, sampler=sampler)
+    loader = strategy.setup_dataloader(DataLoader(regression_data(), batch_size=16, shuffle=True))
     with strategy.model_sharded_context():  # on the meta device: no memory yet
         layers = nn.Sequential(nn.Linear(8, 32), Block(32), Block(32), nn.Linear(32, 1))
     model, [optimizer] = strategy.setup_module_and_optimizers(
-        layers, [torch.optim.Adam(layers.parameters(), lr=0.01)]
+        layers, [torch.optim.AdamW(layers.parameters(), lr=0.01)]
     )
+    state: dict[str, object] = {
+        "model": model,
+        "optimizer": optimizer,
+        "loader": loader,
+        "epoch": 0,
+    }
+    if resume:
+        strategy.load_checkpoint(checkpoint / "last", state)  # in place, every entry
+    first = state["epoch"]
+    assert isinstance(first, int)
     epoch_loss = float("nan")
-    for epoch in range(epochs):
-        sampler.set_epoch(epoch)
+    for epoch in range(first, epochs):
         total, batches = 0.0, 0
-        for inputs, targets in loader:
-            prediction = strategy.training_step(model, inputs)
-            assert isinstance(prediction, torch.Tensor)
-            loss = nn.functional.mse_loss(prediction, targets)
-            strategy.backward(loss, model)
-            strategy.optimizer_step(optimizer)
-            strategy.zero_grad(optimizer)
+        for index, (inputs, targets) in enumerate(loader):
+            stepping = (index + 1) % ACCUMULATE == 0
+            with strategy.no_sync(model, enabled=not stepping):  # no reduce-scatter until the last
+                prediction = strategy.training_step(model, inputs)
+                assert isinstance(prediction, torch.Tensor)
+                loss = nn.functional.mse_loss(prediction, targets)
+                strategy.backward(loss / ACCUMULATE, model)
+            if stepping:
+                strategy.optimizer_step(optimizer)
+                strategy.zero_grad(optimizer)
             total, batches = total + loss.item(), batches + 1
         epoch_loss = strategy.reduce(total / batches, reduce_op="mean")
         if strategy.is_global_zero:
             print(f"epoch {epoch}: loss {epoch_loss:.4f} (mean over {strategy.world_size} ranks)")
-    # Every rank writes its shards of the model and the optimizer.
-    state = strategy.get_state_dict(model, [optimizer])
-    strategy.save_checkpoint({**state, "epochs": epochs}, checkpoint)
+        state["epoch"] = epoch + 1
+        strategy.save_checkpoint(state, checkpoint / "last")
+    strategy.export_checkpoint(model, checkpoint / "model.pt")
+    if strategy.is_global_zero:
+        print(f"final loss {epoch_loss:.4f}; checkpoint {checkpoint / 'last'}, "
+              f"model {checkpoint / 'model.pt'}")  # fmt: skip
     strategy.teardown()
     return epoch_loss
 
 
 def main() -> None:
-    """Launch the ranks, report rank 0's final loss, and consolidate the checkpoint."""
+    """Start the ranks (or, under torchrun, be one) and train."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--processes", type=int, default=2, help="ranks to start")
     parser.add_argument("--epochs", type=int, default=5)
     parser.add_argument("--checkpoint", type=Path, default=Path("checkpoints/fsdp_standalone"))
+    parser.add_argument("--resume", action="store_true", help="go on from the last epoch saved")
     args = parser.parse_args()
-    launcher = MultiprocessingLauncher(args.processes, start_method="spawn")
-    final = launcher.launch(train, args.epochs, args.checkpoint)
-    exported = args.checkpoint.with_suffix(".pt")
-    consolidate_checkpoint(args.checkpoint, exported, weights_only=True)
-    print(
-        f"final loss {final:.4f}; sharded checkpoint at {args.checkpoint}, one file at {exported}"
+    args.checkpoint.mkdir(parents=True, exist_ok=True)
+    strategy = FSDPStrategy(
+        accelerator="cpu",
+        auto_wrap_policy={Block},
+        parallel_devices=[torch.device("cpu")] * args.processes,
+        start_method="spawn",
     )
+    strategy.launcher.launch(train, strategy, args.epochs, args.checkpoint, args.resume)
 
 
 if __name__ == "__main__":

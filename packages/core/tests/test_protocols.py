@@ -316,12 +316,12 @@ class SoloStrategy:
 
     def setup_dataloader(
         self,
-        loader: Iterable[object],
+        loader: Iterable[T],
         *,
         evaluation: bool = False,
         move_to_device: bool = False,
         use_distributed_sampler: bool = True,
-    ) -> Iterable[object]:
+    ) -> Iterable[T]:
         return loader  # one process reads it all
 
     def export_checkpoint(self, module: torch.nn.Module, path: PathLike) -> None:

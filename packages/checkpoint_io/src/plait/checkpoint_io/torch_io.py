@@ -178,8 +178,8 @@ class TorchCheckpointIO:
                 raise CheckpointError(
                     where,
                     "is a directory, not a checkpoint file",
-                    fix="pass the path of a .ckpt file in it, or ckpt_path='last' to resume "
-                    "from the newest checkpoint",
+                    fix="pass the path of a checkpoint file in it (a directory of shards "
+                    "loads through strategy.load_checkpoint, or DistributedCheckpointIO)",
                 )
             raise CheckpointError(
                 where,

@@ -573,12 +573,12 @@ class BaseStrategy(abc.ABC):
 
     def setup_dataloader(
         self,
-        loader: Iterable[object],
+        loader: Iterable[T],
         *,
         evaluation: bool = False,
         move_to_device: bool = False,
         use_distributed_sampler: bool = True,
-    ) -> DistributedLoader:
+    ) -> DistributedLoader[T]:
         """``loader`` made this rank's, for a loop of your own.
 
         A `DataLoader` with the default sampler is rebuilt with a `DistributedSampler`

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sized
-from typing import TYPE_CHECKING, Final, TypeVar
+from typing import TYPE_CHECKING, Final, Generic, TypeVar, cast
 
 import torch
 from torch.utils.data import (
@@ -84,8 +84,8 @@ def sampler_seed() -> int:
 
 
 def prepare_loader(  # noqa: PLR0911 (each return is a case left as the user made it)
-    loader: Iterable[object], *, training: bool, rank: int, world_size: int, seed: int = 0
-) -> Iterable[object]:
+    loader: Iterable[T], *, training: bool, rank: int, world_size: int, seed: int = 0
+) -> Iterable[T]:
     """The loader each rank iterates.
 
     A `DataLoader` with the default sampler (sequential, or random from
@@ -163,7 +163,7 @@ def move_to_device(data: T, device: torch.device) -> T:
     return moved
 
 
-class DistributedLoader:
+class DistributedLoader(Generic[T]):
     """This rank's loader, as `BaseStrategy.setup_dataloader` makes it.
 
     Each pass over it is an epoch: it tells a `DistributedSampler` the epoch first
@@ -178,17 +178,17 @@ class DistributedLoader:
 
     def __init__(
         self,
-        loader: Iterable[object],
+        loader: Iterable[T],
         *,
         device: torch.device | None = None,
-        process: Callable[[Iterable[object]], Iterable[object]] | None = None,
+        process: Callable[[Iterable[T]], Iterable[T]] | None = None,
     ) -> None:
         self.loader = loader
         self.epoch = 0
         self._device = device
         self._process = process
 
-    def __iter__(self) -> Iterator[object]:
+    def __iter__(self) -> Iterator[T]:
         """One epoch of this rank's batches (on the strategy's device, if asked)."""
         set_epoch(self.loader, self.epoch)
         self.epoch += 1
@@ -235,12 +235,12 @@ class DistributedLoader:
 
 def setup_dataloader(
     strategy: Strategy,
-    loader: Iterable[object],
+    loader: Iterable[T],
     *,
     evaluation: bool = False,
     move_to_device: bool = False,
     use_distributed_sampler: bool = True,
-) -> DistributedLoader:
+) -> DistributedLoader[T]:
     """``loader`` made this rank's: the body of `BaseStrategy.setup_dataloader`."""
     layout = strategy.layout
     world_size, rank = layout.data_parallel_size, layout.data_parallel_rank
@@ -258,9 +258,10 @@ def setup_dataloader(
                 "data_parallel_size) and pass use_distributed_sampler=False, or use a "
                 "DataLoader with the default sampler (shuffle=True or False)",
             )
-    process = (
-        strategy.process_dataloader if isinstance(strategy, SupportsProcessDataloader) else None
-    )
+    process: Callable[[Iterable[T]], Iterable[T]] | None = None
+    if isinstance(strategy, SupportsProcessDataloader):
+        # The device loader (XLA's) yields the same batches, placed on the device.
+        process = cast("Callable[[Iterable[T]], Iterable[T]]", strategy.process_dataloader)
     device = strategy.root_device if move_to_device and process is None else None
     return DistributedLoader(prepared, device=device, process=process)
 

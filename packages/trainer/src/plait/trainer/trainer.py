@@ -25,6 +25,7 @@ from plait.core import (
     seed_everything,
 )
 from plait.core.seed import SEED_ENV_VAR
+from plait.strategies.export import checkpoint_format
 from plait.trainer.callbacks.base import Callback
 from plait.trainer.callbacks.checkpoint import ModelCheckpoint
 from plait.trainer.callbacks.early_stopping import EarlyStopping
@@ -565,8 +566,9 @@ class Trainer(Loops):
             )
 
     def _is_checkpoint(self, path: str) -> bool:
-        # A collective checkpoint IO writes each checkpoint as a directory of parts.
-        if os.path.isfile(path):
+        # A collective checkpoint IO writes each checkpoint as a directory of parts;
+        # every strategy reads another's directory (FSDP's shards, DeepSpeed's) whole.
+        if os.path.isfile(path) or checkpoint_format(path) in {"distributed", "deepspeed"}:
             return True
         return os.path.isdir(path) and is_collective(self.strategy.checkpoint_io)
 
@@ -609,13 +611,12 @@ class Trainer(Loops):
             if os.path.isdir(path):
                 raise CheckpointError(
                     path,
-                    "is a directory, not a checkpoint file, and this strategy's checkpoint "
-                    f"IO ({self.strategy.checkpoint_io!r}) reads files",
-                    fix="pass a .ckpt file; a sharded checkpoint (a directory each rank wrote "
-                    "its part of) loads with a checkpoint IO that reads directories (the "
-                    "strategy that wrote it, e.g. strategy='fsdp', or plugins=['distributed']),"
-                    " or as one file made by plait.strategies.fsdp.consolidate_checkpoint (or, for "
-                    "DeepSpeed's, plait.strategies.deepspeed.consolidate_checkpoint)",
+                    "is a directory that no strategy wrote (it holds neither a "
+                    "torch.distributed.checkpoint's .metadata nor DeepSpeed's 'latest'), and "
+                    f"this strategy's checkpoint IO ({self.strategy.checkpoint_io!r}) reads files",
+                    fix="pass a .ckpt file in it, or a checkpoint directory a strategy wrote "
+                    "(an incomplete one, from a run stopped while saving, cannot be read: "
+                    "use an earlier one)",
                 )
             raise CheckpointError(
                 path,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, TypeVar, runtime_checkable
 
 from typing_extensions import Self
 
@@ -20,6 +20,8 @@ if TYPE_CHECKING:
     from plait.core.protocols.launcher import Launcher
     from plait.core.protocols.precision import GradientClipAlgorithm, Precision
     from plait.core.typing import Checkpoint, PathLike
+
+T = TypeVar("T")
 
 __all__ = [
     "Stateful",
@@ -109,12 +111,12 @@ class Strategy(Collectives, Protocol):
 
     def setup_dataloader(
         self,
-        loader: Iterable[object],
+        loader: Iterable[T],
         *,
         evaluation: bool = False,
         move_to_device: bool = False,
         use_distributed_sampler: bool = True,
-    ) -> Iterable[object]:
+    ) -> Iterable[T]:
         """``loader`` made this rank's: its share of the data, each epoch shuffled anew."""
         ...
 
