@@ -3,8 +3,8 @@
     python own_loop_job.py ROOT STRATEGY [STRATEGY ...]
 
 Only the line that builds the strategy differs between strategies. For each one the
-loop runs three times, each in ranks launched afresh (two processes on gloo; one
-for ``single_device``):
+loop runs three times, each in ranks launched afresh (two processes on gloo; this
+process for ``single_device`` and for XLA on one XLA:CPU device):
 
 - ``full``: STEPS optimizer steps, each over two micro-batches whose first backward
   runs inside ``no_sync``; it saves the model, optimizer, scheduler and step after
@@ -31,6 +31,7 @@ mean loss by step (averaged over the ranks with the strategy's ``reduce``), what
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 from pathlib import Path
 
@@ -45,10 +46,14 @@ STEPS = 8
 SAVE_AT = 4
 MICRO_BATCH = 4
 WORLD_SIZE = 2
+# Strategies of one process here: one device, and XLA on one XLA:CPU device.
+IN_PROCESS = frozenset({"single_device", "single_xla", "xla"})
 
 
 def make_strategy(name: str) -> Strategy:
     """The one line a team changes to move its loop to another strategy."""
+    if "xla" in name:
+        return StrategyRegistry.get(name)  # on the XLA device (XLA:CPU here)
     return StrategyRegistry.get(name, accelerator="cpu")
 
 
@@ -110,7 +115,8 @@ def run(name: str, root: str, mode: str, source: str | None = None) -> dict[str,
             for i in range(pieces)
         ]
         total = 0.0
-        for index, (x, y) in enumerate(micro):
+        device = strategy.root_device  # an XLA device, or the CPU
+        for index, (x, y) in enumerate((x.to(device), y.to(device)) for x, y in micro):
             with strategy.no_sync(model, enabled=index < pieces - 1):
                 prediction = strategy.training_step(model, x)
                 assert isinstance(prediction, torch.Tensor)
@@ -134,7 +140,7 @@ def run(name: str, root: str, mode: str, source: str | None = None) -> dict[str,
 
 def launch(name: str, root: str, mode: str, source: str | None = None) -> dict[str, object]:
     """Run ``mode`` of the loop in ranks of its own (in this process, for one device)."""
-    if name == "single_device":
+    if name in IN_PROCESS:
         return run(name, root, mode, source)
     launcher = MultiprocessingLauncher(WORLD_SIZE, start_method="fork")
     return launcher.launch(run, name, root, mode, source)
@@ -155,6 +161,10 @@ def main() -> None:
     import torch.distributed.checkpoint  # noqa: PLC0415
     import torch.distributed.fsdp  # noqa: PLC0415
 
+    if any("xla" in name for name in names):
+        # Before any backward: autograd's engine sizes its device queues at its first
+        # backward, and an XLA device registered after that is not among them.
+        importlib.import_module("torch_xla").device()
     if any(name.startswith("deepspeed") for name in names):
         import torch._dynamo  # noqa: F401, PLC0415
 

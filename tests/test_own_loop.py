@@ -46,24 +46,31 @@ def _close(a: Losses, b: Losses, steps: list[str]) -> bool:
     return all(a[step] == pytest.approx(b[step], rel=1e-5, abs=1e-6) for step in steps)
 
 
-def test_the_same_loop_resumes_accumulates_exports_and_moves_on_every_strategy(
-    tmp_path: Path,
+def run_and_check(
+    root: Path,
+    names: tuple[str, ...],
+    whole_moves: tuple[str, ...],
+    weight_moves: tuple[str, ...] = (),
+    *,
+    env: dict[str, str] | None = None,
+    python: str = sys.executable,
 ) -> None:
-    pytest.importorskip("deepspeed", reason="the deepspeed extra is not installed")
-    names = (*STRATEGIES, *DEEPSPEED)
-    moves = [f"--move={move}" for move in (*WHOLE_MOVES, *WEIGHT_MOVES)]
-    command = [sys.executable, str(JOB), str(tmp_path), *names, *moves]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=400, check=False)
-    assert not processes_mentioning(str(tmp_path)), "a rank was left running"
+    """Run the loop on ``names`` and the moves, and check every promise it makes."""
+    moves = [f"--move={move}" for move in (*whole_moves, *weight_moves)]
+    command = [python, str(JOB), str(root), *names, *moves]
+    done = subprocess.run(
+        command, capture_output=True, text=True, timeout=400, check=False, env=env
+    )
+    assert not processes_mentioning(str(root)), "a rank was left running"
     assert done.returncode == 0, done.stderr[-6000:]
     # No notice the libraries give at every step (DeepSpeed's calls into torch's
     # deprecated collectives: hundreds a ZeRO-3 run) reaches the loop's output.
     assert "is deprecated" not in done.stderr, done.stderr[-3000:]
-    runs = {name: json.loads((tmp_path / f"{name}.json").read_text()) for name in names}
+    runs = {name: json.loads((root / f"{name}.json").read_text()) for name in names}
     every = [str(step) for step in range(1, STEPS + 1)]
     later = every[SAVE_AT:]
 
-    reference = _losses(runs["ddp"]["full"])
+    reference = _losses(runs[names[0]]["full"])
     for name, run in runs.items():
         full, resumed, big = (_losses(run[mode]) for mode in ("full", "resumed", "big"))
         assert sorted(full, key=int) == every, name
@@ -72,14 +79,14 @@ def test_the_same_loop_resumes_accumulates_exports_and_moves_on_every_strategy(
         # Restored in place, in one call, in fresh ranks: the very same next losses.
         assert resumed == {step: full[step] for step in later}, name
         assert run["resumed"]["left"] == [], name  # everything saved was taken back
-        assert (tmp_path / f"{name}-resumed-step{STEPS}").exists(), name  # and it goes on
+        assert (root / f"{name}-resumed-step{STEPS}").exists(), name  # and it goes on
         # Two micro-batches (the first inside no_sync) step as one twice the size.
         assert _close(big, full, every), (name, big, full)
         assert full[str(STEPS)] < full["1"], name  # and it learns
 
         # One file a plain module loads: exported in the run, or consolidated after.
-        exported = torch.load(tmp_path / f"{name}-export.pt")["state_dict"]
-        consolidated = torch.load(tmp_path / f"{name}-consolidated.pt", weights_only=False)
+        exported = torch.load(root / f"{name}-export.pt")["state_dict"]
+        consolidated = torch.load(root / f"{name}-consolidated.pt", weights_only=False)
         plain = nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 1))
         plain.load_state_dict(exported)
         plain.load_state_dict(consolidated["state_dict"])
@@ -87,17 +94,24 @@ def test_the_same_loop_resumes_accumulates_exports_and_moves_on_every_strategy(
             assert torch.equal(tensor, consolidated["state_dict"][key]), (name, key)
         assert consolidated["step"] == STEPS, name  # the run's entries come along
 
-    for move in WHOLE_MOVES:
+    for move in whole_moves:
         source, target = move.split(":")
-        moved = json.loads((tmp_path / f"{target}-from-{source}.json").read_text())
+        moved = json.loads((root / f"{target}-from-{source}.json").read_text())
         assert moved["left"] == [], move
         assert moved["refusal"] is None, move
         # The optimizer's moments came along: the source's very trajectory goes on.
         assert _close(_losses(moved), _losses(runs[source]["full"]), later), move
-    for move in WEIGHT_MOVES:
+    for move in weight_moves:
         source, target = move.split(":")
-        moved = json.loads((tmp_path / f"{target}-from-{source}.json").read_text())
+        moved = json.loads((root / f"{target}-from-{source}.json").read_text())
         assert "weights_only=True" in moved["refusal"], move  # the whole state is refused
         assert moved["left"] == [], move
         # The weights came along (the first loss is theirs); the optimizer began afresh.
         assert _close(_losses(moved), _losses(runs[source]["full"]), [later[0]]), move
+
+
+def test_the_same_loop_resumes_accumulates_exports_and_moves_on_every_strategy(
+    tmp_path: Path,
+) -> None:
+    pytest.importorskip("deepspeed", reason="the deepspeed extra is not installed")
+    run_and_check(tmp_path, (*STRATEGIES, *DEEPSPEED), WHOLE_MOVES, WEIGHT_MOVES)
