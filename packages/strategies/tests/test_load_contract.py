@@ -119,11 +119,12 @@ def test_an_entry_the_checkpoint_does_not_hold_is_named_with_what_it_holds(
     saved = _trained(strategy)
     strategy.save_checkpoint({"model": saved["model"], "step": 3}, tmp_path / "last.pt")
 
+    fresh = nn.Linear(3, 2)
+    before = fresh.weight.detach().clone()
     with pytest.raises(CheckpointError, match=r"holds no 'counter' \(it holds 'step'\)") as caught:
-        strategy.load_checkpoint(
-            tmp_path / "last.pt", {"model": nn.Linear(3, 2), "counter": Counter()}
-        )
+        strategy.load_checkpoint(tmp_path / "last.pt", {"model": fresh, "counter": Counter()})
     assert "leave that entry out" in str(caught.value.fix)
+    assert torch.equal(fresh.weight, before)  # refused before anything was restored
 
 
 def test_a_checkpoint_of_another_model_is_refused_naming_what_differs(

@@ -848,6 +848,7 @@ class BaseStrategy(abc.ABC):
         if weights_only:
             live.optimizers = {}
         checkpoint = self.read_checkpoint(path, live.module, weights_only=weights_only)
+        live.check_held(checkpoint, given, os.fspath(path))  # before anything is restored
         if live.module is not None:
             optimizers = live.order_optimizers(checkpoint, os.fspath(path))
             if optimizers and "optimizer_states" not in checkpoint:

@@ -97,16 +97,14 @@ class LiveState:
         """What a checkpoint records of the names."""
         return {"module": self.module_name, "optimizers": list(self.optimizers)}
 
-    def restore(
+    def check_held(
         self, checkpoint: Checkpoint, state: Mapping[str, object], source: object
-    ) -> Checkpoint:
-        """Give each `Stateful` object and value its entry; the entries left over.
-
-        The module's and the optimizers' states are the strategy's to restore; their
-        entries are taken out of what is returned.
+    ) -> None:
+        """Check, before anything is restored, that every entry can be.
 
         Raises:
-            CheckpointError: The checkpoint holds no entry for one of them.
+            CheckpointError: The checkpoint holds no entry for one of the `Stateful`
+                objects or values.
             ConfigurationError: Values are given in a mapping that cannot be updated.
         """
         missing = sorted((set(self.stateful) | set(self.values)) - set(checkpoint))
@@ -126,6 +124,21 @@ class LiveState:
                 value=type(state).__name__,
                 fix="pass a dict",
             )
+
+    def restore(
+        self, checkpoint: Checkpoint, state: Mapping[str, object], source: object
+    ) -> Checkpoint:
+        """Give each `Stateful` object and value its entry; the entries left over.
+
+        The module's and the optimizers' states are the strategy's to restore; their
+        entries are taken out of what is returned.
+
+        Raises:
+            CheckpointError: The checkpoint holds no entry for one of them, or one
+                that is not a mapping for a `Stateful`.
+            ConfigurationError: Values are given in a mapping that cannot be updated.
+        """
+        self.check_held(checkpoint, state, source)
         for name, stateful in self.stateful.items():
             entry = checkpoint[name]
             if not isinstance(entry, Mapping):
