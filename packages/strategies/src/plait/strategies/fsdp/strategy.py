@@ -448,14 +448,16 @@ class FSDPStrategy(SelfLaunchingStrategy):
         """
         from torch.distributed.fsdp import FSDPModule  # noqa: PLC0415
 
-        if not isinstance(module, FSDPModule):
+        # The root, or (a module the user sharded block by block) each sharded block.
+        sharded = [m for m in module.modules() if isinstance(m, FSDPModule)]
+        if not sharded:
             raise ConfigurationError(
                 f"no_sync was given a {type(module).__name__} that FSDP did not shard, "
                 "so there is no gradient reduction of it to skip",
                 value=module,
                 fix="pass the module setup_module (or setup_module_and_optimizers) returned",
             )
-        return _gradient_sync_off(module)
+        return _gradient_sync_off(sharded)
 
     # State.
 
@@ -616,9 +618,11 @@ class FSDPStrategy(SelfLaunchingStrategy):
 
 
 @contextlib.contextmanager
-def _gradient_sync_off(module: FSDPModule) -> Iterator[None]:
-    module.set_requires_gradient_sync(False)
+def _gradient_sync_off(modules: Sequence[FSDPModule]) -> Iterator[None]:
+    for module in modules:
+        module.set_requires_gradient_sync(False, recurse=False)
     try:
         yield
     finally:
-        module.set_requires_gradient_sync(True)
+        for module in modules:
+            module.set_requires_gradient_sync(True, recurse=False)
