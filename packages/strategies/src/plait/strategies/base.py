@@ -826,8 +826,8 @@ class BaseStrategy(abc.ABC):
         optimizers' states with it where both strategies keep them whole or by
         torch.distributed.checkpoint. ``weights_only=True`` loads the module (and
         the state's other entries) and leaves the optimizers as they are: for
-        moving from DeepSpeed, whose partitioned optimizer state nothing else reads,
-        or to it.
+        moving from DeepSpeed or to it, whose ZeRO optimizer state is kept in a
+        layout of DeepSpeed's own that plait does not convert.
 
         Returns:
             The checkpoint's entries that nothing in ``state`` took.
@@ -857,8 +857,9 @@ class BaseStrategy(abc.ABC):
                     os.fspath(path),
                     "holds no optimizer state this strategy can read"
                     + (
-                        " (it is a DeepSpeed checkpoint: ZeRO's optimizer state is "
-                        "partitioned, and only DeepSpeedStrategy reads it)"
+                        " (it is a DeepSpeed checkpoint: ZeRO's optimizer state is kept "
+                        "partitioned, in DeepSpeed's own layout, which only "
+                        "DeepSpeedStrategy reads)"
                         if deepspeed
                         else ""
                     ),
