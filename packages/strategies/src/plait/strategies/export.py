@@ -14,7 +14,13 @@ from plait.core import CheckpointError, CheckpointIORegistry
 if TYPE_CHECKING:
     from plait.core.typing import Checkpoint, PathLike
 
-__all__ = ["CheckpointFormat", "checkpoint_format", "consolidate_checkpoint", "read_whole"]
+__all__ = [
+    "CheckpointFormat",
+    "checkpoint_format",
+    "consolidate_checkpoint",
+    "read_whole",
+    "write_file",
+]
 
 CheckpointFormat = Literal["deepspeed", "distributed", "file", "other"]
 
@@ -138,9 +144,17 @@ def consolidate_checkpoint(
             fix="pass a checkpoint saved with the module in it "
             "(save_checkpoint({'model': model, ...}, path))",
         )
-    kept = {"state_dict": whole["state_dict"]} if weights_only else dict(whole)
+    write_file({"state_dict": whole["state_dict"]} if weights_only else dict(whole), output)
+
+
+def write_file(checkpoint: Mapping[str, object], output: PathLike) -> None:
+    """``torch.save`` ``checkpoint`` to ``output``.
+
+    Raises:
+        CheckpointError: ``output`` cannot be written.
+    """
     try:
-        torch.save(kept, os.fspath(output))
+        torch.save(dict(checkpoint), os.fspath(output))
     except OSError as error:
         raise CheckpointError(
             os.fspath(output), f"cannot be written: {error}", fix="check its directory exists"

@@ -18,6 +18,7 @@ from plait.strategies.deepspeed.checkpoint_io import (
     client_entries,
     latest_tag,
 )
+from plait.strategies.export import write_file
 
 if TYPE_CHECKING:
     from plait.core.typing import PathLike, StateDict
@@ -112,12 +113,7 @@ def consolidate_checkpoint(
     kept: dict[str, object] = {"state_dict": state}
     if run_entries:
         kept = {**read_run_entries(checkpoint, tag), **kept}
-    try:
-        torch.save(kept, os.fspath(output))
-    except OSError as error:
-        raise CheckpointError(
-            os.fspath(output), f"cannot be written: {error}", fix="check its directory exists"
-        ) from error
+    write_file(kept, output)
 
 
 def read_run_entries(checkpoint: PathLike, tag: str | None = None) -> dict[str, object]:
