@@ -309,6 +309,18 @@ def test_deepspeed_builds_no_shared_memory_op() -> None:
     assert backend.build_shm_op() is None
 
 
+def test_deepspeed_imported_first_by_the_users_code_still_builds_no_shared_memory_op(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    library.import_deepspeed("cpu")
+    backend = library.import_submodule("comm.torch")
+    monkeypatch.setattr(backend, "build_shm_op", lambda: "built")  # DeepSpeed's own, as imported
+
+    library.import_deepspeed("cpu")  # deepspeed is imported already
+
+    assert backend.build_shm_op() is None
+
+
 def test_checkpoint_directories_are_recognised_and_their_tags_checked(tmp_path: Path) -> None:
     assert not is_deepspeed_checkpoint(tmp_path)
     assert _next_tag(tmp_path / "none") == "checkpoint-1"

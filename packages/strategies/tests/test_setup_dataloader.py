@@ -149,7 +149,7 @@ def test_batches_move_to_the_strategy_device_when_asked() -> None:
 
 
 def test_a_loader_state_that_is_not_an_epoch_is_refused() -> None:
-    loader = DistributedLoader([])
+    loader: DistributedLoader[object] = DistributedLoader([])
 
     with pytest.raises(ConfigurationError, match="holds the epoch 'one', not a number"):
         loader.load_state_dict({"epoch": "one"})

@@ -142,8 +142,9 @@ def import_deepspeed(device_type: str | None = None) -> DeepSpeed:
     if not already and device_type in _ACCELERATORS:
         os.environ.setdefault("DS_ACCELERATOR", _ACCELERATORS[device_type])
     module = importlib.import_module("deepspeed")
-    if not already:
-        skip_shared_memory_op()
+    # Also when the user's code imported deepspeed first: the op would build at the
+    # first process group (minutes, and it fails to link without libaio).
+    skip_shared_memory_op()
     return cast("DeepSpeed", module)
 
 
