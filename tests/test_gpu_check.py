@@ -6,14 +6,18 @@ not a test of it.
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import os
 import platform
 import subprocess
 import sys
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 import torch
+from tests.reliability.jobs import processes_mentioning
 
 TOOL = Path(__file__).resolve().parent.parent / "tools" / "gpu_check.py"
 LANES = ["cuda-tests", "conformance-nccl", "conformance-gloo-cuda"]
@@ -64,16 +68,37 @@ def test_without_a_gpu_every_lane_runs_its_tests_skip_saying_why_and_the_report_
     assert "| cuda-tests | 0 | 0 |" in text
     assert text in run.stdout
 
-    # A lane that runs over its time is stopped and reported failed, with its output;
-    # pytest cannot import torch in a fifth of a second, so this one always does.
-    over = tmp_path / "over" / "r.json"
-    run = _tool("--wheels", wheels, "--site", site, "--report", over,
-                "--lane", "cuda-tests", "--lane-timeout", "0.2")  # fmt: skip
-    assert run.returncode == 1, run.stdout + run.stderr
-    [lane] = json.loads(over.read_text())["lanes"]
-    assert lane["errors"] == 1
-    assert lane["failures"] == ["the lane ran over its 0.2 s (--lane-timeout) and was stopped"]
-    assert "FAILED the lane ran over its 0.2 s" in over.with_suffix(".md").read_text()
+
+def _module() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("gpu_check", TOOL)
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["gpu_check"] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_lane_that_runs_over_its_time_is_stopped_whole_and_reported_failed(
+    tmp_path: Path,
+) -> None:
+    tool = _module()
+    # pytest cannot import torch in a fifth of a second: this lane always runs over.
+    lane = tool.Lane("slow", "a lane that runs over", ("-m", "cuda", "tests"), workers=2)
+
+    result = tool.run_lane(lane, dict(os.environ), tmp_path, gpu=True, limit=0.2)
+
+    assert result.errors == 1
+    assert result.failures == ["the lane ran over its 0.2 s (--lane-timeout) and was stopped"]
+    assert result.seconds < 60
+    assert not processes_mentioning(str(tmp_path)), "a worker of the lane was left running"
+    text = tool.render({
+        "made": "now", "commit": "c", "python": "3", "machine":
+        {"devices": [], "torch": "t", "cuda": None, "nccl": None},
+        "lanes": [result.__dict__], "bench": {"rows": [], "skipped": "not chosen"},
+    })  # fmt: skip
+    assert "| slow | 0 | 1 | 0 |" in text
+    assert "FAILED the lane ran over its 0.2 s" in text
 
 
 def test_wheels_that_were_never_prepared_are_named_with_the_fix(tmp_path: Path) -> None:
