@@ -3,8 +3,8 @@
     python own_loop_job.py ROOT STRATEGY [STRATEGY ...]
 
 Only the line that builds the strategy differs between strategies. For each one the
-loop runs three times, each in ranks launched afresh (two processes on gloo; this
-process for ``single_device`` and for XLA on one XLA:CPU device):
+loop runs three times (two processes on gloo; this process for ``single_device`` and
+for XLA on one XLA:CPU device), the resumed run in ranks launched afresh:
 
 - ``full``: STEPS optimizer steps, each over two micro-batches whose first backward
   runs inside ``no_sync``; it saves the model, optimizer, scheduler and step after
@@ -12,7 +12,9 @@ process for ``single_device`` and for XLA on one XLA:CPU device):
 - ``resumed``: loads the SAVE_AT checkpoint into a freshly built loop (one
   ``load_checkpoint`` call, which must leave nothing over), trains on to STEPS and
   saves again;
-- ``big``: the same steps over one batch of twice the size, without ``no_sync``.
+- ``big``: the same steps over one batch of twice the size, without ``no_sync``, in
+  the ranks of ``full``, after it, on a strategy made anew (a second run in one
+  program).
 
 and then, for each ``--move SOURCE:TARGET``:
 
@@ -138,12 +140,17 @@ def run(name: str, root: str, mode: str, source: str | None = None) -> dict[str,
     return {"losses": losses, "left": None if left is None else sorted(left), "refusal": refusal}
 
 
-def launch(name: str, root: str, mode: str, source: str | None = None) -> dict[str, object]:
-    """Run ``mode`` of the loop in ranks of its own (in this process, for one device)."""
+def runs(name: str, root: str, modes: tuple[str, ...], source: str | None) -> list[object]:
+    """The loop's ``modes`` one after another in the same ranks, each on a strategy anew."""
+    return [run(name, root, mode, source) for mode in modes]
+
+
+def launch(name: str, root: str, modes: tuple[str, ...], source: str | None = None) -> list[object]:
+    """Run ``modes`` of the loop in ranks of their own (in this process, for one device)."""
     if name in IN_PROCESS:
-        return run(name, root, mode, source)
+        return runs(name, root, modes, source)
     launcher = MultiprocessingLauncher(WORLD_SIZE, start_method="fork")
-    return launcher.launch(run, name, root, mode, source)
+    return launcher.launch(runs, name, root, modes, source)
 
 
 def main() -> None:
@@ -172,14 +179,18 @@ def main() -> None:
 
         import_deepspeed("cpu")
     for name in names:
-        results = {mode: launch(name, root, mode) for mode in ("full", "resumed", "big")}
+        # The uninterrupted run, then (a second strategy in the same ranks) the big batch;
+        # the resumed run in ranks launched afresh.
+        full, big = launch(name, root, ("full", "big"))
+        [resumed] = launch(name, root, ("resumed",))
+        results = {"full": full, "resumed": resumed, "big": big}
         (Path(root) / f"{name}.json").write_text(json.dumps(results))
         consolidate_checkpoint(
             Path(root) / f"{name}-full-step{STEPS}", Path(root) / f"{name}-consolidated.pt"
         )
     for move in options.move:
         source, target = move.split(":")
-        result = launch(target, root, "moved", source)
+        [result] = launch(target, root, ("moved",), source)
         (Path(root) / f"{target}-from-{source}.json").write_text(json.dumps(result))
 
 
