@@ -112,13 +112,17 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=5)
     parser.add_argument("--checkpoint", type=Path, default=Path("checkpoints/fsdp_standalone"))
     parser.add_argument("--resume", action="store_true", help="go on from the last epoch saved")
+    parser.add_argument(
+        "--start-method", default="spawn", choices=["spawn", "fork", "forkserver"],
+        help="how the ranks start on this machine (fork in a notebook)",
+    )  # fmt: skip
     args = parser.parse_args()
     args.checkpoint.mkdir(parents=True, exist_ok=True)
     strategy = FSDPStrategy(
         accelerator="cpu",
         auto_wrap_policy={Block},
         parallel_devices=[torch.device("cpu")] * args.processes,
-        start_method="spawn",
+        start_method=args.start_method,
     )
     strategy.launcher.launch(train, strategy, args.epochs, args.checkpoint, args.resume)
 

@@ -205,7 +205,8 @@ def test_after_fit_a_new_module_validates_from_the_checkpoint(tmp_path: Path, st
 def test_the_standalone_example_trains_at_stage_3_and_exports(tmp_path: Path) -> None:
     result = subprocess.run(
         [sys.executable, str(REPO / "examples" / "deepspeed_standalone.py"),
-         "--processes", "2", "--epochs", "4", "--checkpoint", str(tmp_path)],
+         "--processes", "2", "--start-method", "fork", "--epochs", "4",
+         "--checkpoint", str(tmp_path)],
         capture_output=True, text=True, timeout=240, check=False,
     )  # fmt: skip
 

@@ -1,4 +1,8 @@
-"""The examples run as written: train, resume where they stopped, export one plain file."""
+"""The examples run as written: train, resume where they stopped, export one plain file.
+
+The ranks start by ``fork`` here, which spares each the imports ``spawn`` repeats;
+``spawn``, the examples' default, is every ``ddp_spawn`` test's.
+"""
 
 import re
 import subprocess
@@ -14,7 +18,8 @@ REPO = Path(__file__).resolve().parent.parent
 
 def _run(example: str, *arguments: str) -> subprocess.CompletedProcess[str]:
     result = subprocess.run(
-        [sys.executable, str(REPO / "examples" / example), "--processes", "2", *arguments],
+        [sys.executable, str(REPO / "examples" / example), "--processes", "2",
+         "--start-method", "fork", *arguments],
         capture_output=True, text=True, timeout=240, check=False,
     )  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
