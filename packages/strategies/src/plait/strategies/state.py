@@ -131,14 +131,12 @@ class LiveState:
         """Give each `Stateful` object and value its entry; the entries left over.
 
         The module's and the optimizers' states are the strategy's to restore; their
-        entries are taken out of what is returned.
+        entries are taken out of what is returned. `check_held` has passed first,
+        before anything was restored.
 
         Raises:
-            CheckpointError: The checkpoint holds no entry for one of them, or one
-                that is not a mapping for a `Stateful`.
-            ConfigurationError: Values are given in a mapping that cannot be updated.
+            CheckpointError: A `Stateful`'s entry is not a mapping.
         """
-        self.check_held(checkpoint, state, source)
         for name, stateful in self.stateful.items():
             entry = checkpoint[name]
             if not isinstance(entry, Mapping):
