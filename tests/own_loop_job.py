@@ -16,18 +16,19 @@ for XLA on one XLA:CPU device), the resumed run in ranks launched afresh:
   the ranks of ``full``, after it, on a strategy made anew (a second run in one
   program).
 
-and then, for each ``--move SOURCE:TARGET``:
+and then, for each ``--move SOURCE:TARGET`` (``SOURCE:TARGET:weights``):
 
-- ``moved``: TARGET loads SOURCE's SAVE_AT checkpoint and trains on to STEPS. Where
-  one side is DeepSpeed (whose optimizer state is ZeRO's partitions) it first
-  records the refusal of the whole state, then loads with ``weights_only=True``.
+- ``moved``: TARGET loads SOURCE's SAVE_AT checkpoint (with ``weights_only=True``:
+  the weights, the scheduler and the step, and a fresh optimizer) and trains on to
+  STEPS.
 
 At the end of ``full`` every rank calls ``export_checkpoint`` (one file), and the
 launching process consolidates the STEPS checkpoint (``consolidate_checkpoint``).
 
-It writes ``ROOT/STRATEGY.json`` (and ``ROOT/TARGET-from-SOURCE.json``): each run's
-mean loss by step (averaged over the ranks with the strategy's ``reduce``), what
-``load_checkpoint`` returned, and a refusal's message.
+It writes ``ROOT/STRATEGY.json`` (and ``ROOT/TARGET-moved-from-SOURCE.json``,
+``ROOT/TARGET-weights-from-SOURCE.json``): each run's mean loss by step (averaged
+over the ranks with the strategy's ``reduce``) and what ``load_checkpoint``
+returned.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from plait.core import CheckpointError, Strategy, StrategyRegistry, seed_everything
+from plait.core import Strategy, StrategyRegistry, seed_everything
 from plait.strategies import consolidate_checkpoint
 from plait.strategies.launchers import MultiprocessingLauncher
 
@@ -56,6 +57,8 @@ def make_strategy(name: str) -> Strategy:
     """The one line a team changes to move its loop to another strategy."""
     if "xla" in name:
         return StrategyRegistry.get(name)  # on the XLA device (XLA:CPU here)
+    if name == "deepspeed_stage_0":  # DeepSpeed's engine, partitioning nothing
+        return StrategyRegistry.get("deepspeed", accelerator="cpu", stage=0)
     return StrategyRegistry.get(name, accelerator="cpu")
 
 
@@ -70,7 +73,7 @@ def batch(step: int, rank: int, size: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def run(name: str, root: str, mode: str, source: str | None = None) -> dict[str, object]:
-    """One rank's loop; rank 0's losses by step, what loading left over, a refusal."""
+    """One rank's loop: the mean losses by step, and what loading left over."""
     seed_everything(0)
     strategy = make_strategy(name)
     strategy.setup_environment()
@@ -86,19 +89,12 @@ def run(name: str, root: str, mode: str, source: str | None = None) -> dict[str,
         "step": 0,
     }
     left: dict[str, object] | None = None
-    refusal = None
     if mode == "resumed":
         left = dict(strategy.load_checkpoint(Path(root) / f"{name}-step{SAVE_AT}", state))
-    elif mode == "moved":
+    elif mode in {"moved", "weights"}:
         assert source is not None
         path = Path(root) / f"{source}-step{SAVE_AT}"
-        weights_only = "deepspeed" in f"{source} {name}"
-        if weights_only:
-            try:
-                strategy.load_checkpoint(path, state)
-            except CheckpointError as error:
-                refusal = str(error)
-        left = dict(strategy.load_checkpoint(path, state, weights_only=weights_only))
+        left = dict(strategy.load_checkpoint(path, state, weights_only=mode == "weights"))
     rank = strategy.global_rank
     losses: dict[str, float] = {}
     start = state["step"]
@@ -137,7 +133,7 @@ def run(name: str, root: str, mode: str, source: str | None = None) -> dict[str,
     if mode == "full":
         strategy.export_checkpoint(model, Path(root) / f"{name}-export.pt")
     strategy.teardown()
-    return {"losses": losses, "left": None if left is None else sorted(left), "refusal": refusal}
+    return {"losses": losses, "left": None if left is None else sorted(left)}
 
 
 def runs(name: str, root: str, modes: tuple[str, ...], source: str | None) -> list[object]:
@@ -158,7 +154,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("root")
     parser.add_argument("strategies", nargs="+")
-    parser.add_argument("--move", action="append", default=[], help="SOURCE:TARGET")
+    parser.add_argument("--move", action="append", default=[], help="SOURCE:TARGET[:weights]")
     options = parser.parse_args()
     root: str = options.root
     names: list[str] = options.strategies
@@ -189,9 +185,10 @@ def main() -> None:
             Path(root) / f"{name}-full-step{STEPS}", Path(root) / f"{name}-consolidated.pt"
         )
     for move in options.move:
-        source, target = move.split(":")
-        [result] = launch(target, root, ("moved",), source)
-        (Path(root) / f"{target}-from-{source}.json").write_text(json.dumps(result))
+        source, target, *weights = move.split(":")
+        mode = "weights" if weights else "moved"
+        [result] = launch(target, root, (mode,), source)
+        (Path(root) / f"{target}-{mode}-from-{source}.json").write_text(json.dumps(result))
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from plait.strategies.export import read_whole
 from plait.trainer.cli import build_parser, main
 
 PLAIT = Path(sys.executable).with_name("plait")
@@ -76,7 +77,7 @@ def test_fit_trains_digits_with_deepspeed_stage_2_and_validates_from_its_checkpo
 
 
 @pytest.mark.slow
-def test_deepspeed_evaluates_a_ddp_checkpoint_and_refuses_to_resume_its_optimizer(
+def test_deepspeed_evaluates_and_resumes_a_ddp_checkpoint_and_ddp_resumes_deepspeeds(
     tmp_path: Path,
 ) -> None:
     trained = _plait(
@@ -97,14 +98,23 @@ def test_deepspeed_evaluates_a_ddp_checkpoint_and_refuses_to_resume_its_optimize
     assert validated.returncode == 0, validated.stderr
     assert f"val_acc = {accuracy.group(1)}" in validated.stdout
 
+    # The whole state, the optimizer's too, partitioned into ZeRO's; and back out.
     resumed = _plait(
         "fit", "--example", "digits", "--strategy", "deepspeed_stage_2", "--accelerator", "cpu",
         "--devices", "2", "--max-epochs", "3", "--no-progress-bar", "--ckpt-path",
         str(checkpoint), "--default-root-dir", str(tmp_path / "resumed"),
     )  # fmt: skip
-    assert resumed.returncode != 0
-    assert "holds the optimizers' states whole" in resumed.stderr
-    assert "weights_only=True" in resumed.stderr  # and the way to load the weights alone
+    assert resumed.returncode == 0, resumed.stderr
+    partitions = tmp_path / "resumed" / "checkpoints" / "last.ckpt"
+    assert read_whole(partitions)["global_step"] == 3 * 12
+    back = _plait(
+        "fit", "--example", "digits", "--strategy", "ddp", "--accelerator", "cpu",
+        "--devices", "2", "--max-epochs", "4", "--no-progress-bar", "--ckpt-path",
+        str(partitions), "--default-root-dir", str(tmp_path / "back"),
+    )  # fmt: skip
+    assert back.returncode == 0, back.stderr
+    saved = torch.load(tmp_path / "back" / "checkpoints" / "last.ckpt", weights_only=True)
+    assert saved["global_step"] == 4 * 12
 
 
 @pytest.mark.slow

@@ -6,8 +6,11 @@
 ``load_checkpoint`` call. On each strategy the resumed run goes on with the very
 losses of the run that never stopped, loading leaves nothing over, two
 micro-batches train as one batch of twice the size, and the whole model exports to
-one file plain PyTorch loads. A checkpoint moves between strategies: with its
-optimizer state between DDP, FSDP and one device, its weights to and from DeepSpeed.
+one file plain PyTorch loads. A checkpoint moves between strategies, its optimizer
+state with it: between DDP, FSDP, one device and DeepSpeed (ZeRO's partitions
+rebuilt whole, and partitioned anew), and between ZeRO stages. Loaded with
+``weights_only=True``, every strategy starts the same fresh optimizer from the
+same weights.
 """
 
 from __future__ import annotations
@@ -23,15 +26,25 @@ from tests.reliability.jobs import processes_mentioning
 from torch import nn
 
 from plait.strategies.deepspeed import library
+from plait.strategies.deepspeed.export import optimizer_state_dict
 
 JOB = Path(__file__).resolve().with_name("own_loop_job.py")
 STEPS, SAVE_AT = 8, 4
 STRATEGIES = ("single_device", "ddp", "ddp_spawn", "fsdp")
 DEEPSPEED = ("deepspeed_stage_1", "deepspeed_stage_2", "deepspeed_stage_3")
-# With the optimizer state: between DDP, FSDP and one process.
-WHOLE_MOVES = ("ddp:fsdp", "fsdp:ddp", "fsdp:single_device", "single_device:fsdp")
-# The weights alone: ZeRO's optimizer state is DeepSpeed's own partitions.
-WEIGHT_MOVES = ("deepspeed_stage_3:ddp", "ddp:deepspeed_stage_2")
+# With the optimizer state, in every direction between the kinds of checkpoint: one
+# file (DDP, one process), torch.distributed.checkpoint (FSDP), DeepSpeed's ZeRO
+# partitions (at another stage, and at another world size: one process).
+WHOLE_MOVES = (
+    "ddp:fsdp", "fsdp:ddp", "fsdp:single_device", "single_device:fsdp",
+    "deepspeed_stage_3:ddp", "ddp:deepspeed_stage_2", "fsdp:deepspeed_stage_3",
+    "deepspeed_stage_2:fsdp", "deepspeed_stage_1:deepspeed_stage_3",
+    "deepspeed_stage_3:single_device",
+)  # fmt: skip
+# The weights alone, from one checkpoint: each target's fresh optimizer takes them
+# (ZeRO's fp32 copy of the weights included) and goes on as one process's does.
+WEIGHT_MOVES = ("ddp:single_device:weights", "ddp:deepspeed_stage_2:weights",
+                "ddp:deepspeed_stage_3:weights")  # fmt: skip
 
 pytestmark = pytest.mark.slow
 
@@ -95,21 +108,26 @@ def run_and_check(
         for key, tensor in exported.items():
             assert torch.equal(tensor, consolidated["state_dict"][key]), (name, key)
         assert consolidated["step"] == STEPS, name  # the run's entries come along
+        assert len(consolidated["optimizer_states"]) == 1, name  # and the optimizer's
 
     for move in whole_moves:
         source, target = move.split(":")
-        moved = json.loads((root / f"{target}-from-{source}.json").read_text())
+        moved = json.loads((root / f"{target}-moved-from-{source}.json").read_text())
         assert moved["left"] == [], move
-        assert moved["refusal"] is None, move
         # The optimizer's moments came along: the source's very trajectory goes on.
         assert _close(_losses(moved), _losses(runs[source]["full"]), later), move
+    fresh: dict[str, Losses] = {}
     for move in weight_moves:
-        source, target = move.split(":")
-        moved = json.loads((root / f"{target}-from-{source}.json").read_text())
-        assert "weights_only=True" in moved["refusal"], move  # the whole state is refused
+        source, target, _ = move.split(":")
+        moved = json.loads((root / f"{target}-weights-from-{source}.json").read_text())
         assert moved["left"] == [], move
-        # The weights came along (the first loss is theirs); the optimizer began afresh.
-        assert _close(_losses(moved), _losses(runs[source]["full"]), [later[0]]), move
+        losses = _losses(moved)
+        # The weights came along (the first loss is theirs); the optimizer began afresh,
+        # and every strategy's fresh optimizer goes on alike from them.
+        assert _close(losses, _losses(runs[source]["full"]), [later[0]]), move
+        assert not _close(losses, _losses(runs[source]["full"]), later[1:]), move
+        first = fresh.setdefault(source, losses)
+        assert _close(losses, first, later), (move, losses, first)
 
 
 def test_the_same_loop_resumes_accumulates_exports_and_moves_on_every_strategy(
@@ -118,3 +136,16 @@ def test_the_same_loop_resumes_accumulates_exports_and_moves_on_every_strategy(
     if not library.is_available():  # without importing it: plait's import prepares it
         pytest.skip("the deepspeed extra is not installed")
     run_and_check(tmp_path, (*STRATEGIES, *DEEPSPEED), WHOLE_MOVES, WEIGHT_MOVES)
+
+    # ZeRO's partitions, rebuilt whole, are the state DDP's optimizer held at that step.
+    ddp = torch.load(tmp_path / f"ddp-step{SAVE_AT}", weights_only=False)["optimizer_states"][0]
+    for name in DEEPSPEED:
+        rebuilt = optimizer_state_dict(tmp_path / f"{name}-step{SAVE_AT}")
+        assert rebuilt is not None, name
+        [group] = rebuilt["param_groups"]
+        assert {**group, "params": ddp["param_groups"][0]["params"]} == ddp["param_groups"][0]
+        for index, parameter in enumerate(group["params"]):
+            for key, value in ddp["state"][index].items():
+                assert torch.allclose(rebuilt["state"][parameter][key], value, atol=1e-7), (
+                    name, parameter, key,
+                )  # fmt: skip

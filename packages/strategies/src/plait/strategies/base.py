@@ -821,13 +821,13 @@ class BaseStrategy(abc.ABC):
         Without ``state`` nothing is restored: the whole checkpoint is returned, its
         tensors on the CPU (`read_checkpoint`).
 
-        A checkpoint another strategy wrote loads too (a file into FSDP's shards,
-        FSDP's shards into DDP, DeepSpeed's partitions, rebuilt, anywhere), the
-        optimizers' states with it where both strategies keep them whole or by
-        torch.distributed.checkpoint. ``weights_only=True`` loads the module (and
-        the state's other entries) and leaves the optimizers as they are: for
-        moving from DeepSpeed or to it, whose ZeRO optimizer state is kept in a
-        layout of DeepSpeed's own that plait does not convert.
+        A checkpoint another strategy wrote loads too, the optimizers' states with
+        it: a file into FSDP's shards, FSDP's shards into DDP, DeepSpeed's ZeRO
+        partitions, rebuilt whole, anywhere (a DeepSpeed run of another stage or
+        world size too), and any of them into DeepSpeed's partitions.
+        ``weights_only=True`` loads the module (and the state's other entries) and
+        leaves the optimizers as they are: to fine-tune with a fresh optimizer, or
+        to start from a checkpoint of another kind of optimizer.
 
         Returns:
             The checkpoint's entries that nothing in ``state`` took.
@@ -855,11 +855,9 @@ class BaseStrategy(abc.ABC):
                 deepspeed = checkpoint_format(path) == "deepspeed"
                 raise CheckpointError(
                     os.fspath(path),
-                    "holds no optimizer state this strategy can read"
+                    "holds no optimizer state"
                     + (
-                        " (it is a DeepSpeed checkpoint: ZeRO's optimizer state is kept "
-                        "partitioned, in DeepSpeed's own layout, which only "
-                        "DeepSpeedStrategy reads)"
+                        " (a DeepSpeed engine made without an optimizer, to evaluate, wrote it)"
                         if deepspeed
                         else ""
                     ),
@@ -896,7 +894,7 @@ class BaseStrategy(abc.ABC):
         ):
             # Another strategy's checkpoint (a DeepSpeed directory, a sharded one for a
             # strategy that writes files, a file for one that writes shards): whole.
-            return read_whole(path)
+            return read_whole(path, optimizers=not weights_only)
         if module is not None and isinstance(io, SupportsLoadInPlace):
             return io.load_checkpoint_into(path, {"state_dict": self.module_state_dict(module)})
         # A checkpoint IO of the user's may take no map_location (as Lightning's

@@ -45,13 +45,15 @@ def checkpoint_format(path: PathLike) -> CheckpointFormat:
     return "other"
 
 
-def read_whole(path: PathLike) -> Checkpoint:
+def read_whole(path: PathLike, *, optimizers: bool = True) -> Checkpoint:
     """Read a checkpoint of any format whole into this process, its tensors on the CPU.
 
     For a strategy meeting another strategy's checkpoint: a DeepSpeed directory
-    gives its weights rebuilt in fp32 and the run's entries (no optimizer state:
-    ZeRO's is partitioned), a `torch.distributed.checkpoint` directory everything,
-    gathered whole, and a file what it holds.
+    gives its weights and its optimizer's state rebuilt whole from ZeRO's
+    partitions (in fp32, keyed by parameter name) and the run's entries, a
+    `torch.distributed.checkpoint` directory everything, gathered whole, and a file
+    what it holds. Without ``optimizers``, a DeepSpeed directory's optimizer state
+    is not rebuilt.
 
     Raises:
         CheckpointError: It cannot be read.
@@ -60,13 +62,18 @@ def read_whole(path: PathLike) -> Checkpoint:
     if kind == "deepspeed":
         from plait.strategies.deepspeed.export import (  # noqa: PLC0415
             fp32_state_dict,
+            optimizer_state_dict,
             read_run_entries,
         )
 
-        return {**read_run_entries(path), "state_dict": fp32_state_dict(path)}
+        whole: Checkpoint = {**read_run_entries(path), "state_dict": fp32_state_dict(path)}
+        optimizer = optimizer_state_dict(path) if optimizers else None
+        if optimizer is not None:
+            whole["optimizer_states"] = [optimizer]
+        return whole
     io = CheckpointIORegistry.get("distributed" if kind == "distributed" else "torch")
-    whole: Checkpoint = io.load_checkpoint(path, map_location="cpu")
-    return whole
+    read: Checkpoint = io.load_checkpoint(path, map_location="cpu")
+    return read
 
 
 def consolidate_checkpoint(
@@ -88,9 +95,8 @@ def consolidate_checkpoint(
         checkpoint: The checkpoint: a file or a directory.
         output: The file to write.
         weights_only: Keep the module's state alone, not the optimizers' and the
-            run's entries. A DeepSpeed checkpoint always gives the weights alone,
-            with its run's entries unless ``weights_only``: ZeRO's optimizer
-            partitions are not consolidated.
+            run's entries. A DeepSpeed checkpoint's optimizer state is rebuilt whole
+            from ZeRO's partitions, in torch's layout keyed by parameter name.
 
     Raises:
         CheckpointError: ``checkpoint`` is none of these, or incomplete, or ``output``

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Final
 
@@ -21,6 +21,7 @@ __all__ = [
     "optimizer_parameter_names",
     "optimizer_state_keyed",
     "optimizer_states_of",
+    "parameter_names",
 ]
 
 # A checkpoint's own entries: the module's state, the optimizers', the precision's,
@@ -298,14 +299,23 @@ def optimizer_parameter_names(
     The names are the user module's (no wrapper prefixes): those a checkpoint keys
     an optimizer's state by when it keys it by name.
     """
+    return parameter_names(
+        module, [parameter for group in optimizer.param_groups for parameter in group["params"]]
+    )
+
+
+def parameter_names(module: torch.nn.Module, parameters: Sequence[torch.Tensor]) -> list[str]:
+    """The names in ``module`` of ``parameters``, in their order, without wrapper prefixes.
+
+    A parameter ``module`` does not hold is named ``""``.
+    """
     names = {id(parameter): name for name, parameter in module.named_parameters()}
     ordered = []
-    for group in optimizer.param_groups:
-        for parameter in group["params"]:
-            name = names.get(id(parameter), "")
-            for prefix in _WRAPPER_PREFIXES:
-                name = name.replace(prefix, "")
-            ordered.append(name)
+    for parameter in parameters:
+        name = names.get(id(parameter), "")
+        for prefix in _WRAPPER_PREFIXES:
+            name = name.replace(prefix, "")
+        ordered.append(name)
     return ordered
 
 

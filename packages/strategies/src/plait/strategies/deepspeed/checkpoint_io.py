@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from plait.strategies.deepspeed.strategy import DeepSpeedStrategy
 
 __all__ = [
+    "PARAMETER_NAMES",
     "STAGE3_MODEL_STATES",
     "DeepSpeedCheckpointIO",
     "client_entries",
@@ -49,6 +50,9 @@ _ENGINE_STATE: Final = frozenset(
 # The client state's own keys, saved beside it: what loading gives back, and nothing
 # the engine adds (its list of those grows with DeepSpeed's versions).
 _CLIENT_KEYS: Final = "plait_client_keys"
+# The names of the optimizer's parameters, in its order, saved beside the client
+# state: an optimizer state rebuilt whole is keyed by them.
+PARAMETER_NAMES: Final = "plait_parameter_names"
 
 
 def client_entries(saved: Mapping[str, object]) -> Checkpoint:
@@ -117,6 +121,7 @@ class DeepSpeedCheckpointIO:
         tag = strategy.broadcast(_next_tag(directory) if strategy.is_global_zero else "")
         client_state = {key: value for key, value in checkpoint.items() if key not in _ENGINE_KEYS}
         client_state[_CLIENT_KEYS] = sorted(client_state)
+        client_state[PARAMETER_NAMES] = strategy.optimizer_parameter_names
         with library.quiet():
             strategy.engine.save_checkpoint(os.fspath(path), tag=tag, client_state=client_state)
         strategy.barrier("deepspeed save_checkpoint")

@@ -33,9 +33,21 @@ from plait.strategies.deepspeed.config import (
     precision_name,
     read_config,
 )
+from plait.strategies.deepspeed.export import checkpoint_layout
+from plait.strategies.deepspeed.whole_state import (
+    is_partitioned,
+    set_master_weights,
+    set_optimizer_state,
+)
 from plait.strategies.export import read_whole
 from plait.strategies.parallel import DEFAULT_START_TIMEOUT, DEFAULT_TIMEOUT
-from plait.strategies.state import load_module_state, module_state_of
+from plait.strategies.state import (
+    load_module_state,
+    module_state_of,
+    optimizer_state_keyed,
+    optimizer_states_of,
+    parameter_names,
+)
 
 if TYPE_CHECKING:
     from plait.core import Accelerator, CheckpointIO, ClusterEnvironment, Precision
@@ -190,6 +202,11 @@ class DeepSpeedStrategy(SelfLaunchingStrategy):
         self.start_method = start_method
         self._engine: Engine | None = None
         self._client_optimizer: torch.optim.Optimizer | None = None
+        # The optimizer's parameters, in its order, before the engine replaced them by
+        # ZeRO's flat groups (whole optimizer states are keyed by them), and their
+        # names in the engine's module.
+        self._optimizer_parameters: list[torch.nn.Parameter] = []
+        self._optimizer_names: list[str] = []
         self._loaded_by_engine = False
         super().__init__(
             accelerator=accelerator,
@@ -388,6 +405,14 @@ class DeepSpeedStrategy(SelfLaunchingStrategy):
             # Only these may compile an op: a dead build's lock would stall it silently.
             library.check_extension_locks()
         deepspeed = library.import_deepspeed()
+        # DeepSpeed makes the config's optimizer over the trainable parameters.
+        parameters = (
+            [p for group in optimizer.param_groups for p in group["params"]]
+            if optimizer is not None
+            else [p for p in module.parameters() if p.requires_grad]
+            if self.uses_config_optimizer
+            else []
+        )
         with library.quiet():
             made, *_ = deepspeed.initialize(
                 model=module,
@@ -402,6 +427,8 @@ class DeepSpeedStrategy(SelfLaunchingStrategy):
                 setattr(submodule, _PARTITIONED_BY, repr(self))
         self._engine = cast("Engine", made)
         self._client_optimizer = optimizer
+        self._optimizer_parameters = parameters
+        self._optimizer_names = parameter_names(module, parameters)
         self._model = made
         return made
 
@@ -421,6 +448,11 @@ class DeepSpeedStrategy(SelfLaunchingStrategy):
         return self._engine is not None and (
             self._client_optimizer is not None or self.uses_config_optimizer
         )
+
+    @property
+    def optimizer_parameter_names(self) -> list[str]:
+        """The names of the optimizer's parameters in the module, in the optimizer's order."""
+        return list(self._optimizer_names)
 
     @property
     def uses_config_optimizer(self) -> bool:
@@ -575,31 +607,71 @@ class DeepSpeedStrategy(SelfLaunchingStrategy):
         *,
         source: object = "the state",
     ) -> None:
-        """Load a whole module state (a checkpoint of another strategy, say) into the engine.
+        """Load a whole state (another strategy's checkpoint, say) into the engine.
 
-        A checkpoint `load_checkpoint` read through the engine is in place already.
+        Every rank calls it with the whole state and keeps its part: the module's
+        weights, ZeRO's fp32 copy of them (which each step writes back), and, with
+        ``optimizers``, the optimizer's state (Adam's moments into each rank's
+        partition, the step, the groups' learning rates). A checkpoint
+        `read_checkpoint` loaded through the engine is in place already.
 
         Raises:
-            CheckpointError: The state does not fit the module, or holds optimizer
-                states, which ZeRO's partitions cannot take from a whole state.
+            CheckpointError: The state does not fit the module, or its optimizer state
+                does not fit the optimizer (another kind, other parameter groups).
         """
         if self._loaded_by_engine:
             self._loaded_by_engine = False
             return
-        if optimizers and state.get("optimizer_states"):
-            raise CheckpointError(
-                str(source),
-                "is another strategy's checkpoint: it holds the optimizers' states whole, "
-                "and DeepSpeed's ZeRO optimizer takes them only from its own partitions",
-                fix="pass weights_only=True to load_checkpoint to load the weights alone "
-                "(the optimizer starts afresh), or resume with the strategy that wrote it",
-            )
         module_state = module_state_of(state, source)
         target = self.unwrap_module(module)
         if self.stage != 3:
             load_module_state(target, module_state, source)
+        else:
+            self._load_partitioned(target, module_state, source)
+        if not self.has_optimizer:
             return
-        self._load_partitioned(target, module_state, source)
+        set_master_weights(target, module_state, rank=self.global_rank, world_size=self.world_size)
+        if not optimizers:
+            return
+        [saved] = optimizer_states_of(state, len(optimizers), source)
+        # Named in the module given (the engine's, or the user's inside it).
+        names = [
+            own or recorded
+            for own, recorded in zip(
+                parameter_names(target, self._optimizer_parameters),
+                self._optimizer_names,
+                strict=True,
+            )
+        ]
+        keyed = optimizer_state_keyed(saved, names, by_name=True, source=source)
+        if not any(is_partitioned(parameter) for parameter in target.parameters()):
+            # Stage 0 in fp32: the optimizer holds the module's own parameters.
+            optimizers[0].load_state_dict(
+                optimizer_state_keyed(keyed, names, by_name=False, source=source)
+            )
+            return
+        engine_optimizer = self.engine.optimizer
+        base = getattr(engine_optimizer, "optimizer", engine_optimizer)
+        assert isinstance(base, torch.optim.Optimizer)
+        # This rank's flat fp32 tensors the base optimizer steps (at stage 3 given to
+        # it only during a step).
+        flats = [p for group in base.param_groups for p in group["params"]] or list(
+            getattr(engine_optimizer, "fp32_partitioned_groups_flat", [])
+        )
+        # Stages 1 and 2 tie each parameter to its part of the optimizer's state at
+        # the first step; before it, tied by DeepSpeed's own call, as a step makes it.
+        tie = getattr(engine_optimizer, "_lazy_init_hp_params_optimizer_state", None)
+        with library.quiet():
+            set_optimizer_state(
+                dict(zip(names, self._optimizer_parameters, strict=True)),
+                base,
+                flats,
+                keyed,
+                link=tie if callable(tie) else lambda: None,
+                rank=self.global_rank,
+                world_size=self.world_size,
+                source=source,
+            )
 
     def load_whole_module_state(self, state: Mapping[str, object], *, source: object) -> None:
         """Load a whole state (keys of the engine's module) into the engine's module.
@@ -629,8 +701,10 @@ class DeepSpeedStrategy(SelfLaunchingStrategy):
         """Read a checkpoint: through the engine, in place, if DeepSpeed wrote it.
 
         The engine loads its module's partitions (and, when it has an optimizer, the
-        optimizer's), each rank its own. Another checkpoint (a file) is read whole,
-        for `set_state_dict`.
+        optimizer's), each rank its own. Another checkpoint (a file, a
+        `torch.distributed.checkpoint` directory, DeepSpeed's of another ZeRO stage
+        or world size) is read whole, its optimizer state with it unless
+        ``weights_only``, for `set_state_dict` to partition.
 
         Raises:
             CheckpointError: A DeepSpeed checkpoint given before set-up, or one the
@@ -638,7 +712,7 @@ class DeepSpeedStrategy(SelfLaunchingStrategy):
         """
         if not is_deepspeed_checkpoint(path):
             # Another strategy's checkpoint (a file, shards): read whole.
-            return read_whole(path)
+            return read_whole(path, optimizers=not weights_only)
         if self._engine is None:
             raise CheckpointError(
                 str(path),
@@ -646,6 +720,10 @@ class DeepSpeedStrategy(SelfLaunchingStrategy):
                 fix="call setup_module_and_optimizers first, or consolidate it to one file "
                 "with plait.strategies.deepspeed.consolidate_checkpoint",
             )
+        if self.has_optimizer and checkpoint_layout(path) != (self.stage, self.world_size):
+            # Another ZeRO stage or world size: ZeRO's partitions, rebuilt whole, are
+            # partitioned anew by set_state_dict.
+            return read_whole(path, optimizers=not weights_only)
         assert isinstance(self.checkpoint_io, DeepSpeedCheckpointIO)
         checkpoint = self.checkpoint_io.load_into_engine(path, optimizer=not weights_only)
         self._loaded_by_engine = True
@@ -656,6 +734,7 @@ class DeepSpeedStrategy(SelfLaunchingStrategy):
         """Release the engine, then leave the process group."""
         engine, self._engine = self._engine, None
         self._client_optimizer = None
+        self._optimizer_parameters, self._optimizer_names = [], []
         self._loaded_by_engine = False
         if engine is not None:
             engine.destroy()
