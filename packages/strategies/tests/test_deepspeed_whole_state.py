@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from plait.core import CheckpointError
+from plait.strategies.deepspeed.checkpoint_io import PARAMETER_NAMES
 from plait.strategies.deepspeed.export import (
     checkpoint_layout,
     consolidate_checkpoint,
@@ -241,3 +242,28 @@ def test_the_step_and_learning_rate_go_to_every_flat_tensor_and_group() -> None:
     assert [float(optimizer.state[flat]["step"]) for flat in flats] == [6.0, 6.0]
     assert optimizer.state[flats[0]]["step"] is not optimizer.state[flats[1]]["step"]
     assert optimizer.param_groups[0]["lr"] == 0.025
+
+
+def test_a_stage_0_optimizer_state_is_named_by_the_names_plait_saved(tmp_path: Path) -> None:
+    # Stage 0 keeps torch's own state, keyed by index, in the model-states file; the
+    # optimizer's order (here not the module's) is the one plait saved beside it.
+    folder = tmp_path / TAG
+    folder.mkdir()
+    (tmp_path / "latest").write_text(TAG)
+    moments = {index: {"step": torch.tensor(2.0), "exp_avg": torch.full((2,), float(index))}
+               for index in range(2)}  # fmt: skip
+    torch.save(
+        {
+            "module": {"a.weight": torch.zeros(2), "b.weight": torch.zeros(2)},
+            "optimizer": {"state": moments, "param_groups": [{**GROUP, "params": [0, 1]}]},
+            PARAMETER_NAMES: ["b.weight", "a.weight"],
+        },
+        folder / "mp_rank_00_model_states.pt",
+    )
+
+    rebuilt = optimizer_state_dict(tmp_path)
+
+    assert rebuilt is not None
+    assert rebuilt["param_groups"] == [{**GROUP, "params": ["b.weight", "a.weight"]}]
+    assert torch.equal(rebuilt["state"]["b.weight"]["exp_avg"], torch.zeros(2))
+    assert torch.equal(rebuilt["state"]["a.weight"]["exp_avg"], torch.ones(2))
