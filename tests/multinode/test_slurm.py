@@ -161,18 +161,19 @@ def parameters(folder: Path) -> dict[str, torch.Tensor]:
     return state
 
 
-def interrupt_once(slurm: Cluster, folder: Path, command: list[str], signal_name: str) -> str:
-    """Submit an 8-epoch job, run ``command JOB`` once it has saved, and let it finish.
-
-    The job must be stopped by ``signal_name``, requeued once, resume from its
-    checkpoint and complete; its output is returned.
-    """
-    job = slurm.submit(folder, 8)
+def interrupt(slurm: Cluster, job: str, folder: Path, command: list[str]) -> None:
+    """Run ``command JOB`` once the job has saved its first checkpoint."""
     checkpoint = folder / "run" / "checkpoints" / "last.ckpt"
     wait_for(checkpoint.exists, 240, "the first epoch's checkpoint")
     interrupted = slurm.run(*command, job)
     assert interrupted.returncode == 0, interrupted.stderr
 
+
+def requeued_and_resumed(slurm: Cluster, job: str, folder: Path, signal_name: str) -> str:
+    """Check that ``job`` was stopped by ``signal_name``, requeued once, resumed and completed.
+
+    Its output is returned.
+    """
     state = slurm.wait_until_ended(job, 300, "the requeued job to end")
     output = (folder / "out.txt").read_text()
     assert state == "COMPLETED", output[-3000:]
@@ -187,30 +188,31 @@ def interrupt_once(slurm: Cluster, folder: Path, command: list[str], signal_name
 def test_sbatch_runs_plait_fit_and_a_stopped_or_preempted_job_is_requeued_and_resumes(
     slurm: Cluster, tmp_path: Path
 ) -> None:
+    # Three jobs at once on the node's six CPUs: one left alone, one stopped as SLURM
+    # does before the time limit (--signal=USR1@SECONDS: the script requeues the job),
+    # one pre-empted (PreemptMode=REQUEUE, or an operator's requeue: SIGTERM to every
+    # process of the job, SIGKILL KillWait (30 s) later, then the job is requeued
+    # without the script's help).
     undisturbed, stopped, preempted = (tmp_path / name for name in ("calm", "stopped", "preempted"))
+    jobs = {}
     for folder in (undisturbed, stopped, preempted):
         folder.mkdir()
+        jobs[folder] = slurm.submit(folder, 8)
+    interrupt(slurm, jobs[stopped], stopped, ["scancel", "--signal=USR1"])
+    interrupt(slurm, jobs[preempted], preempted, ["scontrol", "requeue"])
 
-    calm = slurm.submit(undisturbed, 8)
-
-    state = slurm.wait_until_ended(calm, 300, "the undisturbed job to end")
+    state = slurm.wait_until_ended(jobs[undisturbed], 300, "the undisturbed job to end")
     output = (undisturbed / "out.txt").read_text()
     assert state == "COMPLETED", output[-3000:]
     assert "trained digits with ddp on 2 process(es) (cpu) for 8 epoch(s)" in output
     assert "plait: the job step ended with exit status 0" in output
-
-    # As SLURM does before the time limit with --signal=USR1@SECONDS: the script
-    # requeues the job.
-    output = interrupt_once(slurm, stopped, ["scancel", "--signal=USR1"], "SIGUSR1")
-    assert "plait: the job step ended with exit status 138" in output
     expected = parameters(undisturbed)
+
+    output = requeued_and_resumed(slurm, jobs[stopped], stopped, "SIGUSR1")
+    assert "plait: the job step ended with exit status 138" in output
     for name, value in parameters(stopped).items():
         assert torch.equal(value, expected[name]), name
-
-    # Pre-emption as SLURM does it (PreemptMode=REQUEUE, or an operator's requeue):
-    # SIGTERM to every process of the job, SIGKILL KillWait (30 s) later, then the
-    # job is requeued without the script's help.
-    interrupt_once(slurm, preempted, ["scontrol", "requeue"], "SIGTERM")
+    requeued_and_resumed(slurm, jobs[preempted], preempted, "SIGTERM")
     for name, value in parameters(preempted).items():
         assert torch.equal(value, expected[name]), name
 
