@@ -6,7 +6,13 @@ import signal
 from pathlib import Path
 
 import pytest
-from tests.reliability.jobs import Job, processes_mentioning, run, torchrun_command, wait_for
+from tests.reliability.jobs import (
+    Job,
+    finish_all,
+    processes_mentioning,
+    torchrun_command,
+    wait_for,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -15,20 +21,26 @@ pytestmark = pytest.mark.slow
 def test_a_restart_after_a_failure_finishes_every_time_within_90s_each(tmp_path: Path) -> None:
     # A failure in the first epoch and in the second, on either rank, twice each:
     # the restarted attempt resumes from last.ckpt and completes.
+    # Two jobs at a time, each bounded on its own.
     cases = [(1, 5), (0, 12), (0, 5), (1, 12)]
-    for attempt, (rank, step) in enumerate(cases):
-        root = tmp_path / str(attempt)
-        root.mkdir()
-        done = run(
-            torchrun_command(root, "max_epochs=2", "ckpt_path='last'", restarts=1),
-            root,
-            {"FAIL_RANK": str(rank), "FAIL_STEP": str(step), "FAIL_ONCE": str(root / "failed")},
-            timeout=90,
-        )
-        assert done.returncode == 0, f"case {attempt}: {done.stderr[-3000:]}"
-        assert (root / "failed").exists()  # it did fail once
-        assert done.result() == {"global_step": 16, "epoch": 2}
-        assert done.checkpoints() == ["epoch=1-step=16.ckpt", "last.ckpt"]
+    for pair in (cases[:2], cases[2:]):
+        jobs = []
+        for rank, step in pair:
+            root = tmp_path / f"{rank}-{step}"
+            root.mkdir()
+            failing = {"FAIL_RANK": str(rank), "FAIL_STEP": str(step)}
+            jobs.append(
+                Job(
+                    torchrun_command(root, "max_epochs=2", "ckpt_path='last'", restarts=1),
+                    root,
+                    {**failing, "FAIL_ONCE": str(root / "failed")},
+                )
+            )
+        for (rank, step), done in zip(pair, finish_all(jobs, timeout=90), strict=True):
+            assert done.returncode == 0, f"rank {rank}, step {step}: {done.stderr[-3000:]}"
+            assert (done.root / "failed").exists()  # it did fail once
+            assert done.result() == {"global_step": 16, "epoch": 2}
+            assert done.checkpoints() == ["epoch=1-step=16.ckpt", "last.ckpt"]
 
 
 def test_workers_die_with_a_killed_torchrun_within_30s(tmp_path: Path) -> None:

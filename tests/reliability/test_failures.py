@@ -11,7 +11,14 @@ import signal
 from pathlib import Path
 
 import pytest
-from tests.reliability.jobs import Job, fit_command, run, torchrun_command, wait_for
+from tests.reliability.jobs import (
+    Job,
+    finish_all,
+    fit_command,
+    run,
+    torchrun_command,
+    wait_for,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -129,14 +136,20 @@ def test_a_stalled_rank_0_under_popen_is_named_every_time_within_60s_each(
     tmp_path: Path,
 ) -> None:
     # Rank 0 is the calling process, asleep in the user's code: the hardest to stop.
+    # The attempts run at once (each mostly waits: for the timeout, then the grace
+    # period), each bounded on its own.
+    jobs = []
     for attempt in range(3):
         root = tmp_path / str(attempt)
         root.mkdir()
-        done = run(
-            fit_command("ddp", 2, root, "max_epochs=1"),
-            root,
-            {"STALL_RANK": "0", "STALL_STEP": str(2 + attempt), "TIMEOUT": "3"},
+        jobs.append(
+            Job(
+                fit_command("ddp", 2, root, "max_epochs=1"),
+                root,
+                {"STALL_RANK": "0", "STALL_STEP": str(2 + attempt), "TIMEOUT": "3"},
+            )
         )
+    for attempt, done in enumerate(finish_all(jobs)):
         assert done.returncode == 1
         assert done.seconds < 60, f"attempt {attempt} took {done.seconds:.1f} s"
         assert "rank 0 stalled: rank 1 timed out after 3 s" in done.headline
@@ -166,14 +179,19 @@ def test_a_stalled_rank_0_that_no_signal_reaches_is_shown_where_it_was_then_name
 
 @pytest.mark.timeout(400)
 def test_spawn_failures_of_rank_0_blame_rank_0_every_time_within_45s_each(tmp_path: Path) -> None:
-    for attempt in range(4):
-        root = tmp_path / str(attempt)
-        root.mkdir()
-        done = run(
-            fit_command("ddp_spawn", 2, root, "max_epochs=1"),
-            root,
-            {"FAIL_RANK": "0", "FAIL_STEP": str(2 + attempt)},
-        )
-        assert done.returncode == 1
-        assert done.seconds < 45, f"attempt {attempt} took {done.seconds:.1f} s"
-        assert "rank 0 failed (exit code 1): RuntimeError: injected failure" in done.stderr
+    for pair in ((0, 1), (2, 3)):  # two at a time, each bounded on its own
+        jobs = []
+        for attempt in pair:
+            root = tmp_path / str(attempt)
+            root.mkdir()
+            jobs.append(
+                Job(
+                    fit_command("ddp_spawn", 2, root, "max_epochs=1"),
+                    root,
+                    {"FAIL_RANK": "0", "FAIL_STEP": str(2 + attempt)},
+                )
+            )
+        for attempt, done in zip(pair, finish_all(jobs), strict=True):
+            assert done.returncode == 1
+            assert done.seconds < 45, f"attempt {attempt} took {done.seconds:.1f} s"
+            assert "rank 0 failed (exit code 1): RuntimeError: injected failure" in done.stderr
