@@ -17,6 +17,7 @@ __all__ = [
     "LiveState",
     "check_state_fits",
     "load_module_state",
+    "load_param_groups",
     "module_state_of",
     "optimizer_parameter_names",
     "optimizer_state_keyed",
@@ -374,3 +375,25 @@ def optimizer_state_keyed(
             if isinstance(group, Mapping)
         ],
     }
+
+
+def load_param_groups(optimizer: torch.optim.Optimizer, groups: object, source: object) -> None:
+    """Set ``optimizer``'s groups' hyper-parameters from a state's ``param_groups``.
+
+    In order, a group for a group, leaving each group's parameters: the learning rate
+    a scheduler set comes back with the state, as torch's own loading brings it.
+
+    Raises:
+        CheckpointError: The state holds another number of groups.
+    """
+    saved = list(groups) if isinstance(groups, list | tuple) else []
+    if len(saved) != len(optimizer.param_groups):
+        raise CheckpointError(
+            str(source),
+            f"holds {len(saved)} optimizer parameter groups, and the optimizer has "
+            f"{len(optimizer.param_groups)}",
+            fix="build the optimizer with the parameter groups the checkpoint was saved with",
+        )
+    for group, kept in zip(optimizer.param_groups, saved, strict=True):
+        if isinstance(kept, Mapping):
+            group.update({key: value for key, value in kept.items() if key != "params"})

@@ -18,6 +18,7 @@ import torch
 
 from plait.core import CheckpointError
 from plait.strategies.deepspeed import library
+from plait.strategies.state import load_param_groups
 
 __all__ = ["is_partitioned", "set_master_weights", "set_optimizer_state"]
 
@@ -153,7 +154,7 @@ def set_optimizer_state(
                     "checkpoint was saved with",
                 ) from error
     _set_scalars(optimizer, flats, scalars)
-    _set_hyperparameters(optimizer, state.get("param_groups"), source)
+    load_param_groups(optimizer, state.get("param_groups"), source)
 
 
 def _make_state(
@@ -202,16 +203,3 @@ def _set_scalars(
                 held[key] = torch.full_like(current, highest)
             elif current is not None:
                 held[key] = type(current)(highest)
-
-
-def _set_hyperparameters(optimizer: torch.optim.Optimizer, groups: object, source: object) -> None:
-    saved = list(cast("Sequence[Mapping[str, object]]", groups or []))
-    if len(saved) != len(optimizer.param_groups):
-        raise CheckpointError(
-            str(source),
-            f"holds {len(saved)} optimizer parameter groups, and the optimizer has "
-            f"{len(optimizer.param_groups)}",
-            fix="build the optimizer with the parameter groups the checkpoint was saved with",
-        )
-    for group, kept in zip(optimizer.param_groups, saved, strict=True):
-        group.update({key: value for key, value in kept.items() if key != "params"})

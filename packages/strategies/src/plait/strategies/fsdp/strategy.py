@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 from typing_extensions import override
 
-from plait.core import CheckpointError, ConfigurationError, SupportsLoadInPlace
+from plait.core import ConfigurationError, SupportsLoadInPlace
 from plait.strategies.ddp import START_METHODS, SelfLaunchingStrategy
 from plait.strategies.export import checkpoint_format
 from plait.strategies.fsdp import parallelize
@@ -30,6 +30,7 @@ from plait.strategies.fsdp.options import (
 from plait.strategies.parallel import DEFAULT_START_TIMEOUT, DEFAULT_TIMEOUT
 from plait.strategies.state import (
     check_state_fits,
+    load_param_groups,
     module_state_of,
     optimizer_parameter_names,
     optimizer_state_keyed,
@@ -550,16 +551,7 @@ class FSDPStrategy(SelfLaunchingStrategy):
             # No per-parameter state (saved before the first step, or plain SGD): the
             # groups' hyper-parameters alone, as torch's loader would initialise the
             # state by stepping (which counts a step in Adam's bias correction).
-            groups = list(optimizer_state.get("param_groups", []))
-            if len(groups) != len(optimizer.param_groups):
-                raise CheckpointError(
-                    str(source),
-                    f"holds {len(groups)} parameter groups for an optimizer with "
-                    f"{len(optimizer.param_groups)}",
-                    fix="resume with the configuration the checkpoint was written with",
-                )
-            for group, saved in zip(optimizer.param_groups, groups, strict=True):
-                group.update({key: value for key, value in saved.items() if key != "params"})
+            load_param_groups(optimizer, optimizer_state.get("param_groups"), source)
         precision_state = state.get("precision")
         self.precision.load_state_dict(
             dict(precision_state) if isinstance(precision_state, Mapping) else {}
