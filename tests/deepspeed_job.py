@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 from typing_extensions import override
 
-from plait.core import ConfigurationError, seed_everything
+from plait.core import ConfigurationError, StrategyRegistry, seed_everything
 from plait.strategies import BaseStrategy, DDPStrategy, DeepSpeedStrategy
 from plait.strategies.deepspeed import consolidate_checkpoint
 from plait.strategies.deepspeed.library import import_deepspeed
@@ -189,13 +189,27 @@ def _batches(count: int, seed: int, size: int) -> list[tuple[torch.Tensor, torch
     return batches
 
 
+# The ranks are forked from this process, which has imported torch, plait, DeepSpeed
+# and the torch._dynamo its engine imports at set-up once (each rank would import them
+# again, seconds of CPU apiece, if started anew). The launchers themselves are tested
+# in tests/reliability and by the command line's tests. On a GPU the default stands:
+# a forked process cannot use the CUDA its parent may have started.
+
+
 def _strategy(arguments: argparse.Namespace) -> object:
+    # After fit, --then-validate goes on in every rank's program, as the default
+    # launcher runs it: forked ranks would leave it to this process alone.
+    forked = arguments.accelerator == "cpu" and not arguments.then_validate
+    fork: dict[str, object] = {"start_method": "fork"} if forked else {}
     if arguments.strategy == "ddp":
-        return DDPStrategy()
+        return DDPStrategy(**fork)  # type: ignore[arg-type]
+    import torch._dynamo  # noqa: F401, PLC0415
+
+    import_deepspeed(arguments.accelerator)
     options: dict[str, object] = json.loads(arguments.options)
-    if arguments.strategy == "deepspeed" and options:
-        return DeepSpeedStrategy(**options)  # type: ignore[arg-type]
-    return arguments.strategy  # a registered name
+    if arguments.strategy == "deepspeed":
+        return DeepSpeedStrategy(**fork, **options)  # type: ignore[arg-type]
+    return StrategyRegistry.get(arguments.strategy, **fork, **options)
 
 
 def main() -> None:

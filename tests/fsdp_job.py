@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 from typing_extensions import override
 
-from plait.core import ConfigurationError, seed_everything
+from plait.core import ConfigurationError, StrategyRegistry, seed_everything
 from plait.strategies import DDPStrategy, FSDPStrategy
 from plait.strategies.fsdp import SizeBasedPolicy, consolidate_checkpoint
 from plait.trainer import Callback, ModelCheckpoint, Module, Trainer
@@ -177,9 +177,23 @@ def _batches(count: int, seed: int, size: int) -> list[tuple[torch.Tensor, torch
     return batches
 
 
+# The ranks are forked from this process, which has imported torch, plait and
+# torch.distributed's FSDP and checkpointing once (each rank would import them again,
+# seconds of CPU apiece, if started anew). The launchers themselves are tested in
+# tests/reliability and by the command line's tests. On a GPU the default stands:
+# a forked process cannot use the CUDA its parent may have started.
+
+
 def _strategy(arguments: argparse.Namespace) -> object:
+    # After fit, --then-validate goes on in every rank's program, as the default
+    # launcher runs it: forked ranks would leave it to this process alone.
+    forked = arguments.accelerator == "cpu" and not arguments.then_validate
+    fork: dict[str, object] = {"start_method": "fork"} if forked else {}
+    import torch.distributed.checkpoint  # noqa: PLC0415
+    import torch.distributed.fsdp  # noqa: F401, PLC0415
+
     if arguments.strategy == "ddp":
-        return DDPStrategy()
+        return DDPStrategy(**fork)  # type: ignore[arg-type]
     options: dict[str, object] = json.loads(arguments.options)
     if options.pop("checkpoint_blocks", False):
         options["activation_checkpointing"] = Block
@@ -193,8 +207,8 @@ def _strategy(arguments: argparse.Namespace) -> object:
         assert isinstance(mesh, list)
         options["device_mesh"] = (int(mesh[0]), int(mesh[1]))
     if arguments.strategy == "fsdp":
-        return FSDPStrategy(**options)  # type: ignore[arg-type]
-    return arguments.strategy  # a registered name
+        return FSDPStrategy(**fork, **options)  # type: ignore[arg-type]
+    return StrategyRegistry.get(arguments.strategy, **fork, **options)
 
 
 def main() -> None:
