@@ -61,16 +61,10 @@ def read_whole(path: PathLike, *, optimizers: bool = True) -> Checkpoint:
     kind = checkpoint_format(path)
     if kind == "deepspeed":
         from plait.strategies.deepspeed.export import (  # noqa: PLC0415
-            fp32_state_dict,
-            optimizer_state_dict,
-            read_run_entries,
+            read_whole as read_deepspeed,
         )
 
-        whole: Checkpoint = {**read_run_entries(path), "state_dict": fp32_state_dict(path)}
-        optimizer = optimizer_state_dict(path) if optimizers else None
-        if optimizer is not None:
-            whole["optimizer_states"] = [optimizer]
-        return whole
+        return read_deepspeed(path, optimizer=optimizers)
     io = CheckpointIORegistry.get("distributed" if kind == "distributed" else "torch")
     read: Checkpoint = io.load_checkpoint(path, map_location="cpu")
     return read

@@ -31,7 +31,7 @@ from plait.strategies.deepspeed.checkpoint_io import (
 from plait.strategies.export import write_file
 
 if TYPE_CHECKING:
-    from plait.core.typing import PathLike, StateDict
+    from plait.core.typing import Checkpoint, PathLike, StateDict
 
 __all__ = [
     "checkpoint_layout",
@@ -39,8 +39,7 @@ __all__ = [
     "fp32_state_dict",
     "optimizer_state_dict",
     "read_fp32_state",
-    "read_optimizer_state",
-    "read_run_entries",
+    "read_whole",
 ]
 
 # The Trainer's engine wraps the user's module in a router whose attribute is "module".
@@ -121,7 +120,37 @@ def optimizer_state_dict(checkpoint: PathLike, *, tag: str | None = None) -> Sta
         CheckpointError: ``checkpoint`` is not a complete DeepSpeed checkpoint, or its
             optimizer files do not fit its model's shapes.
     """
-    state = read_optimizer_state(checkpoint, tag=tag)
+    folder = _tag_folder(checkpoint, tag)
+    return _user_names(_optimizer_state(checkpoint, folder, _model_states(checkpoint, folder)))
+
+
+def read_whole(
+    checkpoint: PathLike, *, tag: str | None = None, optimizer: bool = True
+) -> Checkpoint:
+    """The whole checkpoint in the layout the other strategies write, in one process.
+
+    The run's entries (what `save_checkpoint` was given beside the module and
+    optimizers), ``state_dict`` (`fp32_state_dict`) and, with ``optimizer`` and where
+    the checkpoint holds one, ``optimizer_states`` (`optimizer_state_dict`).
+
+    Raises:
+        CheckpointError: ``checkpoint`` is not a complete DeepSpeed checkpoint.
+    """
+    folder = _tag_folder(checkpoint, tag)
+    model_states = _model_states(checkpoint, folder)
+    whole: Checkpoint = {
+        **client_entries(model_states),
+        "state_dict": fp32_state_dict(checkpoint, tag=folder.name),
+    }
+    if optimizer:
+        state = _user_names(_optimizer_state(checkpoint, folder, model_states))
+        if state is not None:
+            whole["optimizer_states"] = [state]
+    return whole
+
+
+def _user_names(state: StateDict | None) -> StateDict | None:
+    # A checkpoint the Trainer wrote names its parameters with its router's prefix.
     if state is None:
         return None
     groups = cast("list[dict[str, object]]", state["param_groups"])
@@ -150,8 +179,8 @@ def checkpoint_layout(checkpoint: PathLike, *, tag: str | None = None) -> tuple[
     Raises:
         CheckpointError: ``checkpoint`` is not a complete DeepSpeed checkpoint.
     """
-    folder = Path(checkpoint) / (tag if tag is not None else latest_tag(checkpoint))
-    saved = _load(_model_states_file(checkpoint, folder), checkpoint)
+    folder = _tag_folder(checkpoint, tag)
+    saved = _model_states(checkpoint, folder)
     config = saved.get("ds_config")
     zero = config.get("zero_optimization") if isinstance(config, Mapping) else None
     stage = int(zero.get("stage", 0)) if isinstance(zero, Mapping) else 0
@@ -161,10 +190,10 @@ def checkpoint_layout(checkpoint: PathLike, *, tag: str | None = None) -> tuple[
     return stage, world_size
 
 
-def read_optimizer_state(checkpoint: PathLike, *, tag: str | None = None) -> StateDict | None:
-    """`optimizer_state_dict`, with the parameter names of the engine's module."""
-    folder = Path(checkpoint) / (tag if tag is not None else latest_tag(checkpoint))
-    model_states = _load(_model_states_file(checkpoint, folder), checkpoint)
+def _optimizer_state(
+    checkpoint: PathLike, folder: Path, model_states: Mapping[str, object]
+) -> StateDict | None:
+    # `optimizer_state_dict`, with the parameter names of the engine's module.
     shapes = model_states.get("param_shapes")
     files = sorted(folder.glob("*_optim_states.pt"), key=_rank_of)
     if not files or not isinstance(shapes, list):
@@ -201,10 +230,15 @@ def _rank_of(file: Path) -> int:
     return int(file.name.split("zero_pp_rank_")[1].split("_")[0])
 
 
-def _model_states_file(checkpoint: PathLike, folder: Path) -> Path:
+def _tag_folder(checkpoint: PathLike, tag: str | None) -> Path:
+    return Path(checkpoint) / (tag if tag is not None else latest_tag(checkpoint))
+
+
+def _model_states(checkpoint: PathLike, folder: Path) -> dict[str, object]:
+    # The first rank's model-states file: the engine's own entries and the client's.
     for name in (_WHOLE_MODULE, STAGE3_MODEL_STATES):
         if (folder / name).is_file():
-            return folder / name
+            return _load(folder / name, checkpoint)
     raise CheckpointError(
         os.fspath(checkpoint),
         f"has no model-states file in {folder.name!r}",
@@ -225,7 +259,9 @@ def _mapping(saved: Mapping[str, object], key: str, file: Path) -> Mapping[str, 
 
 def _load(file: Path, checkpoint: PathLike) -> dict[str, object]:
     try:
-        loaded = torch.load(file, map_location="cpu", weights_only=False)
+        # Mapped, not read: a stage 1-2 model-states file holds the whole module, of
+        # which only the entries asked for are read.
+        loaded = torch.load(file, map_location="cpu", weights_only=False, mmap=True)
     except (OSError, RuntimeError, EOFError) as error:
         raise CheckpointError(
             os.fspath(checkpoint),
@@ -363,22 +399,7 @@ def consolidate_checkpoint(
         CheckpointError: ``checkpoint`` is not a complete DeepSpeed checkpoint, or
             ``output`` cannot be written.
     """
-    state = fp32_state_dict(checkpoint, tag=tag)
-    kept: dict[str, object] = {"state_dict": state}
     if run_entries:
-        kept = {**read_run_entries(checkpoint, tag), **kept}
-        optimizer = optimizer_state_dict(checkpoint, tag=tag)
-        if optimizer is not None:
-            kept["optimizer_states"] = [optimizer]
-    write_file(kept, output)
-
-
-def read_run_entries(checkpoint: PathLike, tag: str | None = None) -> dict[str, object]:
-    """What the run saved beside the module and optimizers (the step, a scheduler)."""
-    chosen = tag if tag is not None else latest_tag(checkpoint)
-    for name in (_WHOLE_MODULE, STAGE3_MODEL_STATES):
-        first = Path(checkpoint) / chosen / name
-        if first.is_file():
-            saved = torch.load(first, map_location="cpu", weights_only=False)
-            return dict(client_entries(saved))
-    return {}
+        write_file(read_whole(checkpoint, tag=tag), output)
+    else:
+        write_file({"state_dict": fp32_state_dict(checkpoint, tag=tag)}, output)
