@@ -26,29 +26,34 @@ from plait.core import (
 )
 from plait.core.seed import SEED_ENV_VAR
 from plait.strategies.export import checkpoint_format
+from plait.trainer.attach import Attached, Run, attach
 from plait.trainer.callbacks.base import Callback
 from plait.trainer.callbacks.checkpoint import ModelCheckpoint
 from plait.trainer.callbacks.early_stopping import EarlyStopping
 from plait.trainer.callbacks.progress import RichProgressBar
+from plait.trainer.checkpointing import Checkpointer
 from plait.trainer.checks import check_count, check_number, check_timeout
 from plait.trainer.connector import Connection, Plugin, connect
-from plait.trainer.data import check_limit, first_tensor_length
+from plait.trainer.evaluation_loop import EvaluationLoop, PredictionLoop
+from plait.trainer.fit_loop import FitLoop, datamodule_loader
+from plait.trainer.limits import Limits, Stage
 from plait.trainer.loggers import CSVLogger, Logger
-from plait.trainer.loops import Loops, Run, Stage
 from plait.trainer.module import DataModule, LogValue, Module, ReduceFx, overrides
+from plait.trainer.optimization import AutomaticOptimization, Schedulers, is_step_batch
+from plait.trainer.progress import Progress
+from plait.trainer.results import Results
 from plait.trainer.stopping import parse_stop_signals
 
 if TYPE_CHECKING:
     import torch
 
     from plait.core.typing import Checkpoint, DeviceSpec, PathLike
-    from plait.trainer.metrics import Metrics, Number
+    from plait.trainer.metrics import Number
     from plait.trainer.optim import SchedulerConfig
 
 __all__ = ["Trainer"]
 
 _CLIP_ALGORITHMS: Final = ("norm", "value")
-_DEFAULT_MAX_EPOCHS: Final = 1000
 _DEFAULT_CHECKPOINT_TIMEOUT: Final = 1800.0
 
 
@@ -85,7 +90,7 @@ def _origin(module: Module) -> tuple[int, int]:
     return os.getpid(), id(module)
 
 
-class Trainer(Loops):
+class Trainer:
     """Trains a `Module` with a strategy built from the parts you name.
 
     Every setting is checked here, when the trainer is made, before any process
@@ -174,24 +179,17 @@ class Trainer(Loops):
         checkpoint_timeout: float | timedelta = _DEFAULT_CHECKPOINT_TIMEOUT,
         stop_signals: Literal["auto"] | Sequence[str | int] = "auto",
     ) -> None:
-        if max_epochs is not None:
-            check_count("max_epochs", max_epochs, minimum=1, example="max_epochs=10")
-        check_count("max_steps", max_steps, minimum=-1, example="max_steps=1000 (or -1: no limit)")
-        self.limits: dict[Stage, int | float] = {
-            "fit": check_limit("limit_train_batches", limit_train_batches),
-            "validate": check_limit("limit_val_batches", limit_val_batches),
-            "test": check_limit("limit_test_batches", limit_test_batches),
-            "predict": check_limit("limit_predict_batches", limit_predict_batches),
-        }
-        self.val_check_interval = check_limit("val_check_interval", val_check_interval)
-        if self.val_check_interval == 0:
-            raise ConfigurationError(
-                "val_check_interval=0 would validate without training in between",
-                value=val_check_interval,
-                fix="pass limit_val_batches=0 to turn validation off",
-            )
+        self.limits = Limits.resolve(
+            max_epochs=max_epochs,
+            max_steps=max_steps,
+            limit_train_batches=limit_train_batches,
+            limit_val_batches=limit_val_batches,
+            limit_test_batches=limit_test_batches,
+            limit_predict_batches=limit_predict_batches,
+            val_check_interval=val_check_interval,
+            check_val_every_n_epoch=check_val_every_n_epoch,
+        )
         for name, count in (
-            ("check_val_every_n_epoch", check_val_every_n_epoch),
             ("log_every_n_steps", log_every_n_steps),
             ("accumulate_grad_batches", accumulate_grad_batches),
         ):
@@ -220,11 +218,6 @@ class Trainer(Loops):
             precision=precision,
             plugins=plugins,
         )
-        self.max_epochs = (
-            max_epochs if max_epochs is not None or max_steps != -1 else _DEFAULT_MAX_EPOCHS
-        )
-        self.max_steps = max_steps
-        self.check_val_every_n_epoch = check_val_every_n_epoch
         self.log_every_n_steps = log_every_n_steps
         self.accumulate_grad_batches = accumulate_grad_batches
         self.gradient_clip_val = None if gradient_clip_val is None else float(gradient_clip_val)
@@ -233,30 +226,25 @@ class Trainer(Loops):
         self.deterministic = deterministic
         self.loggers = self._loggers(logger)
         self.callbacks = self._callbacks(callbacks, enable_progress_bar, enable_checkpointing)
-        # The state of a run.
-        self.current_epoch = 0
-        self.global_step = 0
-        self.should_stop = False
+        # What outlives a run: the counters, and the values logged.
+        self.progress = Progress()
+        self.results = Results(
+            self.loggers, self.progress, self.strategy, log_every_n_steps=log_every_n_steps
+        )
         self.state_stage: Stage | None = None
-        self.callback_metrics: dict[str, Number] = {}
-        self.logged_metrics: dict[str, Number] = {}
-        self.progress_bar_metrics: dict[str, Number] = {}
-        self.optimizers: list[torch.optim.Optimizer] = []
-        self.lr_schedulers: list[SchedulerConfig] = []
-        self.num_training_batches = 0
-        self.num_eval_batches = 0
-        self._log_dir: str | None = None
-        self._active_metrics: Metrics | None = None
-        self._current_batch: object = None
-        self._steps = None
-        self._wrapped = None
-        self._batches_done = 0
-        self._epoch_done = False
-        self._sampler_seed = 0
+        self._checkpointer = Checkpointer(
+            self.strategy,
+            self.progress,
+            self.results,
+            self.callbacks,
+            timeout=self.checkpoint_timeout,
+        )
+        # What a run holds in this rank, while it runs.
+        self._attached: Attached | None = None
+        self._final_state: dict[str, torch.Tensor] | None = None
 
     # What the trainer is made of.
 
-    @override
     @property
     def strategy(self) -> Strategy:
         """The strategy, made with every part."""
@@ -277,7 +265,6 @@ class Trainer(Loops):
         """This process's rank (inside a run)."""
         return self.strategy.global_rank
 
-    @override
     @property
     def is_global_zero(self) -> bool:
         """Whether this is global rank 0 (the one that logs and draws)."""
@@ -296,7 +283,100 @@ class Trainer(Loops):
     @property
     def log_dir(self) -> str | None:
         """The first logger's directory (known once a run has logged)."""
-        return self._log_dir
+        return self.results.log_dir
+
+    # Where training stands (the counters outlive a run).
+
+    @property
+    def current_epoch(self) -> int:
+        """The epoch being run (epochs finished, between epochs)."""
+        return self.progress.current_epoch
+
+    @current_epoch.setter
+    def current_epoch(self, value: int) -> None:
+        self.progress.current_epoch = value
+
+    @property
+    def global_step(self) -> int:
+        """Optimizer steps taken."""
+        return self.progress.global_step
+
+    @global_step.setter
+    def global_step(self, value: int) -> None:
+        self.progress.global_step = value
+
+    @property
+    def should_stop(self) -> bool:
+        """Whether training stops at the end of this epoch; set it to stop (any rank may)."""
+        return self.progress.should_stop
+
+    @should_stop.setter
+    def should_stop(self, value: bool) -> None:
+        self.progress.should_stop = value
+
+    @property
+    def num_training_batches(self) -> int:
+        """Batches in the running training epoch (0 when the loader cannot say)."""
+        return self.progress.training_batches
+
+    @property
+    def num_eval_batches(self) -> int:
+        """Batches in the running evaluation or prediction (0 when unknown)."""
+        return self.progress.eval_batches
+
+    @property
+    def max_epochs(self) -> int | None:
+        """Epochs to train (``None``: ``max_steps`` stops training); settable between runs."""
+        return self.limits.max_epochs
+
+    @max_epochs.setter
+    def max_epochs(self, value: int | None) -> None:
+        if value is not None:
+            check_count("max_epochs", value, minimum=1, example="max_epochs=10")
+        self.limits = attrs.evolve(self.limits, max_epochs=value)
+
+    @property
+    def max_steps(self) -> int:
+        """Optimizer steps to take (-1: no limit); settable between runs."""
+        return self.limits.max_steps
+
+    @max_steps.setter
+    def max_steps(self, value: int) -> None:
+        check_count("max_steps", value, minimum=-1, example="max_steps=1000 (or -1: no limit)")
+        self.limits = attrs.evolve(self.limits, max_steps=value)
+
+    def is_optimizer_step_batch(self, batch_idx: int) -> bool:
+        """Whether the batch ``batch_idx`` of this epoch ends with an optimizer step."""
+        return is_step_batch(batch_idx, self.accumulate_grad_batches, self.num_training_batches)
+
+    # What a run holds.
+
+    @property
+    def optimizers(self) -> list[torch.optim.Optimizer]:
+        """The running fit's optimizers, as set up by the strategy (none outside a fit)."""
+        return self._attached.optimizers if self._attached is not None else []
+
+    @property
+    def lr_schedulers(self) -> list[SchedulerConfig]:
+        """The running fit's learning-rate schedulers (none outside a fit)."""
+        return self._attached.schedulers if self._attached is not None else []
+
+    # What was logged.
+
+    @property
+    def callback_metrics(self) -> dict[str, Number]:
+        """Every value logged, by name, as callbacks (checkpoints, early stopping) see it."""
+        return self.results.callback_metrics
+
+    @property
+    def logged_metrics(self) -> dict[str, Number]:
+        """The last value of each metric sent to the loggers."""
+        return self.results.logged_metrics
+
+    @property
+    def progress_bar_metrics(self) -> dict[str, Number]:
+        """The values the progress bar shows."""
+        return self.results.progress_bar_metrics
 
     @property
     def checkpoint_callbacks(self) -> list[ModelCheckpoint]:
@@ -394,15 +474,7 @@ class Trainer(Loops):
         Raises:
             ConfigurationError: No loop is running (``self.log`` outside a step or hook).
         """
-        metrics = self._active_metrics
-        if metrics is None:
-            raise ConfigurationError(
-                f"self.log({name!r}, ...) was called where no loop runs",
-                fix="log inside training_step, validation_step, test_step or their epoch hooks",
-            )
-        if batch_size is None:
-            batch_size = first_tensor_length(self._current_batch)
-        metrics.record(
+        self.results.record(
             name,
             value,
             prog_bar=prog_bar,
@@ -414,16 +486,9 @@ class Trainer(Loops):
             batch_size=batch_size,
         )
 
-    @override
     def log_to_loggers(self, metrics: Mapping[str, Number], step: int | None = None) -> None:
         """Send ``metrics`` to every logger (on global rank 0; nothing elsewhere)."""
-        if not metrics or not self.is_global_zero:
-            return
-        self.logged_metrics.update(metrics)
-        for logger in self.loggers:
-            logger.log_metrics(metrics, self.global_step if step is None else step)
-            if self._log_dir is None:
-                self._log_dir = logger.log_dir
+        self.results.log(metrics, step)
 
     # The entry points.
 
@@ -665,12 +730,13 @@ class Trainer(Loops):
                 state = outcome.callback_states.get(callback.state_key)
                 if state is not None:
                     callback.load_state_dict(state)
-            self.callback_metrics = dict(outcome.callback_metrics)
-            self.logged_metrics = dict(outcome.logged_metrics)
-            self.progress_bar_metrics = dict(outcome.progress_bar_metrics)
-            self.current_epoch = outcome.current_epoch
-            self.global_step = outcome.global_step
-            self._log_dir = outcome.log_dir
+            results = self.results
+            results.callback_metrics = dict(outcome.callback_metrics)
+            results.logged_metrics = dict(outcome.logged_metrics)
+            results.progress_bar_metrics = dict(outcome.progress_bar_metrics)
+            results.log_dir = outcome.log_dir
+            self.progress.current_epoch = outcome.current_epoch
+            self.progress.global_step = outcome.global_step
         return outcome.results
 
     def outcome(self, model: Module, results: object, origin: tuple[int, int]) -> Outcome:
@@ -687,29 +753,83 @@ class Trainer(Loops):
             progress_bar_metrics=dict(self.progress_bar_metrics),
             current_epoch=self.current_epoch,
             global_step=self.global_step,
-            log_dir=self._log_dir,
+            log_dir=self.log_dir,
             results=results,
         )
 
+    # One run, in this rank.
+
+    def run_stage(self, module: Module, run: Run) -> object:
+        """Set up this rank, run the stage's loop, and tear down, whatever happens."""
+        self._final_state = None
+        with attach(self, module, run) as attached:
+            results = self._run_loop(attached, run)
+            # Where the run worked on a copy, the caller's module gets this state: taken
+            # through the strategy (gathered, if sharded) while it is still set up, on
+            # every rank of several alike (the gathering may be collective).
+            if self.strategy.world_size > 1 or _origin(module) != run.origin:
+                self._final_state = _gather_module_state(self.strategy, module)
+            return results
+
+    def _run_loop(self, attached: Attached, run: Run) -> object:
+        strategy, stage = self.strategy, run.stage
+        progress, results, limits = self.progress, self.results, self.limits
+        evaluation = EvaluationLoop(strategy, attached, results, limits, progress)
+        if stage == "fit":
+            schedulers = Schedulers(attached.schedulers, progress, results)
+            optimization = AutomaticOptimization(
+                strategy,
+                attached,
+                attached.hooks,
+                progress,
+                schedulers,
+                accumulate=self.accumulate_grad_batches,
+                clip_val=self.gradient_clip_val,
+                clip_algorithm=self.gradient_clip_algorithm,
+            )
+            FitLoop(
+                strategy=strategy,
+                attached=attached,
+                optimization=optimization,
+                schedulers=schedulers,
+                evaluation=evaluation,
+                results=results,
+                limits=limits,
+                progress=progress,
+                checkpointer=self._checkpointer,
+                last_checkpoint=self.checkpoint_callback,
+                stop_signals=self.stop_signals,
+                accumulate=self.accumulate_grad_batches,
+            ).run(run.loaders, run.val_loaders, run.datamodule)
+            return None
+        loader = run.loaders
+        if loader is None:
+            loader = datamodule_loader(run.datamodule, stage)
+        if stage == "predict":
+            return PredictionLoop(strategy, attached, results, limits, progress).run(loader)
+        return [evaluation.run(stage, loader)]
+
     @override
     def __getstate__(self) -> dict[str, object]:
-        # The trainer travels to the ranks between runs: no metrics in flight.
-        state = dict(self.__dict__)
-        state.update(
-            _active_metrics=None,
-            _current_batch=None,
-            _steps=None,
-            _wrapped=None,
-            _graceful=None,
-            _final_state=None,
-            optimizers=[],
-            lr_schedulers=[],
-        )
-        return state
+        # The trainer travels to the ranks between runs: nothing of a run goes with it.
+        return {**self.__dict__, "_attached": None, "_final_state": None}
 
     def save_checkpoint(self, path: PathLike) -> None:
-        """Save the whole run at ``path``, to resume from; every rank must call it."""
-        self.write_checkpoint(path)
+        """Save the whole run at ``path``, to resume from; every rank must call it.
+
+        Raises:
+            ConfigurationError: No run is in progress (a checkpoint is of a running fit).
+        """
+        attached = self._attached
+        if attached is None:
+            raise ConfigurationError(
+                "save_checkpoint was called where no run is in progress: a checkpoint "
+                "holds a running fit's module, optimizers and position",
+                value=os.fspath(path),
+                fix="call it from a callback or hook during fit (ModelCheckpoint does), "
+                "or export the module's weights with torch.save(model.state_dict(), path)",
+            )
+        self._checkpointer.save(attached, path)
 
     def load_checkpoint(self, path: PathLike) -> Checkpoint:
         """Read a checkpoint, its tensors on the CPU."""
@@ -749,6 +869,16 @@ def _newest_checkpoint(directory: str, is_checkpoint: Callable[[str], bool]) -> 
         if is_checkpoint(path)
     ]
     return max(found, key=os.path.getmtime) if found else None
+
+
+def _gather_module_state(strategy: Strategy, module: Module) -> dict[str, torch.Tensor]:
+    state = strategy.get_state_dict(module)["state_dict"]
+    gathered = {}
+    for key, value in state.items():
+        # A sharded tensor (a DTensor) is gathered whole, on every rank alike.
+        whole = getattr(value, "full_tensor", None)
+        gathered[key] = (whole() if callable(whole) else value).detach().cpu()
+    return gathered
 
 
 def _run_in_rank(trainer: Trainer, model: Module, run: Run) -> Outcome:

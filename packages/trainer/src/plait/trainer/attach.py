@@ -1,0 +1,193 @@
+"""One run in one rank: the module and optimizers set up by the strategy, and always torn down."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING, Final
+
+import attrs
+import torch
+from typing_extensions import override
+
+from plait.core import SupportsModelShardedContext
+from plait.trainer.checkpointing import check_checkpoint
+from plait.trainer.hooks import Hooks
+from plait.trainer.optim import parse_optimizers
+
+if TYPE_CHECKING:
+    from plait.core.typing import Checkpoint
+    from plait.trainer.limits import Stage
+    from plait.trainer.module import DataModule, Module
+    from plait.trainer.optim import SchedulerConfig
+    from plait.trainer.trainer import Trainer
+
+__all__ = ["Attached", "Run", "Steps", "attach"]
+
+_STEP_METHODS: Final[dict[str, str]] = {
+    "fit": "training_step",
+    "validate": "validation_step",
+    "test": "test_step",
+    "predict": "predict_step",
+}
+
+
+@attrs.frozen
+class Run:
+    """What a run is asked to do, as it travels to the ranks.
+
+    Attributes:
+        stage: What the run does.
+        loaders: The loaders given to the entry point (training or evaluation).
+        val_loaders: The validation loaders given to ``fit``.
+        datamodule: The data module, when the loaders come from one.
+        ckpt_path: The checkpoint to start from, resolved to a path.
+        origin: The calling process and module, to tell a run on copies.
+    """
+
+    stage: Stage
+    loaders: Iterable[object] | None
+    val_loaders: Iterable[object] | None
+    datamodule: DataModule | None
+    ckpt_path: str | None
+    origin: tuple[int, int]
+
+
+class Steps(torch.nn.Module):
+    """Routes the wrapper's forward to the user module's step of the current stage.
+
+    The strategy wraps this (in DDP, say), so that a training step runs through the
+    wrapper's forward and its gradient synchronisation.
+    """
+
+    def __init__(self, module: Module) -> None:
+        super().__init__()
+        self.module = module
+        self.stage: Stage = "fit"
+
+    @override
+    def forward(self, batch: object, batch_idx: int) -> object:
+        """The current stage's step of the user module."""
+        # Read from the instance's dict: a submodule's lookup (self.module) is slow.
+        step = getattr(self.__dict__["_modules"]["module"], _STEP_METHODS[self.stage])
+        return step(batch, batch_idx)
+
+
+@attrs.define
+class Attached:
+    """What one run holds in one rank, from set-up to teardown.
+
+    Attributes:
+        module: The user's module.
+        steps: The module's steps, as the strategy wrapped them.
+        wrapped: The strategy's wrapper around ``steps`` (DDP's, FSDP's, ...).
+        optimizers: The optimizers as set up (the strategy's twins, where it has them).
+        schedulers: The learning-rate schedulers, each driving its optimizer's twin.
+        hooks: The run's callbacks and module hooks.
+        checkpoint: The checkpoint the run started from, loaded already.
+    """
+
+    module: Module
+    steps: Steps
+    wrapped: torch.nn.Module
+    optimizers: list[torch.optim.Optimizer]
+    schedulers: list[SchedulerConfig]
+    hooks: Hooks
+    checkpoint: Checkpoint | None
+
+
+@contextlib.contextmanager
+def attach(trainer: Trainer, module: Module, run: Run) -> Iterator[Attached]:
+    """Set this rank up for ``run``, yield what it holds, and tear down, whatever happens.
+
+    Set-up: the strategy's environment, the data module, the callbacks' ``setup``,
+    ``configure_model`` (in the strategy's sharded context), the optimizers, the
+    module and optimizers through the strategy, then the checkpoint. Teardown: the
+    callbacks' ``teardown``, the loggers (rank 0) and the strategy. A failure goes to
+    the callbacks' ``on_exception`` and to the strategy, which may raise a clearer error.
+    """
+    strategy = trainer.strategy
+    stage, datamodule = run.stage, run.datamodule
+    hooks = Hooks(trainer, module, trainer.callbacks)
+    trainer.state_stage = stage
+    module._trainer = trainer
+    status = "failed"
+    try:
+        strategy.setup_environment()
+        if trainer.deterministic:
+            torch.use_deterministic_algorithms(mode=True)
+        if datamodule is not None:
+            if strategy.is_global_zero:
+                datamodule.prepare_data()
+            strategy.barrier("prepare_data")
+            datamodule.setup(stage)
+        hooks.setup(stage)
+        yield _set_up(trainer, module, run, hooks)
+        status = "success"
+    except BaseException as error:
+        hooks.on_exception(error)
+        # The strategy may raise a clearer error in its place (naming the ranks
+        # a timed-out collective waited for, say).
+        strategy.on_exception(error)
+        raise
+    finally:
+        hooks.teardown(stage)
+        if trainer.is_global_zero:
+            for logger in trainer.loggers:
+                logger.finalize(status)
+        trainer.results.end_run()
+        module._trainer = None
+        # Only the strategy holds the wrapper after this: it releases it (while it
+        # still holds its process group) in its teardown.
+        trainer._attached = None
+        strategy.teardown()
+
+
+def _set_up(trainer: Trainer, module: Module, run: Run, hooks: Hooks) -> Attached:
+    strategy = trainer.strategy
+    stage = run.stage
+    # Layers made here may be created on the meta device (a sharding strategy's
+    # context), to be materialised shard by shard at set-up.
+    context = (
+        strategy.model_sharded_context()
+        if isinstance(strategy, SupportsModelShardedContext)
+        else contextlib.nullcontext()
+    )
+    with context:
+        module.configure_model()
+    optimizers, schedulers = (
+        parse_optimizers(module.configure_optimizers()) if stage == "fit" else ([], [])
+    )
+    # Module and optimizers are set up in one call: a strategy may need both at
+    # once (DeepSpeed), or replace the parameters the optimizers hold (sharding).
+    steps = Steps(module)
+    wrapped, prepared = strategy.setup_module_and_optimizers(steps, optimizers)
+    for config in schedulers:
+        # The strategy may stand a twin in for an optimizer (sharding, averaging):
+        # the scheduler must drive the twin.
+        config.scheduler.optimizer = prepared[
+            [id(o) for o in optimizers].index(id(config.optimizer))
+        ]
+    attached = Attached(
+        module=module,
+        steps=steps,
+        wrapped=wrapped,
+        optimizers=prepared,
+        schedulers=schedulers,
+        hooks=hooks,
+        checkpoint=None,
+    )
+    # The trainer answers for the run from here on (its optimizers, say, to the
+    # callbacks that load a checkpoint).
+    trainer._attached = attached
+    if run.ckpt_path:
+        # Read after set-up: a checkpoint IO that loads in place fills the module's
+        # own (possibly sharded) tensors, each rank reading only what it holds.
+        checkpoint = strategy.read_checkpoint(run.ckpt_path, module)
+        check_checkpoint(checkpoint, run.ckpt_path)
+        hooks.on_load_checkpoint(checkpoint)
+        strategy.set_state_dict(
+            module, prepared if stage == "fit" else [], checkpoint, source=run.ckpt_path
+        )
+        attached.checkpoint = checkpoint
+    return attached

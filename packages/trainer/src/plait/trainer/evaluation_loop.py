@@ -1,0 +1,156 @@
+"""The loops that run the module without training it: validate, test and predict."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Literal
+
+import torch
+
+from plait.trainer.batches import evaluation_loader, even_batches
+from plait.trainer.data import length
+from plait.trainer.gather import gather_objects
+from plait.trainer.metrics import Metrics, Number
+from plait.trainer.state import to_device
+
+if TYPE_CHECKING:
+    from plait.core import Strategy
+    from plait.trainer.attach import Attached
+    from plait.trainer.limits import Limits
+    from plait.trainer.progress import Progress
+    from plait.trainer.results import Results
+
+__all__ = ["EvaluationLoop", "PredictionLoop"]
+
+
+class EvaluationLoop:
+    """Runs a validation or test loop once over a loader, and folds what it logged.
+
+    Every rank runs as many forwards (through the wrapper, whose forward may be
+    collective: FSDP's is); a rank with fewer batches pads with a forward whose
+    output, logged values and hooks are dropped, so that every sample counts once.
+
+    Args:
+        strategy: Runs the steps, and folds the values over the ranks.
+        attached: The run's module and wrapper.
+        results: Where logged values go.
+        limits: How many batches each stage runs.
+        progress: Where the number of batches is shown.
+    """
+
+    def __init__(
+        self,
+        strategy: Strategy,
+        attached: Attached,
+        results: Results,
+        limits: Limits,
+        progress: Progress,
+    ) -> None:
+        self.strategy = strategy
+        self.attached = attached
+        self.results = results
+        self.limits = limits
+        self.progress = progress
+
+    def run(
+        self, stage: Literal["validate", "test"], loader: Iterable[object]
+    ) -> dict[str, Number]:
+        """The stage's metrics, folded over the ranks where logged with ``sync_dist``."""
+        strategy, attached, results = self.strategy, self.attached, self.results
+        steps, wrapped, hooks = attached.steps, attached.wrapped, attached.hooks
+        prepared = evaluation_loader(strategy, loader)
+        total = self.limits.batches_of(stage, length(prepared))
+        self.progress.eval_batches = total if total is not None else 0
+        metrics = Metrics(stage=stage, training=False)
+        results.active = metrics
+        attached.module.eval()
+        hooks.on_evaluation_start(stage)
+        # Through the wrapper, whose forward may be collective (FSDP's is): every
+        # rank runs as many forwards, the ranks with fewer batches padding.
+        steps.stage = stage
+        step = strategy.validation_step if stage == "validate" else strategy.test_step
+        for batch_idx, batch, real in even_batches(strategy, prepared, total):
+            on_device = to_device(batch, strategy.root_device)
+            if not real:
+                _pad(results, step, wrapped, on_device, batch_idx)
+                continue
+            results.current_batch = on_device
+            output = step(wrapped, on_device, batch_idx)
+            hooks.on_evaluation_batch_end(stage, output, on_device, batch_idx)
+        hooks.on_evaluation_epoch_end(stage)
+        values = results.publish_epoch(metrics, training=False)
+        hooks.on_evaluation_end(stage)
+        results.active = None
+        steps.stage = "fit"
+        return values
+
+
+class PredictionLoop:
+    """Runs ``predict_step`` over a loader; the outputs of every rank, in the loader's order.
+
+    Args:
+        strategy: Runs the steps, and gathers the outputs.
+        attached: The run's module and wrapper.
+        results: Where values logged while padding are dropped.
+        limits: How many batches to predict.
+        progress: Where the number of batches is shown.
+    """
+
+    def __init__(
+        self,
+        strategy: Strategy,
+        attached: Attached,
+        results: Results,
+        limits: Limits,
+        progress: Progress,
+    ) -> None:
+        self.strategy = strategy
+        self.attached = attached
+        self.results = results
+        self.limits = limits
+        self.progress = progress
+
+    def run(self, loader: Iterable[object]) -> list[object]:
+        """Every batch's prediction, on the CPU, in the loader's order (all ranks' together)."""
+        strategy, attached, results = self.strategy, self.attached, self.results
+        steps, wrapped, hooks = attached.steps, attached.wrapped, attached.hooks
+        prepared = evaluation_loader(strategy, loader)
+        total = self.limits.batches_of("predict", length(prepared))
+        self.progress.eval_batches = total if total is not None else 0
+        attached.module.eval()
+        hooks.on_predict_start()
+        steps.stage = "predict"
+        outputs: list[object] = []
+        for batch_idx, batch, real in even_batches(strategy, prepared, total):
+            on_device = to_device(batch, strategy.root_device)
+            if not real:
+                _pad(results, strategy.predict_step, wrapped, on_device, batch_idx)
+                continue
+            results.current_batch = on_device
+            output = strategy.predict_step(wrapped, on_device, batch_idx)
+            outputs.append(to_device(output, torch.device("cpu")))
+            hooks.on_predict_batch_end(output, on_device, batch_idx)
+        hooks.on_predict_end()
+        if strategy.world_size == 1:
+            return outputs
+        # Each data-parallel rank predicted a contiguous block: in rank order, they
+        # are the loader's order (ranks that read the same data predicted alike).
+        mine = (strategy.layout.data_parallel_rank, outputs)
+        blocks: dict[int, list[object]] = {}
+        for shard, share in gather_objects(strategy, mine):
+            blocks.setdefault(shard, share)
+        return [output for shard in sorted(blocks) for output in blocks[shard]]
+
+
+def _pad(
+    results: Results,
+    step: Callable[..., object],
+    wrapped: torch.nn.Module,
+    batch: object,
+    batch_idx: int,
+) -> None:
+    # A forward that keeps this rank in step with ranks holding more batches: its
+    # output, its logged values and its hooks are dropped, so that every sample
+    # counts once.
+    with results.discarding():
+        step(wrapped, batch, batch_idx)

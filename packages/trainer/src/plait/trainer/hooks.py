@@ -1,0 +1,158 @@
+"""The one place the loops call callbacks and module hooks from: a typed method per event."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+
+    from plait.core.typing import Checkpoint
+    from plait.trainer.callbacks.base import Callback
+    from plait.trainer.limits import Stage
+    from plait.trainer.module import Module, StepOutput
+    from plait.trainer.trainer import Trainer
+
+__all__ = ["Hooks"]
+
+
+class Hooks:
+    """Calls an event's hooks, on every callback and on the module, in a fixed order.
+
+    Where the module and the callbacks share an event, the module's hook runs first
+    at a start and the callbacks' first at a batch's start and end (as Lightning
+    orders them). The loops hold one `Hooks` per run and call nothing else.
+
+    Args:
+        trainer: What the callbacks receive.
+        module: The user's module.
+        callbacks: The trainer's callbacks, in their order.
+    """
+
+    def __init__(self, trainer: Trainer, module: Module, callbacks: list[Callback]) -> None:
+        self.trainer = trainer
+        self.module = module
+        self.callbacks = callbacks
+
+    # A run.
+
+    def setup(self, stage: Stage) -> None:
+        """A run starts (before the module is set up)."""
+        for callback in self.callbacks:
+            callback.setup(self.trainer, self.module, stage)
+
+    def teardown(self, stage: Stage) -> None:
+        """A run ends, however it ends."""
+        for callback in self.callbacks:
+            callback.teardown(self.trainer, self.module, stage)
+
+    def on_exception(self, error: BaseException) -> None:
+        """A run fails."""
+        for callback in self.callbacks:
+            callback.on_exception(self.trainer, self.module, error)
+
+    def on_save_checkpoint(self, checkpoint: Checkpoint) -> None:
+        """A checkpoint is built: the module and callbacks may add to it."""
+        self.module.on_save_checkpoint(checkpoint)
+        for callback in self.callbacks:
+            callback.on_save_checkpoint(self.trainer, self.module, checkpoint)
+
+    def on_load_checkpoint(self, checkpoint: Checkpoint) -> None:
+        """A checkpoint was read, before its state is loaded."""
+        self.module.on_load_checkpoint(checkpoint)
+        for callback in self.callbacks:
+            callback.on_load_checkpoint(self.trainer, self.module, checkpoint)
+
+    # Fit.
+
+    def on_fit_start(self) -> None:
+        """Training starts."""
+        self.module.on_fit_start()
+        for callback in self.callbacks:
+            callback.on_fit_start(self.trainer, self.module)
+
+    def on_fit_end(self) -> None:
+        """Training ended."""
+        self.module.on_fit_end()
+        for callback in self.callbacks:
+            callback.on_fit_end(self.trainer, self.module)
+
+    def on_train_epoch_start(self) -> None:
+        """A training epoch starts."""
+        self.module.on_train_epoch_start()
+        for callback in self.callbacks:
+            callback.on_train_epoch_start(self.trainer, self.module)
+
+    def on_train_epoch_end_module(self) -> None:
+        """A training epoch ended: the module's hook, before its values are published."""
+        self.module.on_train_epoch_end()
+
+    def on_train_epoch_end(self) -> None:
+        """A training epoch ended: the callbacks, once its values are published."""
+        for callback in self.callbacks:
+            callback.on_train_epoch_end(self.trainer, self.module)
+
+    def on_train_batch_start(self, batch: object, batch_idx: int) -> None:
+        """A training batch starts (on the device)."""
+        for callback in self.callbacks:
+            callback.on_train_batch_start(self.trainer, self.module, batch, batch_idx)
+        self.module.on_train_batch_start(batch, batch_idx)
+
+    def on_train_batch_end(self, output: StepOutput, batch: object, batch_idx: int) -> None:
+        """A training batch ended."""
+        for callback in self.callbacks:
+            callback.on_train_batch_end(self.trainer, self.module, output, batch, batch_idx)
+        self.module.on_train_batch_end(output, batch, batch_idx)
+
+    def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        """An optimizer is about to step (gradients are final and clipped)."""
+        for callback in self.callbacks:
+            callback.on_before_optimizer_step(self.trainer, self.module, optimizer)
+
+    # Evaluation and prediction.
+
+    def on_evaluation_start(self, stage: Stage) -> None:
+        """A validation or test loop starts."""
+        validating = stage == "validate"
+        for callback in self.callbacks:
+            hook = callback.on_validation_start if validating else callback.on_test_start
+            hook(self.trainer, self.module)
+        module = self.module
+        (module.on_validation_epoch_start if validating else module.on_test_epoch_start)()
+
+    def on_evaluation_batch_end(
+        self, stage: Stage, output: object, batch: object, batch_idx: int
+    ) -> None:
+        """A validation or test batch ended."""
+        trainer, module = self.trainer, self.module
+        for callback in self.callbacks:
+            if stage == "validate":
+                callback.on_validation_batch_end(trainer, module, output, batch, batch_idx)
+            else:
+                callback.on_test_batch_end(trainer, module, output, batch, batch_idx)
+
+    def on_evaluation_epoch_end(self, stage: Stage) -> None:
+        """A validation or test loop ran its batches: the module's hook, before publishing."""
+        module = self.module
+        (module.on_validation_epoch_end if stage == "validate" else module.on_test_epoch_end)()
+
+    def on_evaluation_end(self, stage: Stage) -> None:
+        """A validation or test loop ended: the callbacks, once its values are published."""
+        for callback in self.callbacks:
+            hook = callback.on_validation_end if stage == "validate" else callback.on_test_end
+            hook(self.trainer, self.module)
+
+    def on_predict_start(self) -> None:
+        """Prediction starts."""
+        for callback in self.callbacks:
+            callback.on_predict_start(self.trainer, self.module)
+
+    def on_predict_batch_end(self, output: object, batch: object, batch_idx: int) -> None:
+        """A prediction batch ended."""
+        for callback in self.callbacks:
+            callback.on_predict_batch_end(self.trainer, self.module, output, batch, batch_idx)
+
+    def on_predict_end(self) -> None:
+        """Prediction ended."""
+        for callback in self.callbacks:
+            callback.on_predict_end(self.trainer, self.module)

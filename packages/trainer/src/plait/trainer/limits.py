@@ -1,0 +1,129 @@
+"""How far each loop runs: epochs, steps, batches per stage and the validation cadence."""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Final, Literal, TypeAlias
+
+import attrs
+
+from plait.core import ConfigurationError
+from plait.trainer.checks import check_count
+from plait.trainer.data import check_limit, limit_batches
+
+if TYPE_CHECKING:
+    from plait.trainer.progress import Progress
+
+__all__ = ["Limits", "Stage"]
+
+Stage: TypeAlias = Literal["fit", "validate", "test", "predict"]
+"""What a run does."""
+
+_DEFAULT_MAX_EPOCHS: Final = 1000
+
+_LIMIT_NAMES: Final[dict[Stage, str]] = {
+    "fit": "limit_train_batches",
+    "validate": "limit_val_batches",
+    "test": "limit_test_batches",
+    "predict": "limit_predict_batches",
+}
+
+
+@attrs.frozen
+class Limits:
+    """Where the loops stop, checked once when the trainer is made; the loops only read it.
+
+    Attributes:
+        max_epochs: Epochs to train (``None``: no limit, ``max_steps`` stops).
+        max_steps: Optimizer steps to take (-1: no limit).
+        batches: Per stage, a count of batches or a fraction of each loader.
+        val_check_interval: Validate every this many training batches (an int) or
+            this fraction of an epoch (a float; 1.0 is the epoch's end).
+        check_val_every_n_epoch: Validate in every n-th epoch only.
+    """
+
+    max_epochs: int | None
+    max_steps: int
+    batches: dict[Stage, int | float]
+    val_check_interval: int | float
+    check_val_every_n_epoch: int
+
+    @classmethod
+    def resolve(
+        cls,
+        *,
+        max_epochs: int | None,
+        max_steps: int,
+        limit_train_batches: int | float,
+        limit_val_batches: int | float,
+        limit_test_batches: int | float,
+        limit_predict_batches: int | float,
+        val_check_interval: int | float,
+        check_val_every_n_epoch: int,
+    ) -> Limits:
+        """The limits the trainer's arguments ask for (1000 epochs when neither limit is given).
+
+        Raises:
+            ConfigurationError: A value is out of range; the message names it.
+        """
+        if max_epochs is not None:
+            check_count("max_epochs", max_epochs, minimum=1, example="max_epochs=10")
+        check_count("max_steps", max_steps, minimum=-1, example="max_steps=1000 (or -1: no limit)")
+        given: dict[Stage, int | float] = {
+            "fit": limit_train_batches,
+            "validate": limit_val_batches,
+            "test": limit_test_batches,
+            "predict": limit_predict_batches,
+        }
+        batches: dict[Stage, int | float] = {
+            stage: check_limit(_LIMIT_NAMES[stage], value) for stage, value in given.items()
+        }
+        interval = check_limit("val_check_interval", val_check_interval)
+        if interval == 0:
+            raise ConfigurationError(
+                "val_check_interval=0 would validate without training in between",
+                value=val_check_interval,
+                fix="pass limit_val_batches=0 to turn validation off",
+            )
+        check_count(
+            "check_val_every_n_epoch",
+            check_val_every_n_epoch,
+            minimum=1,
+            example="check_val_every_n_epoch=1",
+        )
+        return cls(
+            max_epochs=(
+                max_epochs if max_epochs is not None or max_steps != -1 else _DEFAULT_MAX_EPOCHS
+            ),
+            max_steps=max_steps,
+            batches=batches,
+            val_check_interval=interval,
+            check_val_every_n_epoch=check_val_every_n_epoch,
+        )
+
+    def batches_of(self, stage: Stage, available: int | None) -> int | None:
+        """How many of a loader's ``available`` batches ``stage`` runs (``None``: unknown)."""
+        return limit_batches(available, self.batches[stage], _LIMIT_NAMES[stage])
+
+    def steps_reached(self, progress: Progress) -> bool:
+        """Whether ``max_steps`` optimizer steps have been taken."""
+        return self.max_steps != -1 and progress.global_step >= self.max_steps
+
+    def done(self, progress: Progress) -> bool:
+        """Whether training is over: asked to stop, or a limit reached."""
+        if progress.should_stop or self.steps_reached(progress):
+            return True
+        return self.max_epochs is not None and progress.current_epoch >= self.max_epochs
+
+    def validation_every(self, total: int | None) -> int | None:
+        """Validate every this many batches of an epoch of ``total`` (``None``: at its end)."""
+        interval = self.val_check_interval
+        if isinstance(interval, int):
+            return interval
+        if interval == 1.0 or total is None:
+            return None
+        return max(1, math.floor(total * interval))
+
+    def validation_due(self, progress: Progress) -> bool:
+        """Whether this epoch validates at all."""
+        return (progress.current_epoch + 1) % self.check_val_every_n_epoch == 0
