@@ -40,6 +40,12 @@ def test_fit_on_two_ranks_syncs_metrics_without_truncating(tmp_path: Path, strat
     assert metrics["val_seen"] == 21  # every validation sample exactly once, none repeated
     assert metrics["rank_mean"] == 0.5  # the mean of ints 0 and 1
     assert metrics["weights_max"] == metrics["weights_min"]  # the replicas agree
+    # After fit, each process still answers for the job it ran: size, nodes and rank.
+    jobs = {path.name: json.loads(path.read_text()) for path in tmp_path.glob("job-*.json")}
+    expected = {"job-0.json": [2, 1, 0]}
+    if strategy == "ddp":  # rank 1 runs the script too
+        expected["job-1.json"] = [2, 1, 1]
+    assert jobs == expected
 
 
 @pytest.mark.slow

@@ -206,6 +206,9 @@ def main() -> None:
         trainer = _trainer(arguments, max_epochs=2)
         trainer.fit(Toy(), train, val)
         result = {"metrics": trainer.callback_metrics, "global_step": trainer.global_step}
+        # Every process that ran fit (or waited for it) says which job it was part of.
+        job = [trainer.world_size, trainer.num_nodes, trainer.global_rank]
+        Path(arguments.root, f"job-{os.environ.get('RANK', '0')}.json").write_text(json.dumps(job))
     elif arguments.scenario == "uneven":
         odd = DataLoader(dataset(10), batch_size=3)  # padded by the injected sampler
         custom = DataLoader(dataset(10), batch_size=3, sampler=UnevenSampler())

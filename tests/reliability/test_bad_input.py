@@ -103,6 +103,18 @@ CASES = [
         ConfigurationError,
         ("'l3'", "'norm'", "'value'"),
     ),
+    Case(
+        "trainer.max_epochs = 0",
+        lambda: setattr(Trainer(accelerator="cpu", logger=False), "max_epochs", 0),
+        ConfigurationError,
+        ("max_epochs=0", "fix:"),
+    ),
+    Case(
+        "save_checkpoint outside a run",
+        lambda: Trainer(accelerator="cpu", logger=False).save_checkpoint("late.ckpt"),
+        ConfigurationError,
+        ("no run is in progress", "late.ckpt", "fix:"),
+    ),
     Case("strategy='dpp'", _trainer(strategy="dpp"), ConfigurationError, ("'dpp'", "'ddp'?")),
     Case(
         "accelerator='cpuu'",

@@ -8,7 +8,8 @@ from torch import nn
 from plait.checkpoint_io import AsyncCheckpointIO
 from plait.core import ConfigurationError, Strategy, StrategyRegistry
 from plait.precision import MixedPrecision
-from plait.strategies import DataParallelStrategy, DDPStrategy, SingleDeviceStrategy
+from plait.strategies import BaseStrategy, DataParallelStrategy, DDPStrategy, SingleDeviceStrategy
+from plait.strategies import Strategy as StrategyBase
 
 
 def test_it_is_registered_and_meets_the_protocol() -> None:
@@ -18,6 +19,19 @@ def test_it_is_registered_and_meets_the_protocol() -> None:
     assert isinstance(strategy, Strategy)
     assert (strategy.world_size, strategy.global_rank, strategy.is_global_zero) == (1, 0, True)
     assert strategy.root_device == torch.device("cpu")
+
+
+def test_plait_strategies_strategy_is_the_base_class_code_for_lightning_subclasses() -> None:
+    # Lightning code reads `from ...strategies import Strategy` and subclasses it.
+    assert StrategyBase is BaseStrategy
+    assert issubclass(SingleDeviceStrategy, StrategyBase)
+
+    class Mine(SingleDeviceStrategy):
+        pass
+
+    mine = Mine("cpu")
+    assert isinstance(mine, StrategyBase)
+    assert isinstance(mine, Strategy)  # and so meets plait.core's Protocol
 
 
 def test_an_accelerator_device_without_an_index_is_the_current_one_read_when_first_asked(

@@ -1,5 +1,6 @@
 """Strategies: how a model is spread over processes and devices.
 
+`Strategy` (the base class to subclass, also named `BaseStrategy`),
 `SingleDeviceStrategy` (one process), `ParallelStrategy` (processes in a
 torch.distributed group, with the collective contract checked), `DDPStrategy` and
 `DDPShardedStrategy` (optimizer state sharded), `FSDPStrategy` (everything sharded, on
@@ -27,6 +28,15 @@ from plait.strategies.sharded import DDPShardedStrategy
 from plait.strategies.single_device import SingleDeviceStrategy
 from plait.strategies.xla import SingleDeviceXLAStrategy, XLAFSDPStrategy, XLAStrategy
 
+Strategy = BaseStrategy
+"""The base class to subclass for a strategy of your own: `BaseStrategy` by its other name.
+
+`plait.core.Strategy` is the Protocol every strategy meets (a trainer or a loop of
+your own needs only that); this is the class that implements it, parts and
+checkpoints included, as ``from plait.strategies import Strategy`` in code written
+for Lightning expects.
+"""
+
 __all__ = [
     "PROCESS_GROUP_BACKENDS",
     "BaseStrategy",
@@ -42,6 +52,7 @@ __all__ = [
     "ParallelStrategy",
     "SingleDeviceStrategy",
     "SingleDeviceXLAStrategy",
+    "Strategy",
     "StrategyRegistry",
     "XLAFSDPStrategy",
     "XLAStrategy",

@@ -71,6 +71,7 @@ class Outcome:
         current_epoch: The epoch the run stopped at.
         global_step: Optimizer steps taken.
         log_dir: The first logger's directory, if there is a logger.
+        world_size: The processes in the job.
         results: What `Trainer.validate`/`Trainer.test` return, or predictions.
     """
 
@@ -83,6 +84,7 @@ class Outcome:
     current_epoch: int
     global_step: int
     log_dir: str | None
+    world_size: int
     results: object
 
 
@@ -242,6 +244,8 @@ class Trainer:
         # What a run holds in this rank, while it runs.
         self._attached: Attached | None = None
         self._final_state: dict[str, torch.Tensor] | None = None
+        # The size of the last run's job, and this process's rank in it.
+        self._ran_as: tuple[int, int] | None = None
 
     # What the trainer is made of.
 
@@ -257,18 +261,33 @@ class Trainer:
 
     @property
     def world_size(self) -> int:
-        """Processes in the job (inside a run; 1 before processes are started)."""
-        return self.strategy.world_size
+        """Processes in the job: the running one's, else the last run's, else the one planned."""
+        if self._attached is not None:
+            return self.strategy.world_size
+        return self._ran_as[0] if self._ran_as is not None else self.num_processes
 
     @property
     def global_rank(self) -> int:
-        """This process's rank (inside a run)."""
-        return self.strategy.global_rank
+        """This process's rank in the running job, else in the last run's.
+
+        A process that started the job's ranks and waited for them (``ddp_spawn``)
+        answers 0, as the rank whose outcome it took.
+        """
+        if self._attached is not None or self._ran_as is None:
+            return self.strategy.global_rank
+        return self._ran_as[1]
+
+    @property
+    def num_nodes(self) -> int:
+        """Machines in the job."""
+        return self.connection.num_nodes
 
     @property
     def is_global_zero(self) -> bool:
         """Whether this is global rank 0 (the one that logs and draws)."""
-        return self.strategy.is_global_zero
+        if self._attached is not None:
+            return self.strategy.is_global_zero
+        return self.global_rank == 0
 
     @property
     def num_processes(self) -> int:
@@ -737,6 +756,8 @@ class Trainer:
             results.log_dir = outcome.log_dir
             self.progress.current_epoch = outcome.current_epoch
             self.progress.global_step = outcome.global_step
+            # This process answers for the job as its rank 0 did.
+            self._ran_as = (outcome.world_size, 0)
         return outcome.results
 
     def outcome(self, model: Module, results: object, origin: tuple[int, int]) -> Outcome:
@@ -754,6 +775,7 @@ class Trainer:
             current_epoch=self.current_epoch,
             global_step=self.global_step,
             log_dir=self.log_dir,
+            world_size=self.world_size,
             results=results,
         )
 
@@ -763,6 +785,7 @@ class Trainer:
         """Set up this rank, run the stage's loop, and tear down, whatever happens."""
         self._final_state = None
         with attach(self, module, run) as attached:
+            self._ran_as = (self.strategy.world_size, self.strategy.global_rank)
             results = self._run_loop(attached, run)
             # Where the run worked on a copy, the caller's module gets this state: taken
             # through the strategy (gathered, if sharded) while it is still set up, on
@@ -823,8 +846,8 @@ class Trainer:
         attached = self._attached
         if attached is None:
             raise ConfigurationError(
-                "save_checkpoint was called where no run is in progress: a checkpoint "
-                "holds a running fit's module, optimizers and position",
+                f"save_checkpoint({os.fspath(path)!r}) was called where no run is in "
+                "progress: a checkpoint holds a running fit's module, optimizers and position",
                 value=os.fspath(path),
                 fix="call it from a callback or hook during fit (ModelCheckpoint does), "
                 "or export the module's weights with torch.save(model.state_dict(), path)",
