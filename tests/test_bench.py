@@ -42,16 +42,25 @@ def test_an_unknown_section_is_refused_with_the_choices() -> None:
     assert f"unknown sections ['speed']: choose from {choices}" in run.stderr
 
 
+SIDES = (
+    "plain",
+    "plait-strategy",
+    "plait-trainer",
+    "plait-trainer-log",
+    "plait-trainer-manual-memory",
+)
+
+
 def test_the_steps_workload_times_every_side_it_is_given() -> None:
     run = subprocess.run(
         [sys.executable, str(TRAINING), "steps", "--width", "8", "--steps", "5", "--rounds", "2",
-         "--sides", "plain,plait-strategy,plait-trainer,plait-trainer-log"],
+         "--sides", ",".join(SIDES)],
         capture_output=True, text=True, timeout=300, check=False,
     )  # fmt: skip
 
     assert run.returncode == 0, run.stderr
     times = json.loads(run.stdout.splitlines()[-1])
-    assert set(times) == {"plain", "plait-strategy", "plait-trainer", "plait-trainer-log"}
+    assert set(times) == set(SIDES)
     assert all(len(per_round) == 2 and min(per_round) > 0 for per_round in times.values())
 
 

@@ -14,10 +14,10 @@ JOB = Path(__file__).resolve().parent / "trainer_job.py"
 
 
 def _run(
-    tmp_path: Path, scenario: str, strategy: str = "ddp"
+    tmp_path: Path, scenario: str, strategy: str = "ddp", devices: int = 2
 ) -> tuple[subprocess.CompletedProcess[str], dict[str, object]]:
     command = [
-        *(sys.executable, str(JOB), "--strategy", strategy, "--devices", "2"),
+        *(sys.executable, str(JOB), "--strategy", strategy, "--devices", str(devices)),
         *("--scenario", scenario, "--root", str(tmp_path)),
     ]
     completed = subprocess.run(command, capture_output=True, text=True, timeout=150, check=False)
@@ -46,6 +46,62 @@ def test_fit_on_two_ranks_syncs_metrics_without_truncating(tmp_path: Path, strat
     if strategy == "ddp":  # rank 1 runs the script too
         expected["job-1.json"] = [2, 1, 1]
     assert jobs == expected
+
+
+@pytest.mark.slow
+def test_a_gan_stepping_its_own_optimizers_trains_on_ddp_and_fsdp_as_on_one_process(
+    tmp_path: Path,
+) -> None:
+    # Two optimizers stepped by hand, one toggled, the other accumulating two batches
+    # by hand: 8 samples a step, in order, split over 2 ranks or not at all.
+    states = {}
+    for strategy, devices in (
+        ("single_device", 1),
+        ("ddp_find_unused_parameters_true", 2),
+        ("fsdp", 2),
+    ):
+        root = tmp_path / strategy
+        root.mkdir()
+        completed, result = _run(root, "gan", strategy, devices)
+        assert completed.returncode == 0, completed.stderr
+        assert result["global_step"] == 2 * (5 + 3)  # each optimizer step counts
+        states[strategy] = result["state"]
+    one = states.pop("single_device")
+    assert isinstance(one, dict)
+    for strategy, state in states.items():
+        assert isinstance(state, dict)
+        assert state.keys() == one.keys()
+        for name, values in one.items():
+            assert state[name] == pytest.approx(values, abs=1e-6), (strategy, name)
+
+
+@pytest.mark.slow
+def test_a_step_by_hand_on_deepspeed_goes_through_the_engine_as_on_one_process(
+    tmp_path: Path,
+) -> None:
+    states = {}
+    for strategy, devices in (("single_device", 1), ("deepspeed_stage_3", 2)):
+        root = tmp_path / strategy
+        root.mkdir()
+        completed, result = _run(root, "by_hand", strategy, devices)
+        assert completed.returncode == 0, completed.stderr
+        assert result["global_step"] == 2 * 5
+        states[strategy] = result["state"]
+    one, sharded = states["single_device"], states["deepspeed_stage_3"]
+    assert isinstance(one, dict)
+    assert isinstance(sharded, dict)
+    assert sharded.keys() == one.keys()
+    for name, values in one.items():
+        assert sharded[name] == pytest.approx(values, abs=1e-6), name
+
+
+@pytest.mark.slow
+def test_a_step_by_hand_on_fsdp_asks_for_its_parameters_in_blocks(tmp_path: Path) -> None:
+    completed, _ = _run(tmp_path, "gan_root_only", "fsdp")
+
+    assert completed.returncode != 0
+    assert "manual optimization on FSDP needs every parameter in a block" in completed.stderr
+    assert "auto_wrap_policy" in completed.stderr
 
 
 @pytest.mark.slow

@@ -13,7 +13,7 @@ import contextlib
 import csv
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
@@ -21,7 +21,7 @@ from torch.utils.data import DataLoader, Sampler, TensorDataset
 from typing_extensions import override
 
 from plait.core import PeerFailedError, seed_everything
-from plait.strategies import DDPStrategy
+from plait.strategies import DDPStrategy, FSDPStrategy
 from plait.trainer import Callback, CSVLogger, ModelCheckpoint, Module, Trainer
 
 
@@ -86,6 +86,82 @@ class Toy(Module):
     @override
     def configure_optimizers(self) -> object:
         return torch.optim.SGD(self.parameters(), lr=0.05)
+
+
+class Gan(Module):
+    """A generator and a discriminator, each with its own optimizer, stepped by hand.
+
+    The discriminator steps every batch, its optimizer toggled; the generator
+    accumulates two batches by hand (the first without synchronising). The noise is
+    drawn from the sample itself, so any split of a batch over ranks sees the same.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.automatic_optimization = False
+        self.generator = torch.nn.Sequential(
+            torch.nn.Linear(2, 8), torch.nn.Tanh(), torch.nn.Linear(8, 4)
+        )
+        self.discriminator = torch.nn.Sequential(
+            torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1)
+        )
+
+    @override
+    def training_step(self, batch: object, batch_idx: int) -> None:
+        x, _ = _xy(batch)
+        noise = x[:, :2] * 0.5
+        optimizers = self.optimizers()
+        assert isinstance(optimizers, list)
+        generator_opt, discriminator_opt = optimizers
+        softplus = torch.nn.functional.softplus
+        self.toggle_optimizer(discriminator_opt)
+        fake = self.generator(noise).detach()
+        real_loss = softplus(-self.discriminator(x)).mean()
+        d_loss = real_loss + softplus(self.discriminator(fake)).mean()
+        discriminator_opt.zero_grad()
+        self.manual_backward(d_loss)
+        discriminator_opt.step()
+        self.untoggle_optimizer(discriminator_opt)
+        last = batch_idx % 2 == 1 or batch_idx + 1 == self.trainer.num_training_batches
+        with generator_opt.toggle_model(sync_grad=last):
+            g_loss = softplus(-self.discriminator(self.generator(noise))).mean()
+            self.manual_backward(g_loss / 2)
+        if last:
+            generator_opt.step()
+            generator_opt.zero_grad()
+        self.log("d_loss", d_loss, sync_dist=True)
+
+    @override
+    def configure_optimizers(self) -> object:
+        return [
+            torch.optim.Adam(self.generator.parameters(), lr=0.01),
+            torch.optim.Adam(self.discriminator.parameters(), lr=0.01),
+        ]
+
+
+class ByHand(Module):
+    """One optimizer stepped by hand: the same on every strategy, DeepSpeed's included."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.automatic_optimization = False
+        self.net = torch.nn.Sequential(
+            torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1)
+        )
+
+    @override
+    def training_step(self, batch: object, batch_idx: int) -> None:
+        x, y = _xy(batch)
+        optimizer = self.optimizers()
+        assert not isinstance(optimizer, list)
+        loss = torch.nn.functional.mse_loss(self.net(x), y)
+        self.manual_backward(loss)
+        optimizer.step()
+        optimizer.zero_grad()
+
+    @override
+    def configure_optimizers(self) -> object:
+        return torch.optim.SGD(self.parameters(), lr=0.1, momentum=0.9)
 
 
 class UnevenSampler(Sampler[int]):
@@ -191,6 +267,50 @@ def _losses(log_dir: str) -> list[float]:
         return [float(row["loss"]) for row in csv.DictReader(file) if row.get("loss")]
 
 
+def _fit(
+    arguments: argparse.Namespace, train: DataLoader[object], val: DataLoader[object]
+) -> dict[str, object]:
+    trainer = _trainer(arguments, max_epochs=2)
+    trainer.fit(Toy(), train, val)
+    # Every process that ran fit (or waited for it) says which job it was part of.
+    job = [trainer.world_size, trainer.num_nodes, trainer.global_rank]
+    Path(arguments.root, f"job-{os.environ.get('RANK', '0')}.json").write_text(json.dumps(job))
+    return {"metrics": trainer.callback_metrics, "global_step": trainer.global_step}
+
+
+def _by_hand(arguments: argparse.Namespace) -> dict[str, object]:
+    per_rank = DataLoader(dataset(40), batch_size=8 // arguments.devices)
+    module = ByHand()
+    trainer = _trainer(arguments, max_epochs=2)
+    trainer.fit(module, per_rank)
+    if int(os.environ.get("RANK", "0")) != 0:
+        return {}
+    state = module.state_dict()
+    flat = {k: v.flatten().tolist() for k, v in state.items()}
+    return {"global_step": trainer.global_step, "state": flat}
+
+
+def _gan(arguments: argparse.Namespace) -> dict[str, object]:
+    # Manual optimization: 8 samples a step whatever the number of ranks, in order,
+    # so that every run takes the same steps as one process does.
+    per_rank = DataLoader(dataset(40), batch_size=8 // arguments.devices)
+    gan = Gan()
+    settings: dict[str, object] = {}
+    if arguments.scenario == "gan" and arguments.strategy == "fsdp":
+        # Each layer sharded on its own: the step's backward passes run inside the
+        # root's forward, and only a block's own hooks reduce its gradients there.
+        settings["strategy"] = FSDPStrategy(auto_wrap_policy={torch.nn.Linear})
+    trainer = _trainer(arguments, max_epochs=2, **settings)
+    trainer.fit(gan, per_rank)
+    if int(os.environ.get("RANK", "0")) != 0:
+        return {}
+    return {
+        "global_step": trainer.global_step,
+        "d_loss": float(trainer.callback_metrics["d_loss"]),
+        "state": {k: v.flatten().tolist() for k, v in gan.state_dict().items()},
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--strategy", default="ddp")
@@ -202,13 +322,14 @@ def main() -> None:
     result: dict[str, object] = {}
     train = DataLoader(dataset(40), batch_size=4, shuffle=True)
     val = DataLoader(dataset(21), batch_size=4)
-    if arguments.scenario == "fit":
-        trainer = _trainer(arguments, max_epochs=2)
-        trainer.fit(Toy(), train, val)
-        result = {"metrics": trainer.callback_metrics, "global_step": trainer.global_step}
-        # Every process that ran fit (or waited for it) says which job it was part of.
-        job = [trainer.world_size, trainer.num_nodes, trainer.global_rank]
-        Path(arguments.root, f"job-{os.environ.get('RANK', '0')}.json").write_text(json.dumps(job))
+    by_function: dict[str, Callable[[], dict[str, object]]] = {
+        "fit": lambda: _fit(arguments, train, val),
+        "by_hand": lambda: _by_hand(arguments),
+        "gan": lambda: _gan(arguments),
+        "gan_root_only": lambda: _gan(arguments),  # FSDP's root holds the parameters
+    }
+    if arguments.scenario in by_function:
+        result = by_function[arguments.scenario]()
     elif arguments.scenario == "uneven":
         odd = DataLoader(dataset(10), batch_size=3)  # padded by the injected sampler
         custom = DataLoader(dataset(10), batch_size=3, sampler=UnevenSampler())

@@ -179,6 +179,7 @@ def bench_steps(rounds: int, steps: int, widths: list[int]) -> list[Row]:
         "plait-trainer-log",
         "plain-memory",
         "plait-trainer-memory",
+        "plait-trainer-manual-memory",
     ]
     if lightning:
         sides += ["lightning", "lightning-log"]
@@ -197,6 +198,8 @@ def bench_steps(rounds: int, steps: int, widths: list[int]) -> list[Row]:
             ("plait-trainer-log", "plait Trainer logging a scalar", "plait-trainer",
              "plait Trainer"),
             ("plait-trainer-memory", "plait Trainer, batches in memory (its own cost)",
+             "plain-memory", "plain loop, batches in memory"),
+            ("plait-trainer-manual-memory", "plait Trainer, manual optimization, in memory",
              "plain-memory", "plain loop, batches in memory"),
         ]  # fmt: skip
         if lightning:

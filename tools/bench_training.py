@@ -192,6 +192,25 @@ class Classifier(Module):
         return torch.optim.SGD(self.parameters(), lr=LR)
 
 
+class ManualClassifier(Classifier):
+    """The MLP stepping its optimizer itself (manual optimization), as the plain loop does."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__(width)
+        self.automatic_optimization = False
+
+    @override
+    def training_step(self, batch: object, batch_idx: int) -> torch.Tensor:
+        assert isinstance(batch, list | tuple)
+        optimizer = self.optimizers()
+        assert not isinstance(optimizer, list)
+        optimizer.zero_grad()
+        loss = _loss(self.net, batch)
+        self.manual_backward(loss)
+        optimizer.step()
+        return loss
+
+
 class Timing(Callback):
     """Tells a Clock of each training step's end (on rank 0)."""
 
@@ -240,11 +259,13 @@ def plait_trainer(
     devices: int = 1,
     out: Path | None = None,
     memory: bool = False,
+    manual: bool = False,
 ) -> Clock:
     """plait's Trainer, with no progress bar, logger or checkpoints.
 
     With ``memory``, it trains on the batches made beforehand (`in_memory`), so that
-    the time per step is the framework's own cost over the plain loop's.
+    the time per step is the framework's own cost over the plain loop's; with
+    ``manual``, the module steps its optimizer itself (`ManualClassifier`).
     """
     torch.manual_seed(0)
     clock = Clock(steps, out)
@@ -253,7 +274,7 @@ def plait_trainer(
         callbacks=[Timing(clock)],
     )
     data = in_memory(steps) if memory else loader(steps, devices)
-    trainer.fit(Classifier(width, log=log), data)
+    trainer.fit(ManualClassifier(width) if manual else Classifier(width, log=log), data)
     return clock
 
 
@@ -307,6 +328,9 @@ STEP_SIDES: Final[dict[str, Callable[[int, int], float]]] = {
     "plait-trainer-log": lambda width, steps: plait_trainer(width, steps, log=True).per_step,
     "plain-memory": plain_memory_loop,
     "plait-trainer-memory": lambda width, steps: plait_trainer(width, steps, memory=True).per_step,
+    "plait-trainer-manual-memory": lambda width, steps: (
+        plait_trainer(width, steps, memory=True, manual=True).per_step
+    ),
     "lightning": lambda width, steps: lightning_trainer(width, steps).per_step,
     "lightning-log": lambda width, steps: lightning_trainer(width, steps, log=True).per_step,
 }

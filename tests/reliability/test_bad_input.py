@@ -18,13 +18,15 @@ from unittest import mock
 import attrs
 import pytest
 import torch
+from torch.utils.data import DataLoader, TensorDataset
+from typing_extensions import override
 
 from plait.checkpoint_io import TorchCheckpointIO
 from plait.core import CheckpointError, ConfigurationError, StrategyRegistry
 from plait.strategies import DDPStrategy, SingleDeviceStrategy
 from plait.strategies.collectives import LocalCollectives, agreement_path
 from plait.strategies.launchers import MultiprocessingLauncher, SubprocessScriptLauncher
-from plait.trainer import EarlyStopping, ModelCheckpoint, Trainer
+from plait.trainer import EarlyStopping, ModelCheckpoint, Module, Trainer
 from plait.trainer.cli import main as cli
 
 
@@ -53,6 +55,40 @@ def _with_environ(name: str, value: str, make: Callable[[], object]) -> Callable
 
 def _cli(*argv: str) -> Callable[[], object]:
     return lambda: cli(["fit", "--example", "digits", *argv])
+
+
+class _Linear(Module):
+    """A module whose step goes by hand (``automatic`` False) or returns its loss."""
+
+    def __init__(self, *, automatic: bool) -> None:
+        super().__init__()
+        self.automatic_optimization = automatic
+        self.net = torch.nn.Linear(2, 1)
+
+    @override
+    def training_step(self, batch: object, batch_idx: int) -> torch.Tensor:
+        assert isinstance(batch, list)
+        (x,) = batch
+        loss: torch.Tensor = self.net(x).pow(2).mean()
+        self.manual_backward(loss)  # under automatic optimization: refused
+        return loss
+
+    @override
+    def configure_optimizers(self) -> object:
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def _fit(module: Module, **settings: object) -> Callable[[], object]:
+    options: dict[str, object] = {
+        "accelerator": "cpu",
+        "logger": False,
+        "enable_checkpointing": False,
+        "enable_progress_bar": False,
+        "max_epochs": 1,
+        **settings,
+    }
+    loader = DataLoader(TensorDataset(torch.ones(4, 2)), batch_size=2)
+    return lambda: Trainer(**options).fit(module, loader)  # type: ignore[arg-type]
 
 
 CASES = [
@@ -114,6 +150,25 @@ CASES = [
         lambda: Trainer(accelerator="cpu", logger=False).save_checkpoint("late.ckpt"),
         ConfigurationError,
         ("no run is in progress", "late.ckpt", "fix:"),
+    ),
+    # Manual optimization.
+    Case(
+        "manual_backward under automatic optimization",
+        _fit(_Linear(automatic=True)),
+        ConfigurationError,
+        ("manual_backward", "automatic optimization", "automatic_optimization = False"),
+    ),
+    Case(
+        "gradient_clip_val with manual optimization",
+        _fit(_Linear(automatic=False), gradient_clip_val=1.0),
+        ConfigurationError,
+        ("gradient_clip_val=1.0", "self.clip_gradients"),
+    ),
+    Case(
+        "accumulate_grad_batches with manual optimization",
+        _fit(_Linear(automatic=False), accumulate_grad_batches=2),
+        ConfigurationError,
+        ("accumulate_grad_batches=2", "toggle_model(sync_grad=False)"),
     ),
     Case("strategy='dpp'", _trainer(strategy="dpp"), ConfigurationError, ("'dpp'", "'ddp'?")),
     Case(

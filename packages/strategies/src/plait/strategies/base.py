@@ -613,6 +613,19 @@ class BaseStrategy(abc.ABC):
     # Accumulation.
 
     @contextlib.contextmanager
+    def manual_optimization(self, module: torch.nn.Module) -> Iterator[None]:
+        """Inside, a step run through ``module`` runs its own backward passes and steps.
+
+        A trainer's manual optimization runs the user's whole step (forward, any
+        number of `backward` passes, `optimizer_step` calls) inside the wrapper's
+        forward. Nothing to change by default: a strategy whose gradients are
+        synchronised by hooks of the backward pass itself (FSDP), in the step
+        (DeepSpeed, XLA), or not at all (one process) syncs as it always does. DDP,
+        whose forward arms the all-reduce, overrides it.
+        """
+        yield
+
+    @contextlib.contextmanager
     def no_sync(self, module: torch.nn.Module, enabled: bool = True) -> Iterator[None]:
         """Backward passes inside the block accumulate gradients without synchronising.
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Final
 
@@ -230,6 +230,8 @@ class DDPStrategy(SelfLaunchingStrategy):
         self.ddp_comm_hook = ddp_comm_hook
         self.ddp_comm_wrapper = ddp_comm_wrapper
         self.ddp_kwargs = dict(ddp_kwargs)
+        # The wrapper whose step runs its own backward passes (manual optimization).
+        self._manual: DistributedDataParallel | None = None
 
     def _check_ddp_kwargs(self, ddp_kwargs: Mapping[str, object]) -> None:
         # A subclass that wraps the module its own way decides what its options mean.
@@ -371,8 +373,64 @@ class DDPStrategy(SelfLaunchingStrategy):
         )
 
     @override
+    @contextlib.contextmanager
+    def manual_optimization(self, module: torch.nn.Module) -> Iterator[None]:
+        """Each backward pass of a step run through ``module`` all-reduces on its own.
+
+        DDP arms its all-reduce at the end of its forward, for the one backward pass
+        that follows it. A step that runs its backward passes (any number) inside
+        the forward, as a trainer's manual optimization does, is run with that
+        turned off, and `backward` arms it for each pass instead (not inside
+        `no_sync`, where gradients accumulate locally).
+
+        Raises:
+            ConfigurationError: The wrapper was made with ``static_graph=True``,
+                which holds DDP to one backward pass per forward.
+        """
+        if not isinstance(module, DistributedDataParallel):
+            yield  # not wrapped (one process): nothing reduces
+            return
+        if module.static_graph:
+            raise ConfigurationError(
+                "manual optimization runs the step's own backward passes, and "
+                "static_graph=True holds DDP to one backward pass per forward",
+                value="static_graph=True",
+                fix="drop static_graph=True from the DDPStrategy, or use automatic optimization",
+            )
+        previous = module.require_backward_grad_sync
+        module.require_backward_grad_sync = False
+        self._manual = module
+        try:
+            yield
+        finally:
+            module.require_backward_grad_sync = previous
+            # The forward's end turned buffer broadcasting off (it saw no sync
+            # asked): the next forward broadcasts them, as after any training step.
+            module.require_forward_param_sync = True
+            self._manual = None
+
+    @override
+    def backward(self, loss: torch.Tensor, module: torch.nn.Module | None = None) -> None:
+        """Compute gradients of ``loss`` (all-reduced, in a step of manual optimization)."""
+        wrapper = self._manual
+        if wrapper is not None and not self._accumulating:
+            _arm_all_reduce(wrapper, loss)
+        super().backward(loss, module)
+
+    @override
     def __repr__(self) -> str:
         return (
             f"DDPStrategy(backend={self.process_group_backend!r}, "
             f"world_size={self.world_size}, device={str(self.root_device)!r})"
         )
+
+
+def _arm_all_reduce(wrapper: DistributedDataParallel, loss: torch.Tensor) -> None:
+    # What DDP's forward does at its end for the backward pass after it: the buckets
+    # rebuilt in the order the last pass made gradients (never during a backward),
+    # and the reducer told to expect this pass's gradients (with the parameters the
+    # loss does not reach marked, when DDP looks for unused ones).
+    wrapper.require_forward_param_sync = True
+    reducer = wrapper.reducer
+    reducer._rebuild_buckets()
+    reducer.prepare_for_backward([loss] if wrapper.find_unused_parameters else [])

@@ -14,6 +14,7 @@ from plait.core import SupportsModelShardedContext
 from plait.trainer.checkpointing import check_checkpoint
 from plait.trainer.hooks import Hooks
 from plait.trainer.optim import parse_optimizers
+from plait.trainer.optimization import TrainerOptimizer
 
 if TYPE_CHECKING:
     from plait.core.typing import Checkpoint
@@ -84,6 +85,7 @@ class Attached:
         optimizers: The optimizers as set up (the strategy's twins, where it has them).
         schedulers: The learning-rate schedulers, each driving its optimizer's twin.
         hooks: The run's callbacks and module hooks.
+        handles: The optimizers as `Module.optimizers` returns them.
         checkpoint: The checkpoint the run started from, loaded already.
     """
 
@@ -93,6 +95,7 @@ class Attached:
     optimizers: list[torch.optim.Optimizer]
     schedulers: list[SchedulerConfig]
     hooks: Hooks
+    handles: list[TrainerOptimizer]
     checkpoint: Checkpoint | None
 
 
@@ -175,6 +178,18 @@ def _set_up(trainer: Trainer, module: Module, run: Run, hooks: Hooks) -> Attache
         optimizers=prepared,
         schedulers=schedulers,
         hooks=hooks,
+        handles=[
+            TrainerOptimizer(
+                optimizer,
+                parameter_names=_names_of(module, optimizer),
+                strategy=strategy,
+                wrapped=wrapped,
+                module=module,
+                hooks=hooks,
+                progress=trainer.progress,
+            )
+            for optimizer in prepared
+        ],
         checkpoint=None,
     )
     # The trainer answers for the run from here on (its optimizers, say, to the
@@ -191,3 +206,10 @@ def _set_up(trainer: Trainer, module: Module, run: Run, hooks: Hooks) -> Attache
         )
         attached.checkpoint = checkpoint
     return attached
+
+
+def _names_of(module: Module, optimizer: torch.optim.Optimizer) -> frozenset[str]:
+    # Taken at set-up, when the module holds the parameters the optimizer holds (a
+    # sharded module holds gathered copies inside its forward: named alike).
+    held = {id(p) for group in optimizer.param_groups for p in group["params"]}
+    return frozenset(name for name, p in module.named_parameters() if id(p) in held)

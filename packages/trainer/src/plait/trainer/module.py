@@ -11,7 +11,12 @@ from typing_extensions import override
 from plait.core import ConfigurationError
 
 if TYPE_CHECKING:
+    from torch.optim.lr_scheduler import LRScheduler, ReduceLROnPlateau
+
+    from plait.core import GradientClipAlgorithm
     from plait.core.typing import Checkpoint
+    from plait.trainer.attach import Attached
+    from plait.trainer.optimization import TrainerOptimizer
     from plait.trainer.trainer import Trainer
 
 __all__ = ["DataModule", "LogValue", "Module", "ReduceFx", "StepOutput", "overrides"]
@@ -55,6 +60,9 @@ class Module(torch.nn.Module):
     def __init__(self) -> None:
         super().__init__()
         self._trainer: Trainer | None = None
+        self._automatic_optimization = True
+        # Each parameter's requires_grad, while an optimizer is toggled.
+        self._toggled: list[tuple[torch.nn.Parameter, bool]] | None = None
 
     @property
     def trainer(self) -> Trainer:
@@ -75,6 +83,27 @@ class Module(torch.nn.Module):
     def attached(self) -> bool:
         """Whether a trainer runs this module now."""
         return self._trainer is not None
+
+    @property
+    def automatic_optimization(self) -> bool:
+        """Whether the trainer steps the optimizers (``True``, the default).
+
+        Set it to ``False`` (in ``__init__``) for manual optimization: then
+        ``training_step`` calls `manual_backward` and steps the optimizers from
+        `optimizers` itself, as often as it likes, and steps its schedulers from
+        `lr_schedulers`; the trainer neither clips nor accumulates.
+        """
+        return bool(self.__dict__.get("_automatic_optimization", True))
+
+    @automatic_optimization.setter
+    def automatic_optimization(self, value: bool) -> None:
+        if not isinstance(value, bool):
+            raise ConfigurationError(
+                f"automatic_optimization={value!r} is not a bool",
+                value=value,
+                fix="set self.automatic_optimization = False for manual optimization",
+            )
+        self.__dict__["_automatic_optimization"] = value
 
     @override
     def __getstate__(self) -> dict[str, object]:
@@ -186,6 +215,126 @@ class Module(torch.nn.Module):
         for name, value in values.items():
             self.log(name, value, **options)  # type: ignore[arg-type]
 
+    # Optimization by hand.
+
+    def _running(self, what: str) -> Attached:
+        attached = self.trainer._attached
+        if attached is None:
+            raise ConfigurationError(
+                f"{what} was called where no run is in progress",
+                fix=f"call {what} inside training_step or a hook of a running fit",
+            )
+        return attached
+
+    def optimizers(self) -> TrainerOptimizer | list[TrainerOptimizer]:
+        """The run's optimizers, stepped through the strategy: one, or a list of several.
+
+        Raises:
+            ConfigurationError: No fit is running.
+        """
+        handles = self._running("optimizers()").handles
+        return handles[0] if len(handles) == 1 else list(handles)
+
+    def lr_schedulers(
+        self,
+    ) -> LRScheduler | ReduceLROnPlateau | list[LRScheduler | ReduceLROnPlateau] | None:
+        """The run's learning-rate schedulers: none, one, or a list of several.
+
+        Under manual optimization the trainer does not step them: call ``step()``.
+
+        Raises:
+            ConfigurationError: No fit is running.
+        """
+        schedulers = [config.scheduler for config in self._running("lr_schedulers()").schedulers]
+        if not schedulers:
+            return None
+        return schedulers[0] if len(schedulers) == 1 else schedulers
+
+    def manual_backward(self, loss: torch.Tensor) -> None:
+        """Compute the gradients of ``loss`` through the strategy (manual optimization).
+
+        The strategy and its precision run the backward pass: the loss is scaled for
+        ``16-mixed``, DeepSpeed's engine runs it, and DDP and FSDP synchronise the
+        gradients (not inside ``toggle_model(sync_grad=False)``).
+
+        Raises:
+            ConfigurationError: Under automatic optimization (the trainer runs the
+                backward pass of the loss ``training_step`` returns), or outside a fit.
+        """
+        if self.automatic_optimization:
+            raise ConfigurationError(
+                "manual_backward was called under automatic optimization: the trainer "
+                "runs the backward pass of the loss training_step returns, and would run "
+                "a second one",
+                value="automatic_optimization=True",
+                fix="set self.automatic_optimization = False in __init__ to step the "
+                "optimizers yourself, or return the loss and drop manual_backward",
+            )
+        attached = self._running("manual_backward")
+        self.trainer.strategy.backward(loss, attached.wrapped)
+
+    def toggle_optimizer(self, optimizer: TrainerOptimizer | torch.optim.Optimizer) -> None:
+        """Until `untoggle_optimizer`, the other optimizers' parameters take no gradients.
+
+        For several optimizers over parts of one model (a GAN's generator and
+        discriminator): a backward pass then leaves the others' gradients alone.
+        Both the parameters the optimizers hold and those the module holds now
+        are toggled: a sharded module (FSDP) runs its step on gathered copies.
+
+        Raises:
+            ConfigurationError: Another optimizer is toggled already, or
+                ``optimizer`` is not one of the run's.
+        """
+        if self._toggled is not None:
+            raise ConfigurationError(
+                "toggle_optimizer was called while another optimizer is toggled",
+                fix="call untoggle_optimizer(optimizer) before toggling the next one",
+            )
+        handles = self._running("toggle_optimizer").handles
+        chosen = _handle_of(optimizer, handles)
+        others = [handle for handle in handles if handle is not chosen]
+        frozen = set().union(*(h.parameter_names for h in others)) - chosen.parameter_names
+        kept = {id(p) for group in chosen.optimizer.param_groups for p in group["params"]}
+        saved: dict[int, tuple[torch.nn.Parameter, bool]] = {}
+
+        def freeze(parameter: torch.nn.Parameter) -> None:
+            saved.setdefault(id(parameter), (parameter, parameter.requires_grad))
+            parameter.requires_grad = False
+
+        for name, parameter in self.named_parameters():  # as the module holds them now
+            if name in frozen:
+                freeze(parameter)
+        for handle in others:  # as the optimizers hold them (shards, for FSDP)
+            for group in handle.optimizer.param_groups:
+                for parameter in group["params"]:
+                    if id(parameter) not in kept:
+                        freeze(parameter)
+        self._toggled = list(saved.values())
+
+    def untoggle_optimizer(self, optimizer: TrainerOptimizer | torch.optim.Optimizer) -> None:
+        """Give every parameter back the ``requires_grad`` it had before `toggle_optimizer`."""
+        for parameter, requires_grad in self._toggled or ():
+            parameter.requires_grad = requires_grad
+        self._toggled = None
+
+    def clip_gradients(
+        self,
+        optimizer: TrainerOptimizer | torch.optim.Optimizer,
+        gradient_clip_val: float,
+        gradient_clip_algorithm: GradientClipAlgorithm = "norm",
+    ) -> None:
+        """Clip ``optimizer``'s gradients through the strategy (manual optimization).
+
+        Raises:
+            ConfigurationError: Outside a fit.
+        """
+        attached = self._running("clip_gradients")
+        inner = getattr(optimizer, "optimizer", optimizer)
+        assert isinstance(inner, torch.optim.Optimizer)
+        self.trainer.strategy.clip_gradients(
+            attached.wrapped, inner, gradient_clip_val, gradient_clip_algorithm
+        )
+
     # Hooks, each a no-op by default.
 
     def on_fit_start(self) -> None:
@@ -240,6 +389,19 @@ def check_reduce_fx(value: object) -> ReduceFx:
         if value == choice:
             return choice
     raise ConfigurationError.invalid_choice("reduce_fx", value, _REDUCE_FX)
+
+
+def _handle_of(
+    optimizer: TrainerOptimizer | torch.optim.Optimizer, handles: list[TrainerOptimizer]
+) -> TrainerOptimizer:
+    for handle in handles:
+        if optimizer is handle or optimizer is handle.optimizer:
+            return handle
+    raise ConfigurationError(
+        f"{type(optimizer).__name__} is not one of the run's optimizers",
+        value=optimizer,
+        fix="pass an optimizer from self.optimizers()",
+    )
 
 
 class DataModule:

@@ -2,27 +2,35 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import contextlib
+from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Protocol
 
 import torch
 from torch.optim.lr_scheduler import ReduceLROnPlateau
 from typing_extensions import override
 
-from plait.core import ConfigurationError, GradientClipAlgorithm, Strategy
+from plait.core import (
+    ConfigurationError,
+    GradientClipAlgorithm,
+    Strategy,
+    SupportsManualOptimization,
+)
 
 if TYPE_CHECKING:
     from plait.trainer.attach import Attached
     from plait.trainer.hooks import Hooks
-    from plait.trainer.module import StepOutput
+    from plait.trainer.module import Module, StepOutput
     from plait.trainer.optim import SchedulerConfig
     from plait.trainer.progress import Progress
     from plait.trainer.results import Results
 
 __all__ = [
     "AutomaticOptimization",
+    "ManualOptimization",
     "Optimization",
     "Schedulers",
+    "TrainerOptimizer",
     "is_step_batch",
     "training_loss",
 ]
@@ -189,3 +197,142 @@ class AutomaticOptimization(Optimization):
             strategy.zero_grad(optimizer)
         self.progress.global_step += 1
         self.schedulers.step("step")
+
+
+class TrainerOptimizer:
+    """An optimizer as `Module.optimizers` returns it: stepped through the strategy.
+
+    `step` goes through the strategy and its precision (the gradient scaler steps
+    and updates; DeepSpeed's engine steps), tells the callbacks first
+    (``on_before_optimizer_step``) and counts a global step.
+
+    Args:
+        optimizer: The optimizer as the strategy set it up.
+        strategy: Steps and zeroes it.
+        wrapped: The strategy's wrapper (for `toggle_model`'s ``no_sync``).
+        module: The user's module (for `toggle_model`'s toggling).
+        hooks: Where ``on_before_optimizer_step`` goes.
+        progress: Counts the steps.
+        parameter_names: The module's names of the parameters it holds.
+    """
+
+    def __init__(
+        self,
+        optimizer: torch.optim.Optimizer,
+        *,
+        parameter_names: frozenset[str],
+        strategy: Strategy,
+        wrapped: torch.nn.Module,
+        module: Module,
+        hooks: Hooks,
+        progress: Progress,
+    ) -> None:
+        self.optimizer = optimizer
+        self.parameter_names = parameter_names
+        self._strategy = strategy
+        self._wrapped = wrapped
+        self._module = module
+        self._hooks = hooks
+        self._progress = progress
+
+    @property
+    def param_groups(self) -> list[dict[str, object]]:
+        """The optimizer's parameter groups (learning rates and the rest)."""
+        groups: list[dict[str, object]] = self.optimizer.param_groups
+        return groups
+
+    @property
+    def state(self) -> Mapping[torch.Tensor, object]:
+        """The optimizer's per-parameter state."""
+        return self.optimizer.state
+
+    def step(self, closure: Callable[[], object] | None = None) -> object:
+        """Step the optimizer through the strategy (calling ``closure`` first, if given).
+
+        Raises:
+            ConfigurationError: Inside ``toggle_model(sync_grad=False)`` or the
+                strategy's ``no_sync``: the gradients were never synchronised.
+        """
+        self._hooks.on_before_optimizer_step(self.optimizer)
+        result = self._strategy.optimizer_step(self.optimizer, closure)
+        self._progress.global_step += 1
+        return result
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Drop the gradients (through the strategy, which may hold them itself)."""
+        if set_to_none:
+            self._strategy.zero_grad(self.optimizer)
+        else:
+            self.optimizer.zero_grad(set_to_none=False)
+
+    @contextlib.contextmanager
+    def toggle_model(self, sync_grad: bool = True) -> Iterator[None]:
+        """Inside, only this optimizer's parameters take gradients.
+
+        With ``sync_grad=False``, backward passes inside accumulate without
+        synchronising (the strategy's ``no_sync``). For gradient accumulation by
+        hand: run every micro-batch's backward but the last inside
+        ``toggle_model(sync_grad=False)``, the last with ``sync_grad=True``, then `step`.
+        """
+        self._module.toggle_optimizer(self)
+        try:
+            with self._strategy.no_sync(self._wrapped, enabled=not sync_grad):
+                yield
+        finally:
+            self._module.untoggle_optimizer(self)
+
+    def state_dict(self) -> dict[str, object]:
+        """The optimizer's state dict."""
+        return self.optimizer.state_dict()
+
+    def load_state_dict(self, state_dict: dict[str, object]) -> None:
+        """Load the optimizer's state dict."""
+        self.optimizer.load_state_dict(state_dict)
+
+    @override
+    def __repr__(self) -> str:
+        return f"TrainerOptimizer({self.optimizer!r})"
+
+
+class ManualOptimization(Optimization):
+    """The user's ``training_step`` steps the optimizers (``automatic_optimization = False``).
+
+    The step runs through the strategy's wrapper, as in automatic optimization, so
+    that sharded modules gather and logged values are recorded; inside it the user
+    calls `Module.manual_backward` and the optimizers' ``step`` as often as they
+    like. The trainer does not step the schedulers, clip or accumulate.
+
+    Args:
+        strategy: Runs the step.
+        attached: The run's wrapper.
+
+    Raises:
+        ConfigurationError: With several processes, the strategy cannot run a step
+            that makes its own backward passes (it lacks ``manual_optimization``).
+    """
+
+    def __init__(self, strategy: Strategy, attached: Attached) -> None:
+        self.strategy = strategy
+        self.wrapped = attached.wrapped
+        self._context: Callable[[torch.nn.Module], contextlib.AbstractContextManager[None]] | None
+        if strategy.world_size == 1:
+            self._context = None  # nothing to synchronise: no context to enter per batch
+        elif isinstance(strategy, SupportsManualOptimization):
+            self._context = strategy.manual_optimization
+        else:
+            raise ConfigurationError(
+                f"{type(strategy).__name__} has no manual_optimization(module): its "
+                "gradients might not be synchronised by backward passes run inside the step",
+                value=type(strategy).__name__,
+                fix="subclass plait.strategies.Strategy (BaseStrategy), or implement "
+                "manual_optimization; or use automatic optimization",
+            )
+
+    @override
+    def run(self, batch: object, batch_idx: int, *, stepping: bool) -> StepOutput:
+        strategy, wrapped, context = self.strategy, self.wrapped, self._context
+        if context is None:
+            return strategy.training_step(wrapped, batch, batch_idx)  # type: ignore[return-value]
+        with context(wrapped):
+            output: StepOutput = strategy.training_step(wrapped, batch, batch_idx)  # type: ignore[assignment]
+        return output

@@ -39,7 +39,13 @@ from plait.trainer.fit_loop import FitLoop, datamodule_loader
 from plait.trainer.limits import Limits, Stage
 from plait.trainer.loggers import CSVLogger, Logger
 from plait.trainer.module import DataModule, LogValue, Module, ReduceFx, overrides
-from plait.trainer.optimization import AutomaticOptimization, Schedulers, is_step_batch
+from plait.trainer.optimization import (
+    AutomaticOptimization,
+    ManualOptimization,
+    Optimization,
+    Schedulers,
+    is_step_batch,
+)
 from plait.trainer.progress import Progress
 from plait.trainer.results import Results
 from plait.trainer.stopping import parse_stop_signals
@@ -531,6 +537,7 @@ class Trainer:
             PeerFailedError: A rank failed; every rank was stopped.
         """
         self._check_module(model, ("training_step", "configure_optimizers"))
+        self._check_manual_optimization(model)
         self._check_data(train_dataloaders, datamodule, "train_dataloader", "fit")
         resolved = self._resolve_checkpoint(ckpt_path, "fit")
         self._launch(
@@ -625,6 +632,29 @@ class Trainer:
                 f"{type(model).__name__} does not define {', '.join(missing)}",
                 value=missing,
                 fix=f"define {', '.join(missing)} in {type(model).__name__}",
+            )
+
+    def _check_manual_optimization(self, model: Module) -> None:
+        if model.automatic_optimization:
+            return
+        if self.gradient_clip_val is not None:
+            raise ConfigurationError(
+                f"gradient_clip_val={self.gradient_clip_val} clips in automatic optimization "
+                f"only, and {type(model).__name__} steps its optimizers itself",
+                value=self.gradient_clip_val,
+                fix="clip in training_step before each step, with "
+                "self.clip_gradients(optimizer, gradient_clip_val=...), and drop the "
+                "Trainer's gradient_clip_val",
+            )
+        if self.accumulate_grad_batches > 1:
+            raise ConfigurationError(
+                f"accumulate_grad_batches={self.accumulate_grad_batches} accumulates in "
+                f"automatic optimization only, and {type(model).__name__} steps its "
+                "optimizers itself",
+                value=self.accumulate_grad_batches,
+                fix="accumulate by hand: run the backward passes before the last inside "
+                "optimizer.toggle_model(sync_grad=False), step every n batches, and drop "
+                "the Trainer's accumulate_grad_batches",
             )
 
     @staticmethod
@@ -799,16 +829,23 @@ class Trainer:
         progress, results, limits = self.progress, self.results, self.limits
         evaluation = EvaluationLoop(strategy, attached, results, limits, progress)
         if stage == "fit":
-            schedulers = Schedulers(attached.schedulers, progress, results)
-            optimization = AutomaticOptimization(
-                strategy,
-                attached,
-                attached.hooks,
-                progress,
-                schedulers,
-                accumulate=self.accumulate_grad_batches,
-                clip_val=self.gradient_clip_val,
-                clip_algorithm=self.gradient_clip_algorithm,
+            # Under manual optimization the user's step steps the optimizers and the
+            # schedulers: the trainer steps neither, and every batch ends a step.
+            manual = not attached.module.automatic_optimization
+            schedulers = Schedulers([] if manual else attached.schedulers, progress, results)
+            optimization: Optimization = (
+                ManualOptimization(strategy, attached)
+                if manual
+                else AutomaticOptimization(
+                    strategy,
+                    attached,
+                    attached.hooks,
+                    progress,
+                    schedulers,
+                    accumulate=self.accumulate_grad_batches,
+                    clip_val=self.gradient_clip_val,
+                    clip_algorithm=self.gradient_clip_algorithm,
+                )
             )
             FitLoop(
                 strategy=strategy,
@@ -822,7 +859,7 @@ class Trainer:
                 checkpointer=self._checkpointer,
                 last_checkpoint=self.checkpoint_callback,
                 stop_signals=self.stop_signals,
-                accumulate=self.accumulate_grad_batches,
+                accumulate=1 if manual else self.accumulate_grad_batches,
             ).run(run.loaders, run.val_loaders, run.datamodule)
             return None
         loader = run.loaders

@@ -27,6 +27,7 @@ __all__ = [
     "Stateful",
     "Strategy",
     "SupportsLauncher",
+    "SupportsManualOptimization",
     "SupportsModelShardedContext",
     "SupportsNoSync",
     "SupportsProcessDataloader",
@@ -279,6 +280,21 @@ class SupportsNoSync(Protocol):
         self, module: torch.nn.Module, enabled: bool = True
     ) -> AbstractContextManager[None]:
         """Inside this context, backward passes accumulate locally without communicating."""
+        ...
+
+
+@runtime_checkable
+class SupportsManualOptimization(Protocol):
+    """A strategy whose steps may run their own backward passes and optimizer steps.
+
+    A trainer's manual optimization runs the user's whole step (forward, any number
+    of backward passes, optimizer steps) through the wrapper's forward; a strategy
+    whose wrapper arms gradient synchronisation in its forward (DDP) must arm it at
+    each backward instead.
+    """
+
+    def manual_optimization(self, module: torch.nn.Module) -> AbstractContextManager[None]:
+        """Inside this context, each `backward` through ``module`` synchronises on its own."""
         ...
 
 

@@ -438,6 +438,35 @@ class FSDPStrategy(SelfLaunchingStrategy):
         return list(self._optimizers)
 
     @override
+    @contextlib.contextmanager
+    def manual_optimization(self, module: torch.nn.Module) -> Iterator[None]:
+        """A step run through ``module`` may run its own backward passes and steps.
+
+        The step runs inside the root's forward, so only a block's own hooks (its
+        forward, backward and reduce-scatter) can serve its parameters there: every
+        parameter must sit in a block sharded on its own (``auto_wrap_policy``).
+
+        Raises:
+            ConfigurationError: Some parameters belong to the root alone.
+        """
+        blocks = [block for block in self.blocks if isinstance(block, torch.nn.Module)]
+        in_blocks = {id(p) for block in blocks for p in block.parameters()}
+        root_only = [name for name, p in module.named_parameters() if id(p) not in in_blocks]
+        if root_only:
+            shown = ", ".join(root_only[:3]) + (", ..." if len(root_only) > 3 else "")
+            raise ConfigurationError(
+                f"manual optimization on FSDP needs every parameter in a block sharded on "
+                f"its own, and {len(root_only)} belong to the root alone ({shown}): the "
+                "step's backward passes run inside the root's forward, where the root "
+                "cannot reduce its gradients",
+                value=root_only,
+                fix="pass auto_wrap_policy={...} naming the layers that hold the "
+                "parameters (e.g. FSDPStrategy(auto_wrap_policy={torch.nn.Linear})), or "
+                "use automatic optimization",
+            )
+        yield
+
+    @override
     def skip_gradient_sync(
         self, module: torch.nn.Module
     ) -> contextlib.AbstractContextManager[None]:
