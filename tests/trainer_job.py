@@ -164,6 +164,25 @@ class ByHand(Module):
         return torch.optim.SGD(self.parameters(), lr=0.1, momentum=0.9)
 
 
+class Lbfgs(Module):
+    """A linear fit stepped by LBFGS, which evaluates each step several times."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = torch.nn.Linear(4, 1)
+
+    @override
+    def training_step(self, batch: object, batch_idx: int) -> torch.Tensor:
+        x, y = _xy(batch)
+        loss = torch.nn.functional.mse_loss(self.net(x), y)
+        self.log("loss", loss, sync_dist=True)
+        return loss
+
+    @override
+    def configure_optimizers(self) -> object:
+        return torch.optim.LBFGS(self.parameters(), lr=0.5, max_iter=5)
+
+
 class UnevenSampler(Sampler[int]):
     """Five indices on rank 0, three elsewhere: the ranks disagree on their batch count."""
 
@@ -278,9 +297,10 @@ def _fit(
     return {"metrics": trainer.callback_metrics, "global_step": trainer.global_step}
 
 
-def _by_hand(arguments: argparse.Namespace) -> dict[str, object]:
+def _same_steps(arguments: argparse.Namespace, module: Module) -> dict[str, object]:
+    # 8 samples a step whatever the number of ranks, in order: every run takes the
+    # steps one process takes.
     per_rank = DataLoader(dataset(40), batch_size=8 // arguments.devices)
-    module = ByHand()
     trainer = _trainer(arguments, max_epochs=2)
     trainer.fit(module, per_rank)
     if int(os.environ.get("RANK", "0")) != 0:
@@ -324,7 +344,8 @@ def main() -> None:
     val = DataLoader(dataset(21), batch_size=4)
     by_function: dict[str, Callable[[], dict[str, object]]] = {
         "fit": lambda: _fit(arguments, train, val),
-        "by_hand": lambda: _by_hand(arguments),
+        "by_hand": lambda: _same_steps(arguments, ByHand()),
+        "lbfgs": lambda: _same_steps(arguments, Lbfgs()),
         "gan": lambda: _gan(arguments),
         "gan_root_only": lambda: _gan(arguments),  # FSDP's root holds the parameters
     }

@@ -23,7 +23,7 @@ from typing_extensions import override
 
 from plait.checkpoint_io import TorchCheckpointIO
 from plait.core import CheckpointError, ConfigurationError, StrategyRegistry
-from plait.strategies import DDPStrategy, SingleDeviceStrategy
+from plait.strategies import DDPShardedStrategy, DDPStrategy, FSDPStrategy, SingleDeviceStrategy
 from plait.strategies.collectives import LocalCollectives, agreement_path
 from plait.strategies.launchers import MultiprocessingLauncher, SubprocessScriptLauncher
 from plait.trainer import EarlyStopping, ModelCheckpoint, Module, Trainer
@@ -76,6 +76,10 @@ class _Linear(Module):
     @override
     def configure_optimizers(self) -> object:
         return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def _lbfgs() -> torch.optim.Optimizer:
+    return torch.optim.LBFGS([torch.nn.Parameter(torch.zeros(2))])
 
 
 def _fit(module: Module, **settings: object) -> Callable[[], object]:
@@ -169,6 +173,25 @@ CASES = [
         _fit(_Linear(automatic=False), accumulate_grad_batches=2),
         ConfigurationError,
         ("accumulate_grad_batches=2", "toggle_model(sync_grad=False)"),
+    ),
+    # Optimizers that step with a closure (LBFGS), where they cannot work.
+    Case(
+        "LBFGS on FSDP",
+        lambda: FSDPStrategy().check_closure_optimizer(_lbfgs()),
+        ConfigurationError,
+        ("LBFGS", "FSDPStrategy shards them", "strategy='ddp'"),
+    ),
+    Case(
+        "LBFGS on DDPShardedStrategy",
+        lambda: DDPShardedStrategy().check_closure_optimizer(_lbfgs()),
+        ConfigurationError,
+        ("LBFGS", "partitions the optimizer", "fix:"),
+    ),
+    Case(
+        "LBFGS with 16-mixed",
+        lambda: SingleDeviceStrategy("cpu", precision="16-mixed").check_closure_optimizer(_lbfgs()),
+        ConfigurationError,
+        ("LBFGS", "gradient scaler", "bf16-mixed"),
     ),
     Case("strategy='dpp'", _trainer(strategy="dpp"), ConfigurationError, ("'dpp'", "'ddp'?")),
     Case(

@@ -612,6 +612,26 @@ class BaseStrategy(abc.ABC):
 
     # Accumulation.
 
+    def check_closure_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
+        """Refuse to step ``optimizer`` with a closure (LBFGS's way) where it cannot work.
+
+        Such an optimizer evaluates the closure several times per step and decides
+        from the loss and the gradients it sees: it works where every rank holds
+        the whole parameters and the same gradients (one process, DDP), and the
+        loss is not scaled. A strategy that shards them overrides this to refuse.
+
+        Raises:
+            ConfigurationError: The precision scales the loss (``16-mixed``).
+        """
+        if self.precision.needs_scaler:
+            raise ConfigurationError(
+                f"{type(optimizer).__name__} steps with a closure, and the gradient scaler "
+                f"of {self.precision!r} cannot step an optimizer that calls one itself",
+                value=type(optimizer).__name__,
+                fix="use precision='bf16-mixed' or '32-true' with it, or an optimizer "
+                "without a closure",
+            )
+
     @contextlib.contextmanager
     def manual_optimization(self, module: torch.nn.Module) -> Iterator[None]:
         """Inside, a step run through ``module`` runs its own backward passes and steps.

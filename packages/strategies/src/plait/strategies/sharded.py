@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 from typing_extensions import override
 
+from plait.core import ConfigurationError
 from plait.strategies.ddp import DDPStrategy
 
 if TYPE_CHECKING:
@@ -57,6 +58,22 @@ class DDPShardedStrategy(DDPStrategy):
             optimizer_class=type(optimizer),
             process_group=self.process_group,
             **optimizer.defaults,
+        )
+
+    @override
+    def check_closure_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
+        """Refuse: each rank steps its own partition, from which a closure's optimizer decides.
+
+        Raises:
+            ConfigurationError: Always, naming the optimizer and the fix.
+        """
+        raise ConfigurationError(
+            f"{type(optimizer).__name__} steps with a closure and decides from the "
+            "whole parameters and gradients, and DDPShardedStrategy partitions the "
+            "optimizer: each rank would decide from its own part",
+            value=type(optimizer).__name__,
+            fix="train it with strategy='ddp' (or one process), or use an optimizer "
+            "without a closure (Adam, SGD, ...)",
         )
 
     @override

@@ -14,7 +14,7 @@ from plait.core import SupportsModelShardedContext
 from plait.trainer.checkpointing import check_checkpoint
 from plait.trainer.hooks import Hooks
 from plait.trainer.optim import parse_optimizers
-from plait.trainer.optimization import TrainerOptimizer
+from plait.trainer.optimization import TrainerOptimizer, check_closure_optimizers
 
 if TYPE_CHECKING:
     from plait.core.typing import Checkpoint
@@ -160,6 +160,13 @@ def _set_up(trainer: Trainer, module: Module, run: Run, hooks: Hooks) -> Attache
         module.configure_model()
     optimizers, schedulers = (
         parse_optimizers(module.configure_optimizers()) if stage == "fit" else ([], [])
+    )
+    # Before set-up: a strategy that shards would otherwise shard first.
+    check_closure_optimizers(
+        strategy,
+        optimizers,
+        automatic=module.automatic_optimization,
+        accumulate=trainer.accumulate_grad_batches,
     )
     # Module and optimizers are set up in one call: a strategy may need both at
     # once (DeepSpeed), or replace the parameters the optimizers hold (sharding).

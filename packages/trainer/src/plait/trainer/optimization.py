@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator, Mapping
+import inspect
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Protocol
 
 import torch
@@ -14,6 +15,7 @@ from plait.core import (
     ConfigurationError,
     GradientClipAlgorithm,
     Strategy,
+    SupportsClosureOptimizers,
     SupportsManualOptimization,
 )
 
@@ -31,7 +33,9 @@ __all__ = [
     "Optimization",
     "Schedulers",
     "TrainerOptimizer",
+    "check_closure_optimizers",
     "is_step_batch",
+    "needs_closure",
     "training_loss",
 ]
 
@@ -39,6 +43,61 @@ __all__ = [
 def is_step_batch(batch_idx: int, accumulate: int, total: int) -> bool:
     """Whether batch ``batch_idx`` of an epoch of ``total`` (0: unknown) ends with a step."""
     return (batch_idx + 1) % accumulate == 0 or batch_idx + 1 == total
+
+
+def needs_closure(optimizer: torch.optim.Optimizer) -> bool:
+    """Whether ``optimizer``'s ``step`` must be given a closure (LBFGS's does)."""
+    try:
+        closure = inspect.signature(type(optimizer).step).parameters.get("closure")
+    except (TypeError, ValueError):  # a step without a signature to read
+        return False
+    return closure is not None and closure.default is inspect.Parameter.empty
+
+
+def check_closure_optimizers(
+    strategy: Strategy,
+    optimizers: Sequence[torch.optim.Optimizer],
+    *,
+    automatic: bool,
+    accumulate: int,
+) -> None:
+    """Refuse, before set-up, an optimizer that steps with a closure where it cannot work.
+
+    Raises:
+        ConfigurationError: The strategy cannot run closures (it shards the
+            parameters, or scales the loss), or, in automatic optimization, the
+            closure optimizer is one of several, or batches are accumulated.
+    """
+    for optimizer in optimizers:
+        if not needs_closure(optimizer):
+            continue
+        name = type(optimizer).__name__
+        if isinstance(strategy, SupportsClosureOptimizers):
+            strategy.check_closure_optimizer(optimizer)
+        elif strategy.world_size > 1:
+            raise ConfigurationError(
+                f"{name} steps with a closure, and {type(strategy).__name__} does not say "
+                "whether it can run one on several processes (check_closure_optimizer)",
+                value=name,
+                fix="subclass plait.strategies.Strategy (BaseStrategy), or implement "
+                "check_closure_optimizer",
+            )
+        if automatic and len(optimizers) > 1:
+            raise ConfigurationError(
+                f"{name} steps with a closure that runs the whole training step, and "
+                f"configure_optimizers returned {len(optimizers)} optimizers, which would "
+                "all take the step's gradients",
+                value=[type(o).__name__ for o in optimizers],
+                fix=f"return {name} alone, or step the optimizers yourself "
+                "(self.automatic_optimization = False)",
+            )
+        if automatic and accumulate > 1:
+            raise ConfigurationError(
+                f"{name} steps with a closure that evaluates one batch again and again, "
+                f"and accumulate_grad_batches={accumulate} would spread a step over several",
+                value=accumulate,
+                fix="drop accumulate_grad_batches, or use larger batches",
+            )
 
 
 def training_loss(output: StepOutput, world_size: int) -> torch.Tensor | None:
@@ -166,9 +225,13 @@ class AutomaticOptimization(Optimization):
         self.clip_val = clip_val
         self.clip_algorithm: GradientClipAlgorithm = clip_algorithm
         self.world_size = strategy.world_size
+        # An optimizer that evaluates the step itself (LBFGS), alone (checked at set-up).
+        self._closure = len(self.optimizers) == 1 and needs_closure(self.optimizers[0])
 
     @override
     def run(self, batch: object, batch_idx: int, *, stepping: bool) -> StepOutput:
+        if self._closure:
+            return self._step_with_closure(batch, batch_idx)
         if stepping:  # the usual batch: no context, and no (slow) Protocol check
             output = self._forward_backward(batch, batch_idx)
             self._optimizer_step()
@@ -186,6 +249,40 @@ class AutomaticOptimization(Optimization):
                 loss = loss / self.accumulate
             strategy.backward(loss, wrapped)
         return output
+
+    def _step_with_closure(self, batch: object, batch_idx: int) -> StepOutput:
+        # The optimizer calls the closure as often as it likes: each call zeroes the
+        # gradients, runs the step and its backward pass, clips, and tells the
+        # callbacks; it returns the loss averaged over the ranks, so that every rank
+        # decides alike (their gradients are averaged by the backward pass already).
+        strategy, wrapped, optimizer = self.strategy, self.wrapped, self.optimizers[0]
+        outputs: list[StepOutput] = []
+
+        def closure() -> torch.Tensor:
+            strategy.zero_grad(optimizer)
+            output: StepOutput = strategy.training_step(wrapped, batch, batch_idx)  # type: ignore[assignment]
+            loss = training_loss(output, self.world_size)
+            if loss is None:
+                raise ConfigurationError(
+                    f"training_step returned None (skip this batch), and "
+                    f"{type(optimizer).__name__} steps with a closure that needs the loss",
+                    fix="return the loss on every batch",
+                )
+            strategy.backward(loss, wrapped)
+            if self.clip_val is not None:
+                strategy.clip_gradients(wrapped, optimizer, self.clip_val, self.clip_algorithm)
+            self.hooks.on_before_optimizer_step(optimizer)
+            outputs.append(output)
+            value = loss.detach()
+            if self.world_size > 1:
+                value = torch.as_tensor(strategy.reduce(value, reduce_op="mean"))
+            return value
+
+        strategy.optimizer_step(optimizer, closure)
+        strategy.zero_grad(optimizer)
+        self.progress.global_step += 1
+        self.schedulers.step("step")
+        return outputs[0]  # the step at the parameters the batch started from
 
     def _optimizer_step(self) -> None:
         strategy, wrapped = self.strategy, self.wrapped

@@ -21,6 +21,7 @@ from plait.core.protocols.precision import GradientClipAlgorithm, Precision
 from plait.core.protocols.strategy import (
     Stateful,
     Strategy,
+    SupportsClosureOptimizers,
     SupportsLauncher,
     SupportsManualOptimization,
     SupportsModelShardedContext,
@@ -40,6 +41,7 @@ __all__ = [
     "Stateful",
     "Strategy",
     "SupportsAsyncCheckpoint",
+    "SupportsClosureOptimizers",
     "SupportsCollectiveIO",
     "SupportsCopyCheckpoint",
     "SupportsDeviceStats",

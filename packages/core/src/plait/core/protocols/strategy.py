@@ -26,6 +26,7 @@ T = TypeVar("T")
 __all__ = [
     "Stateful",
     "Strategy",
+    "SupportsClosureOptimizers",
     "SupportsLauncher",
     "SupportsManualOptimization",
     "SupportsModelShardedContext",
@@ -280,6 +281,20 @@ class SupportsNoSync(Protocol):
         self, module: torch.nn.Module, enabled: bool = True
     ) -> AbstractContextManager[None]:
         """Inside this context, backward passes accumulate locally without communicating."""
+        ...
+
+
+@runtime_checkable
+class SupportsClosureOptimizers(Protocol):
+    """A strategy that says whether it can step an optimizer that calls a closure (LBFGS).
+
+    Such an optimizer evaluates the loss and gradients several times per step and
+    decides from them: it needs every parameter and gradient whole on every rank
+    (not sharded), and the precision must not scale the loss.
+    """
+
+    def check_closure_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
+        """Return if ``optimizer`` can be stepped with a closure; else raise, naming why."""
         ...
 
 

@@ -481,6 +481,21 @@ class DeepSpeedStrategy(SelfLaunchingStrategy):
             return module(*args, **kwargs)
 
     @override
+    def check_closure_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
+        """Refuse: the engine steps its own optimizer, which takes no closure.
+
+        Raises:
+            ConfigurationError: Always, naming the optimizer and the fix.
+        """
+        raise ConfigurationError(
+            f"{type(optimizer).__name__} steps with a closure, and DeepSpeed's engine "
+            "steps its optimizer without one (over ZeRO's partitions)",
+            value=type(optimizer).__name__,
+            fix="train it with strategy='ddp' (or one process), or use an optimizer "
+            "without a closure (Adam, SGD, ...)",
+        )
+
+    @override
     def backward(self, loss: torch.Tensor, module: torch.nn.Module | None = None) -> None:
         """Backward through the engine (loss scaled for fp16), accumulating locally."""
         with library.quiet():

@@ -438,6 +438,22 @@ class FSDPStrategy(SelfLaunchingStrategy):
         return list(self._optimizers)
 
     @override
+    def check_closure_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
+        """Refuse: each rank holds a shard, from which a closure's optimizer would decide alone.
+
+        Raises:
+            ConfigurationError: Always, naming the optimizer and the fix.
+        """
+        raise ConfigurationError(
+            f"{type(optimizer).__name__} steps with a closure and decides from the "
+            "whole parameters and gradients, and FSDPStrategy shards them: each rank "
+            "would decide from its own shard",
+            value=type(optimizer).__name__,
+            fix="train it with strategy='ddp' (or one process), or use an optimizer "
+            "without a closure (Adam, SGD, ...)",
+        )
+
+    @override
     @contextlib.contextmanager
     def manual_optimization(self, module: torch.nn.Module) -> Iterator[None]:
         """A step run through ``module`` may run its own backward passes and steps.
