@@ -183,6 +183,26 @@ class Lbfgs(Module):
         return torch.optim.LBFGS(self.parameters(), lr=0.5, max_iter=5)
 
 
+class Hyper(Module):
+    """A model whose shape comes from its arguments, saved with save_hyperparameters."""
+
+    def __init__(self, width: int = 4, lr: float = 0.1, *, name: str = "plain") -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        self.net = torch.nn.Sequential(
+            torch.nn.Linear(4, width), torch.nn.Tanh(), torch.nn.Linear(width, 1)
+        )
+
+    @override
+    def training_step(self, batch: object, batch_idx: int) -> torch.Tensor:
+        x, y = _xy(batch)
+        return torch.nn.functional.mse_loss(self.net(x), y)
+
+    @override
+    def configure_optimizers(self) -> object:
+        return torch.optim.SGD(self.parameters(), lr=self.hparams.lr)
+
+
 class UnevenSampler(Sampler[int]):
     """Five indices on rank 0, three elsewhere: the ranks disagree on their batch count."""
 
@@ -310,6 +330,19 @@ def _same_steps(arguments: argparse.Namespace, module: Module) -> dict[str, obje
     return {"global_step": trainer.global_step, "state": flat}
 
 
+def _hyper(arguments: argparse.Namespace) -> dict[str, object]:
+    # A checkpoint in the strategy's own format, for load_from_checkpoint to read.
+    module = Hyper(6, 0.05, name="tuned")
+    trainer = _trainer(arguments, max_epochs=1, enable_checkpointing=True)
+    trainer.fit(module, DataLoader(dataset(16), batch_size=4))
+    callback = trainer.checkpoint_callback
+    assert callback is not None
+    if int(os.environ.get("RANK", "0")) != 0:
+        return {}
+    state = {k: v.flatten().tolist() for k, v in module.state_dict().items()}
+    return {"last": callback.last_model_path, "state": state}
+
+
 def _gan(arguments: argparse.Namespace) -> dict[str, object]:
     # Manual optimization: 8 samples a step whatever the number of ranks, in order,
     # so that every run takes the same steps as one process does.
@@ -347,6 +380,7 @@ def main() -> None:
         "by_hand": lambda: _same_steps(arguments, ByHand()),
         "lbfgs": lambda: _same_steps(arguments, Lbfgs()),
         "gan": lambda: _gan(arguments),
+        "hyper": lambda: _hyper(arguments),
         "gan_root_only": lambda: _gan(arguments),  # FSDP's root holds the parameters
     }
     if arguments.scenario in by_function:

@@ -125,6 +125,9 @@ def attach(trainer: Trainer, module: Module, run: Run) -> Iterator[Attached]:
             strategy.barrier("prepare_data")
             datamodule.setup(stage)
         hooks.setup(stage)
+        if module.logs_hyperparameters and strategy.is_global_zero:
+            for logger in trainer.loggers:
+                logger.log_hyperparams(dict(module.hparams))
         yield _set_up(trainer, module, run, hooks)
         status = "success"
     except BaseException as error:

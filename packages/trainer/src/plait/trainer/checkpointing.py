@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Final
 
 from plait.core import CheckpointError
 from plait.trainer.gather import gather_objects
+from plait.trainer.hparams import class_path
 from plait.trainer.state import rng_state
 
 if TYPE_CHECKING:
@@ -76,7 +77,9 @@ class Checkpointer:
         states = gather_objects(strategy, rng_state())
         metrics = self.results.active
         checkpoint: Checkpoint = {
-            "plait": {"format": CHECKPOINT_FORMAT},
+            "plait": {"format": CHECKPOINT_FORMAT, "module": class_path(type(module))},
+            # What load_from_checkpoint makes the module again from.
+            "hyper_parameters": dict(module.hparams),
             "epoch": progress.current_epoch,
             "global_step": progress.global_step,
             "loops": progress.state_dict(

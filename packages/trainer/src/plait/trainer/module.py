@@ -2,24 +2,34 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING, Literal, TypeAlias
+import inspect
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 
 import torch
-from typing_extensions import override
+from typing_extensions import Self, override
 
 from plait.core import ConfigurationError
+from plait.trainer.hparams import init_arguments, load_module, storable
 
 if TYPE_CHECKING:
     from torch.optim.lr_scheduler import LRScheduler, ReduceLROnPlateau
 
     from plait.core import GradientClipAlgorithm
-    from plait.core.typing import Checkpoint
+    from plait.core.typing import Checkpoint, PathLike
     from plait.trainer.attach import Attached
     from plait.trainer.optimization import TrainerOptimizer
     from plait.trainer.trainer import Trainer
 
-__all__ = ["DataModule", "LogValue", "Module", "ReduceFx", "StepOutput", "overrides"]
+__all__ = [
+    "DataModule",
+    "HyperParameters",
+    "LogValue",
+    "Module",
+    "ReduceFx",
+    "StepOutput",
+    "overrides",
+]
 
 LogValue: TypeAlias = "torch.Tensor | float | int | bool"
 """What `Module.log` takes: a number or a one-element tensor."""
@@ -31,6 +41,28 @@ StepOutput: TypeAlias = "torch.Tensor | Mapping[str, object] | None"
 """What `Module.training_step` returns: the loss, a mapping with ``"loss"``, or ``None`` to skip."""
 
 _REDUCE_FX: tuple[ReduceFx, ...] = ("mean", "sum", "max", "min")
+
+
+class HyperParameters(dict[str, object]):
+    """A module's hyperparameters: a dict whose items read as attributes too (``hparams.lr``)."""
+
+    # Any: each value has the type the user gave it, which no annotation here knows.
+    def __getattr__(self, name: str) -> Any:
+        """The item ``name``.
+
+        Raises:
+            AttributeError: There is no such hyperparameter.
+        """
+        try:
+            return self[name]
+        except KeyError:
+            raise AttributeError(
+                f"no hyperparameter {name!r}; saved: {', '.join(sorted(self)) or 'none'}"
+            ) from None
+
+    @override
+    def __setattr__(self, name: str, value: object) -> None:
+        self[name] = value
 
 
 class Module(torch.nn.Module):
@@ -83,6 +115,76 @@ class Module(torch.nn.Module):
     def attached(self) -> bool:
         """Whether a trainer runs this module now."""
         return self._trainer is not None
+
+    # Hyperparameters.
+
+    def save_hyperparameters(
+        self, *names: str, ignore: Sequence[str] | str = (), logger: bool = True
+    ) -> None:
+        """Save the calling ``__init__``'s arguments as `hparams`, in checkpoints and logs.
+
+        Call it in ``__init__``: the arguments (all, or those named; less those in
+        ``ignore``) become `hparams`, go into every checkpoint (so that
+        `load_from_checkpoint` can make the module again) and, with ``logger``, to
+        the loggers' ``log_hyperparams`` when a run starts.
+
+        Raises:
+            ConfigurationError: A name is not an argument, or a value is not plain
+                data (numbers, strings, lists, dicts): ignore it and pass it to
+                `load_from_checkpoint` instead.
+        """
+        frame = inspect.currentframe()
+        caller = frame.f_back if frame is not None else None
+        if caller is None:  # pragma: no cover - only without Python frames
+            raise ConfigurationError(
+                "save_hyperparameters cannot see the arguments of its caller",
+                fix="pass them to self.hparams.update(...) yourself",
+            )
+        ignored = [ignore] if isinstance(ignore, str) else list(ignore)
+        values = init_arguments(caller, names, ignored)
+        del frame, caller
+        storable(values)
+        self.hparams.update(values)
+        self.__dict__["_log_hyperparams"] = logger
+
+    @property
+    def hparams(self) -> HyperParameters:
+        """The hyperparameters `save_hyperparameters` saved (empty by default)."""
+        found = self.__dict__.get("_hparams")
+        if found is None:
+            found = self.__dict__["_hparams"] = HyperParameters()
+        assert isinstance(found, HyperParameters)
+        return found
+
+    @property
+    def logs_hyperparameters(self) -> bool:
+        """Whether the loggers get the hyperparameters (``save_hyperparameters(logger=...)``)."""
+        return bool(self.__dict__.get("_log_hyperparams", True)) and bool(self.hparams)
+
+    @classmethod
+    def load_from_checkpoint(
+        cls,
+        checkpoint_path: PathLike,
+        map_location: str | torch.device | None = None,
+        strict: bool = True,
+        **overrides: object,
+    ) -> Self:
+        """Make this class from a checkpoint's hyperparameters and load its weights.
+
+        In this process, without a process group, from any checkpoint plait writes:
+        a file, a directory of FSDP's shards (``torch.distributed.checkpoint``) or
+        a DeepSpeed directory (rebuilt whole). ``overrides`` replace or complete
+        the saved hyperparameters; ``map_location`` moves the module after loading.
+        The module is returned in eval mode.
+
+        Raises:
+            CheckpointError: It cannot be read, or holds no module state.
+            ConfigurationError: It is a checkpoint of another class, or an argument
+                of ``__init__`` is neither saved nor given.
+        """
+        return load_module(
+            cls, checkpoint_path, map_location=map_location, strict=strict, overrides=overrides
+        )
 
     @property
     def automatic_optimization(self) -> bool:

@@ -1,0 +1,152 @@
+"""save_hyperparameters and load_from_checkpoint in one process."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+from typing_extensions import override
+
+from plait.core import CheckpointError, ConfigurationError, seed_everything
+from plait.trainer import CSVLogger, Module, Trainer
+
+
+class Sized(Module):
+    """A model whose shape comes from its arguments, saved as hyperparameters."""
+
+    def __init__(self, width: int, lr: float = 0.1, *, act: str = "tanh", **extra: object) -> None:
+        super().__init__()
+        self.save_hyperparameters(ignore="extra")
+        self.net = torch.nn.Sequential(torch.nn.Linear(2, width), torch.nn.Linear(width, 1))
+
+    @override
+    def training_step(self, batch: object, batch_idx: int) -> torch.Tensor:
+        assert isinstance(batch, list)
+        (x,) = batch
+        loss: torch.Tensor = self.net(x).pow(2).mean()
+        return loss
+
+    @override
+    def configure_optimizers(self) -> object:
+        return torch.optim.SGD(self.parameters(), lr=self.hparams.lr)
+
+
+class Other(Sized):
+    pass
+
+
+def _fit(tmp_path: Path, model: Module, **settings: object) -> Trainer:
+    options: dict[str, object] = {
+        "accelerator": "cpu",
+        "default_root_dir": tmp_path,
+        "enable_progress_bar": False,
+        "logger": False,
+        "max_epochs": 2,
+        **settings,
+    }
+    trainer = Trainer(**options)  # type: ignore[arg-type]
+    data = DataLoader(TensorDataset(torch.randn(16, 2)), batch_size=4)
+    trainer.fit(model, data)
+    return trainer
+
+
+def test_the_init_arguments_become_hparams_readable_as_attributes() -> None:
+    model = Sized(8, act="relu", note="not saved")
+
+    assert model.hparams == {"width": 8, "lr": 0.1, "act": "relu"}
+    assert model.hparams.width == 8
+    with pytest.raises(AttributeError, match="no hyperparameter 'depth'; saved: act, lr, width"):
+        _ = model.hparams.depth
+
+
+def test_only_the_named_arguments_are_saved_when_named() -> None:
+    class Named(Sized):
+        def __init__(self, width: int, lr: float = 0.1) -> None:
+            super().__init__(width, lr)
+            self.hparams.clear()
+            self.save_hyperparameters("width")
+
+    assert Named(4).hparams == {"width": 4}
+
+
+def test_a_name_that_is_no_argument_is_refused_with_the_arguments() -> None:
+    class Misnamed(Module):
+        def __init__(self, width: int) -> None:
+            super().__init__()
+            self.save_hyperparameters("widht")
+
+    with pytest.raises(ConfigurationError, match="'widht'") as raised:
+        Misnamed(3)
+    assert raised.value.choices == ("width",)
+
+
+def test_a_value_a_checkpoint_cannot_hold_as_data_is_refused_naming_ignore() -> None:
+    class WithModule(Module):
+        def __init__(self, backbone: torch.nn.Module) -> None:
+            super().__init__()
+            self.save_hyperparameters()
+
+    with pytest.raises(ConfigurationError, match=r"ignore=\['backbone'\]"):
+        WithModule(torch.nn.Linear(1, 1))
+
+
+def test_a_checkpoint_makes_the_module_again_with_its_weights(tmp_path: Path) -> None:
+    seed_everything(0)
+    model = Sized(6, lr=0.05, act="relu")
+    trainer = _fit(tmp_path, model)
+    callback = trainer.checkpoint_callback
+    assert callback is not None
+
+    loaded = Sized.load_from_checkpoint(callback.last_model_path, map_location="cpu")
+
+    assert isinstance(loaded, Sized)
+    assert loaded.hparams == {"width": 6, "lr": 0.05, "act": "relu"}
+    assert not loaded.training
+    for name, value in model.state_dict().items():
+        torch.testing.assert_close(loaded.state_dict()[name], value, rtol=0, atol=0)
+    # What was not saved, or should differ, is given.
+    wider = Sized.load_from_checkpoint(callback.last_model_path, lr=1.0, strict=True)
+    assert wider.hparams.lr == 1.0
+
+
+def test_the_loggers_get_the_hyperparameters(tmp_path: Path) -> None:
+    logger = CSVLogger(tmp_path)
+    _fit(tmp_path, Sized(5), logger=logger)
+
+    saved = json.loads((Path(logger.log_dir) / "hparams.json").read_text())
+    assert saved == {"width": 5, "lr": 0.1, "act": "tanh"}
+
+
+def test_loading_another_class_or_without_its_arguments_is_refused(tmp_path: Path) -> None:
+    trainer = _fit(tmp_path, Sized(6), max_epochs=1)
+    assert trainer.checkpoint_callback is not None
+    path = trainer.checkpoint_callback.last_model_path
+
+    with pytest.raises(ConfigurationError, match=r"is a checkpoint of .*Sized, not of .*Other"):
+        Other.load_from_checkpoint(path)
+
+    class Unsaved(Module):
+        def __init__(self, width: int) -> None:
+            super().__init__()
+            self.net = torch.nn.Sequential(torch.nn.Linear(2, width), torch.nn.Linear(width, 1))
+
+    checkpoint = torch.load(path, weights_only=True)
+    checkpoint["hyper_parameters"] = {}
+    checkpoint["plait"]["module"] = "tests.Unsaved"
+    torch.save(checkpoint, tmp_path / "unsaved.ckpt")
+    with pytest.raises(ConfigurationError, match=r"load_from_checkpoint\(path, name=value\)"):
+        Unsaved.load_from_checkpoint(tmp_path / "unsaved.ckpt")
+    assert Unsaved.load_from_checkpoint(tmp_path / "unsaved.ckpt", width=6).net[0].out_features == 6
+
+
+def test_a_missing_checkpoint_or_a_bad_map_location_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(CheckpointError, match="does not exist"):
+        Sized.load_from_checkpoint(tmp_path / "none.ckpt")
+    torch.save({"plait": {}}, tmp_path / "empty.ckpt")
+    with pytest.raises(CheckpointError, match="holds no module state"):
+        Sized.load_from_checkpoint(tmp_path / "empty.ckpt")
+    with pytest.raises(ConfigurationError, match="map_location='gpu0' is not a device"):
+        Sized.load_from_checkpoint(tmp_path / "empty.ckpt", map_location="gpu0")
