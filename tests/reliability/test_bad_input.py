@@ -193,6 +193,25 @@ CASES = [
         ConfigurationError,
         ("LBFGS", "gradient scaler", "bf16-mixed"),
     ),
+    # Debugging runs.
+    Case(
+        "fast_dev_run=-1",
+        _trainer(fast_dev_run=-1),
+        ConfigurationError,
+        ("fast_dev_run=-1", "fast_dev_run=True"),
+    ),
+    Case(
+        "overfit_batches=1.5",
+        _trainer(overfit_batches=1.5),
+        ConfigurationError,
+        ("overfit_batches", "1.5"),
+    ),
+    Case(
+        "num_sanity_val_steps=-2",
+        _trainer(num_sanity_val_steps=-2),
+        ConfigurationError,
+        ("num_sanity_val_steps=-2", "fix:"),
+    ),
     Case("strategy='dpp'", _trainer(strategy="dpp"), ConfigurationError, ("'dpp'", "'ddp'?")),
     Case(
         "accelerator='cpuu'",

@@ -84,7 +84,13 @@ def sampler_seed() -> int:
 
 
 def prepare_loader(  # noqa: PLR0911 (each return is a case left as the user made it)
-    loader: Iterable[T], *, training: bool, rank: int, world_size: int, seed: int = 0
+    loader: Iterable[T],
+    *,
+    training: bool,
+    rank: int,
+    world_size: int,
+    seed: int = 0,
+    shuffle: bool | None = None,
 ) -> Iterable[T]:
     """The loader each rank iterates.
 
@@ -94,7 +100,8 @@ def prepare_loader(  # noqa: PLR0911 (each return is a case left as the user mad
     epoch alone, which is what makes resuming exact), shuffled from ``seed``; for
     evaluation, with more than one process, with a `ContiguousShardSampler`. A sampler
     or batch sampler of your own, an iterable dataset, or any other iterable is used
-    as it is.
+    as it is. ``shuffle=False`` keeps a training loader in order even where it was
+    made with ``shuffle=True`` (the same batches every epoch).
 
     Raises:
         ConfigurationError: ``loader`` is not iterable.
@@ -118,11 +125,11 @@ def prepare_loader(  # noqa: PLR0911 (each return is a case left as the user mad
         return loader
     new_sampler: Sampler[int]
     if training:
-        shuffle = type(sampler) is RandomSampler
-        if world_size == 1 and not shuffle:
+        shuffled = type(sampler) is RandomSampler and shuffle is not False
+        if world_size == 1 and type(sampler) is SequentialSampler:
             return loader
         new_sampler = DistributedSampler(
-            dataset, num_replicas=world_size, rank=rank, shuffle=shuffle, seed=seed
+            dataset, num_replicas=world_size, rank=rank, shuffle=shuffled, seed=seed
         )
     else:
         if world_size == 1:

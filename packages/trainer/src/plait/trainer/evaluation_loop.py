@@ -53,13 +53,24 @@ class EvaluationLoop:
         self.progress = progress
 
     def run(
-        self, stage: Literal["validate", "test"], loader: Iterable[object]
+        self,
+        stage: Literal["validate", "test"],
+        loader: Iterable[object],
+        *,
+        batches: int | None = None,
+        publish: bool = True,
     ) -> dict[str, Number]:
-        """The stage's metrics, folded over the ranks where logged with ``sync_dist``."""
+        """The stage's metrics, folded over the ranks where logged with ``sync_dist``.
+
+        ``batches`` runs at most that many (a sanity check's); without ``publish``
+        nothing logged reaches the callbacks or the loggers.
+        """
         strategy, attached, results = self.strategy, self.attached, self.results
         steps, wrapped, hooks = attached.steps, attached.wrapped, attached.hooks
         prepared = evaluation_loader(strategy, loader)
         total = self.limits.batches_of(stage, length(prepared))
+        if batches is not None:
+            total = batches if total is None else min(total, batches)
         self.progress.eval_batches = total if total is not None else 0
         metrics = Metrics(stage=stage, training=False)
         results.active = metrics
@@ -78,7 +89,7 @@ class EvaluationLoop:
             output = step(wrapped, on_device, batch_idx)
             hooks.on_evaluation_batch_end(stage, output, on_device, batch_idx)
         hooks.on_evaluation_epoch_end(stage)
-        values = results.publish_epoch(metrics, training=False)
+        values = results.publish_epoch(metrics, training=False) if publish else {}
         hooks.on_evaluation_end(stage)
         results.active = None
         steps.stage = "fit"

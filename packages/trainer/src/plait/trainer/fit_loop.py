@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import sys
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
+
+import torch
 
 from plait.core import TrainingStopped, rank_zero_warn
 from plait.trainer.batches import agreed_total, batches
@@ -65,6 +68,8 @@ class FitLoop:
         last_checkpoint: The `ModelCheckpoint` that names ``last.ckpt``, if any.
         stop_signals: The signals that stop training gracefully.
         accumulate: Batches per optimizer step.
+        detect_anomaly: Train under ``torch.autograd.detect_anomaly``.
+        sanity: The context a sanity check runs in (the trainer says it checks).
     """
 
     def __init__(
@@ -82,6 +87,8 @@ class FitLoop:
         last_checkpoint: ModelCheckpoint | None,
         stop_signals: tuple[signal.Signals, ...],
         accumulate: int,
+        detect_anomaly: bool = False,
+        sanity: Callable[[], contextlib.AbstractContextManager[None]] = contextlib.nullcontext,
     ) -> None:
         self.strategy = strategy
         self.attached = attached
@@ -95,6 +102,8 @@ class FitLoop:
         self.last_checkpoint = last_checkpoint
         self.stop_signals = stop_signals
         self.accumulate = accumulate
+        self.detect_anomaly = detect_anomaly
+        self.sanity = sanity
         self._graceful: GracefulStop | None = None
         self._stopping: signal.Signals | None = None
         self._step_sync = False
@@ -127,6 +136,7 @@ class FitLoop:
             rank=layout.data_parallel_rank,
             world_size=layout.data_parallel_size,
             seed=progress.sampler_seed,
+            shuffle=False if self.limits.in_order else None,
         )
         val_loader = (
             None
@@ -141,8 +151,13 @@ class FitLoop:
         resume = Resume() if checkpoint is None else self.checkpointer.restore(attached, checkpoint)
         module.train()
         attached.hooks.on_fit_start()
+        if val_loader is not None and self.limits.sanity_batches:
+            self._sanity_check(val_loader)
         self._stopping = None
-        with GracefulStop(self.stop_signals) as graceful:
+        anomalies = (
+            torch.autograd.detect_anomaly() if self.detect_anomaly else contextlib.nullcontext()
+        )
+        with GracefulStop(self.stop_signals) as graceful, anomalies:
             self._graceful = graceful
             try:
                 while not self.limits.done(progress):
@@ -231,6 +246,18 @@ class FitLoop:
             progress.should_stop, all=False
         )
         progress.current_epoch += 1
+
+    def _sanity_check(self, loader: Iterable[object]) -> None:
+        # A few validation batches before training, to fail early on a broken
+        # validation_step: nothing they log counts, and training's random stream and
+        # metrics are untouched.
+        count = self.limits.sanity_batches
+        with self.sanity(), preserved_rng():
+            self.evaluation.run(
+                "validate", loader, batches=None if count < 0 else count, publish=False
+            )
+        self.results.active = None
+        self.attached.module.train()
 
     def _validate(self, loader: Iterable[object]) -> None:
         # Validation must not shift training's random stream (nor its metrics).

@@ -40,6 +40,9 @@ class Limits:
         val_check_interval: Validate every this many training batches (an int) or
             this fraction of an epoch (a float; 1.0 is the epoch's end).
         check_val_every_n_epoch: Validate in every n-th epoch only.
+        fast_dev_run: Batches of each stage in a debugging run (0: not one).
+        in_order: Train on the same batches every epoch (``overfit_batches``).
+        sanity_batches: Validation batches run before training (-1: all of them).
     """
 
     max_epochs: int | None
@@ -47,6 +50,9 @@ class Limits:
     batches: dict[Stage, int | float]
     val_check_interval: int | float
     check_val_every_n_epoch: int
+    fast_dev_run: int = 0
+    in_order: bool = False
+    sanity_batches: int = 0
 
     @classmethod
     def resolve(
@@ -60,12 +66,28 @@ class Limits:
         limit_predict_batches: int | float,
         val_check_interval: int | float,
         check_val_every_n_epoch: int,
+        fast_dev_run: bool | int = False,
+        overfit_batches: int | float = 0.0,
+        num_sanity_val_steps: int = 0,
     ) -> Limits:
         """The limits the trainer's arguments ask for (1000 epochs when neither limit is given).
+
+        ``fast_dev_run=n`` (``True`` is 1) runs n batches of each stage in one epoch
+        and no sanity check, whatever the other limits say. ``overfit_batches``
+        trains and validates on the same first batches (a count or a fraction of
+        the training loader), in order, every epoch.
 
         Raises:
             ConfigurationError: A value is out of range; the message names it.
         """
+        debug = _check_fast_dev_run(fast_dev_run)
+        overfit = check_limit("overfit_batches", overfit_batches)
+        check_count(
+            "num_sanity_val_steps",
+            num_sanity_val_steps,
+            minimum=-1,
+            example="num_sanity_val_steps=2 (or -1: every validation batch)",
+        )
         if max_epochs is not None:
             check_count("max_epochs", max_epochs, minimum=1, example="max_epochs=10")
         check_count("max_steps", max_steps, minimum=-1, example="max_steps=1000 (or -1: no limit)")
@@ -91,6 +113,17 @@ class Limits:
             minimum=1,
             example="check_val_every_n_epoch=1",
         )
+        if debug:
+            return cls(
+                max_epochs=1,
+                max_steps=debug,
+                batches=dict.fromkeys(_LIMIT_NAMES, debug),
+                val_check_interval=1.0,
+                check_val_every_n_epoch=1,
+                fast_dev_run=debug,
+            )
+        if overfit != 0:
+            batches["fit"] = batches["validate"] = overfit
         return cls(
             max_epochs=(
                 max_epochs if max_epochs is not None or max_steps != -1 else _DEFAULT_MAX_EPOCHS
@@ -99,6 +132,8 @@ class Limits:
             batches=batches,
             val_check_interval=interval,
             check_val_every_n_epoch=check_val_every_n_epoch,
+            in_order=overfit != 0,
+            sanity_batches=num_sanity_val_steps,
         )
 
     def batches_of(self, stage: Stage, available: int | None) -> int | None:
@@ -127,3 +162,17 @@ class Limits:
     def validation_due(self, progress: Progress) -> bool:
         """Whether this epoch validates at all."""
         return (progress.current_epoch + 1) % self.check_val_every_n_epoch == 0
+
+
+def _check_fast_dev_run(value: object) -> int:
+    if value is True:
+        return 1
+    if value is False:
+        return 0
+    if isinstance(value, int) and value >= 0:
+        return value
+    raise ConfigurationError(
+        f"fast_dev_run={value!r} is neither a bool nor a count of batches",
+        value=value,
+        fix="pass fast_dev_run=True (one batch of each stage) or fast_dev_run=5",
+    )

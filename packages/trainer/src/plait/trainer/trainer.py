@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
 import tempfile
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Final, Literal
 
@@ -21,6 +22,7 @@ from plait.core import (
     Strategy,
     SupportsLauncher,
     is_collective,
+    rank_zero_info,
     rank_zero_warn,
     seed_everything,
 )
@@ -143,6 +145,16 @@ class Trainer:
         enable_progress_bar: Draw a progress bar on global rank 0.
         enable_checkpointing: Add a `ModelCheckpoint` when none is given.
         deterministic: Make torch use deterministic algorithms only.
+        fast_dev_run: A debugging run: ``True`` (or n) runs one (n) batch of
+            training, validation, test and prediction, in one epoch, writing no
+            logs and no checkpoints.
+        overfit_batches: Train and validate on the same first batches (a count,
+            or a fraction of the training loader), in order, every epoch.
+        num_sanity_val_steps: Validation batches run before training starts, to
+            find a broken ``validation_step`` early (-1: all); nothing they log
+            counts. 0 by default.
+        detect_anomaly: Run training under ``torch.autograd.detect_anomaly``: a
+            backward pass that makes NaN raises, naming the forward operation.
         checkpoint_timeout: How long the other ranks wait for a checkpoint being
             saved (seconds or a `timedelta`); saves of large models outlast the
             strategy's collective timeout, which still bounds everything else.
@@ -184,6 +196,10 @@ class Trainer:
         enable_progress_bar: bool = True,
         enable_checkpointing: bool = True,
         deterministic: bool = False,
+        fast_dev_run: bool | int = False,
+        overfit_batches: int | float = 0.0,
+        num_sanity_val_steps: int = 0,
+        detect_anomaly: bool = False,
         checkpoint_timeout: float | timedelta = _DEFAULT_CHECKPOINT_TIMEOUT,
         stop_signals: Literal["auto"] | Sequence[str | int] = "auto",
     ) -> None:
@@ -196,7 +212,18 @@ class Trainer:
             limit_predict_batches=limit_predict_batches,
             val_check_interval=val_check_interval,
             check_val_every_n_epoch=check_val_every_n_epoch,
+            fast_dev_run=fast_dev_run,
+            overfit_batches=overfit_batches,
+            num_sanity_val_steps=num_sanity_val_steps,
         )
+        debug = bool(self.limits.fast_dev_run)
+        if debug:
+            # A debugging run leaves nothing behind: no logs, no checkpoints.
+            logger = False
+            rank_zero_info(
+                f"fast_dev_run: {self.limits.fast_dev_run} batch(es) of each stage, "
+                "without logs or checkpoints"
+            )
         for name, count in (
             ("log_every_n_steps", log_every_n_steps),
             ("accumulate_grad_batches", accumulate_grad_batches),
@@ -216,7 +243,7 @@ class Trainer:
         self.checkpoint_timeout = check_timeout("checkpoint_timeout", checkpoint_timeout)
         # Checked now, not at the first save, when logs or checkpoints will go there.
         self.default_root_dir = _check_root(
-            default_root_dir, writes=logger is True or enable_checkpointing
+            default_root_dir, writes=(logger is True or enable_checkpointing) and not debug
         )
         self.connection: Connection = connect(
             accelerator=accelerator,
@@ -232,14 +259,18 @@ class Trainer:
         self.gradient_clip_algorithm: GradientClipAlgorithm = gradient_clip_algorithm
         self.stop_signals = parse_stop_signals(stop_signals)
         self.deterministic = deterministic
+        self.detect_anomaly = bool(detect_anomaly)
         self.loggers = self._loggers(logger)
-        self.callbacks = self._callbacks(callbacks, enable_progress_bar, enable_checkpointing)
+        self.callbacks = self._callbacks(
+            callbacks, enable_progress_bar, enable_checkpointing, debug=debug
+        )
         # What outlives a run: the counters, and the values logged.
         self.progress = Progress()
         self.results = Results(
             self.loggers, self.progress, self.strategy, log_every_n_steps=log_every_n_steps
         )
         self.state_stage: Stage | None = None
+        self.sanity_checking = False
         self._checkpointer = Checkpointer(
             self.strategy,
             self.progress,
@@ -361,6 +392,11 @@ class Trainer:
         self.limits = attrs.evolve(self.limits, max_epochs=value)
 
     @property
+    def fast_dev_run(self) -> int:
+        """Batches of each stage in a debugging run (0: not one)."""
+        return self.limits.fast_dev_run
+
+    @property
     def max_steps(self) -> int:
         """Optimizer steps to take (-1: no limit); settable between runs."""
         return self.limits.max_steps
@@ -445,7 +481,12 @@ class Trainer:
         return listed
 
     def _callbacks(
-        self, callbacks: Sequence[Callback] | Callback | None, progress: bool, checkpointing: bool
+        self,
+        callbacks: Sequence[Callback] | Callback | None,
+        progress: bool,
+        checkpointing: bool,
+        *,
+        debug: bool,
     ) -> list[Callback]:
         given = [callbacks] if isinstance(callbacks, Callback) else list(callbacks or ())
         for callback in given:
@@ -467,7 +508,7 @@ class Trainer:
         if progress and not any(isinstance(c, RichProgressBar) for c in given):
             given.insert(0, RichProgressBar())
         has_checkpoint = any(isinstance(c, ModelCheckpoint) for c in given)
-        if checkpointing and not has_checkpoint:
+        if checkpointing and not has_checkpoint and not debug:
             given.append(ModelCheckpoint())
         if not checkpointing and has_checkpoint:
             raise ConfigurationError(
@@ -857,9 +898,11 @@ class Trainer:
                 limits=limits,
                 progress=progress,
                 checkpointer=self._checkpointer,
-                last_checkpoint=self.checkpoint_callback,
+                last_checkpoint=None if self.fast_dev_run else self.checkpoint_callback,
                 stop_signals=self.stop_signals,
                 accumulate=1 if manual else self.accumulate_grad_batches,
+                detect_anomaly=self.detect_anomaly,
+                sanity=self._sanity_check,
             ).run(run.loaders, run.val_loaders, run.datamodule)
             return None
         loader = run.loaders
@@ -868,6 +911,14 @@ class Trainer:
         if stage == "predict":
             return PredictionLoop(strategy, attached, results, limits, progress).run(loader)
         return [evaluation.run(stage, loader)]
+
+    @contextlib.contextmanager
+    def _sanity_check(self) -> Iterator[None]:
+        self.sanity_checking = True
+        try:
+            yield
+        finally:
+            self.sanity_checking = False
 
     @override
     def __getstate__(self) -> dict[str, object]:

@@ -164,6 +164,8 @@ class ModelCheckpoint(Callback):
     def on_train_batch_end(
         self, trainer: Trainer, module: Module, outputs: StepOutput, batch: object, batch_idx: int
     ) -> None:
+        if trainer.fast_dev_run:  # a debugging run saves nothing
+            return
         every = self.every_n_train_steps
         step = trainer.global_step
         if every is not None and step > 0 and step % every == 0 and step != self._last_saved_step:
@@ -171,6 +173,8 @@ class ModelCheckpoint(Callback):
 
     @override
     def on_train_epoch_end(self, trainer: Trainer, module: Module) -> None:
+        if trainer.fast_dev_run:  # a debugging run saves nothing
+            return
         if (
             self.every_n_train_steps is None
             and (trainer.current_epoch + 1) % self.every_n_epochs == 0

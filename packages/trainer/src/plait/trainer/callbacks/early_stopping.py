@@ -119,6 +119,8 @@ class EarlyStopping(Callback):
 
     @override
     def on_train_epoch_end(self, trainer: Trainer, module: Module) -> None:
+        if trainer.fast_dev_run:  # one batch decides nothing
+            return
         metrics = trainer.callback_metrics
         if self.monitor not in metrics:
             raise ConfigurationError(
