@@ -47,6 +47,10 @@ def test_fit_on_two_ranks_syncs_metrics_without_truncating(tmp_path: Path, strat
     if strategy == "ddp":  # rank 1 runs the script too
         expected["job-1.json"] = [2, 1, 1]
     assert jobs == expected
+    # Each rank profiled its own steps.
+    for rank in (0, 1):
+        report = (tmp_path / "profiles" / f"fit-rank{rank}-simple.txt").read_text()
+        assert "training_step" in report
 
 
 def _same_as_one_process(

@@ -309,7 +309,7 @@ def _losses(log_dir: str) -> list[float]:
 def _fit(
     arguments: argparse.Namespace, train: DataLoader[object], val: DataLoader[object]
 ) -> dict[str, object]:
-    trainer = _trainer(arguments, max_epochs=2)
+    trainer = _trainer(arguments, max_epochs=2, profiler="simple")
     trainer.fit(Toy(), train, val)
     # Every process that ran fit (or waited for it) says which job it was part of.
     job = [trainer.world_size, trainer.num_nodes, trainer.global_rank]

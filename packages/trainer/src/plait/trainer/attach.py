@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Final
 
@@ -10,7 +11,7 @@ import attrs
 import torch
 from typing_extensions import override
 
-from plait.core import SupportsModelShardedContext
+from plait.core import SupportsModelShardedContext, rank_zero_info
 from plait.trainer.checkpointing import check_checkpoint
 from plait.trainer.hooks import Hooks
 from plait.trainer.optim import parse_optimizers
@@ -111,12 +112,15 @@ def attach(trainer: Trainer, module: Module, run: Run) -> Iterator[Attached]:
     """
     strategy = trainer.strategy
     stage, datamodule = run.stage, run.datamodule
-    hooks = Hooks(trainer, module, trainer.callbacks)
+    hooks = Hooks(trainer, module, trainer.callbacks, trainer.profiler)
     trainer.state_stage = stage
     module._trainer = trainer
     status = "failed"
     try:
         strategy.setup_environment()
+        trainer.profiler.start(
+            stage, os.path.join(trainer.default_root_dir, "profiles"), strategy.global_rank
+        )
         if trainer.deterministic:
             torch.use_deterministic_algorithms(mode=True)
         if datamodule is not None:
@@ -138,6 +142,9 @@ def attach(trainer: Trainer, module: Module, run: Run) -> Iterator[Attached]:
         raise
     finally:
         hooks.teardown(stage)
+        report = trainer.profiler.stop()
+        if report is not None:
+            rank_zero_info(f"profile of {stage}: {report} (one per rank)")
         if trainer.is_global_zero:
             for logger in trainer.loggers:
                 logger.finalize(status)

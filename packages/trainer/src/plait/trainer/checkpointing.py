@@ -97,7 +97,8 @@ class Checkpointer:
     def save(self, attached: Attached, path: PathLike) -> None:
         """Build the checkpoint and save it at ``path`` (every rank calls it)."""
         strategy = self.strategy
-        strategy.save_checkpoint(self.build(attached), path)
+        with attached.hooks.profiler.region("save_checkpoint"):
+            strategy.save_checkpoint(self.build(attached), path)
         # A save of a large model may take longer than any collective should: the
         # wait for it has a bound of its own.
         strategy.barrier("save_checkpoint", timeout=self.timeout)

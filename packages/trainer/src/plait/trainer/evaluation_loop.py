@@ -80,13 +80,16 @@ class EvaluationLoop:
         # rank runs as many forwards, the ranks with fewer batches padding.
         steps.stage = stage
         step = strategy.validation_step if stage == "validate" else strategy.test_step
+        region = hooks.profiler.region
+        step_name = "validation_step" if stage == "validate" else "test_step"
         for batch_idx, batch, real in even_batches(strategy, prepared, total):
             on_device = to_device(batch, strategy.root_device)
             if not real:
                 _pad(results, step, wrapped, on_device, batch_idx)
                 continue
             results.current_batch = on_device
-            output = step(wrapped, on_device, batch_idx)
+            with region(step_name):
+                output = step(wrapped, on_device, batch_idx)
             hooks.on_evaluation_batch_end(stage, output, on_device, batch_idx)
         hooks.on_evaluation_epoch_end(stage)
         values = results.publish_epoch(metrics, training=False) if publish else {}
@@ -138,7 +141,8 @@ class PredictionLoop:
                 _pad(results, strategy.predict_step, wrapped, on_device, batch_idx)
                 continue
             results.current_batch = on_device
-            output = strategy.predict_step(wrapped, on_device, batch_idx)
+            with hooks.profiler.region("predict_step"):
+                output = strategy.predict_step(wrapped, on_device, batch_idx)
             outputs.append(to_device(output, torch.device("cpu")))
             hooks.on_predict_batch_end(output, on_device, batch_idx)
         hooks.on_predict_end()

@@ -161,7 +161,8 @@ class FitLoop:
             self._graceful = graceful
             try:
                 while not self.limits.done(progress):
-                    self._epoch(train_loader, val_loader, resume)
+                    with attached.hooks.profiler.region("run_training_epoch"):
+                        self._epoch(train_loader, val_loader, resume)
                     resume = Resume()
             finally:
                 self._graceful = None
@@ -190,8 +191,11 @@ class FitLoop:
             set_rng_state(resume.rng)
         val_every = limits.validation_every(total)
         validated_at_end = False
+        profiler = self.attached.hooks.profiler
         for batch_idx, batch in batch_iterator:
-            self._batch(metrics, batch_idx, batch)
+            with profiler.region("run_training_batch"):
+                self._batch(metrics, batch_idx, batch)
+            profiler.step()
             last = total is not None and batch_idx + 1 == total
             due = val_every is not None and ((batch_idx + 1) % val_every == 0 or last)
             if val_loader is not None and limits.validation_due(progress) and due:
@@ -252,17 +256,16 @@ class FitLoop:
         # validation_step: nothing they log counts, and training's random stream and
         # metrics are untouched.
         count = self.limits.sanity_batches
-        with self.sanity(), preserved_rng():
-            self.evaluation.run(
-                "validate", loader, batches=None if count < 0 else count, publish=False
-            )
+        batches = None if count < 0 else count
+        with self.sanity(), preserved_rng(), self.attached.hooks.profiler.region("sanity_check"):
+            self.evaluation.run("validate", loader, batches=batches, publish=False)
         self.results.active = None
         self.attached.module.train()
 
     def _validate(self, loader: Iterable[object]) -> None:
         # Validation must not shift training's random stream (nor its metrics).
         training_metrics = self.results.active
-        with preserved_rng():
+        with preserved_rng(), self.attached.hooks.profiler.region("run_validation"):
             self.evaluation.run("validate", loader)
         self.results.active = training_metrics
         self.attached.module.train()

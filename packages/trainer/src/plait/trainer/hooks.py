@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import functools
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Concatenate, ParamSpec, TypeVar
+
+from plait.trainer.profiler import PassThroughProfiler, Profiler
 
 if TYPE_CHECKING:
     import torch
@@ -15,6 +19,24 @@ if TYPE_CHECKING:
 
 __all__ = ["Hooks"]
 
+P = ParamSpec("P")
+R = TypeVar("R")
+
+_EVENTS: list[str] = []  # the events, each timed by `_profiled`
+
+
+def _profiled(method: Callable[Concatenate[Hooks, P], R]) -> Callable[Concatenate[Hooks, P], R]:
+    """The event, run inside the profiler's region ``[Hooks]<event>``."""
+    name = f"[Hooks]{method.__name__}"
+    _EVENTS.append(method.__name__)
+
+    @functools.wraps(method)
+    def profiled(hooks: Hooks, /, *args: P.args, **kwargs: P.kwargs) -> R:
+        with hooks.profiler.region(name):
+            return method(hooks, *args, **kwargs)
+
+    return profiled
+
 
 class Hooks:
     """Calls an event's hooks, on every callback and on the module, in a fixed order.
@@ -23,40 +45,60 @@ class Hooks:
     at a start and the callbacks' first at a batch's start and end (as Lightning
     orders them). The loops hold one `Hooks` per run and call nothing else.
 
+    Every event runs in a region of the profiler, named ``[Hooks]<event>``.
+
     Args:
         trainer: What the callbacks receive.
         module: The user's module.
         callbacks: The trainer's callbacks, in their order.
+        profiler: Times the events (and, through this object, the loops' regions).
     """
 
-    def __init__(self, trainer: Trainer, module: Module, callbacks: list[Callback]) -> None:
+    def __init__(
+        self,
+        trainer: Trainer,
+        module: Module,
+        callbacks: list[Callback],
+        profiler: Profiler | None = None,
+    ) -> None:
         self.trainer = trainer
         self.module = module
         self.callbacks = callbacks
+        self.profiler: Profiler = profiler if profiler is not None else PassThroughProfiler()
+        if isinstance(self.profiler, PassThroughProfiler):
+            # Nothing to time: each event is the method itself, without the wrapper,
+            # on the hot path.
+            for event in _EVENTS:
+                setattr(self, event, getattr(type(self), event).__wrapped__.__get__(self))
 
     # A run.
 
+    @_profiled
     def setup(self, stage: Stage) -> None:
         """A run starts (before the module is set up)."""
         for callback in self.callbacks:
             callback.setup(self.trainer, self.module, stage)
 
+    @_profiled
     def teardown(self, stage: Stage) -> None:
         """A run ends, however it ends."""
         for callback in self.callbacks:
             callback.teardown(self.trainer, self.module, stage)
 
+    @_profiled
     def on_exception(self, error: BaseException) -> None:
         """A run fails."""
         for callback in self.callbacks:
             callback.on_exception(self.trainer, self.module, error)
 
+    @_profiled
     def on_save_checkpoint(self, checkpoint: Checkpoint) -> None:
         """A checkpoint is built: the module and callbacks may add to it."""
         self.module.on_save_checkpoint(checkpoint)
         for callback in self.callbacks:
             callback.on_save_checkpoint(self.trainer, self.module, checkpoint)
 
+    @_profiled
     def on_load_checkpoint(self, checkpoint: Checkpoint) -> None:
         """A checkpoint was read, before its state is loaded."""
         self.module.on_load_checkpoint(checkpoint)
@@ -65,45 +107,53 @@ class Hooks:
 
     # Fit.
 
+    @_profiled
     def on_fit_start(self) -> None:
         """Training starts."""
         self.module.on_fit_start()
         for callback in self.callbacks:
             callback.on_fit_start(self.trainer, self.module)
 
+    @_profiled
     def on_fit_end(self) -> None:
         """Training ended."""
         self.module.on_fit_end()
         for callback in self.callbacks:
             callback.on_fit_end(self.trainer, self.module)
 
+    @_profiled
     def on_train_epoch_start(self) -> None:
         """A training epoch starts."""
         self.module.on_train_epoch_start()
         for callback in self.callbacks:
             callback.on_train_epoch_start(self.trainer, self.module)
 
+    @_profiled
     def on_train_epoch_end_module(self) -> None:
         """A training epoch ended: the module's hook, before its values are published."""
         self.module.on_train_epoch_end()
 
+    @_profiled
     def on_train_epoch_end(self) -> None:
         """A training epoch ended: the callbacks, once its values are published."""
         for callback in self.callbacks:
             callback.on_train_epoch_end(self.trainer, self.module)
 
+    @_profiled
     def on_train_batch_start(self, batch: object, batch_idx: int) -> None:
         """A training batch starts (on the device)."""
         for callback in self.callbacks:
             callback.on_train_batch_start(self.trainer, self.module, batch, batch_idx)
         self.module.on_train_batch_start(batch, batch_idx)
 
+    @_profiled
     def on_train_batch_end(self, output: StepOutput, batch: object, batch_idx: int) -> None:
         """A training batch ended."""
         for callback in self.callbacks:
             callback.on_train_batch_end(self.trainer, self.module, output, batch, batch_idx)
         self.module.on_train_batch_end(output, batch, batch_idx)
 
+    @_profiled
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
         """An optimizer is about to step (gradients are final and clipped)."""
         for callback in self.callbacks:
@@ -111,6 +161,7 @@ class Hooks:
 
     # Evaluation and prediction.
 
+    @_profiled
     def on_evaluation_start(self, stage: Stage) -> None:
         """A validation or test loop starts."""
         validating = stage == "validate"
@@ -131,27 +182,32 @@ class Hooks:
             else:
                 callback.on_test_batch_end(trainer, module, output, batch, batch_idx)
 
+    @_profiled
     def on_evaluation_epoch_end(self, stage: Stage) -> None:
         """A validation or test loop ran its batches: the module's hook, before publishing."""
         module = self.module
         (module.on_validation_epoch_end if stage == "validate" else module.on_test_epoch_end)()
 
+    @_profiled
     def on_evaluation_end(self, stage: Stage) -> None:
         """A validation or test loop ended: the callbacks, once its values are published."""
         for callback in self.callbacks:
             hook = callback.on_validation_end if stage == "validate" else callback.on_test_end
             hook(self.trainer, self.module)
 
+    @_profiled
     def on_predict_start(self) -> None:
         """Prediction starts."""
         for callback in self.callbacks:
             callback.on_predict_start(self.trainer, self.module)
 
+    @_profiled
     def on_predict_batch_end(self, output: object, batch: object, batch_idx: int) -> None:
         """A prediction batch ended."""
         for callback in self.callbacks:
             callback.on_predict_batch_end(self.trainer, self.module, output, batch, batch_idx)
 
+    @_profiled
     def on_predict_end(self) -> None:
         """Prediction ended."""
         for callback in self.callbacks:

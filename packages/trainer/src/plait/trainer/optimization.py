@@ -225,6 +225,7 @@ class AutomaticOptimization(Optimization):
         self.clip_val = clip_val
         self.clip_algorithm: GradientClipAlgorithm = clip_algorithm
         self.world_size = strategy.world_size
+        self.region = hooks.profiler.region
         # An optimizer that evaluates the step itself (LBFGS), alone (checked at set-up).
         self._closure = len(self.optimizers) == 1 and needs_closure(self.optimizers[0])
 
@@ -241,13 +242,15 @@ class AutomaticOptimization(Optimization):
             return self._forward_backward(batch, batch_idx)
 
     def _forward_backward(self, batch: object, batch_idx: int) -> StepOutput:
-        strategy, wrapped = self.strategy, self.wrapped
-        output: StepOutput = strategy.training_step(wrapped, batch, batch_idx)  # type: ignore[assignment]
+        strategy, wrapped, region = self.strategy, self.wrapped, self.region
+        with region("training_step"):
+            output: StepOutput = strategy.training_step(wrapped, batch, batch_idx)  # type: ignore[assignment]
         loss = training_loss(output, self.world_size)
         if loss is not None:
             if self.accumulate > 1:
                 loss = loss / self.accumulate
-            strategy.backward(loss, wrapped)
+            with region("backward"):
+                strategy.backward(loss, wrapped)
         return output
 
     def _step_with_closure(self, batch: object, batch_idx: int) -> StepOutput:
@@ -278,7 +281,8 @@ class AutomaticOptimization(Optimization):
                 value = torch.as_tensor(strategy.reduce(value, reduce_op="mean"))
             return value
 
-        strategy.optimizer_step(optimizer, closure)
+        with self.region("optimizer_step"):
+            strategy.optimizer_step(optimizer, closure)
         strategy.zero_grad(optimizer)
         self.progress.global_step += 1
         self.schedulers.step("step")
@@ -290,7 +294,8 @@ class AutomaticOptimization(Optimization):
             if self.clip_val is not None:
                 strategy.clip_gradients(wrapped, optimizer, self.clip_val, self.clip_algorithm)
             self.hooks.on_before_optimizer_step(optimizer)
-            strategy.optimizer_step(optimizer)
+            with self.region("optimizer_step"):
+                strategy.optimizer_step(optimizer)
             strategy.zero_grad(optimizer)
         self.progress.global_step += 1
         self.schedulers.step("step")
@@ -351,7 +356,8 @@ class TrainerOptimizer:
                 strategy's ``no_sync``: the gradients were never synchronised.
         """
         self._hooks.on_before_optimizer_step(self.optimizer)
-        result = self._strategy.optimizer_step(self.optimizer, closure)
+        with self._hooks.profiler.region("optimizer_step"):
+            result = self._strategy.optimizer_step(self.optimizer, closure)
         self._progress.global_step += 1
         return result
 
@@ -411,6 +417,7 @@ class ManualOptimization(Optimization):
     def __init__(self, strategy: Strategy, attached: Attached) -> None:
         self.strategy = strategy
         self.wrapped = attached.wrapped
+        self.region = attached.hooks.profiler.region
         self._context: Callable[[torch.nn.Module], contextlib.AbstractContextManager[None]] | None
         if strategy.world_size == 1:
             self._context = None  # nothing to synchronise: no context to enter per batch
@@ -428,8 +435,9 @@ class ManualOptimization(Optimization):
     @override
     def run(self, batch: object, batch_idx: int, *, stepping: bool) -> StepOutput:
         strategy, wrapped, context = self.strategy, self.wrapped, self._context
-        if context is None:
-            return strategy.training_step(wrapped, batch, batch_idx)  # type: ignore[return-value]
-        with context(wrapped):
-            output: StepOutput = strategy.training_step(wrapped, batch, batch_idx)  # type: ignore[assignment]
-        return output
+        with self.region("training_step"):
+            if context is None:
+                return strategy.training_step(wrapped, batch, batch_idx)  # type: ignore[return-value]
+            with context(wrapped):
+                output: StepOutput = strategy.training_step(wrapped, batch, batch_idx)  # type: ignore[assignment]
+            return output

@@ -48,6 +48,7 @@ from plait.trainer.optimization import (
     Schedulers,
     is_step_batch,
 )
+from plait.trainer.profiler import Profiler, make_profiler
 from plait.trainer.progress import Progress
 from plait.trainer.results import Results
 from plait.trainer.stopping import parse_stop_signals
@@ -155,6 +156,10 @@ class Trainer:
             counts. 0 by default.
         detect_anomaly: Run training under ``torch.autograd.detect_anomaly``: a
             backward pass that makes NaN raises, naming the forward operation.
+        profiler: ``"simple"`` (a time table of every step and hook),
+            ``"advanced"`` (cProfile per region), ``"pytorch"`` (a
+            ``torch.profiler`` trace), or a `Profiler`; each rank writes its report
+            under ``<default_root_dir>/profiles`` at each run's end.
         checkpoint_timeout: How long the other ranks wait for a checkpoint being
             saved (seconds or a `timedelta`); saves of large models outlast the
             strategy's collective timeout, which still bounds everything else.
@@ -200,6 +205,7 @@ class Trainer:
         overfit_batches: int | float = 0.0,
         num_sanity_val_steps: int = 0,
         detect_anomaly: bool = False,
+        profiler: Profiler | str | None = None,
         checkpoint_timeout: float | timedelta = _DEFAULT_CHECKPOINT_TIMEOUT,
         stop_signals: Literal["auto"] | Sequence[str | int] = "auto",
     ) -> None:
@@ -260,6 +266,7 @@ class Trainer:
         self.stop_signals = parse_stop_signals(stop_signals)
         self.deterministic = deterministic
         self.detect_anomaly = bool(detect_anomaly)
+        self.profiler = make_profiler(profiler)
         self.loggers = self._loggers(logger)
         self.callbacks = self._callbacks(
             callbacks, enable_progress_bar, enable_checkpointing, debug=debug
