@@ -102,6 +102,13 @@ def test_lbfgs_evaluating_its_step_again_and_again_trains_on_ddp_as_on_one_proce
 
 
 @pytest.mark.slow
+def test_a_module_compiled_in_each_rank_trains_on_ddp_and_fsdp_as_on_one_process(
+    tmp_path: Path,
+) -> None:
+    _same_as_one_process(tmp_path, "compiled", ["ddp", "fsdp"], steps=2 * 5)
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("strategy", ["fsdp", "deepspeed_stage_2"])
 def test_a_sharded_checkpoint_makes_the_module_again_in_one_process(
     tmp_path: Path, strategy: str

@@ -317,11 +317,13 @@ def _fit(
     return {"metrics": trainer.callback_metrics, "global_step": trainer.global_step}
 
 
-def _same_steps(arguments: argparse.Namespace, module: Module) -> dict[str, object]:
+def _same_steps(
+    arguments: argparse.Namespace, module: Module, **settings: object
+) -> dict[str, object]:
     # 8 samples a step whatever the number of ranks, in order: every run takes the
     # steps one process takes.
     per_rank = DataLoader(dataset(40), batch_size=8 // arguments.devices)
-    trainer = _trainer(arguments, max_epochs=2)
+    trainer = _trainer(arguments, max_epochs=2, **settings)
     trainer.fit(module, per_rank)
     if int(os.environ.get("RANK", "0")) != 0:
         return {}
@@ -341,6 +343,20 @@ def _hyper(arguments: argparse.Namespace) -> dict[str, object]:
         return {}
     state = {k: v.flatten().tolist() for k, v in module.state_dict().items()}
     return {"last": callback.last_model_path, "state": state}
+
+
+class Compiled(Callback):
+    """Fails the rank whose module the run did not compile."""
+
+    @override
+    def on_fit_start(self, trainer: Trainer, module: Module) -> None:
+        assert module._compiled_call_impl is not None, "the run did not compile the module"
+
+
+def _compiled(arguments: argparse.Namespace) -> dict[str, object]:
+    # torch.compile's graphs without a C++ compiler: dynamo and AOT autograd.
+    settings = {"compile": {"backend": "aot_eager"}, "callbacks": [Compiled()]}
+    return _same_steps(arguments, Hyper(), **settings)
 
 
 def _gan(arguments: argparse.Namespace) -> dict[str, object]:
@@ -379,6 +395,8 @@ def main() -> None:
         "fit": lambda: _fit(arguments, train, val),
         "by_hand": lambda: _same_steps(arguments, ByHand()),
         "lbfgs": lambda: _same_steps(arguments, Lbfgs()),
+        # torch.compile's graphs without a C++ compiler: dynamo and AOT autograd.
+        "compiled": lambda: _compiled(arguments),
         "gan": lambda: _gan(arguments),
         "hyper": lambda: _hyper(arguments),
         "gan_root_only": lambda: _gan(arguments),  # FSDP's root holds the parameters

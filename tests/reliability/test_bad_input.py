@@ -193,6 +193,13 @@ CASES = [
         ConfigurationError,
         ("LBFGS", "gradient scaler", "bf16-mixed"),
     ),
+    Case(
+        "compile={'mdoe': ...}",
+        _trainer(compile={"mdoe": "max-autotune"}),
+        ConfigurationError,
+        ("'mdoe'", "'mode'"),
+    ),
+    Case("profiler='simpel'", _trainer(profiler="simpel"), ConfigurationError, ("'simple'?",)),
     # Debugging runs.
     Case(
         "fast_dev_run=-1",

@@ -168,6 +168,10 @@ def _set_up(trainer: Trainer, module: Module, run: Run, hooks: Hooks) -> Attache
     )
     with context:
         module.configure_model()
+    if trainer.compile_options is not None:
+        # In place (the module keeps its parameters' names), once its layers exist,
+        # before the strategy wraps or shards it (as torchtitan compiles, then shards).
+        module.compile(**trainer.compile_options)
     optimizers, schedulers = (
         parse_optimizers(module.configure_optimizers()) if stage == "fit" else ([], [])
     )

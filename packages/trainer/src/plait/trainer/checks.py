@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from datetime import timedelta
+from typing import Final
 
 from plait.core import ConfigurationError
 
-__all__ = ["check_count", "check_number", "check_timeout"]
+__all__ = ["check_count", "check_number", "check_timeout", "compile_options"]
 
 
 def check_count(name: str, value: object, *, minimum: int, example: str) -> int:
@@ -58,3 +60,28 @@ def check_timeout(name: str, value: object) -> timedelta:
             f"{name}={value!r} must be positive", value=value, fix=f"pass e.g. {name}=600"
         )
     return value
+
+
+_COMPILE_OPTIONS: Final = ("fullgraph", "dynamic", "backend", "mode", "options", "disable")
+
+
+def compile_options(value: object) -> dict[str, object] | None:
+    """``torch.compile``'s keyword arguments, from ``True``, ``False`` or a mapping of them.
+
+    Raises:
+        ConfigurationError: Neither a bool nor a mapping of ``torch.compile``'s options.
+    """
+    if value is False:
+        return None
+    if value is True:
+        return {}
+    if isinstance(value, Mapping) and all(isinstance(key, str) for key in value):
+        unknown = sorted(set(value) - set(_COMPILE_OPTIONS))
+        if unknown:
+            raise ConfigurationError.invalid_choice("compile option", unknown[0], _COMPILE_OPTIONS)
+        return dict(value)
+    raise ConfigurationError(
+        f"compile={value!r} is neither a bool nor a dict of torch.compile's options",
+        value=value,
+        fix="pass compile=True, or e.g. compile={'mode': 'max-autotune'}",
+    )

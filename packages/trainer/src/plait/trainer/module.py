@@ -209,8 +209,9 @@ class Module(torch.nn.Module):
 
     @override
     def __getstate__(self) -> dict[str, object]:
-        # A module travels to the ranks without its trainer: each rank has its own.
-        return {**self.__dict__, "_trainer": None}
+        # A module travels to the ranks without its trainer: each rank has its own;
+        # nor compiled (a run compiles it again in each rank, when asked).
+        return {**self.__dict__, "_trainer": None, "_compiled_call_impl": None}
 
     # The steps.
 

@@ -34,7 +34,7 @@ from plait.trainer.callbacks.checkpoint import ModelCheckpoint
 from plait.trainer.callbacks.early_stopping import EarlyStopping
 from plait.trainer.callbacks.progress import RichProgressBar
 from plait.trainer.checkpointing import Checkpointer
-from plait.trainer.checks import check_count, check_number, check_timeout
+from plait.trainer.checks import check_count, check_number, check_timeout, compile_options
 from plait.trainer.connector import Connection, Plugin, connect
 from plait.trainer.evaluation_loop import EvaluationLoop, PredictionLoop
 from plait.trainer.fit_loop import FitLoop, datamodule_loader
@@ -156,6 +156,11 @@ class Trainer:
             counts. 0 by default.
         detect_anomaly: Run training under ``torch.autograd.detect_anomaly``: a
             backward pass that makes NaN raises, naming the forward operation.
+        compile: Compile the module's forward with ``torch.compile``, in place
+            (``True``, or ``torch.compile``'s options: ``{"mode": ...,
+            "backend": ...}``), in every run after ``configure_model`` and before
+            the strategy wraps or shards it; checkpoints keep the module's own
+            parameter names, and load into a module never compiled.
         profiler: ``"simple"`` (a time table of every step and hook),
             ``"advanced"`` (cProfile per region), ``"pytorch"`` (a
             ``torch.profiler`` trace), or a `Profiler`; each rank writes its report
@@ -206,6 +211,7 @@ class Trainer:
         num_sanity_val_steps: int = 0,
         detect_anomaly: bool = False,
         profiler: Profiler | str | None = None,
+        compile: bool | Mapping[str, object] = False,  # noqa: A002 - torch.compile's, by name
         checkpoint_timeout: float | timedelta = _DEFAULT_CHECKPOINT_TIMEOUT,
         stop_signals: Literal["auto"] | Sequence[str | int] = "auto",
     ) -> None:
@@ -267,6 +273,7 @@ class Trainer:
         self.deterministic = deterministic
         self.detect_anomaly = bool(detect_anomaly)
         self.profiler = make_profiler(profiler)
+        self.compile_options = compile_options(compile)
         self.loggers = self._loggers(logger)
         self.callbacks = self._callbacks(
             callbacks, enable_progress_bar, enable_checkpointing, debug=debug
@@ -667,6 +674,15 @@ class Trainer:
 
     @staticmethod
     def _check_module(model: object, needed: tuple[str, ...]) -> None:
+        inner = getattr(model, "_orig_mod", None)
+        if isinstance(inner, Module) and not isinstance(model, Module):
+            raise ConfigurationError(
+                f"the model is torch.compile's wrapper around {type(inner).__name__}, whose "
+                "parameter names (_orig_mod.*) no checkpoint of the module would match",
+                value=type(model).__name__,
+                fix="pass the module itself and Trainer(compile=True) (or "
+                "compile={'mode': ...}), or compile it in place with model.compile(...)",
+            )
         if not isinstance(model, Module):
             raise ConfigurationError(
                 f"the model is a {type(model).__name__}, not a plait.trainer.Module",
