@@ -38,7 +38,7 @@ def test_an_unknown_section_is_refused_with_the_choices() -> None:
     run = _bench("--sections", "imports,speed")
 
     assert run.returncode == 2
-    choices = "imports, steps, ddp, fsdp, deepspeed, collectives, scale, conformance"
+    choices = "imports, cli, steps, ddp, fsdp, deepspeed, collectives, scale, conformance"
     assert f"unknown sections ['speed']: choose from {choices}" in run.stderr
 
 

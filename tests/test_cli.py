@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 import subprocess
@@ -39,6 +40,63 @@ def test_fit_help_lists_every_option_with_its_default() -> None:
     options += ["--precision", "--ckpt-path", "--default-root-dir", "(default: 10)"]
     for option in options:
         assert option in completed.stdout
+
+
+_OWN_MODULE = """
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+from plait.trainer import DataModule, Module
+
+
+class Regressor(Module):
+    def __init__(self, width: int = 8) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        self.net = torch.nn.Sequential(torch.nn.Linear(3, width), torch.nn.Linear(width, 1))
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return torch.nn.functional.mse_loss(self.net(x), y)
+
+    def validation_step(self, batch, batch_idx):
+        x, y = batch
+        self.log("val_loss", torch.nn.functional.mse_loss(self.net(x), y), sync_dist=True)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+class Data(DataModule):
+    def __init__(self, size: int = 32) -> None:
+        super().__init__()
+        x = torch.randn(size, 3, generator=torch.Generator().manual_seed(0))
+        self.data = TensorDataset(x, x.sum(dim=1, keepdim=True))
+
+    def train_dataloader(self):
+        return DataLoader(self.data, batch_size=4, shuffle=True)
+
+    def val_dataloader(self):
+        return DataLoader(self.data, batch_size=4)
+"""
+
+
+@pytest.mark.slow
+def test_fit_trains_your_own_module_named_on_the_command_line_on_fsdp(tmp_path: Path) -> None:
+    package = tmp_path / "my_pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text(_OWN_MODULE)
+    completed = subprocess.run(
+        [str(PLAIT), "fit", "--model", "my_pkg.Regressor", "--model.width", "6",
+         "--data", "my_pkg.Data", "--trainer.strategy", "fsdp", "--trainer.devices", "2",
+         "--trainer.accelerator", "cpu", "--trainer.max_epochs", "2",
+         "--trainer.enable_progress_bar", "false", "--trainer.default_root_dir", str(tmp_path)],
+        capture_output=True, text=True, timeout=240, check=False, cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(tmp_path)},
+    )  # fmt: skip
+
+    assert completed.returncode == 0, completed.stderr
+    assert completed.stdout.count("fit: val_loss=") == 1  # rank 0 reports
+    assert (tmp_path / "checkpoints" / "last.ckpt").is_dir()  # FSDP's shards
 
 
 def test_list_strategies_shows_the_registered_names() -> None:

@@ -7,10 +7,13 @@ are this machine's.
 
 Sections:
   imports      import cost over `import torch`, each in a fresh interpreter
+  cli          `plait fit --model ... --data ...` (jsonargparse) against `plait fit
+               --example`, the same model: start to the end of a one-step run
   steps        seconds per training step on one process: a plain loop, plait's
                strategy in that loop, plait's Trainer (with and without logging), and
                the Trainer against the plain loop on batches made beforehand (no
-               loader: the framework's own cost per step)
+               loader: the framework's own cost per step), and a step by hand
+               (manual optimization) against the same plain loop
   ddp          two gloo processes: plain DDP (torch.multiprocessing, torchrun)
                against plait's ddp and ddp_spawn, per step and launch to first step
   collectives  plait's collectives (and Lightning's) against raw torch.distributed,
@@ -53,6 +56,7 @@ import platform
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from datetime import timedelta
@@ -65,7 +69,8 @@ if TYPE_CHECKING:
     import torch
 
 SECTIONS: Final = (
-    "imports", "steps", "ddp", "fsdp", "deepspeed", "collectives", "scale", "conformance",
+    "imports", "cli", "steps", "ddp", "fsdp", "deepspeed", "collectives", "scale",
+    "conformance",
 )  # fmt: skip
 IMPORTED: Final = ("plait.core", "plait.strategies", "plait.trainer", "lightning.pytorch")
 
@@ -147,6 +152,53 @@ def bench_imports(rounds: int) -> list[Row]:
             "import torch",
         )
         for module in modules
+    ]
+
+
+# The command line: your own module configured with jsonargparse, against --example.
+
+_DIGITS: Final = "plait.trainer.examples.digits"
+
+
+def bench_cli(rounds: int, scratch: Path) -> list[Row]:
+    """Seconds from ``plait fit`` starting to the end of a run of one step, both ways.
+
+    The same model and data (the digits example) named by class path and configured
+    on jsonargparse, against ``--example digits`` on plain argparse: the difference
+    is the configuration's own cost (importing jsonargparse, building the parser from
+    every signature, making the classes).
+    """
+    plait = str(Path(sys.executable).with_name("plait"))
+    with tempfile.TemporaryDirectory(dir=scratch) as root:
+        return _bench_cli(rounds, plait, root)
+
+
+def _bench_cli(rounds: int, plait: str, root: str) -> list[Row]:
+    sides = {
+        "example": [plait, "fit", "--example", "digits", "--accelerator", "cpu",
+                    "--max-steps", "1", "--logger", "none", "--no-progress-bar",
+                    "--default-root-dir", root],
+        "config": [plait, "fit", "--model", f"{_DIGITS}.DigitsClassifier",
+                   "--data", f"{_DIGITS}.DigitsData", "--trainer.accelerator", "cpu",
+                   "--trainer.max_steps", "1", "--trainer.logger", "false",
+                   "--trainer.enable_progress_bar", "false",
+                   "--trainer.default_root_dir", root],
+    }  # fmt: skip
+    times: dict[str, list[float]] = {side: [] for side in sides}
+    for _ in range(rounds):
+        for side, command in sides.items():  # interleaved: each round runs both
+            start = time.perf_counter()
+            _checked_run(command, f"plait fit ({side})")
+            times[side].append(time.perf_counter() - start)
+    return [
+        Row(
+            "cli",
+            "plait fit --model ... --data ...: start to one step's end",
+            "s",
+            times["config"],
+            times["example"],
+            "plait fit --example",
+        )
     ]
 
 
@@ -779,31 +831,32 @@ def main(argv: list[str] | None = None) -> int:
     if placement.ranks < 1:
         parser.error("--accelerator cuda: this machine has no CUDA device; use --accelerator cpu")
 
-    rows: list[Row] = []
     scratch = args.json.resolve().parent
     scratch.mkdir(parents=True, exist_ok=True)
-    if "imports" in sections:
-        rows += bench_imports(rounds)
-    if "steps" in sections:
-        rows += bench_steps(rounds, 60 if args.quick else 300, [32, 256])
-    if "ddp" in sections:
-        rows += bench_ddp(1 if args.quick else rounds, 60 if args.quick else 300, 256, scratch)
-    if "fsdp" in sections:
-        rows += bench_fsdp(
-            1 if args.quick else rounds, 20 if args.quick else 100, 512, scratch, placement
-        )
-    if "deepspeed" in sections:
-        rows += bench_deepspeed(
-            1 if args.quick else rounds, 20 if args.quick else 100, 512, scratch, placement
-        )
-    if "collectives" in sections:
-        rows += bench_collectives(rounds, scratch)
-    if "scale" in sections:
-        rows += bench_scale(
-            1 if args.quick else 3, [2, 4] if args.quick else [2, 4, 8, 16], scratch
-        )
-    if "conformance" in sections:
-        rows += bench_conformance(20 if args.quick else 200, [2] if args.quick else [1, 2, 3, 4])
+    quick = args.quick
+    runs: dict[str, Callable[[], list[Row]]] = {
+        "imports": lambda: bench_imports(rounds),
+        "cli": lambda: bench_cli(rounds, scratch),
+        "steps": lambda: bench_steps(rounds, 60 if quick else 300, [32, 256]),
+        "ddp": lambda: bench_ddp(1 if quick else rounds, 60 if quick else 300, 256, scratch),
+        "fsdp": lambda: bench_fsdp(
+            1 if quick else rounds, 20 if quick else 100, 512, scratch, placement
+        ),
+        "deepspeed": lambda: bench_deepspeed(
+            1 if quick else rounds, 20 if quick else 100, 512, scratch, placement
+        ),
+        "collectives": lambda: bench_collectives(rounds, scratch),
+        "scale": lambda: bench_scale(
+            1 if quick else 3, [2, 4] if quick else [2, 4, 8, 16], scratch
+        ),
+        "conformance": lambda: bench_conformance(
+            20 if quick else 200, [2] if quick else [1, 2, 3, 4]
+        ),
+    }
+    rows: list[Row] = []
+    for name in SECTIONS:  # in the table's order, whatever order they were asked in
+        if name in sections:
+            rows += runs[name]()
     print_table(rows)
     report = {
         "machine": {

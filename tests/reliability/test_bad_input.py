@@ -28,6 +28,7 @@ from plait.strategies.collectives import LocalCollectives, agreement_path
 from plait.strategies.launchers import MultiprocessingLauncher, SubprocessScriptLauncher
 from plait.trainer import EarlyStopping, ModelCheckpoint, Module, Trainer
 from plait.trainer.cli import main as cli
+from plait.trainer.config_cli import run_config
 
 
 @attrs.frozen
@@ -76,6 +77,9 @@ class _Linear(Module):
     @override
     def configure_optimizers(self) -> object:
         return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+_LINEAR = f"{__name__}._Linear"
 
 
 def _lbfgs() -> torch.optim.Optimizer:
@@ -200,6 +204,25 @@ CASES = [
         ("'mdoe'", "'mode'"),
     ),
     Case("profiler='simpel'", _trainer(profiler="simpel"), ConfigurationError, ("'simple'?",)),
+    # plait fit --model ...: your own module from the command line and configs.
+    Case(
+        "--model naming a missing class",
+        lambda: run_config(["fit", "--model", "plait.trainer.NoSuchModule"]),
+        ConfigurationError,
+        ("NoSuchModule", "fix:"),
+    ),
+    Case(
+        "--trainer.max_epochs of the wrong type",
+        lambda: run_config(["fit", "--model", _LINEAR, "--trainer.max_epochs", "many"]),
+        ConfigurationError,
+        ("trainer.max_epochs", "many"),
+    ),
+    Case(
+        "--trainer.max_epoch (a typo)",
+        lambda: run_config(["fit", "--model", _LINEAR, "--trainer.max_epoch", "3"]),
+        ConfigurationError,
+        ("did you mean --trainer.max_epochs?",),
+    ),
     # Debugging runs.
     Case(
         "fast_dev_run=-1",

@@ -151,11 +151,11 @@ class DDPStrategy(SelfLaunchingStrategy):
     during backward. Subclass and override `configure_ddp` to wrap the module your
     own way.
 
+    ``accelerator``, ``parallel_devices``, ``cluster_environment``, ``precision``
+    (``precision_plugin``), ``checkpoint_io``, ``process_group_backend``, ``timeout``,
+    ``start_timeout`` and ``checked_collectives`` are `ParallelStrategy`'s.
+
     Args:
-        accelerator, parallel_devices, cluster_environment, precision, precision_plugin,
-        checkpoint_io,
-        process_group_backend, timeout, start_timeout, checked_collectives: As for
-            `ParallelStrategy`.
         ddp_comm_state: The state passed to ``ddp_comm_hook`` (e.g. a PowerSGD state).
         ddp_comm_hook: A communication hook that replaces DDP's gradient all-reduce,
             e.g. fp16 or bf16 compression, or PowerSGD.

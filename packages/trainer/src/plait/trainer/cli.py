@@ -1,9 +1,14 @@
-"""The ``plait`` command: train a bundled example, or list what is registered.
+"""The ``plait`` command: train your own module or a bundled example, or list what is registered.
 
+plait fit --model my_pkg.MyModule --data my_pkg.MyData --trainer.strategy ddp
+plait fit --config run.yaml --trainer.max_epochs 3
 plait fit --example digits --strategy ddp --accelerator cpu --devices 2 --max-epochs 5
 plait validate --example digits --ckpt-path plait_runs/checkpoints/last.ckpt
 plait sbatch --example digits --strategy ddp --devices 4 --num-nodes 2 --time 04:00:00
 plait list strategies
+
+Your own module goes through `plait.trainer.config_cli` (jsonargparse: every
+``__init__`` argument an option, YAML configs); `cli` runs it from your ``main.py``.
 """
 
 from __future__ import annotations
@@ -35,8 +40,9 @@ from plait.trainer.trainer import Trainer
 
 if TYPE_CHECKING:
     from plait.core.typing import DeviceSpec
+    from plait.trainer.module import DataModule, Module
 
-__all__ = ["build_parser", "main"]
+__all__ = ["build_parser", "cli", "main"]
 
 _LOGGERS: Final = ("csv", "tensorboard", "none")
 _LISTS: Final = ("strategies", "accelerators", "precisions", "examples")
@@ -183,10 +189,12 @@ def build_parser() -> argparse.ArgumentParser:
     """The ``plait`` command line."""
     parser = argparse.ArgumentParser(
         prog="plait",
-        description="Train plait's bundled examples with any registered strategy, or list "
-        "what is registered.",
+        description="Train your own module, or plait's bundled examples, with any "
+        "registered strategy, or list what is registered.",
         epilog="example: plait fit --example digits --strategy ddp --accelerator cpu "
-        "--devices 2 --max-epochs 5",
+        "--devices 2 --max-epochs 5; your own module: plait fit --model my_pkg.MyModule "
+        "--data my_pkg.MyData --trainer.strategy ddp (plait fit --model ... --help lists "
+        "every option; plait test and plait predict take the same)",
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     fit = commands.add_parser(
@@ -344,18 +352,57 @@ def _run(arguments: argparse.Namespace) -> None:
         _say(f"logs: {trainer.log_dir}")
 
 
+_CONFIG_OPTIONS: Final = ("--model", "--data", "--config", "--trainer", "--print_config")
+
+
+def _configured(arguments: Sequence[str]) -> bool:
+    """Whether the command line is for your own module (not ``--example``)."""
+    if any(a == "--example" or a.startswith("--example=") for a in arguments):
+        return False
+    command = next((a for a in arguments if not a.startswith("-")), None)
+    if command in ("test", "predict"):
+        return True
+    return command in ("fit", "validate") and any(
+        a.split("=", 1)[0].split(".", 1)[0] in _CONFIG_OPTIONS for a in arguments
+    )
+
+
+def cli(
+    model: type[Module] | None = None,
+    data: type[DataModule] | None = None,
+    argv: Sequence[str] | None = None,
+) -> int:
+    """Run ``fit|validate|test|predict`` of your module from the command line; the exit status.
+
+    For a ``main.py`` of your own (``raise SystemExit(cli(MyModule, MyData))``):
+    ``--model.*`` and ``--data.*`` are the classes' ``__init__`` arguments. Without
+    them, ``--model`` and ``--data`` take class paths. See `plait.trainer.config_cli`.
+    """
+    from plait.trainer.config_cli import run_config  # noqa: PLC0415 - jsonargparse, when asked
+
+    arguments = list(sys.argv[1:] if argv is None else argv)
+    return _guarded(lambda: run_config(arguments, model=model, data=data))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``plait`` command; returns the exit status."""
-    arguments = build_parser().parse_args(argv)
+    given = list(sys.argv[1:] if argv is None else argv)
+    if _configured(given):
+        return cli(argv=given)
+    arguments = build_parser().parse_args(given)
     if arguments.command == "list":
         _list(arguments.what)
         return 0
+    if arguments.command == "sbatch":
+        return _guarded(lambda: sys.stdout.write(_sbatch(arguments)))
+    return _guarded(lambda: _run(arguments))
+
+
+def _guarded(run: Callable[[], object]) -> int:
+    """Run ``run``; the exit status, with plait's errors said in one line each."""
     try:
-        if arguments.command == "sbatch":
-            sys.stdout.write(_sbatch(arguments))
-            return 0
         logging.basicConfig(level=logging.WARNING, format="%(message)s")
-        _run(arguments)
+        run()
     except (ConfigurationError, MissingDependencyError, CheckpointError) as error:
         _say(f"plait: error: {error}", error=True)
         return 2

@@ -129,9 +129,11 @@ class Trainer:
         max_epochs: Stop after this many epochs (1000 when neither this nor
             ``max_steps`` is given).
         max_steps: Stop after this many optimizer steps (-1: no limit).
-        limit_train_batches, limit_val_batches, limit_test_batches,
-        limit_predict_batches: Run only this many batches (an int) or this
-            fraction of each loader (a float).
+        limit_train_batches: Train on only this many batches (an int) or this
+            fraction of the loader (a float) each epoch.
+        limit_val_batches: Validate on only this many batches, or this fraction.
+        limit_test_batches: Test on only this many batches, or this fraction.
+        limit_predict_batches: Predict only this many batches, or this fraction.
         val_check_interval: Validate every this many training batches (an int) or
             this fraction of an epoch (a float); 1.0 validates at each epoch's end.
         check_val_every_n_epoch: Validate in every n-th epoch only.

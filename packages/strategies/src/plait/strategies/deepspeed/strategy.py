@@ -128,6 +128,10 @@ class DeepSpeedStrategy(SelfLaunchingStrategy):
     (``plait-strategies[deepspeed]``). Nothing is compiled: the optimizer is the
     user's torch optimizer, and DeepSpeed's shared-memory collective op is left out.
 
+    ``accelerator``, ``parallel_devices``, ``cluster_environment``, ``precision``
+    (``precision_plugin``), ``process_group_backend``, ``timeout``, ``start_timeout``
+    and ``checked_collectives`` are `ParallelStrategy`'s.
+
     Args:
         stage: The ZeRO stage: 0 (plain data parallelism), 1 (optimizer state
             partitioned), 2 (and gradients), 3 (and parameters). By default the
@@ -140,9 +144,6 @@ class DeepSpeedStrategy(SelfLaunchingStrategy):
             are refused, with the closest known one).
         logging_level: The level of DeepSpeed's logger (``logging.WARNING`` by default).
         pin_memory: Pin offloaded tensors (by default, on GPUs only).
-        accelerator, parallel_devices, cluster_environment, precision, precision_plugin,
-        process_group_backend, timeout, start_timeout, checked_collectives: As for
-            `ParallelStrategy`.
         checkpoint_io: Only DeepSpeed's own (the default): the engine writes its
             partitioned state, every rank its part.
         start_method: How the ranks are started when no scheduler did: ``"popen"``

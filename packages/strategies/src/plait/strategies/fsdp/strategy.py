@@ -93,10 +93,11 @@ class FSDPStrategy(SelfLaunchingStrategy):
     block (innermost first), then the root, then backward prefetching, then (for a
     model built under `model_sharded_context`) materialisation of this rank's shards.
 
+    ``accelerator``, ``parallel_devices``, ``cluster_environment``, ``precision``
+    (``precision_plugin``), ``process_group_backend``, ``timeout``, ``start_timeout``
+    and ``checked_collectives`` are `ParallelStrategy`'s.
+
     Args:
-        accelerator, parallel_devices, cluster_environment, precision, precision_plugin,
-        process_group_backend, timeout, start_timeout, checked_collectives: As for
-            `ParallelStrategy`.
         checkpoint_io: The checkpoint IO, or its name; ``"distributed"`` for sharded
             checkpoints (the default), ``"torch"`` for full ones.
         cpu_offload: Keep parameters, gradients and optimizer state on the CPU between

@@ -49,11 +49,12 @@ class XLAStrategy(OnXLADevice, ParallelStrategy):
     launcher refuses more than one, since torch_xla cannot run collectives across
     XLA:CPU replicas (pytorch/xla issue 9089); one replica runs anywhere.
 
+    ``accelerator``, ``cluster_environment``, ``precision`` (``precision_plugin``),
+    ``timeout``, ``start_timeout`` and ``checked_collectives`` are `ParallelStrategy`'s;
+    the accelerator is ``"xla"`` and the cluster environment ``"xla"`` (ranks read from
+    torch_xla's runtime) by default.
+
     Args:
-        accelerator, cluster_environment, precision, precision_plugin, timeout,
-        start_timeout, checked_collectives: As for `ParallelStrategy`; the
-            accelerator is ``"xla"`` and the cluster environment ``"xla"`` (ranks read
-            from torch_xla's runtime) by default.
         parallel_devices: One XLA device per replica on this host (its length is
             what counts: each replica uses its own device).
         checkpoint_io: The checkpoint IO, or its name; ``"xla"`` by default.
