@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import signal
+import tempfile
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
@@ -80,6 +81,14 @@ class _Linear(Module):
 
 
 _LINEAR = f"{__name__}._Linear"
+
+
+def _load_checkpoint_of(class_path: str) -> object:
+    # A trainer checkpoint as ModelCheckpoint writes it, of the class named.
+    with tempfile.TemporaryDirectory() as root:
+        path = os.path.join(root, "other.ckpt")
+        torch.save({"plait": {"format": 1, "module": class_path}, "state_dict": {}}, path)
+        return _Linear.load_from_checkpoint(path)
 
 
 def _lbfgs() -> torch.optim.Optimizer:
@@ -204,6 +213,12 @@ CASES = [
         ("'mdoe'", "'mode'"),
     ),
     Case("profiler='simpel'", _trainer(profiler="simpel"), ConfigurationError, ("'simple'?",)),
+    Case(
+        "load_from_checkpoint of another class's checkpoint",
+        lambda: _load_checkpoint_of("my_pkg.Classifier"),
+        ConfigurationError,
+        ("a checkpoint of my_pkg.Classifier", "Classifier.load_from_checkpoint(path)"),
+    ),
     # plait fit --model ...: your own module from the command line and configs.
     Case(
         "--model naming a missing class",
