@@ -199,3 +199,42 @@ def test_optimizers_outside_a_run_name_where_to_call_them() -> None:
 def test_automatic_optimization_must_be_a_bool() -> None:
     with pytest.raises(ConfigurationError, match="automatic_optimization='no'"):
         TwoParts().automatic_optimization = "no"  # type: ignore[assignment]
+
+
+def test_manual_backward_and_step_go_through_the_gradient_scaler(tmp_path: Path) -> None:
+    class OneOptimizer(Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.automatic_optimization = False
+            self.net = torch.nn.Linear(4, 1)
+            self.scales: list[float] = []
+
+        @override
+        def training_step(self, batch: object, batch_idx: int) -> None:
+            assert isinstance(batch, list)
+            x, y = batch
+            optimizer = self.optimizers()
+            assert not isinstance(optimizer, list)
+            optimizer.zero_grad()
+            self.manual_backward(torch.nn.functional.mse_loss(self.net(x).float(), y))
+            scaler = getattr(self.trainer.strategy.precision, "scaler", None)
+            self.scales.append(float(scaler.get_scale()) if scaler is not None else 1.0)
+            optimizer.step()
+
+        @override
+        def configure_optimizers(self) -> object:
+            return torch.optim.SGD(self.parameters(), lr=0.01)
+
+    seed_everything(0)
+    scaled = OneOptimizer()
+    start = scaled.net.weight.detach().clone()
+    _trainer(tmp_path, precision="16-mixed", max_epochs=1).fit(scaled, _loader())
+
+    # The loss was scaled (by 2**16 to start with), and each step went through the
+    # scaler: skipped while the scaled gradients overflowed float16, the scale halving
+    # (the scaler's update), and otherwise taken on unscaled gradients (moves of the
+    # size of the learning rate's, not 2**13 times them).
+    assert scaled.scales[0] == 2.0**16
+    assert scaled.scales[-1] < scaled.scales[0]
+    moved = (scaled.net.weight.detach() - start).abs().max().item()
+    assert 0 < moved < 1
