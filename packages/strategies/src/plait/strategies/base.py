@@ -12,7 +12,7 @@ import os
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from datetime import timedelta
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Final, TypeVar, overload
+from typing import TYPE_CHECKING, Final, NoReturn, TypeVar, overload
 
 import torch
 from typing_extensions import Self, override
@@ -611,6 +611,22 @@ class BaseStrategy(abc.ABC):
         )
 
     # Accumulation.
+
+    @staticmethod
+    def refuse_closure_optimizer(optimizer: torch.optim.Optimizer, why: str) -> NoReturn:
+        """Raise the error of a strategy that cannot step ``optimizer`` with a closure.
+
+        Raises:
+            ConfigurationError: Always: ``optimizer`` steps with a closure, and ``why``
+                says why this strategy cannot run it.
+        """
+        raise ConfigurationError(
+            f"{type(optimizer).__name__} steps with a closure and decides from the whole "
+            f"parameters and gradients, and {why}",
+            value=type(optimizer).__name__,
+            fix="train it with strategy='ddp' (or one process), or use an optimizer "
+            "without a closure (Adam, SGD, ...)",
+        )
 
     def check_closure_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
         """Refuse to step ``optimizer`` with a closure (LBFGS's way) where it cannot work.

@@ -7,7 +7,6 @@ from typing import TYPE_CHECKING
 
 from typing_extensions import override
 
-from plait.core import ConfigurationError
 from plait.strategies.ddp import DDPStrategy
 
 if TYPE_CHECKING:
@@ -67,13 +66,9 @@ class DDPShardedStrategy(DDPStrategy):
         Raises:
             ConfigurationError: Always, naming the optimizer and the fix.
         """
-        raise ConfigurationError(
-            f"{type(optimizer).__name__} steps with a closure and decides from the "
-            "whole parameters and gradients, and DDPShardedStrategy partitions the "
-            "optimizer: each rank would decide from its own part",
-            value=type(optimizer).__name__,
-            fix="train it with strategy='ddp' (or one process), or use an optimizer "
-            "without a closure (Adam, SGD, ...)",
+        self.refuse_closure_optimizer(
+            optimizer,
+            "DDPShardedStrategy partitions the optimizer: each rank would decide from its own part",
         )
 
     @override

@@ -23,20 +23,8 @@ if TYPE_CHECKING:
 __all__ = ["EvaluationLoop", "PredictionLoop"]
 
 
-class EvaluationLoop:
-    """Runs a validation or test loop once over a loader, and folds what it logged.
-
-    Every rank runs as many forwards (through the wrapper, whose forward may be
-    collective: FSDP's is); a rank with fewer batches pads with a forward whose
-    output, logged values and hooks are dropped, so that every sample counts once.
-
-    Args:
-        strategy: Runs the steps, and folds the values over the ranks.
-        attached: The run's module and wrapper.
-        results: Where logged values go.
-        limits: How many batches each stage runs.
-        progress: Where the number of batches is shown.
-    """
+class _RunsSteps:
+    """A loop that runs the module's steps over a loader, every rank as many."""
 
     def __init__(
         self,
@@ -51,6 +39,22 @@ class EvaluationLoop:
         self.results = results
         self.limits = limits
         self.progress = progress
+
+
+class EvaluationLoop(_RunsSteps):
+    """Runs a validation or test loop once over a loader, and folds what it logged.
+
+    Every rank runs as many forwards (through the wrapper, whose forward may be
+    collective: FSDP's is); a rank with fewer batches pads with a forward whose
+    output, logged values and hooks are dropped, so that every sample counts once.
+
+    Args:
+        strategy: Runs the steps, and folds the values over the ranks.
+        attached: The run's module and wrapper.
+        results: Where logged values go.
+        limits: How many batches each stage runs.
+        progress: Where the number of batches is shown.
+    """
 
     def run(
         self,
@@ -99,7 +103,7 @@ class EvaluationLoop:
         return values
 
 
-class PredictionLoop:
+class PredictionLoop(_RunsSteps):
     """Runs ``predict_step`` over a loader; the outputs of every rank, in the loader's order.
 
     Args:
@@ -109,20 +113,6 @@ class PredictionLoop:
         limits: How many batches to predict.
         progress: Where the number of batches is shown.
     """
-
-    def __init__(
-        self,
-        strategy: Strategy,
-        attached: Attached,
-        results: Results,
-        limits: Limits,
-        progress: Progress,
-    ) -> None:
-        self.strategy = strategy
-        self.attached = attached
-        self.results = results
-        self.limits = limits
-        self.progress = progress
 
     def run(self, loader: Iterable[object]) -> list[object]:
         """Every batch's prediction, on the CPU, in the loader's order (all ranks' together)."""

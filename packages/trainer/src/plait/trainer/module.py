@@ -301,7 +301,7 @@ class Module(torch.nn.Module):
         Raises:
             ConfigurationError: No trainer runs the module, or an argument is invalid.
         """
-        self.trainer.record_metric(
+        self.trainer.results.record(
             name,
             value,
             prog_bar=prog_bar,

@@ -40,7 +40,7 @@ from plait.trainer.evaluation_loop import EvaluationLoop, PredictionLoop
 from plait.trainer.fit_loop import FitLoop, datamodule_loader
 from plait.trainer.limits import Limits, Stage
 from plait.trainer.loggers import CSVLogger, Logger
-from plait.trainer.module import DataModule, LogValue, Module, ReduceFx, overrides
+from plait.trainer.module import DataModule, Module, overrides
 from plait.trainer.optimization import (
     AutomaticOptimization,
     ManualOptimization,
@@ -536,37 +536,7 @@ class Trainer:
             c for c in given if isinstance(c, ModelCheckpoint)
         ]
 
-    # Logging, as Module.log calls it.
-
-    def record_metric(
-        self,
-        name: str,
-        value: LogValue,
-        *,
-        prog_bar: bool,
-        logger: bool,
-        on_step: bool | None,
-        on_epoch: bool | None,
-        reduce_fx: ReduceFx,
-        sync_dist: bool,
-        batch_size: int | None,
-    ) -> None:
-        """Record a value logged with `Module.log` (see there).
-
-        Raises:
-            ConfigurationError: No loop is running (``self.log`` outside a step or hook).
-        """
-        self.results.record(
-            name,
-            value,
-            prog_bar=prog_bar,
-            logger=logger,
-            on_step=on_step,
-            on_epoch=on_epoch,
-            reduce_fx=reduce_fx,
-            sync_dist=sync_dist,
-            batch_size=batch_size,
-        )
+    # Logging.
 
     def log_to_loggers(self, metrics: Mapping[str, Number], step: int | None = None) -> None:
         """Send ``metrics`` to every logger (on global rank 0; nothing elsewhere)."""

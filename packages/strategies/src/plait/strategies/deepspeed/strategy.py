@@ -488,12 +488,9 @@ class DeepSpeedStrategy(SelfLaunchingStrategy):
         Raises:
             ConfigurationError: Always, naming the optimizer and the fix.
         """
-        raise ConfigurationError(
-            f"{type(optimizer).__name__} steps with a closure, and DeepSpeed's engine "
-            "steps its optimizer without one (over ZeRO's partitions)",
-            value=type(optimizer).__name__,
-            fix="train it with strategy='ddp' (or one process), or use an optimizer "
-            "without a closure (Adam, SGD, ...)",
+        self.refuse_closure_optimizer(
+            optimizer,
+            "DeepSpeed's engine steps its optimizer over ZeRO's partitions, without a closure",
         )
 
     @override

@@ -445,13 +445,8 @@ class FSDPStrategy(SelfLaunchingStrategy):
         Raises:
             ConfigurationError: Always, naming the optimizer and the fix.
         """
-        raise ConfigurationError(
-            f"{type(optimizer).__name__} steps with a closure and decides from the "
-            "whole parameters and gradients, and FSDPStrategy shards them: each rank "
-            "would decide from its own shard",
-            value=type(optimizer).__name__,
-            fix="train it with strategy='ddp' (or one process), or use an optimizer "
-            "without a closure (Adam, SGD, ...)",
+        self.refuse_closure_optimizer(
+            optimizer, "FSDPStrategy shards them: each rank would decide from its own shard"
         )
 
     @override
