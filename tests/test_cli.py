@@ -14,6 +14,7 @@ import torch
 
 from plait.strategies.export import read_whole
 from plait.trainer.cli import build_parser, main
+from plait.trainer.examples.digits import DigitsClassifier
 
 PLAIT = Path(sys.executable).with_name("plait")
 
@@ -99,6 +100,17 @@ def test_fit_trains_your_own_module_named_on_the_command_line_on_fsdp(tmp_path: 
     assert (tmp_path / "checkpoints" / "last.ckpt").is_dir()  # FSDP's shards
 
 
+def _made_again_in_this_process(checkpoint: Path) -> None:
+    # A sharded directory (FSDP's, DeepSpeed's), read whole here, in a process that
+    # never joined the job: the module made from its hyperparameters, its weights loaded.
+    model = DigitsClassifier.load_from_checkpoint(checkpoint, map_location="cpu")
+    assert model.hparams == {"hidden": 128, "lr": 0.01, "dropout": 0.1}
+    assert not model.training
+    state = read_whole(checkpoint, optimizers=False)["state_dict"]
+    for name, value in model.state_dict().items():
+        torch.testing.assert_close(value, state[name].float())
+
+
 def test_list_strategies_shows_the_registered_names() -> None:
     completed = _plait("list", "strategies")
 
@@ -124,6 +136,7 @@ def test_fit_trains_digits_with_deepspeed_stage_2_and_validates_from_its_checkpo
     assert float(accuracy.group(1)) > 0.8
     checkpoint = tmp_path / "checkpoints" / "last.ckpt"
     assert (checkpoint / "latest").is_file()  # the engine's directory of partitions
+    _made_again_in_this_process(checkpoint)
 
     validated = _plait(
         "validate", "--example", "digits", "--strategy", "deepspeed_stage_2", "--accelerator",
@@ -192,6 +205,7 @@ def test_fit_trains_digits_with_fsdp_and_validates_from_its_sharded_checkpoint(
     assert float(accuracy.group(1)) > 0.8
     checkpoint = tmp_path / "checkpoints" / "last.ckpt"
     assert (checkpoint / ".metadata").is_file()  # every rank wrote its shards
+    _made_again_in_this_process(checkpoint)
 
     validated = _plait(
         "validate", "--example", "digits", "--strategy", "fsdp", "--accelerator", "cpu",

@@ -332,19 +332,6 @@ def _same_steps(
     return {"global_step": trainer.global_step, "state": flat}
 
 
-def _hyper(arguments: argparse.Namespace) -> dict[str, object]:
-    # A checkpoint in the strategy's own format, for load_from_checkpoint to read.
-    module = Hyper(6, 0.05, name="tuned")
-    trainer = _trainer(arguments, max_epochs=1, enable_checkpointing=True)
-    trainer.fit(module, DataLoader(dataset(16), batch_size=4))
-    callback = trainer.checkpoint_callback
-    assert callback is not None
-    if int(os.environ.get("RANK", "0")) != 0:
-        return {}
-    state = {k: v.flatten().tolist() for k, v in module.state_dict().items()}
-    return {"last": callback.last_model_path, "state": state}
-
-
 class Compiled(Callback):
     """Fails the rank whose module the run did not compile."""
 
@@ -398,7 +385,6 @@ def main() -> None:
         # torch.compile's graphs without a C++ compiler: dynamo and AOT autograd.
         "compiled": lambda: _compiled(arguments),
         "gan": lambda: _gan(arguments),
-        "hyper": lambda: _hyper(arguments),
         "gan_root_only": lambda: _gan(arguments),  # FSDP's root holds the parameters
     }
     if arguments.scenario in by_function:

@@ -62,6 +62,11 @@ _TAIL_LINES: Final = 40
 _SETTLE: Final = 1.0
 """Seconds the other ranks get to exit by themselves after rank 0's own failure."""
 
+_VERDICT: Final = 15.0
+"""Seconds rank 0 waits for the watcher's verdict when its own error says another rank
+is gone: the verdict comes once the failed rank has exited, which a loaded machine can
+take longer than the grace period for."""
+
 
 def _program() -> list[str]:
     # Run the program as it was run: as a module (python -m pkg) or as a script.
@@ -248,7 +253,7 @@ class _Job:
         if not self.failures and lost_peer(str(error)):
             # A reaction to another rank's failure that the watcher is still
             # judging (a lost connection): wait for its verdict.
-            self._verdict.wait(self.grace)
+            self._verdict.wait(max(self.grace, _VERDICT))
         with self._lock:
             if self.failures:
                 self._delivered = True

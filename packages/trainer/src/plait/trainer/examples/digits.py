@@ -103,6 +103,7 @@ class DigitsClassifier(Module):
 
     def __init__(self, hidden: int = 128, lr: float = 1e-2, dropout: float = 0.1) -> None:
         super().__init__()
+        self.save_hyperparameters()  # DigitsClassifier.load_from_checkpoint makes it again
         self.lr = lr
         self.net = torch.nn.Sequential(
             torch.nn.Linear(_PIXELS, hidden),
