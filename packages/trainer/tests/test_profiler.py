@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import pickle
 from pathlib import Path
 
 import pytest
@@ -94,10 +95,13 @@ def test_the_advanced_profiler_writes_cprofile_statistics_per_region(tmp_path: P
     _fit(tmp_path / "named", "advanced")
     assert (tmp_path / "named" / "profiles" / "fit-rank0-advanced.txt").exists()
 
-    _fit(tmp_path, AdvancedProfiler(lines=1000))
+    profiler = AdvancedProfiler(lines=1000)
+    _fit(tmp_path, profiler)
 
     report = (tmp_path / "profiles" / "fit-rank0-advanced.txt").read_text()
     assert "Profile of region run_training_epoch" in report
+    # Used, it still travels to spawned ranks with its trainer.
+    assert isinstance(pickle.loads(pickle.dumps(profiler)), AdvancedProfiler)
     assert "distinctly_named_step_work" in report  # the user's code, inside the epoch
     # Regions inside an epoch count in it: cProfile does not nest.
     assert "Profile of region training_step" not in report

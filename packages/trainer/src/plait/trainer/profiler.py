@@ -198,6 +198,12 @@ class AdvancedProfiler(_Reporting):
             self._depth -= 1
 
     @override
+    def __getstate__(self) -> dict[str, object]:
+        # Travels to the ranks with the trainer: cProfile's profiles do not pickle, and
+        # each run starts its own.
+        return {**self.__dict__, "profiles": {}, "_depth": 0}
+
+    @override
     def stop(self) -> str | None:
         report = io.StringIO()
         for name, profile in self.profiles.items():
