@@ -347,24 +347,12 @@ def _compiled(arguments: argparse.Namespace) -> dict[str, object]:
 
 
 def _gan(arguments: argparse.Namespace) -> dict[str, object]:
-    # Manual optimization: 8 samples a step whatever the number of ranks, in order,
-    # so that every run takes the same steps as one process does.
-    per_rank = DataLoader(dataset(40), batch_size=8 // arguments.devices)
-    gan = Gan()
     settings: dict[str, object] = {}
     if arguments.scenario == "gan" and arguments.strategy == "fsdp":
         # Each layer sharded on its own: the step's backward passes run inside the
         # root's forward, and only a block's own hooks reduce its gradients there.
         settings["strategy"] = FSDPStrategy(auto_wrap_policy={torch.nn.Linear})
-    trainer = _trainer(arguments, max_epochs=2, **settings)
-    trainer.fit(gan, per_rank)
-    if int(os.environ.get("RANK", "0")) != 0:
-        return {}
-    return {
-        "global_step": trainer.global_step,
-        "d_loss": float(trainer.callback_metrics["d_loss"]),
-        "state": {k: v.flatten().tolist() for k, v in gan.state_dict().items()},
-    }
+    return _same_steps(arguments, Gan(), **settings)
 
 
 def main() -> None:
