@@ -5,7 +5,9 @@ and ``tools/check`` selects it when the CI variable is set. Choose one with
 ``pytest --hypothesis-profile=ci``. Neither sets a deadline: on shared machines a
 per-example time limit fails tests for the machine's load, not for the code.
 
-``start_ranks`` starts a script as the ranks of a job on this machine.
+``start_ranks`` starts a script as the ranks of a job on this machine. Each test is
+a program of its own: a job's process group that a test's strategy joined in this
+process ends with the test (`plait.strategies.end_job`), as it would with a program.
 """
 
 import os
@@ -13,7 +15,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 import pytest
@@ -22,6 +24,7 @@ from hypothesis import HealthCheck, settings
 
 from plait.core import free_port
 from plait.strategies.deepspeed.library import check_extension_locks
+from plait.strategies.job import end_job
 
 # C++ extensions (which DeepSpeed builds on first use of some ops) go to a directory of
 # the tests' own, cleared of locks left by a build that died: a lock makes every later
@@ -56,6 +59,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             if "cuda" in item.keywords:
                 item.add_marker(skip)
     items.sort(key=lambda item: "slow" not in item.keywords)
+
+
+@pytest.fixture(autouse=True)
+def _job_ends_with_the_test() -> Iterator[None]:
+    yield
+    end_job()
 
 
 StartRanks = Callable[..., list[str]]

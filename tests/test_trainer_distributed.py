@@ -108,6 +108,42 @@ def test_a_module_compiled_in_each_rank_trains_on_ddp_and_fsdp_as_on_one_process
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp", "deepspeed_stage_2", "deepspeed_stage_3"])
+def test_the_module_fit_left_goes_on_to_every_stage_as_a_fresh_one_from_its_checkpoint(
+    tmp_path: Path, strategy: str
+) -> None:
+    # fit, then validate, test, predict and a second Trainer's fit, on the module
+    # object as the strategy left it (sharded, partitioned), in the same job.
+    completed, result = _run(tmp_path, "goes_on", strategy)
+
+    assert completed.returncode == 0, completed.stderr
+    same, fresh = result["same"], result["fresh"]
+    assert isinstance(same, dict)
+    assert isinstance(fresh, dict)
+    assert same.keys() == {"validate", "test", "predict", "fit_again"}
+    for stage, value in same.items():
+        assert value == pytest.approx(fresh[stage], abs=1e-6), stage
+    # The second fit trained on from the first's weights.
+    assert same["fit_again"] != pytest.approx(same["validate"], abs=1e-6)
+    # After any call, the trainer describes the job it ran in.
+    assert result["job"] == [2, 1, 0, True]
+    # The optimizer is the one the scheduler was made over: torch has nothing to say.
+    assert "overridden after learning rate scheduler" not in completed.stderr
+
+
+@pytest.mark.slow
+def test_a_module_sharded_in_a_job_that_ended_is_refused_with_the_fix(tmp_path: Path) -> None:
+    completed, result = _run(tmp_path, "after_the_job", "fsdp")
+
+    assert completed.returncode == 0, completed.stderr
+    error = result["error"]
+    assert isinstance(error, str)
+    assert "sharded in an earlier job of this program" in error
+    assert "keep the job's process group" in error
+    assert "load the checkpoint into it" in error
+
+
+@pytest.mark.slow
 def test_a_step_by_hand_on_fsdp_asks_for_its_parameters_in_blocks(tmp_path: Path) -> None:
     completed, _ = _run(tmp_path, "gan_root_only", "fsdp")
 

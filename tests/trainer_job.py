@@ -20,8 +20,8 @@ import torch
 from torch.utils.data import DataLoader, Sampler, TensorDataset
 from typing_extensions import override
 
-from plait.core import PeerFailedError, seed_everything
-from plait.strategies import DDPStrategy, FSDPStrategy
+from plait.core import ConfigurationError, PeerFailedError, seed_everything
+from plait.strategies import DDPStrategy, FSDPStrategy, end_job
 from plait.trainer import Callback, CSVLogger, ModelCheckpoint, Module, Trainer
 
 
@@ -280,6 +280,76 @@ class ReportNoSync(Callback):
         trainer.callback_metrics["no_sync_batches"] = CountingDDP.entered
 
 
+class GoesOn(Toy):
+    """Toy, with a test step: fit, then validated, tested and predicted as it is."""
+
+    @override
+    def test_step(self, batch: object, batch_idx: int) -> None:
+        x, y = _xy(batch)
+        self.log("test_loss", torch.nn.functional.mse_loss(self(x), y), sync_dist=True)
+
+    @override
+    def configure_optimizers(self) -> object:
+        # A scheduler made over the optimizer: set-up must keep it driving that one.
+        optimizer = torch.optim.SGD(self.parameters(), lr=0.05)
+        return {
+            "optimizer": optimizer,
+            "lr_scheduler": torch.optim.lr_scheduler.StepLR(optimizer, 1),
+        }
+
+
+def _goes_on(
+    arguments: argparse.Namespace, train: DataLoader[object], val: DataLoader[object]
+) -> dict[str, object]:
+    # The module object fit shaped (sharded, partitioned) goes on to every other
+    # stage and to a second fit of a new Trainer, in the same job; the route
+    # through a fresh module and the checkpoint must give the same numbers.
+    loader = DataLoader(dataset(9), batch_size=2)
+    first = _trainer(arguments, max_epochs=2, enable_checkpointing=True)
+    model = GoesOn()
+    first.fit(model, train, val)
+    assert first.checkpoint_callback is not None
+    last = first.checkpoint_callback.last_model_path
+    same = {
+        "validate": first.validate(model, val)[0]["val_loss"],
+        "test": first.test(model, val)[0]["test_loss"],
+        "predict": torch.cat(first.predict(model, loader)).flatten().tolist(),  # type: ignore[arg-type]
+    }
+    fresh = {
+        "validate": first.validate(GoesOn(), val, ckpt_path=last)[0]["val_loss"],
+        "test": first.test(GoesOn(), val, ckpt_path=last)[0]["test_loss"],
+        "predict": torch.cat(first.predict(GoesOn(), loader, ckpt_path=last)).flatten().tolist(),  # type: ignore[arg-type]
+    }
+    # A second fit: a new Trainer, a new optimizer, the weights the first one left.
+    seed_everything(1)
+    second = _trainer(arguments, max_epochs=1)
+    second.fit(model, train)
+    same["fit_again"] = second.validate(model, val)[0]["val_loss"]
+    loaded = GoesOn.load_from_checkpoint(last)  # made before the seed: made layers draw
+    seed_everything(1)
+    third = _trainer(arguments, max_epochs=1)
+    third.fit(loaded, train)
+    fresh["fit_again"] = third.validate(loaded, val)[0]["val_loss"]
+    job = [second.world_size, second.num_nodes, second.global_rank, second.is_global_zero]
+    return {"same": same, "fresh": fresh, "job": job}
+
+
+def _after_the_job(
+    arguments: argparse.Namespace, train: DataLoader[object], val: DataLoader[object]
+) -> dict[str, object]:
+    # A module sharded in a job that has ended cannot go on: a clear error, on every
+    # rank, with the fix.
+    trainer = _trainer(arguments, max_epochs=1)
+    model = GoesOn()
+    trainer.fit(model, train)
+    end_job()
+    try:
+        trainer.validate(model, val)
+    except ConfigurationError as error:
+        return {"error": str(error)}
+    return {"error": None}
+
+
 class StopOnRankOne(Callback):
     @override
     def on_train_epoch_end(self, trainer: Trainer, module: Module) -> None:
@@ -323,11 +393,16 @@ def _same_steps(
     # 8 samples a step whatever the number of ranks, in order: every run takes the
     # steps one process takes.
     per_rank = DataLoader(dataset(40), batch_size=8 // arguments.devices)
-    trainer = _trainer(arguments, max_epochs=2, **settings)
+    trainer = _trainer(arguments, max_epochs=2, enable_checkpointing=True, **settings)
     trainer.fit(module, per_rank)
     if int(os.environ.get("RANK", "0")) != 0:
         return {}
-    state = module.state_dict()
+    # The module stays as the strategy left it (sharded, partitioned): its whole
+    # state is read from the run's checkpoint, as a user reads it.
+    assert trainer.checkpoint_callback is not None
+    state = (
+        type(module).load_from_checkpoint(trainer.checkpoint_callback.last_model_path).state_dict()
+    )
     flat = {k: v.flatten().tolist() for k, v in state.items()}
     return {"global_step": trainer.global_step, "state": flat}
 
@@ -374,6 +449,8 @@ def main() -> None:
         "compiled": lambda: _compiled(arguments),
         "gan": lambda: _gan(arguments),
         "gan_root_only": lambda: _gan(arguments),  # FSDP's root holds the parameters
+        "goes_on": lambda: _goes_on(arguments, train, val),
+        "after_the_job": lambda: _after_the_job(arguments, train, val),
     }
     if arguments.scenario in by_function:
         result = by_function[arguments.scenario]()

@@ -10,7 +10,8 @@ each meeting the `plait.core.Strategy` protocol, usable with or without a traine
 `StrategyRegistry` (from `plait.core`) names them; `CheckpointIO` is a base class for
 checkpoint IOs of your own; `init_distributed` forms a process group for a loop of
 your own; `consolidate_checkpoint` turns any checkpoint a strategy wrote into one
-file plain PyTorch loads.
+file plain PyTorch loads. The process group a strategy joins lives as long as the
+job (`plait.strategies.job`): `end_job` ends it before the program does.
 """
 
 from plait.core import StrategyRegistry
@@ -22,6 +23,7 @@ from plait.strategies.deepspeed import DeepSpeedStrategy
 from plait.strategies.dp import DataParallelStrategy
 from plait.strategies.export import consolidate_checkpoint
 from plait.strategies.fsdp import DDPFullyShardedNativeStrategy, FSDPStrategy
+from plait.strategies.job import end_job
 from plait.strategies.parallel import PROCESS_GROUP_BACKENDS, ParallelStrategy
 from plait.strategies.process_group import init_distributed
 from plait.strategies.sharded import DDPShardedStrategy
@@ -57,5 +59,6 @@ __all__ = [
     "XLAFSDPStrategy",
     "XLAStrategy",
     "consolidate_checkpoint",
+    "end_job",
     "init_distributed",
 ]

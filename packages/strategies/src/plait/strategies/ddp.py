@@ -21,6 +21,7 @@ from plait.strategies.launchers import (
     MultiprocessingLauncher,
     SubprocessScriptLauncher,
 )
+from plait.strategies.launchers.subprocess import leads_a_job
 from plait.strategies.parallel import DEFAULT_START_TIMEOUT, DEFAULT_TIMEOUT, ParallelStrategy
 
 if TYPE_CHECKING:
@@ -66,7 +67,7 @@ def process_launcher(
     ``start_method`` is one of `START_METHODS`: ``"popen"`` runs the program again
     per rank; the others are torch.multiprocessing's.
     """
-    if environment.creates_processes_externally:
+    if environment.creates_processes_externally and not leads_a_job():
         return ExternalLauncher()
     address, port = environment.main_address, environment.main_port
     if start_method == "popen":

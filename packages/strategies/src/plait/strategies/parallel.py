@@ -23,6 +23,7 @@ from plait.core import (
 )
 from plait.strategies.base import BaseStrategy, require_parts
 from plait.strategies.collectives.distributed import AGREEMENT_VARIABLE, AGREEMENTS
+from plait.strategies.job import current_job, end_job, join_job
 from plait.strategies.launchers.children import timeout_of
 from plait.strategies.process_group import init_distributed
 
@@ -156,7 +157,6 @@ class ParallelStrategy(BaseStrategy):
         self.check_agreement = agreement
         self._collectives: DistributedCollectives | None = None
         self._offered: Collectives | None = None
-        self._owns_process_group = False
 
     @override
     def default_device_type(self) -> str:
@@ -259,7 +259,11 @@ class ParallelStrategy(BaseStrategy):
 
     @override
     def setup_environment(self) -> None:
-        """Make the device current and join the process group (once).
+        """Make the device current and join the job's process group (once per job).
+
+        The group lives as long as the job (`plait.strategies.job`): a later run of
+        this strategy, or of another with the same settings, uses it again; one with
+        other settings ends it and joins anew.
 
         Raises:
             ConfigurationError: torch.distributed was initialised by someone else,
@@ -270,17 +274,9 @@ class ParallelStrategy(BaseStrategy):
         super().setup_environment()
         if self._collectives is not None:
             return
-        self._collectives = init_distributed(
-            self.cluster_environment,
-            backend=self.process_group_backend,
-            device=self.root_device,
-            timeout=self.timeout,
-            start_timeout=self.start_timeout,
-            checked=self.checked_collectives,
-            agreement=self.check_agreement,
-        )
-        self._owns_process_group = True
-        offered = self.make_collectives(self._collectives)
+        job = join_job(self._job_settings(), self._join, self.destroy_process_group)
+        self._collectives = job.collectives
+        offered = self.make_collectives(job.collectives)
         if not isinstance(offered, Collectives):
             raise ConfigurationError(
                 f"{type(self).__name__}.make_collectives returned {offered!r}, which does not "
@@ -290,6 +286,45 @@ class ParallelStrategy(BaseStrategy):
                 "reduce_boolean_decision (or the DistributedCollectives it was given)",
             )
         self._offered = offered
+
+    def _job_settings(self) -> tuple[object, ...]:
+        # What another strategy must share to run on the same group: the group's
+        # backend, world and timeouts, how calls are checked, and how it is destroyed.
+        environment = self.cluster_environment
+        return (
+            type(self).destroy_process_group,
+            self.process_group_backend,
+            environment.world_size,
+            environment.global_rank,
+            environment.main_address,
+            environment.main_port,
+            self.timeout,
+            self.start_timeout,
+            self.checked_collectives,
+            self.check_agreement,
+        )
+
+    def _join(self) -> DistributedCollectives:
+        return init_distributed(
+            self.cluster_environment,
+            backend=self.process_group_backend,
+            device=self.root_device,
+            timeout=self.timeout,
+            start_timeout=self.start_timeout,
+            checked=self.checked_collectives,
+            agreement=self.check_agreement,
+        )
+
+    @property
+    def job_generation(self) -> int | None:
+        """Which job of this program the strategy runs in (None before it joins one).
+
+        A module sharded in one job cannot be used in another: its group has ended.
+        """
+        job = current_job()
+        if job is None or self._collectives is None or job.collectives is not self._collectives:
+            return None
+        return job.generation
 
     @override
     def on_exception(self, exception: BaseException) -> None:
@@ -341,24 +376,29 @@ class ParallelStrategy(BaseStrategy):
 
     @override
     def teardown(self) -> None:
-        """Leave the process group (if the strategy joined it) and release the parts.
+        """Release the module and the parts; the process group stays for the job's next run.
 
-        After a clean run, rank 0 first waits for the other ranks to finish with the
-        job's store, which it serves; while an exception propagates, it does not.
+        After a failure (an exception propagating), the job ends here: its group is
+        destroyed without waiting for the other ranks, which are being stopped.
+        The group of a job that ends well is destroyed at exit, or by
+        `plait.strategies.end_job`.
         """
         self._release_model()
-        if self._collectives is not None and sys.exc_info()[1] is None:
-            self._collectives.depart()
-        if self._owns_process_group and dist.is_initialized():
-            self.destroy_process_group()
-        self._owns_process_group = False
+        job = current_job()
+        if (
+            sys.exc_info()[1] is not None
+            and job is not None
+            and job.collectives is self._collectives
+        ):
+            end_job(depart=False)
         self._collectives = None
         self._offered = None
         super().teardown()
 
     def destroy_process_group(self) -> None:
-        """Destroy the job's process groups.
+        """Destroy the job's process groups (at the job's end).
 
         A strategy on a library that keeps references to them releases them here.
         """
-        dist.destroy_process_group()
+        if dist.is_initialized():
+            dist.destroy_process_group()

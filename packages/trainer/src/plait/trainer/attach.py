@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from plait.trainer.optim import SchedulerConfig
     from plait.trainer.trainer import Trainer
 
-__all__ = ["Attached", "Run", "Steps", "attach"]
+__all__ = ["Attached", "Run", "Steps", "attach", "steps_of"]
 
 _STEP_METHODS: Final[dict[str, str]] = {
     "fit": "training_step",
@@ -73,6 +73,24 @@ class Steps(torch.nn.Module):
         # Read from the instance's dict: a submodule's lookup (self.module) is slow.
         step = getattr(self.__dict__["_modules"]["module"], _STEP_METHODS[self.stage])
         return step(batch, batch_idx)
+
+
+_STEPS: Final = "_plait_steps"
+
+
+def steps_of(module: Module) -> Steps:
+    """The module's `Steps`: made at its first run, and the same for every later one.
+
+    A sharding strategy shards the steps as its root, the module's own parameters
+    with it: the next run of the job (``test`` after ``fit``) goes on with the root
+    that holds them.
+    """
+    steps = module.__dict__.get(_STEPS)
+    if not isinstance(steps, Steps):
+        steps = Steps(module)
+        # Not a submodule (the module would contain itself): a plain attribute.
+        object.__setattr__(module, _STEPS, steps)
+    return steps
 
 
 @attrs.define
@@ -184,7 +202,7 @@ def _set_up(trainer: Trainer, module: Module, run: Run, hooks: Hooks) -> Attache
     )
     # Module and optimizers are set up in one call: a strategy may need both at
     # once (DeepSpeed), or replace the parameters the optimizers hold (sharding).
-    steps = Steps(module)
+    steps = steps_of(module)
     wrapped, prepared = strategy.setup_module_and_optimizers(steps, optimizers)
     for config in schedulers:
         # The strategy may stand a twin in for an optimizer (sharding, averaging):

@@ -210,8 +210,11 @@ class Module(torch.nn.Module):
     @override
     def __getstate__(self) -> dict[str, object]:
         # A module travels to the ranks without its trainer: each rank has its own;
-        # nor compiled (a run compiles it again in each rank, when asked).
-        return {**self.__dict__, "_trainer": None, "_compiled_call_impl": None}
+        # nor compiled (a run compiles it again in each rank, when asked), nor with
+        # the steps its runs went through (each rank's job makes its own).
+        state = {**self.__dict__, "_trainer": None, "_compiled_call_impl": None}
+        state.pop("_plait_steps", None)
+        return state
 
     # The steps.
 

@@ -71,7 +71,8 @@ class Outcome:
     """What a run sends back from rank 0 to the process that called the trainer.
 
     Attributes:
-        in_place: The run worked on the caller's own objects (nothing to copy back).
+        in_place: The run worked on the caller's own module (no state to copy back).
+        trainer: The process and trainer object that ran it (`_identity`).
         state_dict: The module's trained state, on the CPU.
         callback_states: Each stateful callback's state, by `Callback.state_key`.
         callback_metrics: The trainer's metrics at the end.
@@ -85,6 +86,7 @@ class Outcome:
     """
 
     in_place: bool
+    trainer: tuple[int, int]
     state_dict: dict[str, torch.Tensor] | None
     callback_states: dict[str, dict[str, object]]
     callback_metrics: dict[str, Number]
@@ -99,6 +101,10 @@ class Outcome:
 
 def _origin(module: Module) -> tuple[int, int]:
     return os.getpid(), id(module)
+
+
+def _identity(trainer: Trainer) -> tuple[int, int]:
+    return os.getpid(), id(trainer)
 
 
 class Trainer:
@@ -805,12 +811,13 @@ class Trainer:
 
     def _adopt(self, outcome: Outcome, model: Module) -> object:
         # The run may have worked on copies (in other processes): bring rank 0's back.
-        if not outcome.in_place:
-            if outcome.state_dict is not None:
-                if set(outcome.state_dict) - set(model.state_dict()):
-                    # Layers the ranks made in configure_model: made here too.
-                    model.configure_model()
-                model.load_state_dict(outcome.state_dict)
+        if not outcome.in_place and outcome.state_dict is not None:
+            if set(outcome.state_dict) - set(model.state_dict()):
+                # Layers the ranks made in configure_model: made here too.
+                model.configure_model()
+            model.load_state_dict(outcome.state_dict)
+        if outcome.trainer != _identity(self):
+            # A copy of this trainer ran (the module may still be this one).
             for callback in self.callbacks:
                 state = outcome.callback_states.get(callback.state_key)
                 if state is not None:
@@ -833,6 +840,7 @@ class Trainer:
         state = None if in_place else self._final_state
         return Outcome(
             in_place=in_place,
+            trainer=_identity(self),
             state_dict=state,
             callback_states={c.state_key: c.state_dict() for c in self.callbacks},
             callback_metrics=dict(self.callback_metrics),
@@ -854,9 +862,11 @@ class Trainer:
             self._ran_as = (self.strategy.world_size, self.strategy.global_rank)
             results = self._run_loop(attached, run)
             # Where the run worked on a copy, the caller's module gets this state: taken
-            # through the strategy (gathered, if sharded) while it is still set up, on
-            # every rank of several alike (the gathering may be collective).
-            if self.strategy.world_size > 1 or _origin(module) != run.origin:
+            # through the strategy (gathered, if sharded) while it is still set up.
+            # Every rank decides alike (the gathering may be collective): a launcher
+            # runs every rank on the caller's objects (in each rank's own program), or
+            # every rank on copies (spawned processes).
+            if _origin(module) != run.origin:
                 self._final_state = _gather_module_state(self.strategy, module)
             return results
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
@@ -49,38 +49,42 @@ __all__ = ["FSDPStrategy"]
 
 _SHARDED_BY = "_plait_sharded_by"
 
+_job_meshes: dict[tuple[int | None, tuple[int, int] | None], DeviceMesh] = {}
+
 
 def _is_dtensor(value: object) -> bool:
     # By its method, not its class: torch.distributed.tensor is slow to import.
     return isinstance(value, torch.Tensor) and callable(getattr(value, "full_tensor", None))
 
 
-def _remake(
+def _repoint(
     optimizer: torch.optim.Optimizer,
     names: Mapping[int, str],
     parameters: Mapping[str, torch.nn.Parameter],
     index: int,
 ) -> torch.optim.Optimizer:
-    # Sharding replaces each parameter by a DTensor: the optimizer is made again over
-    # the new ones, group by group (each group carries every hyper-parameter).
+    # Sharding replaces each parameter by a DTensor: the optimizer's groups are
+    # pointed at the new ones, in place, so the optimizer stays the object the user
+    # (and a learning-rate scheduler made over it) holds.
     groups = [
-        {**group, "params": [parameters[names[id(p)]] for p in group["params"]]}
-        for group in optimizer.param_groups
+        [parameters[names[id(p)]] for p in group["params"]] for group in optimizer.param_groups
     ]
-    maker: Callable[..., torch.optim.Optimizer] = type(optimizer)
-    try:
-        return maker(groups, **optimizer.defaults)
-    except TypeError:
-        try:
-            return maker(groups)
-        except TypeError as error:
-            raise ConfigurationError(
-                f"optimizer {index} ({type(optimizer).__name__}) cannot be made again over "
-                f"the sharded parameters from its parameter groups: {error}",
-                value=optimizer,
-                fix="give the optimizer class a constructor (params, **defaults), as torch's "
-                "optimizers have, or shard the model yourself and build the optimizer after",
-            ) from error
+    moved = any(
+        new is not old
+        for group, params in zip(optimizer.param_groups, groups, strict=True)
+        for old, new in zip(group["params"], params, strict=True)
+    )
+    if moved and optimizer.state:
+        raise ConfigurationError(
+            f"optimizer {index} ({type(optimizer).__name__}) has stepped already, over the "
+            "whole parameters: its state cannot move to the shards",
+            value=optimizer,
+            fix="make the optimizer (or load its state) after the module is set up, or pass "
+            "it to setup_module_and_optimizers before its first step",
+        )
+    for group, params in zip(optimizer.param_groups, groups, strict=True):
+        group["params"] = params
+    return optimizer
 
 
 class FSDPStrategy(SelfLaunchingStrategy):
@@ -275,7 +279,15 @@ class FSDPStrategy(SelfLaunchingStrategy):
         """Join the process group, then build the device mesh over it."""
         super().setup_environment()
         if self._mesh is None:
-            self._mesh = self._make_mesh()
+            # One mesh per shape in a job: a module sharded over it in one run goes
+            # on over it in the next, and no run makes groups of its own again.
+            key = (self.job_generation, self._mesh_shape())
+            if key[0] not in {made[0] for made in _job_meshes}:
+                _job_meshes.clear()  # an earlier job's, over groups that have ended
+            mesh = _job_meshes.get(key)
+            if mesh is None:
+                mesh = _job_meshes[key] = self._make_mesh()
+            self._mesh = mesh
 
     def _mesh_shape(self) -> tuple[int, int] | None:
         world = self.world_size
@@ -360,21 +372,30 @@ class FSDPStrategy(SelfLaunchingStrategy):
         from torch.distributed.fsdp import FSDPModule  # noqa: PLC0415
 
         # The parameters' names, before sharding replaces them: optimizers made over
-        # them are made again over their sharded twins (`setup_optimizers`).
+        # them are pointed at their sharded twins (`setup_optimizers`).
         self._names = {id(parameter): name for name, parameter in module.named_parameters()}
         # Decided together: a launcher may hand one rank a fresh copy of the module
         # and another the module an earlier run sharded in place.
-        stale = any(getattr(m, _SHARDED_BY, None) is not None for m in module.modules())
+        generation = self.job_generation
+        marks = {getattr(m, _SHARDED_BY, None) for m in module.modules()} - {None}
+        stale = bool(marks - {generation})
         if self.reduce_boolean_decision(stale, all=False):
             raise ConfigurationError(
-                "the module was sharded by an earlier run (on "
-                f"{'this rank' if stale else 'another rank'}), over process groups that ended "
-                "with it (FSDP2 shards a module object once)",
+                "the module was sharded in an earlier job of this program (on "
+                f"{'this rank' if stale else 'another rank'}), over a process group that "
+                "has ended (FSDP2 shards a module object once)",
                 value=type(module).__name__,
-                fix="build the module anew for the next run and load the checkpoint into it "
-                "(strategy.load_checkpoint(path, model); with the Trainer, "
-                "trainer.validate(Model(), ckpt_path='last'), or validate during fit)",
+                fix="keep the job's process group between runs (it lives until the program "
+                "ends, unless end_job() was called or a run failed), or build the module "
+                "anew and load the checkpoint into it (strategy.load_checkpoint(path, model); "
+                "with the Trainer, trainer.validate(Model(), ckpt_path='last'))",
             )
+        if marks:
+            # Sharded by an earlier run of this job: it goes on as it is.
+            self.blocks = [
+                m for m in module.modules() if isinstance(m, FSDPModule) and m is not module
+            ]
+            return module
         if any(isinstance(m, FSDPModule) for m in module.modules()):
             return module  # sharded already, by the user over a mesh of theirs
         meta = parallelize.is_meta(module)
@@ -407,33 +428,34 @@ class FSDPStrategy(SelfLaunchingStrategy):
             parallelize.set_backward_prefetch(self.blocks, self.backward_prefetch)
         if meta:
             parallelize.materialize(module, self.root_device)
-        for submodule in module.modules():  # the trainer wraps the user's module anew per run
-            setattr(submodule, _SHARDED_BY, repr(self))
+        for submodule in module.modules():  # which job's group the shards live on
+            setattr(submodule, _SHARDED_BY, generation)
         return module
 
     @override
     def setup_optimizers(
         self, optimizers: Sequence[torch.optim.Optimizer]
     ) -> list[torch.optim.Optimizer]:
-        """Make each optimizer again over the sharded parameters of the set-up module.
+        """Point each optimizer at the sharded parameters of the set-up module, in place.
 
-        The optimizers, made over the module's parameters before set-up, keep their
-        classes, groups and hyper-parameters; schedulers must drive the returned ones
-        (the Trainer rebinds them).
+        The optimizers, made over the module's parameters before set-up, are the
+        ones returned: their groups now hold the shards, so a learning-rate
+        scheduler made over one drives it as it is.
 
         Raises:
-            ConfigurationError: No module was set up yet.
+            ConfigurationError: No module was set up yet, or an optimizer has stepped
+                over the whole parameters already.
         """
         if self._model is None:
             raise ConfigurationError(
-                "the optimizers are made again over the sharded parameters, and no module "
+                "the optimizers are pointed at the sharded parameters, and no module "
                 "was set up yet",
                 fix="call strategy.setup_module(module) first, or "
                 "setup_module_and_optimizers(module, optimizers)",
             )
         sharded = dict(self._model.named_parameters())
         self._optimizers = [
-            _remake(optimizer, self._names, sharded, index)
+            _repoint(optimizer, self._names, sharded, index)
             for index, optimizer in enumerate(optimizers)
         ]
         return list(self._optimizers)
@@ -633,7 +655,18 @@ class FSDPStrategy(SelfLaunchingStrategy):
 
     @override
     def teardown(self) -> None:
-        """Forget the mesh and the optimizers, then leave the process group."""
+        """Reshard the module, forget the mesh and the optimizers, release the parts.
+
+        The module is left holding its shards (a root that keeps its parameters
+        gathered after forward frees them): the next run of the job, and the
+        optimizers it makes, see the sharded parameters.
+        """
+        if self._model is not None:
+            from torch.distributed.fsdp import FSDPModule  # noqa: PLC0415
+
+            for module in self._model.modules():
+                if isinstance(module, FSDPModule):
+                    module.reshard()
         self._mesh = None
         self._optimizers = []
         self._names = {}

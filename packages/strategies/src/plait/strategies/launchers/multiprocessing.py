@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import multiprocessing
 import os
 import pickle
@@ -11,11 +12,13 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import TYPE_CHECKING, Final, ParamSpec, TypeVar
 
+import torch
 import torch.distributed as dist
-import torch.multiprocessing  # noqa: F401 (registers the reductions that share tensors)
+import torch.multiprocessing
 from typing_extensions import override
 
 from plait.core import ConfigurationError, TrainingStopped, free_port
+from plait.strategies.job import end_job, leave
 from plait.strategies.launchers.children import (
     GRACE_PERIOD,
     HOSTED_STORE_VARIABLE,
@@ -43,16 +46,52 @@ R = TypeVar("R")
 MULTIPROCESSING_METHODS: Final = ("spawn", "fork", "forkserver")
 
 
+class _KeepingModules(pickle.Pickler):
+    # Pickles everything but modules, which it keeps by reference.
+    def __init__(self, file: io.BytesIO, kept: dict[int, object]) -> None:
+        super().__init__(file)
+        self.kept = kept
+
+    @override
+    def persistent_id(self, obj: object) -> int | None:
+        if isinstance(obj, torch.nn.Module):
+            self.kept[id(obj)] = obj
+            return id(obj)
+        return None
+
+
+class _Unkeeping(pickle.Unpickler):
+    def __init__(self, file: io.BytesIO, kept: dict[int, object]) -> None:
+        super().__init__(file)
+        self.kept = kept
+
+    @override
+    def persistent_load(self, pid: object) -> object:
+        assert isinstance(pid, int)
+        return self.kept[pid]
+
+
 def pickled_work(
-    function: Callable[..., object], args: tuple[object, ...], kwargs: dict[str, object]
+    function: Callable[..., object],
+    args: tuple[object, ...],
+    kwargs: dict[str, object],
+    *,
+    keep_modules: dict[int, object] | None = None,
 ) -> bytes:
     """The function and its arguments, pickled to reach the ranks.
+
+    With ``keep_modules`` (for work that stays in this process), modules are not
+    pickled: they are kept there, by reference, for `unpickled_work`.
 
     Raises:
         ConfigurationError: They cannot be pickled.
     """
     try:
-        return pickle.dumps((function, args, kwargs))
+        if keep_modules is None:
+            return pickle.dumps((function, args, kwargs))
+        buffer = io.BytesIO()
+        _KeepingModules(buffer, keep_modules).dump((function, args, kwargs))
+        return buffer.getvalue()
     except (pickle.PicklingError, TypeError, AttributeError) as error:
         raise ConfigurationError(
             f"the function {getattr(function, '__qualname__', function)!r} and its arguments "
@@ -63,6 +102,13 @@ def pickled_work(
         ) from error
 
 
+def unpickled_work(
+    payload: bytes, kept: dict[int, object]
+) -> tuple[Callable[..., object], tuple[object, ...], dict[str, object]]:
+    """The work `pickled_work` pickled keeping modules: made anew, with the same modules."""
+    return _Unkeeping(io.BytesIO(payload), kept).load()  # type: ignore[no-any-return]
+
+
 def _context(method: str) -> SpawnContext | ForkContext | ForkServerContext:
     if method == "fork":
         return multiprocessing.get_context("fork")
@@ -71,10 +117,14 @@ def _context(method: str) -> SpawnContext | ForkContext | ForkServerContext:
     return multiprocessing.get_context("spawn")
 
 
-def _run_rank(results: Connection, variables: dict[str, str], work: Connection) -> None:
+def _run_rank(
+    results: Connection, variables: dict[str, str], work: Connection, fresh: bool
+) -> None:
     # The body of each child: learn its place, then receive and unpickle the work
     # (so strategies in it are made anew for this rank), run, report the result or
-    # the error.
+    # the error. The job ends with the child: after success its group is destroyed
+    # here, and a fresh interpreter (spawn, forkserver) leaves without being torn
+    # down (`leave`); a forked one always leaves so (multiprocessing's own exit).
     die_with_parent()
     report_fatal_signals()
     os.environ.update(variables)
@@ -91,6 +141,10 @@ def _run_rank(results: Connection, variables: dict[str, str], work: Connection) 
     # Plain pickling copies tensors into the message: torch's shared-memory reductions
     # would leave the parent a handle to fetch from a process that has exited.
     results.send_bytes(pickle.dumps(("result", result if variables["RANK"] == "0" else None)))
+    results.close()
+    end_job()
+    if fresh:
+        leave(0)
 
 
 def _send_work(connection: Connection, payload: bytes) -> None:
@@ -253,7 +307,7 @@ class MultiprocessingLauncher:
                 variables[HOSTED_STORE_VARIABLE] = "1"
                 process = context.Process(
                     target=_run_rank,
-                    args=(send, variables, work_receive),
+                    args=(send, variables, work_receive, self.start_method != "fork"),
                     name=f"plait-rank-{rank}",
                 )
                 process.start()

@@ -5,7 +5,6 @@ from __future__ import annotations
 import atexit
 import contextlib
 import os
-import pickle
 import signal
 import subprocess
 import sys
@@ -37,13 +36,14 @@ from plait.strategies.launchers.children import (
     warn_if_oversubscribed,
     watch,
 )
-from plait.strategies.launchers.multiprocessing import pickled_work
+from plait.strategies.launchers.multiprocessing import pickled_work, unpickled_work
 
 __all__ = [
     "ERROR_FILE_VARIABLE",
     "LAUNCHED_VARIABLE",
     "SubprocessScriptLauncher",
     "become_rank",
+    "leads_a_job",
 ]
 
 P = ParamSpec("P")
@@ -292,6 +292,7 @@ class _Job:
 
 
 _job: _Job | None = None
+_alone_port: int | None = None
 
 
 def _finish_job() -> None:
@@ -300,6 +301,16 @@ def _finish_job() -> None:
 
 
 _became_rank = False
+
+
+def leads_a_job() -> bool:
+    """Whether this process is rank 0 of ranks this launcher started (in this program).
+
+    Its environment then names a job's place (``RANK``, ``WORLD_SIZE``, ...) as a
+    scheduler's would: a strategy made after the first launch must still launch
+    through this launcher, which runs the work with the same ranks and watches them.
+    """
+    return _job is not None
 
 
 def become_rank() -> None:
@@ -378,9 +389,10 @@ class SubprocessScriptLauncher:
         if os.environ.get(LAUNCHED_VARIABLE) == "1":
             become_rank()
             return function(*args, **kwargs)
-        payload = pickled_work(function, args, kwargs)
+        kept: dict[int, object] = {}
+        payload = pickled_work(function, args, kwargs, keep_modules=kept)
         if self.num_processes == 1 and _job is None:
-            return cast("R", self._run_alone(payload))
+            return cast("R", self._run_alone(payload, kept))
         if _job is not None and _job.alive:
             if _job.num_processes != self.num_processes:
                 raise ConfigurationError(
@@ -396,21 +408,27 @@ class SubprocessScriptLauncher:
                 atexit.register(_finish_job)
             _job = job
         # As in every other rank, the work is made anew once this process knows its
-        # place: a strategy in it finds rank 0 of the whole job.
-        function, args, kwargs = pickle.loads(payload)
-        return job.run(function, args, kwargs)
+        # place: a strategy in it finds rank 0 of the whole job. Its modules are the
+        # caller's own, as in the other ranks' programs: a run trains (and shards)
+        # them in place, and the next run of the job goes on with them.
+        work, work_args, work_kwargs = unpickled_work(payload, kept)
+        return cast("R", job.run(work, work_args, work_kwargs))
 
-    def _run_alone(self, payload: bytes) -> object:
-        # A job of one process starts nothing, so nothing outlives the run: its
-        # variables hold while it runs, and the program's own come back after (a
-        # process the program starts later must not think itself rank 0 of a job).
-        port = self.main_port or free_port(self.main_address)
+    def _run_alone(self, payload: bytes, kept: dict[int, object]) -> object:
+        # A job of one process starts nothing: its variables hold while it runs,
+        # and the program's own come back after (a process the program starts later
+        # must not think itself rank 0 of a job). Its port is the program's: the
+        # job's group, which outlives the run, is found again by the next one.
+        global _alone_port  # noqa: PLW0603 (one job per program)
+        if _alone_port is None:
+            _alone_port = free_port(self.main_address)
+        port = self.main_port or _alone_port
         mine = launch_variables(
             rank=0, world_size=1, main_address=self.main_address, main_port=port
         )
         with setting_variables(mine):
-            function, args, kwargs = pickle.loads(payload)
-            return function(*args, **kwargs)
+            work, work_args, work_kwargs = unpickled_work(payload, kept)
+            return work(*work_args, **work_kwargs)
 
     def _start(self) -> _Job:
         port = self.main_port or free_port(self.main_address)
