@@ -19,7 +19,7 @@ import math
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, NoReturn
 
 from plait.core import (
     AcceleratorRegistry,
@@ -34,6 +34,7 @@ from plait.core import (
     seed_everything,
 )
 from plait.environments import batch_script
+from plait.strategies.job import leave
 from plait.trainer.examples import EXAMPLES
 from plait.trainer.loggers import CSVLogger, Logger, TensorBoardLogger
 from plait.trainer.trainer import Trainer
@@ -415,5 +416,15 @@ def _guarded(run: Callable[[], object]) -> int:
     return 0
 
 
+def command() -> NoReturn:
+    """The ``plait`` command: `main`, then the end of a job's process (`plait.strategies.leave`).
+
+    After success the process leaves without tearing the interpreter down, once its
+    exit handlers have run: torch's communication threads can otherwise abort a
+    rank whose job is done, and the launcher would report it failed.
+    """
+    leave(main())
+
+
 if __name__ == "__main__":
-    raise SystemExit(main())
+    command()
