@@ -441,6 +441,7 @@ _DEEPSPEED_SIDES: Final = {
     "hand-written DeepSpeed ZeRO-2": "plain-deepspeed",
     "plait DeepSpeedStrategy ZeRO-2 in that loop": "plait-deepspeed-strategy",
     **{f"plait Trainer, deepspeed stage {stage}": f"plait-deepspeed-{stage}" for stage in range(4)},
+    "plait Trainer, deepspeed stage 2, deterministic": "plait-deepspeed-2-deterministic",
 }
 """Lightning's DeepSpeed strategy refuses the CPU ("only supported on CUDA GPUs"): no side."""
 
@@ -481,6 +482,16 @@ def bench_deepspeed(
         Row(section, f"per step against DDP: {side}", "s", figures["per_step"][side],
             figures["per_step"][ddp], ddp)
         for side in [hand, *trainers]
+    ]  # fmt: skip
+    # torch's deterministic mode fills every new tensor: what it costs a stage-2 run.
+    plain, filled = (
+        "plait Trainer, deepspeed stage 2",
+        "plait Trainer, deepspeed stage 2, deterministic",
+    )
+    rows += [
+        Row(section, f"{what}: deterministic=True against without", unit,
+            figures[key][filled], figures[key][plain], plain)
+        for what, key, unit in (("per step", "per_step", "s"), ("peak growth", "peak_growth", "B"))
     ]  # fmt: skip
     return rows
 

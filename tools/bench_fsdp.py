@@ -19,7 +19,9 @@ in that hand-written loop), and ``plait-trainer`` (plait's Trainer with
 ``FSDPStrategy``). DeepSpeed sides: ``plain-deepspeed`` (a hand-written loop on
 ``deepspeed.initialize`` at ZeRO stage 2), ``plait-deepspeed-strategy``
 (`DeepSpeedStrategy` at stage 2 in that loop) and ``plait-deepspeed-0`` to
-``plait-deepspeed-3`` (plait's Trainer at each ZeRO stage). Lightning's FSDP and
+``plait-deepspeed-3`` (plait's Trainer at each ZeRO stage), and
+``plait-deepspeed-2-deterministic`` (stage 2 with ``deterministic=True``, where torch
+fills every new tensor). Lightning's FSDP and
 DeepSpeed strategies refuse the CPU ("requires a GPU accelerator", "only supported
 on CUDA GPUs"), so they have no side here.
 """
@@ -59,6 +61,7 @@ DEEPSPEED_SIDES: Final = (
     "plain-deepspeed",
     "plait-deepspeed-strategy",
     *(f"plait-deepspeed-{stage}" for stage in range(4)),
+    "plait-deepspeed-2-deterministic",
 )
 SIDES: Final = (*FSDP_SIDES, *DEEPSPEED_SIDES)
 # The hand-written DeepSpeed loop's configuration (the strategy derives the same).
@@ -400,6 +403,7 @@ def plait_trainer(  # noqa: PLR0917
     stage: int | None = None,
     accelerator: str = "cpu",
     ranks: int = 2,
+    deterministic: bool = False,
 ) -> None:
     """plait's Trainer with FSDPStrategy (or DeepSpeedStrategy at ``stage``), its own
     launcher starting the other ranks."""
@@ -423,6 +427,7 @@ def plait_trainer(  # noqa: PLR0917
         logger=False,
         enable_progress_bar=False,
         enable_checkpointing=False,
+        deterministic=deterministic,
         callbacks=[Weights(timing), timing],
     )
     trainer.fit(Regression(width), batches(width, steps))
@@ -455,6 +460,8 @@ def main(argv: list[str] | None = None) -> int:
         plait_trainer(args.width, args.steps, args.out, None, *where)
     elif args.side.startswith("plait-deepspeed-") and args.side[-1].isdigit():
         plait_trainer(args.width, args.steps, args.out, int(args.side[-1]), *where)
+    elif args.side == "plait-deepspeed-2-deterministic":
+        plait_trainer(args.width, args.steps, args.out, 2, *where, deterministic=True)
     else:
         from torch.multiprocessing.spawn import spawn  # noqa: PLC0415
 

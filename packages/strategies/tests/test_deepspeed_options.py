@@ -29,6 +29,7 @@ from plait.strategies.deepspeed.config import (
     declared_keys,
     merge_config,
     read_config,
+    sized_buckets,
 )
 from plait.strategies.deepspeed.strategy import _cast_floating
 
@@ -377,3 +378,40 @@ def test_only_the_notices_torch_gives_deepspeeds_own_calls_are_hidden_and_only_i
         (UserWarning, "`torch.distributed.all_gather_into_tensor` is deprecated"),
         (FutureWarning, notice),
     ]
+
+
+@pytest.mark.parametrize(
+    ("stage", "sized"),
+    [
+        (1, {"reduce_bucket_size", "allgather_bucket_size"}),
+        (2, {"reduce_bucket_size", "allgather_bucket_size"}),
+        (3, {"reduce_bucket_size", "stage3_prefetch_bucket_size"}),
+    ],
+)
+def test_buckets_are_sized_from_the_model_unless_the_config_sets_them(
+    stage: int, sized: set[str]
+) -> None:
+    # A bucket is allocated whole (and filled, in deterministic mode): no larger than
+    # the model, rounded up to DeepSpeed's alignment.
+    config = _made(stage=stage).config
+    made = sized_buckets(config, {}, elements=75_000)
+    zero = made["zero_optimization"]
+    assert isinstance(zero, dict)
+    assert {key: zero[key] for key in sized} == dict.fromkeys(sized, 75_776)
+    # A large model keeps DeepSpeed's defaults.
+    large = sized_buckets(config, {}, elements=10**10)["zero_optimization"]
+    assert isinstance(large, dict)
+    assert large["reduce_bucket_size"] == 500_000_000
+    # A size the user gives always wins, in either of DeepSpeed's spellings.
+    user = {"zero_optimization": {"reduce_bucket_size": 12, "allgather_size": 34}}
+    kept = sized_buckets({**config, **user}, user, elements=75_000)["zero_optimization"]
+    assert isinstance(kept, dict)
+    assert kept["reduce_bucket_size"] == 12
+    assert "allgather_bucket_size" not in kept
+    # The strategy's own config is left as it was made.
+    assert "reduce_bucket_size" not in config["zero_optimization"]  # type: ignore[operator]
+
+
+def test_a_stage_without_buckets_is_left_alone() -> None:
+    config = {"zero_optimization": {"stage": 0}}
+    assert sized_buckets(config, {}, elements=10) == config

@@ -24,11 +24,13 @@ if TYPE_CHECKING:
     from plait.core.typing import PathLike
 
 __all__ = [
+    "BUCKETS",
     "KNOWN_KEYS",
     "STAGES",
     "derive_config",
     "merge_config",
     "read_config",
+    "sized_buckets",
     "unknown_keys",
 ]
 
@@ -212,6 +214,64 @@ def derive_config(
     if precision == "fp16":
         defaults["fp16"] = {"loss_scale": 0}  # dynamic loss scaling
     return required, defaults
+
+
+BUCKETS: Final = {
+    # DeepSpeed's key: its default size, in elements.
+    "reduce_bucket_size": 500_000_000,
+    "allgather_bucket_size": 500_000_000,
+    "stage3_prefetch_bucket_size": 50_000_000,
+}
+"""DeepSpeed's communication buckets, which `sized_buckets` sizes from the model."""
+
+_BUCKETS_OF_STAGE: Final[dict[int, tuple[str, ...]]] = {
+    1: ("reduce_bucket_size", "allgather_bucket_size"),
+    2: ("reduce_bucket_size", "allgather_bucket_size"),
+    3: ("reduce_bucket_size", "stage3_prefetch_bucket_size"),
+}
+
+_ALIGNMENT: Final = 1024
+
+_SPELLINGS: Final = {
+    # What else sets a bucket's size in a config (DeepSpeed's older names).
+    "allgather_bucket_size": ("allgather_size",),
+    "stage3_prefetch_bucket_size": ("prefetch_bucket_size",),
+}
+
+
+def sized_buckets(
+    config: Mapping[str, object], user: Mapping[str, object], elements: int
+) -> dict[str, object]:
+    """``config`` with the communication buckets no larger than the model they carry.
+
+    DeepSpeed allocates each bucket whole (500M elements for the reduce and
+    all-gather buckets, 2 GB in fp32), and torch's deterministic mode fills every
+    new tensor: for a model of a few million parameters, a step would allocate and
+    fill far more than the model itself. A bucket is sized ``min(default,
+    elements)``, rounded up to a multiple of 1024 (every parameter still fits in
+    one), unless the user's own
+    configuration ``user`` sets it: a size given explicitly always wins.
+
+    Args:
+        config: The configuration the engine is made with.
+        user: The user's configuration, as given.
+        elements: The model's parameter count (whole, not partitioned).
+    """
+    zero = config.get("zero_optimization")
+    if not isinstance(zero, Mapping):
+        return dict(config)
+    stage = zero.get("stage")
+    given = user.get("zero_optimization")
+    given = given if isinstance(given, Mapping) else {}
+    # Rounded up to a multiple of 1024: DeepSpeed aligns buffers (its all-gather
+    # bucket must be a multiple of 2 elements).
+    fitted = -(-max(elements, 1) // _ALIGNMENT) * _ALIGNMENT
+    sized = {
+        key: min(BUCKETS[key], fitted)
+        for key in _BUCKETS_OF_STAGE.get(stage if isinstance(stage, int) else 0, ())
+        if key not in given and not any(other in given for other in _SPELLINGS.get(key, ()))
+    }
+    return {**config, "zero_optimization": {**zero, **sized}}
 
 
 def merge_config(

@@ -32,6 +32,7 @@ from plait.strategies.deepspeed.config import (
     offloads,
     precision_name,
     read_config,
+    sized_buckets,
 )
 from plait.strategies.deepspeed.export import checkpoint_layout
 from plait.strategies.deepspeed.whole_state import (
@@ -238,7 +239,11 @@ class DeepSpeedStrategy(SelfLaunchingStrategy):
             # DeepSpeed insists on a batch size; it counts samples with it, nothing more.
             defaults["train_micro_batch_size_per_gpu"] = 1
         self.config: dict[str, object] = merge_config(user, required, defaults)
-        """DeepSpeed's configuration: the user's, merged with plait's settings."""
+        """DeepSpeed's configuration: the user's, merged with plait's settings.
+
+        The engine is made with its communication buckets sized from the module
+        (`plait.strategies.deepspeed.config.sized_buckets`), unless set here."""
+        self._user_config = user
         self.stage = config_stage(self.config)
         self.precision_name = config_precision(self.config)
         self.offload_optimizer = offloads(self.config, "offload_optimizer")
@@ -391,16 +396,19 @@ class DeepSpeedStrategy(SelfLaunchingStrategy):
             )
         # Decided together: a launcher may hand one rank a fresh copy of the module
         # and another the module an earlier run partitioned in place.
-        stale = any(getattr(m, _PARTITIONED_BY, None) is not None for m in module.modules())
+        generation = self.job_generation
+        marks = {getattr(m, _PARTITIONED_BY, None) for m in module.modules()} - {None}
+        stale = bool(marks - {generation})
         if self.reduce_boolean_decision(stale, all=False):
             raise ConfigurationError(
-                "the module was partitioned by an earlier run at ZeRO stage 3 (on "
-                f"{'this rank' if stale else 'another rank'}), in place, over process "
-                "groups that ended with it",
+                "the module was partitioned at ZeRO stage 3 in an earlier job of this "
+                f"program (on {'this rank' if stale else 'another rank'}), in place, over "
+                "a process group that has ended",
                 value=type(module).__name__,
-                fix="build the module anew for the next run and load the checkpoint into it "
-                "(strategy.load_checkpoint(path, model); with the Trainer, "
-                "trainer.validate(Model(), ckpt_path='last'), or validate during fit)",
+                fix="keep the job's process group between runs (it lives until the program "
+                "ends, unless end_job() was called or a run failed), or build the module "
+                "anew and load the checkpoint into it (strategy.load_checkpoint(path, model); "
+                "with the Trainer, trainer.validate(Model(), ckpt_path='last'))",
             )
         if self.offload_optimizer or self.offload_parameters or self.uses_config_optimizer:
             # Only these may compile an op: a dead build's lock would stall it silently.
@@ -414,18 +422,21 @@ class DeepSpeedStrategy(SelfLaunchingStrategy):
             if self.uses_config_optimizer
             else []
         )
+        config = self.config if optimizer is not None else self._evaluation_config()
+        # A partitioned parameter holds its whole size in ds_numel.
+        elements = sum(int(getattr(p, "ds_numel", p.numel())) for p in module.parameters())
         with library.quiet():
             made, *_ = deepspeed.initialize(
                 model=module,
                 optimizer=optimizer,
-                config=self.config if optimizer is not None else self._evaluation_config(),
+                config=sized_buckets(config, self._user_config, elements),
                 dist_init_required=False,
             )
         if not isinstance(made, torch.nn.Module):  # DeepSpeedEngine is a module
             raise TypeError(f"deepspeed.initialize made a {type(made).__name__}, not a module")
-        if self.stage == 3:
+        if self.stage == 3:  # partitioned in place: on this job's group
             for submodule in module.modules():
-                setattr(submodule, _PARTITIONED_BY, repr(self))
+                setattr(submodule, _PARTITIONED_BY, generation)
         self._engine = cast("Engine", made)
         self._client_optimizer = optimizer
         self._optimizer_parameters = parameters
