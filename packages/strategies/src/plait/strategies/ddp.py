@@ -65,11 +65,16 @@ def process_launcher(
     """What starts a process-group strategy's ranks (nothing, if a scheduler already did).
 
     ``start_method`` is one of `START_METHODS`: ``"popen"`` runs the program again
-    per rank; the others are torch.multiprocessing's.
+    per rank; the others are torch.multiprocessing's. In rank 0 of a job the popen
+    launcher started, it is that launcher: the job's ranks run the program too.
     """
-    if environment.creates_processes_externally and not leads_a_job():
-        return ExternalLauncher()
     address, port = environment.main_address, environment.main_port
+    if leads_a_job():
+        # Rank 0 of ranks the popen launcher started: they run this program, and
+        # every later run goes through that launcher, whatever the start method.
+        return SubprocessScriptLauncher(num_processes, main_address=address, main_port=port)
+    if environment.creates_processes_externally:
+        return ExternalLauncher()
     if start_method == "popen":
         return SubprocessScriptLauncher(num_processes, main_address=address, main_port=port)
     return MultiprocessingLauncher(
