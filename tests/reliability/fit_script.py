@@ -19,6 +19,8 @@ accelerator="cpu", **settings)``. Settings are Python literals (``max_epochs=2``
 - ``TIMEOUT``: the strategy's collective timeout, in seconds.
 - ``SLOW_SAVE``: every checkpoint save takes this many seconds more (slow storage);
   ``saving`` is written into the root directory when one starts.
+- ``VALIDATE_FIRST``: ``trainer.validate`` runs before ``fit``, so the faults meet a
+  job whose process group outlived a call.
 
 Rank 0 writes ``result.json`` (its final step and epoch) into ``default_root_dir``;
 every rank writes ``seen-RANK.json`` with what it saw: its losses by step, where it
@@ -104,6 +106,12 @@ class Tiny(Module):
         return loss
 
     @override
+    def validation_step(self, batch: object, batch_idx: int) -> None:
+        assert isinstance(batch, list)
+        x, y = batch
+        self.log("val_loss", torch.nn.functional.mse_loss(self(x), y), sync_dist=True)
+
+    @override
     def configure_optimizers(self) -> object:
         return torch.optim.SGD(self.parameters(), lr=0.05)
 
@@ -179,6 +187,8 @@ def main() -> None:
         **settings,  # type: ignore[arg-type]
     )
     model = Tiny(_env_int("WIDTH") or 16)
+    if os.environ.get("VALIDATE_FIRST"):
+        trainer.validate(model, DataLoader(TensorDataset(x, y), batch_size=8))
     trainer.fit(model, loader, ckpt_path=ckpt_path)  # type: ignore[arg-type]
     if trainer.is_global_zero:
         result = {"global_step": trainer.global_step, "epoch": trainer.current_epoch}

@@ -93,6 +93,26 @@ def test_a_stalled_rank_is_named_and_the_job_ends_within_60s(
     )
 
 
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("rank", [0, 1])
+def test_a_rank_stalling_after_a_first_call_of_the_job_is_named_within_60s(
+    tmp_path: Path, rank: int
+) -> None:
+    # validate() ran first: the job's process group outlived it, and fit runs on it.
+    done = run(
+        fit_command("ddp", 2, tmp_path, "max_epochs=1"),
+        tmp_path,
+        {"STALL_RANK": str(rank), "STALL_STEP": "3", "TIMEOUT": "3", "VALIDATE_FIRST": "1"},
+    )
+
+    assert done.returncode == 1
+    assert done.seconds < 60
+    assert (
+        f"rank {rank} stalled: rank {1 - rank} timed out after 3 s waiting for it in a collective"
+        in done.headline
+    )
+
+
 def test_a_stalled_rank_under_torchrun_is_named_by_the_rank_that_waited_within_60s(
     tmp_path: Path,
 ) -> None:

@@ -58,6 +58,24 @@ def test_sigterm_saves_and_the_same_command_resumes_with_the_same_losses_within_
     assert resumed.seen()["losses"] == _uninterrupted(whole_root, strategy, devices)
 
 
+def test_sigterm_after_a_first_call_of_the_job_stops_every_rank_at_one_step_within_60s(
+    tmp_path: Path,
+) -> None:
+    # validate() ran first: the job's process group outlived it, and fit runs on it.
+    stopped = run(
+        fit_command("ddp", 2, tmp_path, *SETTINGS),
+        tmp_path,
+        {"SIGNAL_STEP": "10", "SIGNAL_TO": "self", "VALIDATE_FIRST": "1"},
+    )
+
+    assert stopped.returncode == STOPPED, stopped.stderr
+    assert stopped.seconds < 60
+    assert "training stopped on SIGTERM at step" in stopped.stderr
+    steps = {int(stopped.seen(rank)["global_step"]) for rank in range(2)}  # type: ignore[call-overload]
+    assert len(steps) == 1  # every rank stopped at the same step
+    assert (tmp_path / "checkpoints" / "last.ckpt").exists()
+
+
 def test_sigterm_to_torchrun_stops_the_workers_gracefully_within_60s(tmp_path: Path) -> None:
     job = Job(
         torchrun_command(tmp_path, "max_epochs=50"),
