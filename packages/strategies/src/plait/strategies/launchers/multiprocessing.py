@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Final, ParamSpec, TypeVar
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing
+import torch.multiprocessing  # registers the reductions that share tensors
 from typing_extensions import override
 
 from plait.core import ConfigurationError, TrainingStopped, free_port
