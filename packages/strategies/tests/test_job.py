@@ -90,13 +90,7 @@ _LEAVING = textwrap.dedent(
 
 
 def test_leaving_after_success_runs_the_exit_handlers_flushes_and_skips_teardown() -> None:
-    completed = subprocess.run(
-        [sys.executable, "-c", _LEAVING, "0"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    completed = _leaving(0)
 
     assert completed.returncode == 0, completed.stderr
     assert "exit handler" in completed.stdout
@@ -105,13 +99,7 @@ def test_leaving_after_success_runs_the_exit_handlers_flushes_and_skips_teardown
 
 
 def test_leaving_after_a_failure_exits_with_its_status_as_usual() -> None:
-    completed = subprocess.run(
-        [sys.executable, "-c", _LEAVING, "3"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    completed = _leaving(3)
 
     assert completed.returncode == 3
     assert "exit handler" in completed.stdout
