@@ -417,7 +417,7 @@ def _guarded(run: Callable[[], object]) -> int:
 
 
 def command() -> NoReturn:
-    """The ``plait`` command: `main`, then the end of a job's process (`plait.strategies.leave`).
+    """The ``plait`` command: `main`, then the end of its process (`plait.strategies.job.leave`).
 
     After success the process leaves without tearing the interpreter down, once its
     exit handlers have run: torch's communication threads can otherwise abort a

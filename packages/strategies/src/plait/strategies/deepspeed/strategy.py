@@ -242,7 +242,7 @@ class DeepSpeedStrategy(SelfLaunchingStrategy):
         """DeepSpeed's configuration: the user's, merged with plait's settings.
 
         The engine is made with its communication buckets sized from the module
-        (`plait.strategies.deepspeed.config.sized_buckets`), unless set here."""
+        (`plait.strategies.deepspeed.config.sized_buckets`), unless the config sets them."""
         self._user_config = user
         self.stage = config_stage(self.config)
         self.precision_name = config_precision(self.config)
