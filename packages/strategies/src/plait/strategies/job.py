@@ -53,12 +53,15 @@ class Job:
             sharded over a group that has ended cannot be used again).
         destroy: Destroys the group (through the library that holds it, for
             DeepSpeed).
+        held: What strategies keep for the job's life, made over its group (FSDP's
+            device meshes), by key; it goes with the job.
     """
 
     settings: Hashable
     collectives: DistributedCollectives
     generation: int
     destroy: Callable[[], None]
+    held: dict[Hashable, object] = attrs.field(factory=dict)
 
 
 _job: Job | None = None

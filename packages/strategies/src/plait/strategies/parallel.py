@@ -5,9 +5,9 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Hashable, Sequence
 from datetime import timedelta
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Final, TypeVar, cast
 
 import torch
 import torch.distributed as dist
@@ -23,7 +23,7 @@ from plait.core import (
 )
 from plait.strategies.base import BaseStrategy, require_parts
 from plait.strategies.collectives.distributed import AGREEMENT_VARIABLE, AGREEMENTS
-from plait.strategies.job import current_job, end_job, join_job
+from plait.strategies.job import Job, current_job, end_job, join_job
 from plait.strategies.launchers.children import timeout_of
 from plait.strategies.process_group import init_distributed
 
@@ -32,6 +32,8 @@ if TYPE_CHECKING:
     from plait.strategies.collectives import DistributedCollectives
 
 __all__ = ["PROCESS_GROUP_BACKENDS", "ParallelStrategy"]
+
+T = TypeVar("T")
 
 
 PROCESS_GROUP_BACKENDS: Final = ("gloo", "nccl", "mpi", "ucc")
@@ -156,6 +158,7 @@ class ParallelStrategy(BaseStrategy):
             )
         self.check_agreement = agreement
         self._collectives: DistributedCollectives | None = None
+        self._job: Job | None = None
         self._offered: Collectives | None = None
 
     @override
@@ -275,7 +278,7 @@ class ParallelStrategy(BaseStrategy):
         if self._collectives is not None:
             return
         job = join_job(self._job_settings(), self._join, self.destroy_process_group)
-        self._collectives = job.collectives
+        self._job, self._collectives = job, job.collectives
         offered = self.make_collectives(job.collectives)
         if not isinstance(offered, Collectives):
             raise ConfigurationError(
@@ -321,10 +324,24 @@ class ParallelStrategy(BaseStrategy):
 
         A module sharded in one job cannot be used in another: its group has ended.
         """
-        job = current_job()
-        if job is None or self._collectives is None or job.collectives is not self._collectives:
-            return None
-        return job.generation
+        job = self._job
+        return job.generation if job is not None and job is current_job() else None
+
+    def job_held(self, key: Hashable, make: Callable[[], T]) -> T:
+        """What the strategy keeps for its job's life under ``key``, made once by ``make``.
+
+        For what is made over the job's group (a device mesh): the job's next runs use
+        it again, and it goes with the job.
+
+        Raises:
+            ConfigurationError: `setup_environment` has not run yet.
+        """
+        job = self._job
+        if job is None:
+            raise _not_joined()
+        if key not in job.held:
+            job.held[key] = make()
+        return cast("T", job.held[key])
 
     @override
     def on_exception(self, exception: BaseException) -> None:
@@ -384,13 +401,9 @@ class ParallelStrategy(BaseStrategy):
         `plait.strategies.end_job`.
         """
         self._release_model()
-        job = current_job()
-        if (
-            sys.exc_info()[1] is not None
-            and job is not None
-            and job.collectives is self._collectives
-        ):
+        if sys.exc_info()[1] is not None and self._job is not None and self._job is current_job():
             end_job(depart=False)
+        self._job = None
         self._collectives = None
         self._offered = None
         super().teardown()

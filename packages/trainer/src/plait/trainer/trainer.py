@@ -71,9 +71,9 @@ class Outcome:
     """What a run sends back from rank 0 to the process that called the trainer.
 
     Attributes:
-        in_place: The run worked on the caller's own module (no state to copy back).
         trainer: The process and trainer object that ran it (`_identity`).
-        state_dict: The module's trained state, on the CPU.
+        state_dict: The module's trained state, on the CPU, where the run worked on a
+            copy of the caller's module; ``None`` where it trained that module itself.
         callback_states: Each stateful callback's state, by `Callback.state_key`.
         callback_metrics: The trainer's metrics at the end.
         logged_metrics: The last values sent to the loggers.
@@ -85,7 +85,6 @@ class Outcome:
         results: What `Trainer.validate`/`Trainer.test` return, or predictions.
     """
 
-    in_place: bool
     trainer: tuple[int, int]
     state_dict: dict[str, torch.Tensor] | None
     callback_states: dict[str, dict[str, object]]
@@ -811,7 +810,7 @@ class Trainer:
 
     def _adopt(self, outcome: Outcome, model: Module) -> object:
         # The run may have worked on copies (in other processes): bring rank 0's back.
-        if not outcome.in_place and outcome.state_dict is not None:
+        if outcome.state_dict is not None:
             if set(outcome.state_dict) - set(model.state_dict()):
                 # Layers the ranks made in configure_model: made here too.
                 model.configure_model()
@@ -833,15 +832,12 @@ class Trainer:
             self._ran_as = (outcome.world_size, 0)
         return outcome.results
 
-    def outcome(self, model: Module, results: object, origin: tuple[int, int]) -> Outcome:
+    def outcome(self, results: object) -> Outcome:
         """What rank 0 sends back at the end of a run."""
-        in_place = _origin(model) == origin
-        # Taken through the strategy at the run's end (gathered, if it was sharded).
-        state = None if in_place else self._final_state
         return Outcome(
-            in_place=in_place,
             trainer=_identity(self),
-            state_dict=state,
+            # Taken by `run_stage` where the run worked on a copy (gathered, if sharded).
+            state_dict=self._final_state,
             callback_states={c.state_key: c.state_dict() for c in self.callbacks},
             callback_metrics=dict(self.callback_metrics),
             logged_metrics=dict(self.logged_metrics),
@@ -1003,4 +999,4 @@ def _run_in_rank(trainer: Trainer, model: Module, run: Run) -> Outcome:
         # A process a launcher started afresh: seeded as the caller was.
         seed_everything()
     results = trainer.run_stage(model, run)
-    return trainer.outcome(model, results, run.origin)
+    return trainer.outcome(results)

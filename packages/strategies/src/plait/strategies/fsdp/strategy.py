@@ -49,8 +49,6 @@ __all__ = ["FSDPStrategy"]
 
 _SHARDED_BY = "_plait_sharded_by"
 
-_job_meshes: dict[tuple[int | None, tuple[int, int] | None], DeviceMesh] = {}
-
 
 def _is_dtensor(value: object) -> bool:
     # By its method, not its class: torch.distributed.tensor is slow to import.
@@ -281,13 +279,7 @@ class FSDPStrategy(SelfLaunchingStrategy):
         if self._mesh is None:
             # One mesh per shape in a job: a module sharded over it in one run goes
             # on over it in the next, and no run makes groups of its own again.
-            key = (self.job_generation, self._mesh_shape())
-            if key[0] not in {made[0] for made in _job_meshes}:
-                _job_meshes.clear()  # an earlier job's, over groups that have ended
-            mesh = _job_meshes.get(key)
-            if mesh is None:
-                mesh = _job_meshes[key] = self._make_mesh()
-            self._mesh = mesh
+            self._mesh = self.job_held(("device mesh", self._mesh_shape()), self._make_mesh)
 
     def _mesh_shape(self) -> tuple[int, int] | None:
         world = self.world_size

@@ -420,9 +420,9 @@ class SubprocessScriptLauncher:
         # must not think itself rank 0 of a job). Its port is the program's: the
         # job's group, which outlives the run, is found again by the next one.
         global _alone_port  # noqa: PLW0603 (one job per program)
-        if _alone_port is None:
-            _alone_port = free_port(self.main_address)
         port = self.main_port or _alone_port
+        if port is None:
+            port = _alone_port = free_port(self.main_address)
         mine = launch_variables(
             rank=0, world_size=1, main_address=self.main_address, main_port=port
         )
