@@ -78,9 +78,17 @@ def _fit(root: Path, strategy: str | Strategy, **settings: object) -> Regressor:
 
 def test_single_xla_trains_on_the_xla_device_as_the_cpu_does(tmp_path: Path) -> None:
     on_xla = _fit(tmp_path / "xla", "single_xla", max_epochs=3, enable_checkpointing=False)
-    on_cpu = _fit(tmp_path / "cpu", "single_device", max_epochs=3, enable_checkpointing=False)
+    # accelerator="auto" prefers XLA wherever torch_xla imports: name the CPU.
+    on_cpu = _fit(
+        tmp_path / "cpu",
+        "single_device",
+        accelerator="cpu",
+        max_epochs=3,
+        enable_checkpointing=False,
+    )
 
     assert on_xla.devices == {"xla"}
+    assert on_cpu.devices == {"cpu"}
     assert len(on_xla.losses) == 24
     assert sum(on_xla.losses[-4:]) < sum(on_xla.losses[:4]) / 4
     assert on_xla.losses == pytest.approx(on_cpu.losses, rel=1e-3, abs=1e-4)
