@@ -19,6 +19,7 @@ __all__ = [
     "INT_DTYPES",
     "LAYOUTS",
     "OPS",
+    "OP_SPELLINGS",
     "AllGatherCase",
     "BadArgumentCase",
     "BarrierCase",
@@ -33,6 +34,8 @@ __all__ = [
     "ReduceCase",
     "TensorSpec",
     "Value",
+    "op_of",
+    "spellings_of",
 ]
 
 FLOAT_DTYPES: Final = ("float16", "bfloat16", "float32", "float64")
@@ -42,7 +45,47 @@ DTYPES: Final = (*FLOAT_DTYPES, *COMPLEX_DTYPES, *INT_DTYPES, "bool")
 """Every dtype the contract covers, by its name in ``torch``."""
 
 OPS: Final = ("sum", "mean", "min", "max", "product")
-"""The reductions of the contract."""
+"""The reductions of the contract, by their names."""
+
+_TORCH_NAMES: Final = {
+    "sum": "SUM",
+    "mean": "AVG",
+    "min": "MIN",
+    "max": "MAX",
+    "product": "PRODUCT",
+}
+
+
+def _spellings(op: str) -> tuple[str, ...]:
+    upper = op.upper()
+    names = [op, upper, op.capitalize(), f" {op} "]
+    if op == "mean":
+        names += ["avg", "AVG", "Avg"]
+    return (
+        *names,
+        f"plait.core.ReduceOp.{upper}",
+        f"torch.distributed.ReduceOp.{_TORCH_NAMES[op]}",
+    )
+
+
+OP_SPELLINGS: Final[dict[str, str]] = {spelling: op for op in OPS for spelling in _spellings(op)}
+"""Every spelling of a reduction the contract accepts, and the reduction it names.
+
+A string is passed as it is written (any case, surrounding spaces, the alias
+``avg``); ``"plait.core.ReduceOp.MEAN"`` and ``"torch.distributed.ReduceOp.AVG"``
+stand for those enum members, which the ranks pass instead of a string.
+"""
+
+
+def spellings_of(op: str) -> tuple[str, ...]:
+    """Every spelling of ``op`` (a name of `OPS`), its plain name first."""
+    return tuple(spelling for spelling, named in OP_SPELLINGS.items() if named == op)
+
+
+def op_of(spelling: str) -> str:
+    """The reduction (a name of `OPS`) that ``spelling`` names."""
+    return OP_SPELLINGS[spelling]
+
 
 LAYOUTS: Final = ("contiguous", "transposed", "strided")
 """How a tensor sits in memory: ``transposed`` and ``strided`` are not contiguous."""
@@ -93,10 +136,19 @@ Value: TypeAlias = TensorSpec | int | float
 
 @attrs.frozen
 class ReduceCase:
-    """Every rank calls ``reduce(inputs[rank], op)``."""
+    """Every rank calls ``reduce(inputs[rank], op)``.
 
-    op: str = attrs.field(validator=attrs.validators.in_(OPS))
+    ``op`` is any spelling of `OP_SPELLINGS`: ``"mean"``, ``"AVG"``, or
+    ``"torch.distributed.ReduceOp.AVG"`` (the ranks pass the enum member itself).
+    """
+
+    op: str = attrs.field(validator=attrs.validators.in_(OP_SPELLINGS))
     inputs: tuple[Value, ...]
+
+    @property
+    def reduction(self) -> str:
+        """The reduction ``op`` names, as one of `OPS`."""
+        return op_of(self.op)
 
 
 @attrs.frozen
@@ -195,9 +247,14 @@ class GroupCase:
     """
 
     members: tuple[int, ...]
-    op: str = attrs.field(validator=attrs.validators.in_(OPS))
+    op: str = attrs.field(validator=attrs.validators.in_(OP_SPELLINGS))
     src: int
     inputs: tuple[TensorSpec, ...]
+
+    @property
+    def reduction(self) -> str:
+        """The reduction ``op`` names, as one of `OPS`."""
+        return op_of(self.op)
 
     def __attrs_post_init__(self) -> None:
         if not self.members or list(self.members) != sorted(set(self.members)):

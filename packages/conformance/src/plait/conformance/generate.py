@@ -34,6 +34,7 @@ from plait.conformance.cases import (
     ReduceCase,
     TensorSpec,
     Value,
+    spellings_of,
 )
 
 __all__ = [
@@ -172,8 +173,14 @@ def dtypes_for(op: str) -> tuple[str, ...]:
 
 @st.composite
 def reduce_cases(draw: st.DrawFn, world_size: int, *, numbers: bool = False) -> ReduceCase:
-    """Every rank reduces a tensor of one dtype and shape, or (``numbers``) a Python number."""
+    """Every rank reduces a tensor of one dtype and shape, or (``numbers``) a Python number.
+
+    The op comes in any spelling the contract accepts (`spellings_of`); shrinking
+    leads to its plain name, so a spelling stays in a shrunk example only where the
+    flaw needs it.
+    """
     op = draw(st.sampled_from(OPS), label="op")
+    spelling = draw(st.sampled_from(spellings_of(op)), label="spelling")
     inputs: list[Value]
     if numbers:
         if draw(st.booleans(), label="floats?"):
@@ -183,11 +190,11 @@ def reduce_cases(draw: st.DrawFn, world_size: int, *, numbers: bool = False) -> 
             low, high = int_bounds("int64", op, world_size)
             ints = st.integers(low, high)
             inputs = list(draw(st.lists(ints, min_size=world_size, max_size=world_size)))
-        return ReduceCase(op, tuple(inputs))
+        return ReduceCase(spelling, tuple(inputs))
     dtype = draw(st.sampled_from(dtypes_for(op)), label="dtype")
     shape = draw(shapes(), label="shape")
     specs = tensor_specs(dtype, shape, op=op, world_size=world_size)
-    return ReduceCase(op, tuple(draw(specs) for _ in range(world_size)))
+    return ReduceCase(spelling, tuple(draw(specs) for _ in range(world_size)))
 
 
 @functools.cache
@@ -242,10 +249,11 @@ def group_cases(draw: st.DrawFn, world_size: int) -> GroupCase:
         )
     )
     op = draw(st.sampled_from(OPS), label="op")
+    spelling = draw(st.sampled_from(spellings_of(op)), label="spelling")
     src = draw(st.sampled_from(members), label="src")
     dtype = draw(st.sampled_from(dtypes_for(op)), label="dtype")
     specs = tensor_specs(dtype, draw(shapes(), label="shape"), op=op, world_size=world_size)
-    return GroupCase(members, op, src, tuple(draw(specs) for _ in range(world_size)))
+    return GroupCase(members, spelling, src, tuple(draw(specs) for _ in range(world_size)))
 
 
 @st.composite

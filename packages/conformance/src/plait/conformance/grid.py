@@ -3,15 +3,24 @@
 Drawn examples find what nobody thought of, but only by chance: a flaw limited to
 three dtypes of twelve, or to world sizes above two, may pass a short run. The grid
 closes that gap. For each property and world size it lists examples that cover
-every op x dtype, Python numbers, scalar, empty and non-contiguous layouts, every
-``src``, every late or absent rank, every kind of mismatch and every documented bad
-argument, with values chosen so that the usual slips give a different answer:
+every op x dtype, every spelling of every op, Python numbers, scalar, empty and
+non-contiguous layouts, every ``src`` (in a sub-group, every member), every late or
+absent rank, every kind of mismatch and every documented bad argument, with values
+chosen so that the usual slips give a different answer:
 
 - each rank holds different values, negative ones too where the dtype has them,
   so a sum differs from a mean, a max and a product;
+- the mean of integers is never a whole number at two ranks or more (a truncating
+  mean shows at every world size, not only at two);
+- every integer dtype also goes through at its extremes, so a transport through a
+  narrower integer or a float (int64 through float64) cannot pass;
 - floating values carry digits that the next narrower dtype cannot hold (a float64
-  reduced through float32 is off by far more than the tolerance);
+  reduced through float32 is off by far more than the tolerance), and reach
+  magnitudes a narrower range cannot hold (bfloat16 through float16 overflows);
 - every value stays where the exact result is representable, as drawn ones do.
+
+``tests`` of the package check each of these against the slips it exists to show,
+per dtype and world size (the audit in the conformance guide).
 
 `prove` runs these before any drawn example, so a run of any profile fails on the
 same example every time a flaw shows on the grid.
@@ -19,6 +28,7 @@ same example every time a flaw shows on the grid.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from typing import Final
@@ -26,6 +36,7 @@ from typing import Final
 from plait.conformance.cases import (
     COMPLEX_DTYPES,
     DTYPES,
+    FLOAT_DTYPES,
     INT_DTYPES,
     OPS,
     AllGatherCase,
@@ -42,6 +53,7 @@ from plait.conformance.cases import (
     ReduceCase,
     TensorSpec,
     Value,
+    spellings_of,
 )
 from plait.conformance.generate import (
     BAD_ARGUMENTS,
@@ -80,17 +92,74 @@ def _clamp(value: int, low: int, high: int) -> int:
     return max(low, min(high, value))
 
 
-def _int_values(dtype: str, op: str | None, world_size: int, rank: int) -> tuple[int, int]:
+def _uneven(column: list[int], low: int, high: int) -> list[int]:
+    """``column`` with the last rank's value moved by one where its mean is whole.
+
+    Away from zero, unless that leaves the bounds: a mean over two ranks or more is
+    then never a whole number, so a truncating mean shows at every world size.
+    """
+    size = len(column)
+    if size < 2 or sum(column) % size:  # one rank's mean is its own value: whole
+        return column
+    last = column[-1]
+    step = -1 if last < 0 else 1
+    moved = last + step if low <= last + step <= high else last - step
+    return [*column[:-1], moved]
+
+
+@functools.cache
+def _int_pairs(dtype: str, op: str | None, world_size: int) -> tuple[tuple[int, int], ...]:
     # Two elements per rank: a positive value that grows with the rank, and a second
     # that differs in sign (or, unsigned, in order) so min, max and sum all differ.
     low, high = int_bounds(dtype, op, world_size)
+    pairs = []
+    for rank in range(world_size):
+        if op is None:  # moved, not reduced: the dtype's extremes, each rank its own
+            pairs.append((_clamp(high - rank, low, high), _clamp(low + rank, low, high)))
+        elif op == "product":
+            first = _clamp(2 + rank % 2, low, high)
+            second = _clamp(-1 if rank % 2 else 1, low, high) if low < 0 else 1
+            pairs.append((first, second))
+        else:  # the second's sign alternates: a column holds both signs
+            first = _clamp(rank + 1, low, high)
+            signed = (2 * rank + 1) * (1 if rank % 2 else -1)
+            second = _clamp(signed, low, high) if low < 0 else _clamp(3 * rank, low, high)
+            pairs.append((first, second))
+    if op == "mean":
+        firsts = _uneven([pair[0] for pair in pairs], low, high)
+        seconds = _uneven([pair[1] for pair in pairs], low, high)
+        pairs = list(zip(firsts, seconds, strict=True))
+    return tuple(pairs)
+
+
+def _int_values(dtype: str, op: str | None, world_size: int, rank: int) -> tuple[int, int]:
+    return _int_pairs(dtype, op, world_size)[rank]
+
+
+@functools.cache
+def _int_extremes(dtype: str, op: str, world_size: int) -> tuple[tuple[int, int], ...]:
+    # Values at the edges of what the op keeps in range. The first element is near
+    # the largest value on every rank: its sum (or product, or max) needs every bit
+    # of the dtype (int64's, more than a float64 holds). The second takes the two
+    # edges in turn, so a column mixes signs: a min or max that compares as unsigned
+    # shows.
+    low, high = int_bounds(dtype, op, world_size)
     if op == "product":
-        first = _clamp(2 + rank % 2, low, high)
-        second = _clamp(-1 if rank % 2 else 1, low, high) if low < 0 else 1
-        return first, second
-    first = _clamp(rank + 1, low, high)
-    second = _clamp(-(2 * rank + 1), low, high) if low < 0 else _clamp(3 * rank, low, high)
-    return first, second
+        # Distinct values near the largest root, the signs alternating; and the
+        # largest odd root on every rank, whose power has no trailing zero bits to
+        # spare: a float with fewer bits than the dtype cannot hold it.
+        sign = [(-1) ** rank if low < 0 else 1 for rank in range(world_size)]
+        near = [_clamp(high - rank, 1, high) for rank in range(world_size)]
+        odd = high if high % 2 else max(1, high - 1)
+        return tuple((sign[rank] * near[rank], odd) for rank in range(world_size))
+    firsts = [_clamp(high - rank, low, high) for rank in range(world_size)]
+    seconds = [
+        _clamp(low + rank if rank % 2 == 0 else high - rank, low, high)
+        for rank in range(world_size)
+    ]
+    if op == "mean":
+        firsts, seconds = _uneven(firsts, low, high), _uneven(seconds, low, high)
+    return tuple(zip(firsts, seconds, strict=True))
 
 
 def _float_values(dtype: str, op: str | None, world_size: int, rank: int) -> list[Number]:
@@ -99,11 +168,28 @@ def _float_values(dtype: str, op: str | None, world_size: int, rank: int) -> lis
         bound = float_bound(dtype, op, world_size)
         first: float = min(1 + fine * (rank + 1), bound)
         second: float = -min(1 + 2 * fine * (rank + 1), bound) if rank % 2 else 1.0
+    elif op is None:  # moved, not reduced: fine digits, and a magnitude near the range's end
+        first = (rank + 1) * (1 + fine)
+        second = -float_bound(dtype, op, world_size) * (1 - fine * (rank + 1))
     else:
         first = (rank + 1) * (1 + fine)
         second = -(rank + 0.5) * (1 - fine)
     if dtype in COMPLEX_DTYPES:
         return [complex(first, -second), complex(second, first / 2)]
+    return [first, second]
+
+
+def _float_extremes(dtype: str, op: str, world_size: int, rank: int) -> list[Number]:
+    # Magnitudes near the largest the op keeps in range, with digits finer than the
+    # next narrower dtype holds: a narrower range overflows, a narrower mantissa rounds.
+    fine = _FINE[dtype]
+    bound = float_bound(dtype, op, world_size)
+    first = bound * (1 - fine * (rank + 1))
+    second = -bound / 2 * (1 - fine * (2 * rank + 1)) if op != "product" else bound
+    if op == "product" and rank % 2:
+        first = -first
+    if dtype in COMPLEX_DTYPES:
+        return [complex(first, -second / 2), complex(second, first / 4)]
     return [first, second]
 
 
@@ -148,8 +234,27 @@ _LAYOUTS: Final = (
 """Shapes and layouts every reduce and gather covers: scalar, empty, non-contiguous."""
 
 
+def _extremes(dtype: str, op: str, world_size: int) -> tuple[TensorSpec, ...]:
+    specs = []
+    for rank in range(world_size):
+        if dtype in INT_DTYPES:
+            values: tuple[Number, ...] = _int_extremes(dtype, op, world_size)[rank]
+        else:
+            values = rounded(dtype, _float_extremes(dtype, op, world_size, rank))
+        specs.append(TensorSpec(dtype, (2,), values))
+    return tuple(specs)
+
+
+_SPELLING_DTYPES: Final = ("float64", "int32")
+"""The dtypes every other spelling of an op is tried on: a float, and an integer
+(whose mean is floating)."""
+
+
 def reduce_tensors(world_size: int) -> list[Case]:
-    """Every op x dtype, then every op over each shape and layout of `_LAYOUTS`."""
+    """Every op x dtype, and over each shape and layout of `_LAYOUTS`, in each spelling.
+
+    Then every op over each integer and floating dtype at the extremes of its range.
+    """
     cases: list[Case] = [
         ReduceCase(op, _per_rank(dtype, op, world_size)) for op in OPS for dtype in dtypes_for(op)
     ]
@@ -157,21 +262,41 @@ def reduce_tensors(world_size: int) -> list[Case]:
         for dtype in ("float32", "int64"):
             for shape, layout in _LAYOUTS:
                 cases.append(ReduceCase(op, _per_rank(dtype, op, world_size, shape, layout)))
+    for op in OPS:
+        for spelling in spellings_of(op)[1:]:
+            cases += [
+                ReduceCase(spelling, _per_rank(dtype, op, world_size)) for dtype in _SPELLING_DTYPES
+            ]
+    for op in OPS:
+        extreme = (*INT_DTYPES, *FLOAT_DTYPES, *COMPLEX_DTYPES)
+        cases += [
+            ReduceCase(op, _extremes(dtype, op, world_size))
+            for dtype in extreme
+            if dtype in dtypes_for(op)
+        ]
     return cases
 
 
 def reduce_numbers(world_size: int) -> list[Case]:
-    """Every op over Python ints and over Python floats."""
+    """Every spelling of every op over Python ints and floats; ints at int64's extremes."""
     cases: list[Case] = []
     for op in OPS:
-        ints: tuple[Value, ...] = tuple(
+        low, high = int_bounds("int64", op, world_size)
+        column = [
             int(_int_values("int64", op, world_size, rank)[rank % 2]) for rank in range(world_size)
-        )
+        ]
+        ints: tuple[Value, ...] = tuple(_uneven(column, low, high) if op == "mean" else column)
         floats: tuple[Value, ...] = tuple(
             float(_float_values("float64", op, world_size, rank)[rank % 2])  # type: ignore[arg-type]
             for rank in range(world_size)
         )
-        cases += [ReduceCase(op, ints), ReduceCase(op, floats)]
+        cases += [
+            ReduceCase(spelling, numbers)
+            for spelling in spellings_of(op)
+            for numbers in (ints, floats)
+        ]
+        extremes = _int_extremes("int64", op, world_size)
+        cases.append(ReduceCase(op, tuple(pair[rank % 2] for rank, pair in enumerate(extremes))))
     return cases
 
 
@@ -207,10 +332,25 @@ def all_gather(world_size: int) -> list[Case]:
 _MAX_GROUPS: Final = 31
 
 
-def sub_groups(world_size: int) -> list[Case]:
-    """Every group of some ranks, ``src`` its last member, the ops and dtypes in turn.
+def _group_inputs(
+    members: tuple[int, ...], dtype: str, op: str, world_size: int
+) -> tuple[TensorSpec, ...]:
+    # The members hold what a job of their size would (an integer mean over them is
+    # never whole); the ranks outside hold values of their own, which must not count.
+    among = _per_rank(dtype, op, len(members))
+    outside = _per_rank(dtype, op, world_size)
+    return tuple(
+        among[members.index(rank)] if rank in members else outside[rank]
+        for rank in range(world_size)
+    )
 
-    Above five ranks, the groups of one, two, all but one and all ranks.
+
+def sub_groups(world_size: int) -> list[Case]:
+    """Every group of some ranks, the ops and dtypes in turn.
+
+    ``src`` is the group's last member and, where the group numbers its ranks
+    otherwise than the job does, every member in turn. Above five ranks, the groups
+    of one, two, all but one and all ranks.
     """
     cases: list[Case] = []
     ops = itertools.cycle(OPS)
@@ -221,8 +361,12 @@ def sub_groups(world_size: int) -> list[Case]:
     for size in sizes:
         for members in itertools.combinations(range(world_size), size):
             op, dtype = next(ops), next(dtypes)
-            inputs = _per_rank(dtype, op, world_size)
-            cases.append(GroupCase(members, op, members[-1], inputs))
+            inputs = _group_inputs(members, dtype, op, world_size)
+            renumbered = members != tuple(range(size))
+            # A src read as a group rank where a global one is meant (or the reverse)
+            # shows only where the two differ: there, every member sends once.
+            sources = members if renumbered else members[-1:]
+            cases += [GroupCase(members, op, src, inputs) for src in sources]
     return cases
 
 

@@ -303,9 +303,10 @@ class ContractViolation(AssertionError):  # noqa: N818 - a failed property, as p
 def _labels_of(case: Case) -> dict[str, object]:
     """What a reader filters failures by: the op, the dtypes, the src."""
     labels: dict[str, object] = {"kind": type(case).__name__}
-    op = getattr(case, "op", None)
-    if isinstance(op, str):
-        labels["op"] = op
+    if isinstance(case, ReduceCase | GroupCase):
+        labels["op"] = case.reduction
+        if case.op != case.reduction:
+            labels["spelling"] = case.op
     src = getattr(case, "src", None)
     if isinstance(src, int):
         labels["src"] = src

@@ -149,7 +149,7 @@ def _check_tensor_reduce(
     first = inputs[0]
     exact = first.dtype not in _INEXACT
     columns = list(zip(*(spec.values for spec in inputs), strict=True))
-    expected = [reference_reduce(case.op, column, exact=exact) for column in columns]
+    expected = [reference_reduce(case.reduction, column, exact=exact) for column in columns]
     problems = []
     for outcome in outcomes:
         result = outcome.result
@@ -165,7 +165,7 @@ def _check_tensor_reduce(
                 f"rank {rank}: result on {result.device}, expected the input's device "
                 f"{devices[rank]}"
             )
-        dtype_problem = _result_dtype_problem(case.op, first, result.dtype)
+        dtype_problem = _result_dtype_problem(case.reduction, first, result.dtype)
         if dtype_problem:
             problems.append(f"rank {rank}: {dtype_problem}")
             continue
@@ -173,7 +173,7 @@ def _check_tensor_reduce(
         for index, (value, want, column) in enumerate(
             zip(result.values, expected, columns, strict=True)
         ):
-            tol = tolerance(case.op, column, result.dtype, size)
+            tol = tolerance(case.reduction, column, result.dtype, size)
             got = int(value) if isinstance(value, bool) else value
             if not _close(got, want, tol):
                 problems.append(
@@ -188,16 +188,16 @@ def _check_number_reduce(
     case: ReduceCase, inputs: Sequence[int | float], outcomes: Sequence[Outcome]
 ) -> list[str]:
     exact = all(isinstance(value, int) for value in inputs)
-    want = reference_reduce(case.op, inputs, exact=exact)
-    want_type = float if case.op == "mean" or not exact else int
-    tol = tolerance(case.op, inputs, "float64", len(inputs)) if want_type is float else 0.0
+    want = reference_reduce(case.reduction, inputs, exact=exact)
+    want_type = float if case.reduction == "mean" or not exact else int
+    tol = tolerance(case.reduction, inputs, "float64", len(inputs)) if want_type is float else 0.0
     problems = []
     for outcome in outcomes:
         got = outcome.result
         if type(got) is not want_type:
             problems.append(
                 f"rank {outcome.rank}: reduce of Python {type(inputs[0]).__name__}s with "
-                f"{case.op} must return a Python {want_type.__name__}, got {got!r}"
+                f"{case.op!r} must return a Python {want_type.__name__}, got {got!r}"
             )
         elif not _close(got, want, tol):
             problems.append(f"rank {outcome.rank}: got {got!r}, expected {want!r}")

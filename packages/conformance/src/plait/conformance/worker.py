@@ -47,6 +47,7 @@ from plait.core import (
     ConfigurationError,
     PeerFailedError,
     PlaitError,
+    ReduceOp,
 )
 
 if TYPE_CHECKING:
@@ -54,6 +55,7 @@ if TYPE_CHECKING:
 
     from plait.conformance.target import StrategyTarget
     from plait.core import Strategy
+    from plait.core.typing import ReduceOpLike
 
 __all__ = [
     "THEN_REDUCE",
@@ -62,6 +64,7 @@ __all__ = [
     "main",
     "materialize",
     "raised",
+    "reduce_op",
     "run_case",
 ]
 
@@ -160,6 +163,21 @@ class _Context:
         return found
 
 
+def reduce_op(spelling: str) -> ReduceOpLike:
+    """What a rank passes as ``reduce_op`` for a spelling of `OP_SPELLINGS`.
+
+    ``"plait.core.ReduceOp.MEAN"`` and ``"torch.distributed.ReduceOp.AVG"`` become
+    those enum members; every other spelling is passed as the string it is.
+    """
+    plait_prefix, torch_prefix = "plait.core.ReduceOp.", "torch.distributed.ReduceOp."
+    if spelling.startswith(plait_prefix):
+        return ReduceOp[spelling.removeprefix(plait_prefix)]
+    if spelling.startswith(torch_prefix):
+        member: ReduceOpLike = getattr(dist.ReduceOp, spelling.removeprefix(torch_prefix))
+        return member
+    return spelling
+
+
 def _argument(value: object, device: torch.device) -> object:
     return materialize(value, device) if isinstance(value, TensorSpec) else value
 
@@ -191,7 +209,7 @@ def _in_group(context: _Context, case: GroupCase, argument: object) -> object:
     strategy = context.strategy
     group = context.group(case.members)
     assert isinstance(argument, torch.Tensor)
-    reduced = strategy.reduce(argument, group=group, reduce_op=case.op)
+    reduced = strategy.reduce(argument, group=group, reduce_op=reduce_op(case.op))
     if context.rank not in case.members:
         return reduced  # a rank outside the group: it must have raised
     gathered = strategy.all_gather(argument, group=group)
@@ -237,7 +255,8 @@ def _invoke(  # noqa: PLR0911 - one return per kind of case
     rank = context.rank
     strategy = context.strategy
     if isinstance(case, ReduceCase):
-        return strategy.reduce(argument, reduce_op=case.op), None  # type: ignore[call-overload]
+        op = reduce_op(case.op)
+        return strategy.reduce(argument, reduce_op=op), None  # type: ignore[call-overload]
     if isinstance(case, BroadcastCase):
         return strategy.broadcast(argument, src=case.src), None
     if isinstance(case, AllGatherCase):
