@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, ClassVar, TypeVar, overload
 import torch
 from typing_extensions import override
 
+from plait.core import ReduceOp
 from plait.strategies import DDPStrategy
 from plait.strategies.collectives import DistributedCollectives
 
@@ -51,7 +52,7 @@ class _Flawed(DistributedCollectives):
         reduce_op: ReduceOpLike = "mean",
     ) -> torch.Tensor | float:
         self._group = group
-        return self.flawed_reduce(value, str(reduce_op))
+        return self.flawed_reduce(value, str(ReduceOp.parse(reduce_op)))
 
     def flawed_reduce(self, value: torch.Tensor | float, op: str) -> torch.Tensor | float:
         """The reduction as this flaw computes it; correct unless overridden."""

@@ -12,10 +12,13 @@ from hypothesis import strategies as st
 
 import plait.conformance
 from plait.conformance import (
+    PROPERTIES,
+    AllGatherCase,
     BadArgumentCase,
     BarrierCase,
     BroadcastCase,
     Call,
+    ContractViolation,
     GroupCase,
     MismatchCase,
     RankPool,
@@ -30,7 +33,8 @@ from plait.conformance import (
 from plait.conformance.cases import OPS
 from plait.conformance.generate import dtypes_for
 from plait.conformance.outcomes import Outcome, RaisedError, TensorData
-from plait.conformance.spec import reference_reduce, same_object, tolerance
+from plait.conformance.properties import merge_ranks
+from plait.conformance.spec import failing_parts, reference_reduce, same_object, tolerance
 from plait.conformance.worker import describe_tensor, materialize
 from plait.core import ConfigurationError
 
@@ -371,3 +375,90 @@ def test_a_result_that_shares_memory_breaks_the_contract_even_when_its_values_ar
 
     problem = "its result shares memory with its input tensor (a result must be the caller's own)"
     assert check(case, outcomes, ["cpu", "cpu"]) == [f"rank 1: {problem}"]
+
+
+def test_an_all_gather_failure_shows_row_by_row_with_the_layout_and_the_likely_cause() -> None:
+    inputs = (
+        TensorSpec("int64", (2, 2), (1, 2, 3, 4), "transposed"),
+        TensorSpec("int64", (2, 2), (5, 6, 7, 8), "transposed"),
+    )
+    # Each rank's storage read in memory order: the rows in place, wrong inside.
+    read_in_memory_order = TensorData("int64", (2, 2, 2), "cpu", (1, 3, 2, 4, 5, 7, 6, 8))
+    (problem,) = check(AllGatherCase(inputs), [Outcome(0, result=read_in_memory_order)], ["cpu"])
+    lines = problem.splitlines()
+    assert lines[0] == (
+        "rank 0: all_gather of int64 tensors of shape (2, 2) (transposed): rows that differ "
+        "from the ranks' tensors:"
+    )
+    assert lines[1] == "    row 0: got [1, 3, 2, 4], expected rank 0's [1, 2, 3, 4]"
+    assert lines[2] == "    row 1: got [5, 7, 6, 8], expected rank 1's [5, 6, 7, 8]"
+    assert "the input is transposed (not contiguous)" in lines[3]
+    assert "out of order" not in problem
+
+    swapped = TensorData("int64", (2, 2, 2), "cpu", (5, 6, 7, 8, 1, 2, 3, 4))
+    (problem,) = check(AllGatherCase(inputs), [Outcome(0, result=swapped)], ["cpu"])
+    assert problem.splitlines()[-1] == (
+        "    every row is some rank's tensor, out of order: rows 0 to 1 hold the tensors of "
+        "ranks [1, 0]"
+    )
+
+
+def test_long_rows_are_cut_alike_on_both_sides() -> None:
+    inputs = (TensorSpec("int64", (10,), tuple(range(10))),)
+    got = TensorData("int64", (1, 10), "cpu", tuple(range(1, 11)))
+    (problem,) = check(AllGatherCase(inputs), [Outcome(0, result=got)], ["cpu"])
+    row = problem.splitlines()[1]
+    assert row == (
+        "    row 0: got [1, 2, 3, 4, 5, 6, 7, 8, ... (10 values)], expected rank 0's "
+        "[0, 1, 2, 3, 4, 5, 6, 7, ... (10 values)]"
+    )
+
+
+def test_what_ranks_did_alike_is_said_once() -> None:
+    problems = ["rank 0: got 1, expected 2", "rank 1: got 1, expected 2", "rank 2: got 3"]
+    assert merge_ranks(problems, 3) == ["ranks 0 and 1: got 1, expected 2", "rank 2: got 3"]
+    assert merge_ranks(problems[:2], 2) == ["every rank: got 1, expected 2"]
+    assert merge_ranks(["the pool died"], 2) == ["the pool died"]
+
+
+def test_a_failure_through_a_collective_that_failed_before_is_marked_its_consequence() -> None:
+    pool = RankPool("ddp", world_size=2)  # never started: the violation only reads it
+    sub_groups = next(prop for prop in PROPERTIES if prop.name == "sub_groups")
+    case = GroupCase((1,), "mean", 1, (_ints(1, 2), _ints(3, 4)))
+    violation = ContractViolation(
+        sub_groups, pool, case, ["rank 1: a mean"], depends_on=("reduce_tensors",)
+    )
+    assert violation.headline == (
+        "sub_groups failed for 'ddp' (gloo, world size 2): rank 1: a mean"
+    )
+
+    violation.follows(["broadcast"])
+    assert violation.consequence_of == ()
+    violation.follows(["broadcast", "reduce_tensors"])
+    assert violation.consequence_of == ("reduce_tensors",)
+    assert str(violation).splitlines()[0] == (
+        "sub_groups failed for 'ddp' (gloo, world size 2), likely a consequence of "
+        "reduce_tensors, which failed before it on this lane through the same collective "
+        "(fix that first): rank 1: a mean"
+    )
+    assert (
+        repr(sub_groups)
+        == "Property(name='sub_groups', contract=" + repr(sub_groups.contract) + ")"
+    )
+
+
+def test_a_sub_group_failure_names_the_collectives_that_broke() -> None:
+    case = GroupCase((0, 1), "sum", 1, (_ints(1, 2), _ints(3, 4)))
+    summed = _tensor((4, 6), "int64")
+    gathered = TensorData("int64", (2, 2), "cpu", (1, 2, 3, 4))
+    sent = _tensor((3, 4), "int64")
+    right = [Outcome(rank, result=(summed, gathered, sent)) for rank in (0, 1)]
+    assert failing_parts(case, right) == ()
+    wrong_sum = [Outcome(rank, result=(sent, gathered, sent)) for rank in (0, 1)]
+    assert failing_parts(case, wrong_sum) == ("reduce_tensors",)
+    wrong_src = [Outcome(rank, result=(summed, gathered, _ints_data(1, 2))) for rank in (0, 1)]
+    assert failing_parts(case, wrong_src) == ("broadcast",)
+
+
+def _ints_data(*values: int) -> TensorData:
+    return _tensor(values, "int64")

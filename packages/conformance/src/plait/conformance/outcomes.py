@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Final
+
 import attrs
 
-__all__ = ["Outcome", "RaisedError", "TensorData"]
+__all__ = ["SHOWN", "Outcome", "RaisedError", "TensorData", "shown"]
 
 
 @attrs.frozen
@@ -18,10 +21,22 @@ class TensorData:
 
     def describe(self) -> str:
         """A short rendering for error messages."""
-        shown = self.values if len(self.values) <= 8 else (*self.values[:8], "...")
         return (
-            f"tensor({list(shown)}, dtype={self.dtype}, shape={self.shape}, device={self.device})"
+            f"tensor({shown(self.values)}, dtype={self.dtype}, shape={self.shape}, "
+            f"device={self.device})"
         )
+
+
+SHOWN: Final = 8
+"""How many values a message shows of a tensor, on either side of a comparison."""
+
+
+def shown(values: Sequence[object], limit: int = SHOWN) -> str:
+    """``values`` as a list, cut after ``limit`` of them (the same cut on every side)."""
+    if len(values) <= limit:
+        return repr(list(values))
+    head = ", ".join(repr(value) for value in values[:limit])
+    return f"[{head}, ... ({len(values)} values)]"
 
 
 @attrs.frozen

@@ -114,6 +114,8 @@ class PoolCache:
         self._failed: dict[Lane, str] = {}
         self.starts: dict[Lane, int] = {}
         """How many times each lane's ranks were started in this process."""
+        self.failed: dict[Lane, list[str]] = {}
+        """Per lane, the properties that failed on it so far, in order."""
 
     def get(self, lane: Lane, test: str = "") -> RankPool:
         """The pool of ``lane``, started (an older one is closed to make room).
@@ -612,6 +614,8 @@ class Reporter:
                     "(median over the properties)"
                 )
             terminalreporter.write_line(f"{lane_id}: {summary}; {self._started(lane_id)}")
+            for line in _failures(properties):
+                terminalreporter.write_line(f"  {line}")
         terminalreporter.write_line(f"seed {seed}: --plait-seed={seed} draws the same examples")
         backends = sorted({str(lane["backend"]) for lane in self.lanes.values()})
         for backend in backends:
@@ -633,6 +637,27 @@ class Reporter:
             "lane was split over pytest-xdist's workers; run with --dist loadgroup, under a "
             "pytest it groups with (pytest-xdist issue 1386: under pytest 9.2 it groups nothing)"
         )
+
+
+def _failures(properties: dict[str, dict[str, object]]) -> list[str]:
+    """A lane's failed properties, one line each: the causes first, then their consequences."""
+    causes, consequences = [], []
+    for name, entry in properties.items():
+        if entry["outcome"] != "failed":
+            continue
+        violation = entry.get("violation")
+        if not isinstance(violation, dict):
+            message = str(entry["message"]).splitlines()
+            causes.append(f"{name}: {message[0] if message else 'failed'}")
+            continue
+        problems = violation.get("problems")
+        first = str(problems[0]).splitlines()[0] if isinstance(problems, list) and problems else ""
+        roots = violation.get("consequence_of")
+        if isinstance(roots, list) and roots:
+            consequences.append(f"{name}: a likely consequence of {' and '.join(roots)}: {first}")
+        else:
+            causes.append(f"{name}: {first}")
+    return [*(f"FAILED {line}" for line in causes), *(f"after it {line}" for line in consequences)]
 
 
 def _message(report: pytest.TestReport, violation: object) -> str:

@@ -9,8 +9,10 @@ every rank's stack, and the pool starts afresh for the next one.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import multiprocessing
 import multiprocessing.connection
+import re
 import time
 import uuid
 from datetime import timedelta
@@ -35,6 +37,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "LANES",
+    "STRAGGLER_GRACE",
     "UNHELD_DTYPES",
     "PoolError",
     "PoolStartError",
@@ -63,6 +66,20 @@ UNHELD_DTYPES: Final[dict[str, dict[str, str]]] = {
 """Per lane, the dtypes its devices cannot hold, and why: no example uses them there."""
 
 _STACK_WAIT: Final = 5.0  # seconds a stuck rank has to answer for its stack
+
+STRAGGLER_GRACE: Final = 5.0
+"""Seconds a rank may go on after another rank has returned from an example, at least.
+
+Every rank of an example calls the same collectives, so once one rank is back the
+others follow within moments; one that does not is stuck (a barrier that let the
+others go, a collective the others never called). The grace grows with the time
+the first rank took (twenty times it), so a slow machine is not mistaken for a hang.
+"""
+
+_WORKER_FILE: Final = "worker.py"
+_CALL: Final = re.compile(
+    r"\bstrategy\.(reduce_boolean_decision|reduce|all_gather|broadcast|barrier)\("
+)
 
 
 _GONE: Final = object()
@@ -123,6 +140,55 @@ def backend_unavailable(backend: str, world_size: int) -> str | None:
         if importlib.util.find_spec("torch_xla") is None:
             return "the xla lane needs torch_xla, which is not installed"
     return None
+
+
+def waiting_in(stack: str) -> str | None:
+    """The collective a rank's stack shows it inside of, if any.
+
+    The worker's own frames call the strategy's collectives; the innermost of them
+    names the call (a strategy's frames below it may call others of its own).
+    """
+    lines = stack.splitlines()
+    calls = [
+        (found.group(1), frame.rpartition(" in ")[2])
+        for frame, source in itertools.pairwise(lines)
+        if frame.strip().startswith("File ") and f'{_WORKER_FILE}"' in frame
+        for found in [_CALL.search(source)]
+        if found is not None
+    ]
+    if not calls:
+        return None
+    call, function = calls[-1]
+    if function == "_then_reduce":
+        return f"{call}() (the plain reduce every rank runs after the ranks raised)"
+    return f"{call}()"
+
+
+def _ranks(ranks: list[int]) -> str:
+    if len(ranks) == 1:
+        return f"rank {ranks[0]}"
+    return f"ranks {', '.join(str(rank) for rank in ranks[:-1])} and {ranks[-1]}"
+
+
+def _hang_headline(
+    stuck: list[int],
+    returned: list[int],
+    stacks: list[str],
+    allowed: float,
+    first_back: float | None,
+) -> str:
+    places = []
+    for rank, stack in zip(stuck, stacks, strict=True):
+        call = waiting_in(stack)
+        places.append(f"rank {rank} in {call}" if call else f"rank {rank}")
+    if first_back is None or not returned:
+        return f"ranks {stuck} did not finish within {allowed:g} s (a hang): " + ", ".join(places)
+    verb = "was" if len(stuck) == 1 else "were"
+    return (
+        f"{', '.join(places)} {verb} left waiting after {_ranks(returned)} returned from "
+        f"the example {first_back:.2f} s in (a hang: the others follow within moments, "
+        f"these had not {max(STRAGGLER_GRACE, 20 * first_back):g} s later)"
+    )
 
 
 def _rank_environ(
@@ -392,27 +458,35 @@ class RankPool:
         pending: dict[Connection, int] = dict(zip(self._tasks, range(self.world_size), strict=True))
         outcomes: dict[int, Outcome] = {}
         allowed = self.deadline if deadline is None else deadline
-        limit = time.monotonic() + allowed
+        started = time.monotonic()
+        limit = started + allowed
+        first_back: float | None = None
         while pending:
             ready = _wait(list(pending), timeout=max(0.0, limit - time.monotonic()))
             if not ready:
                 stuck = sorted(pending.values())
-                report = self._report(outcomes, stuck)
+                stacks = self._stacks(stuck)
+                report = self._report(outcomes, stacks)
                 self._kill()
                 raise RankHangError(
-                    f"ranks {stuck} did not finish within {allowed:g} s (a hang); "
-                    f"every rank:\n{report}"
+                    _hang_headline(stuck, sorted(outcomes), stacks, allowed, first_back)
+                    + f"\nevery rank:\n{report}"
                 )
             for connection in ready:
                 rank = pending.pop(connection)
                 outcome = _receive(connection)
                 if isinstance(outcome, Outcome):
                     outcomes[rank] = outcome
+                    if first_back is None and pending:
+                        # The others must follow soon: a rank left behind is stuck.
+                        first_back = time.monotonic() - started
+                        grace = max(STRAGGLER_GRACE, 20 * first_back)
+                        limit = min(limit, time.monotonic() + grace)
                 else:
                     self._processes[rank].join(timeout=_STACK_WAIT)
                     code = self._processes[rank].exitcode
                     others = [other for other in pending.values() if other != rank]
-                    report = self._report(outcomes, others)
+                    report = self._report(outcomes, self._stacks(others))
                     self._kill()
                     raise RankCrashError(
                         f"rank {rank} died (exit code {code}) during the example; "
@@ -425,8 +499,7 @@ class RankPool:
         self._kill()
         self.start()
 
-    def _report(self, outcomes: dict[int, Outcome], stuck: list[int]) -> str:
-        stacks = self._stacks(stuck)
+    def _report(self, outcomes: dict[int, Outcome], stacks: list[str]) -> str:
         lines = []
         for rank, outcome in sorted(outcomes.items()):
             done = outcome.error.describe() if outcome.error else "returned"

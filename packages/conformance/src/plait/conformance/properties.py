@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Final
 
@@ -32,7 +33,7 @@ from plait.conformance.pool import (
     RankHangError,
     RankPool,
 )
-from plait.conformance.spec import check
+from plait.conformance.spec import check, failing_parts
 from plait.conformance.target import StrategyFactory, StrategyTarget
 from plait.conformance.worker import THEN_REDUCE
 
@@ -68,11 +69,11 @@ class Property:
 
     name: str
     contract: str
-    cases: Callable[[int], SearchStrategy[Case]]
-    min_world_size: int = 1
-    restarts_pool: bool = False
-    max_examples: int | None = None
-    grid: Callable[[int], Sequence[Case]] = lambda _world_size: ()
+    cases: Callable[[int], SearchStrategy[Case]] = attrs.field(repr=False)
+    min_world_size: int = attrs.field(default=1, repr=False)
+    restarts_pool: bool = attrs.field(default=False, repr=False)
+    max_examples: int | None = attrs.field(default=None, repr=False)
+    grid: Callable[[int], Sequence[Case]] = attrs.field(default=lambda _world_size: (), repr=False)
 
     def explicit(self, world_size: int, backend: str = "gloo") -> list[Case]:
         """The grid's examples at ``world_size`` that the ``backend`` lane can hold."""
@@ -200,18 +201,26 @@ _INTERMITTENT: Final = (
 class ContractViolation(AssertionError):  # noqa: N818 - a failed property, as pytest shows it
     """A strategy broke the contract on one example; the message says how to rerun it.
 
+    The message's first line is the property, the lane and the first thing that went
+    wrong (or, for a consequence, the failure it follows from); then the rest of what
+    each rank did wrong, the contract, where the example came from, and a snippet.
+
     Attributes:
         property: The property's name.
         strategy: The strategy's spec, as the pool was given it.
         backend: The lane.
         world_size: The number of ranks.
         case: The example.
-        problems: What each rank did wrong.
+        problems: What each rank did wrong (ranks that did alike are said once).
         intermittent: The example broke the contract once but not when it was run
             again (a flaw that depends on timing or on what ran before).
         seed: The seed the examples were drawn from, when it is known.
         explicit: The example is on the property's grid, which every run tries first.
         examples: How many examples had run when it was found (`prove` sets it).
+        depends_on: The properties that prove the collectives this failure went
+            through (a plain reduce run after ranks raised is ``reduce_tensors``'s).
+        consequence_of: Those of them that failed before it on the same lane: this
+            failure likely follows from theirs (the suite sets it).
     """
 
     def __init__(
@@ -222,6 +231,7 @@ class ContractViolation(AssertionError):  # noqa: N818 - a failed property, as p
         problems: list[str],
         *,
         intermittent: bool = False,
+        depends_on: tuple[str, ...] = (),
     ) -> None:
         self.property = prop.name
         self.contract = prop.contract
@@ -230,11 +240,13 @@ class ContractViolation(AssertionError):  # noqa: N818 - a failed property, as p
         self.backend = pool.backend
         self.world_size = pool.world_size
         self.case = case
-        self.problems = problems
+        self.problems = merge_ranks(problems, pool.world_size)
         self.intermittent = intermittent
         self.seed: int | None = None
         self.explicit = False
         self.examples: int | None = None
+        self.depends_on = depends_on
+        self.consequence_of: tuple[str, ...] = ()
         super().__init__(self._message())
 
     def locate(self, *, seed: int | None, explicit: bool) -> None:
@@ -242,6 +254,30 @@ class ContractViolation(AssertionError):  # noqa: N818 - a failed property, as p
         self.seed = seed
         self.explicit = explicit
         self.args = (self._message(),)
+
+    def follows(self, failed: Sequence[str]) -> None:
+        """Mark this failure a consequence of those of ``failed`` it depends on.
+
+        ``failed`` are the properties that failed before it on the same lane.
+        """
+        self.consequence_of = tuple(name for name in self.depends_on if name in failed)
+        self.args = (self._message(),)
+
+    @property
+    def headline(self) -> str:
+        """The first line of the message: what failed, where, and the first problem."""
+        where = (
+            f"{self.property} failed for {self.strategy_name!r} ({self.backend}, world size "
+            f"{self.world_size})"
+        )
+        first = self.problems[0].splitlines()[0] if self.problems else ""
+        if self.consequence_of:
+            roots = " and ".join(self.consequence_of)
+            return (
+                f"{where}, likely a consequence of {roots}, which failed before it on this "
+                f"lane through the same collective (fix that first): {first}"
+            )
+        return f"{where}: {first}"
 
     @property
     def snippet(self) -> str:
@@ -269,12 +305,12 @@ class ContractViolation(AssertionError):  # noqa: N818 - a failed property, as p
         return []
 
     def _message(self) -> str:
+        _, *rest_of_first = self.problems[0].splitlines() if self.problems else [""]
         lines = [
-            (
-                f"{self.property} failed for {self.strategy_name!r} ({self.backend}, world size "
-                f"{self.world_size}): {self.contract}"
-            ),
-            *(f"  - {problem}" for problem in self.problems),
+            self.headline,
+            *rest_of_first,
+            *(f"  - {problem}" for problem in self.problems[1:]),
+            f"The property: {self.contract}.",
             *([_INTERMITTENT] if self.intermittent else []),
             *self._origin(),
             "Run this example alone:",
@@ -292,12 +328,48 @@ class ContractViolation(AssertionError):  # noqa: N818 - a failed property, as p
             "case": repr(self.case),
             **_labels_of(self.case),
             "problems": list(self.problems),
+            "headline": self.headline,
+            "consequence_of": list(self.consequence_of),
             "intermittent": self.intermittent,
             "explicit": self.explicit,
             "seed": self.seed,
             "examples": self.examples,
             "snippet": self.snippet,
         }
+
+
+_RANK: Final = re.compile(r"rank (\d+)(:? .*)", re.DOTALL)
+
+
+def merge_ranks(problems: Sequence[str], world_size: int) -> list[str]:
+    """``problems`` with those that differ only in the rank said once, in order.
+
+    ``rank 0: x`` and ``rank 1: x`` become ``ranks 0 and 1: x``, or ``every rank: x``
+    where every rank of the world said it.
+    """
+    ranks: dict[str, list[int]] = {}
+    order: list[str] = []
+    for problem in problems:
+        found = _RANK.fullmatch(problem)
+        key = found.group(2) if found else problem
+        if key not in ranks:
+            ranks[key] = []
+            order.append(key)
+        if found:
+            ranks[key].append(int(found.group(1)))
+    merged = []
+    for key in order:
+        who = ranks[key]
+        if not who:
+            merged.append(key)
+        elif len(who) == 1:
+            merged.append(f"rank {who[0]}{key}")
+        elif world_size > 1 and sorted(who) == list(range(world_size)):
+            merged.append(f"every rank{key}")
+        else:
+            listed = ", ".join(str(rank) for rank in who[:-1])
+            merged.append(f"ranks {listed} and {who[-1]}{key}")
+    return merged
 
 
 def _labels_of(case: Case) -> dict[str, object]:
@@ -338,6 +410,7 @@ def run_example(pool: RankPool, prop: Property, case: Case) -> None:
             the strategy stopped working after ranks raised.
         _Hung: A rank hung (`prove` turns it into a `ContractViolation`).
     """
+    __tracebackhide__ = True
     try:
         outcomes = pool.run(case)
     except RankHangError as error:
@@ -345,6 +418,9 @@ def run_example(pool: RankPool, prop: Property, case: Case) -> None:
     except (PoolError, PoolStartError) as error:
         raise ContractViolation(prop, pool, case, [str(error)]) from None
     problems = check(case, outcomes, pool.devices)
+    depends_on: tuple[str, ...] = ()
+    if problems and isinstance(case, GroupCase):
+        depends_on = failing_parts(case, outcomes)
     if prop.restarts_pool:
         pool.restart()
     elif not problems and isinstance(case, THEN_REDUCE):
@@ -356,9 +432,17 @@ def run_example(pool: RankPool, prop: Property, case: Case) -> None:
         ]
         if any(outcome.error for outcome in outcomes):
             failed = check(_sync_case(pool.world_size), after, pool.devices)
-            problems = [f"after the ranks raised, a plain reduce failed: {text}" for text in failed]
+            problems = [_after_raising(text) for text in failed]
+            depends_on = ("reduce_tensors",)
     if problems:
-        raise ContractViolation(prop, pool, case, problems)
+        raise ContractViolation(prop, pool, case, problems, depends_on=depends_on)
+
+
+def _after_raising(problem: str) -> str:
+    found = _RANK.fullmatch(problem)
+    if found is None:
+        return f"after the ranks raised, a plain reduce failed: {problem}"
+    return f"rank {found.group(1)}: after the ranks raised, a plain reduce failed{found.group(2)}"
 
 
 def prove(
@@ -388,6 +472,7 @@ def prove(
     Raises:
         ContractViolation: An example broke the contract.
     """
+    __tracebackhide__ = True
     count = 0
     limit = min(max_examples, prop.max_examples or max_examples)
     phases = [Phase.explicit, Phase.reuse, Phase.generate, *([Phase.shrink] if shrink else [])]
@@ -398,6 +483,7 @@ def prove(
     explicit = prop.explicit(pool.world_size, pool.backend) if grid else []
 
     def run(case: Case) -> None:
+        __tracebackhide__ = True
         nonlocal count
         count += 1
         try:
@@ -428,16 +514,31 @@ def prove(
     try:
         test()
     except _Hung as hung:
-        raise hung.violation from None
+        raise _plain(hung.violation) from None
+    except ContractViolation as violation:
+        raise _plain(violation) from None
     except FlakyFailure as flaky:
         found = _first_violation(flaky.exceptions)
         if found is None:
             raise
-        again = ContractViolation(prop, pool, found.case, found.problems, intermittent=True)
+        again = ContractViolation(
+            prop, pool, found.case, found.problems, intermittent=True, depends_on=found.depends_on
+        )
         again.locate(seed=seed, explicit=found.explicit)
         again.examples = count
         raise again from None
     return count
+
+
+def _plain(violation: ContractViolation) -> ContractViolation:
+    """The violation without the frames and notes of the machinery that found it.
+
+    Hypothesis adds a note repeating the example, and its frames and the suite's
+    own stand between the test and the message: an author reads the message first.
+    """
+    if hasattr(violation, "__notes__"):
+        del violation.__notes__
+    return violation.with_traceback(None)
 
 
 def _first_violation(errors: Sequence[BaseException]) -> ContractViolation | None:

@@ -35,9 +35,9 @@ from plait.conformance.cases import (
     ReduceCase,
     TensorSpec,
 )
-from plait.conformance.outcomes import Outcome, TensorData
+from plait.conformance.outcomes import Outcome, TensorData, shown
 
-__all__ = ["check", "reference_reduce", "same_object", "tolerance"]
+__all__ = ["check", "failing_parts", "reference_reduce", "same_object", "tolerance"]
 
 _EPS: Final = {
     "float16": 2.0**-10,
@@ -273,7 +273,7 @@ def _check_tensor_equal(
     if got.device != device:
         return f"rank {rank}: tensor on {got.device}, expected its root_device {device}"
     if got.values != values:
-        return f"rank {rank}: got {got.describe()}, expected values {list(values)}"
+        return f"rank {rank}: got {shown(got.values)}, expected {shown(values)}"
     return None
 
 
@@ -303,6 +303,49 @@ def _check_broadcast(
     return problems
 
 
+_LAYOUT_HINTS: Final = {
+    "transposed": (
+        "the input is transposed (not contiguous): a gather that reads its storage in "
+        "memory order gets its elements out of place; gather tensor.contiguous()"
+    ),
+    "strided": (
+        "the input is strided (every other element of a wider tensor): a gather that "
+        "reads its storage, not its elements, gets the wrong ones; gather "
+        "tensor.contiguous()"
+    ),
+}
+
+
+def _rows_problem(rank: int, got: TensorData, inputs: Sequence[TensorSpec]) -> str:
+    """Row by row, what a rank's gathered rows hold against each rank's tensor."""
+    first = inputs[0]
+    size = len(first.values)
+    rows = [got.values[index * size : (index + 1) * size] for index in range(len(inputs))]
+    wanted: list[tuple[object, ...]] = [spec.values for spec in inputs]
+    layouts = sorted({spec.layout for spec in inputs})
+    lines = [
+        (
+            f"rank {rank}: all_gather of {first.dtype} tensors of shape {first.shape} "
+            f"({', '.join(layouts)}): rows that differ from the ranks' tensors:"
+        )
+    ]
+    for index, (row, want) in enumerate(zip(rows, wanted, strict=True)):
+        if row != want:
+            lines.append(
+                f"    row {index}: got {shown(row)}, expected rank {index}'s {shown(want)}"
+            )
+    holders = [wanted.index(row) if row in wanted else None for row in rows]
+    if all(holder is not None for holder in holders) and holders != list(range(len(rows))):
+        lines.append(
+            f"    every row is some rank's tensor, out of order: rows 0 to {len(rows) - 1} "
+            f"hold the tensors of ranks {holders}"
+        )
+    else:
+        hints = [_LAYOUT_HINTS[layout] for layout in layouts if layout in _LAYOUT_HINTS]
+        lines += [f"    {hint}" for hint in hints]
+    return "\n".join(lines)
+
+
 @_check_case.register
 def _check_all_gather(
     case: AllGatherCase, outcomes: Sequence[Outcome], devices: Sequence[str]
@@ -312,16 +355,25 @@ def _check_all_gather(
     values = tuple(value for spec in case.inputs for value in spec.values)
     problems = []
     for outcome in outcomes:
+        result = outcome.result
         problem = _check_tensor_equal(
-            outcome.result,
+            result,
             first,
             rank=outcome.rank,
             shape=shape,
             values=values,
             device=devices[outcome.rank],
         )
+        comparable = (
+            isinstance(result, TensorData)
+            and result.shape == shape
+            and result.dtype == first.dtype
+            and result.device == devices[outcome.rank]
+        )
+        if problem and comparable:
+            problem = _rows_problem(outcome.rank, result, case.inputs)  # type: ignore[arg-type]
         if problem:
-            problems.append(problem + " (row i must be rank i's tensor)")
+            problems.append(problem)
     return problems
 
 
@@ -471,6 +523,46 @@ def _check_group(case: GroupCase, outcomes: Sequence[Outcome], devices: Sequence
         _check_broadcast(BroadcastCase(case.src, case.inputs), part(2), devices),
     )
     return [problem + within for found in checks for problem in found]
+
+
+def failing_parts(case: GroupCase, outcomes: Sequence[Outcome]) -> tuple[str, ...]:
+    """Which collectives of a sub-group example broke the contract, by property.
+
+    Each is named by the property that proves it over the whole job:
+    ``reduce_tensors``, ``all_gather``, ``broadcast``. Empty where the example
+    failed otherwise (a rank raised, or the group let an outsider in).
+    """
+    results = {outcome.rank: outcome.result for outcome in outcomes}
+    members = [outcome for outcome in outcomes if outcome.rank in case.members]
+    if any(outcome.error is not None for outcome in members):
+        return ()
+    parts_per_member = len(("reduce", "gather", "bcast"))
+    for rank in case.members:
+        result = results[rank]
+        if not isinstance(result, tuple) or len(result) != parts_per_member:
+            return ()
+    inputs = tuple(case.inputs[rank] for rank in case.members)
+    devices = ["" for _ in outcomes]
+    parts = []
+    for index, name, checked in (
+        (0, "reduce_tensors", ReduceCase(case.op, inputs)),
+        (1, "all_gather", AllGatherCase(inputs)),
+        (2, "broadcast", BroadcastCase(case.src, case.inputs)),
+    ):
+        part = [
+            attrs.evolve(outcome, result=results[outcome.rank][index])  # type: ignore[index]
+            for outcome in members
+        ]
+        values_only = [
+            attrs.evolve(outcome, result=_on_device(outcome.result, "")) for outcome in part
+        ]
+        if _check_case(checked, values_only, devices):
+            parts.append(name)
+    return tuple(parts)
+
+
+def _on_device(result: object, device: str) -> object:
+    return attrs.evolve(result, device=device) if isinstance(result, TensorData) else result
 
 
 _RAISING: Final = (BarrierTimeoutCase, MismatchCase, BadArgumentCase, GroupCase)

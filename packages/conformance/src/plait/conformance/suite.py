@@ -28,13 +28,18 @@ import pytest
 from plait.conformance.properties import PROPERTIES, ContractViolation, Property, prove
 
 if TYPE_CHECKING:
-    from plait.conformance.plugin import Lane
+    from plait.conformance.plugin import Lane, PoolCache
     from plait.conformance.pool import RankPool
     from plait.conformance.target import StrategyFactory
 
 __all__ = ["ConformanceSuite", "TestContract"]
 
 _PROPERTIES = {prop.name: prop for prop in PROPERTIES}
+
+
+def _only_violations(excinfo: pytest.ExceptionInfo[BaseException]) -> bool:
+    """Hide the suite's frames from a violation, whose message says everything."""
+    return excinfo.errisinstance(ContractViolation)
 
 
 class ConformanceSuite:
@@ -69,11 +74,13 @@ class ConformanceSuite:
     shrink: ClassVar[bool] = True
 
     def _prove(self, name: str, request: pytest.FixtureRequest) -> None:
+        __tracebackhide__ = _only_violations
         prop: Property = _PROPERTIES[name]
         lane: Lane = request.getfixturevalue("plait_lane")
         if lane.world_size < prop.min_world_size:
             pytest.skip(f"{name} needs {prop.min_world_size} ranks or more")
         pool: RankPool = request.getfixturevalue("plait_pool")
+        pools: PoolCache = request.getfixturevalue("plait_pools")
         examples: int = request.getfixturevalue("plait_examples")
         seed: int = request.getfixturevalue("plait_seed")
         labels = request.node.user_properties
@@ -87,53 +94,68 @@ class ConformanceSuite:
                 seed=seed,
             )
         except ContractViolation as violation:
+            # A failure through a collective whose own property failed before it on
+            # this lane is marked as that failure's likely consequence.
+            failed = pools.failed.setdefault(lane, [])
+            violation.follows(failed)
+            failed.append(name)
             labels.append(("plait_examples", violation.examples))
             labels.append(("plait_seconds", time.perf_counter() - started))
             labels.append(("plait_violation", violation.describe()))
-            raise
+            raise violation.with_traceback(None) from None
         labels.append(("plait_examples", count))
         labels.append(("plait_seconds", time.perf_counter() - started))
 
     def test_reduce_tensors(self, plait_lane: Lane, request: pytest.FixtureRequest) -> None:
         """Reduce of tensors: every op, dtype, shape and layout; exact or within rounding."""
+        __tracebackhide__ = _only_violations
         self._prove("reduce_tensors", request)
 
     def test_reduce_numbers(self, plait_lane: Lane, request: pytest.FixtureRequest) -> None:
         """Reduce of Python numbers: Python numbers back, of the right type."""
+        __tracebackhide__ = _only_violations
         self._prove("reduce_numbers", request)
 
     def test_broadcast(self, plait_lane: Lane, request: pytest.FixtureRequest) -> None:
         """broadcast: src's value on every rank, tensors on the rank's device."""
+        __tracebackhide__ = _only_violations
         self._prove("broadcast", request)
 
     def test_all_gather(self, plait_lane: Lane, request: pytest.FixtureRequest) -> None:
         """all_gather: row i is rank i's tensor."""
+        __tracebackhide__ = _only_violations
         self._prove("all_gather", request)
 
     def test_sub_groups(self, plait_lane: Lane, request: pytest.FixtureRequest) -> None:
         """Sub-groups: the contract among a group's ranks; outsiders are refused."""
+        __tracebackhide__ = _only_violations
         self._prove("sub_groups", request)
 
     def test_reduce_boolean_decision(
         self, plait_lane: Lane, request: pytest.FixtureRequest
     ) -> None:
         """reduce_boolean_decision: logical all or any."""
+        __tracebackhide__ = _only_violations
         self._prove("reduce_boolean_decision", request)
 
     def test_barrier(self, plait_lane: Lane, request: pytest.FixtureRequest) -> None:
         """barrier: no rank leaves before every rank has entered."""
+        __tracebackhide__ = _only_violations
         self._prove("barrier", request)
 
     def test_barrier_timeout(self, plait_lane: Lane, request: pytest.FixtureRequest) -> None:
         """barrier(timeout=...): raises, naming the rank that never came."""
+        __tracebackhide__ = _only_violations
         self._prove("barrier_timeout", request)
 
     def test_mismatch(self, plait_lane: Lane, request: pytest.FixtureRequest) -> None:
         """Mismatched calls: every rank raises CollectiveMismatchError, none hangs."""
+        __tracebackhide__ = _only_violations
         self._prove("mismatch", request)
 
     def test_bad_arguments(self, plait_lane: Lane, request: pytest.FixtureRequest) -> None:
         """Bad arguments: the documented error on every rank, and the strategy still works."""
+        __tracebackhide__ = _only_violations
         self._prove("bad_arguments", request)
 
 
