@@ -433,7 +433,7 @@ def test_a_failure_through_a_collective_that_failed_before_is_marked_its_consequ
     )
 
     violation.follows(["broadcast"])
-    assert violation.consequence_of == ()
+    assert not violation.consequence_of
     violation.follows(["broadcast", "reduce_tensors"])
     assert violation.consequence_of == ("reduce_tensors",)
     assert str(violation).splitlines()[0] == (
