@@ -52,7 +52,11 @@ class _Flawed(DistributedCollectives):
         reduce_op: ReduceOpLike = "mean",
     ) -> torch.Tensor | float:
         self._group = group
-        return self.flawed_reduce(value, str(ReduceOp.parse(reduce_op)))
+        return self.flawed_reduce(value, self.read_op(reduce_op))
+
+    def read_op(self, reduce_op: ReduceOpLike) -> str:
+        """The op's name, read as the contract reads it unless overridden."""
+        return str(ReduceOp.parse(reduce_op))
 
     def flawed_reduce(self, value: torch.Tensor | float, op: str) -> torch.Tensor | float:
         """The reduction as this flaw computes it; correct unless overridden."""
@@ -225,6 +229,77 @@ class WaitsForRankZeroCollectives(_Flawed):
             self.store.wait([key])
 
 
+class SpellingSensitiveCollectives(_Flawed):
+    @override
+    def read_op(self, reduce_op: ReduceOpLike) -> str:
+        # Parses ops itself: the lowercase names only; anything else it reads as a sum.
+        return reduce_op if isinstance(reduce_op, str) and reduce_op in _NAMES else "sum"
+
+
+_NAMES = ("sum", "mean", "min", "max", "product")
+
+
+class SrcAsGroupRankCollectives(_Flawed):
+    @override
+    def broadcast(self, obj: T, src: int = 0, group: Group | None = None) -> T:
+        if group is None:
+            return super().broadcast(obj, src, group)
+        members = self.within(group).members
+        return super().broadcast(obj, members[src], group)  # src read as a place in the group
+
+
+class TruncatedFloatMeanCollectives(_Flawed):
+    @override
+    def flawed_reduce(self, value: torch.Tensor | float, op: str) -> torch.Tensor | float:
+        integral = isinstance(value, torch.Tensor) and not value.is_floating_point()
+        if op != "mean" or not integral or value.is_complex():  # type: ignore[union-attr]
+            return super().flawed_reduce(value, op)
+        total = super().flawed_reduce(value, "sum")
+        assert isinstance(total, torch.Tensor)
+        # Floating, as the contract says, but divided as integers first.
+        return torch.div(total, self.world_size, rounding_mode="trunc").to(torch.float32)
+
+
+class Int64ThroughFloat64Collectives(_Flawed):
+    @override
+    def flawed_reduce(self, value: torch.Tensor | float, op: str) -> torch.Tensor | float:
+        if isinstance(value, torch.Tensor) and value.dtype == torch.int64 and op != "mean":
+            wide = super().flawed_reduce(value.to(torch.float64), op)
+            assert isinstance(wide, torch.Tensor)
+            return wide.to(torch.int64)
+        return super().flawed_reduce(value, op)
+
+
+class BFloat16InFloat16Collectives(_Flawed):
+    @override
+    def flawed_reduce(self, value: torch.Tensor | float, op: str) -> torch.Tensor | float:
+        if isinstance(value, torch.Tensor) and value.dtype == torch.bfloat16:
+            narrow = super().flawed_reduce(value.to(torch.float16), op)
+            assert isinstance(narrow, torch.Tensor)
+            return narrow.to(torch.bfloat16)
+        return super().flawed_reduce(value, op)
+
+
+class PowerOfTwoSumCollectives(_Flawed):
+    @override
+    def flawed_reduce(self, value: torch.Tensor | float, op: str) -> torch.Tensor | float:
+        # A tree that halves the ranks, written for powers of two: the ranks beyond the
+        # largest power of two at or below the world size are never added in.
+        kept = 1 << (self.world_size.bit_length() - 1)
+        if op not in ("sum", "mean") or not isinstance(value, torch.Tensor) or self.rank < kept:
+            return super().flawed_reduce(value, op)
+        return super().flawed_reduce(torch.zeros_like(value), op)
+
+
+class Int64SumOffByOneCollectives(_Flawed):
+    @override
+    def flawed_reduce(self, value: torch.Tensor | float, op: str) -> torch.Tensor | float:
+        result = super().flawed_reduce(value, op)
+        if isinstance(result, torch.Tensor) and result.dtype == torch.int64 and op == "sum":
+            return result + 1
+        return result
+
+
 class _BrokenDDP(DDPStrategy):
     flaw: ClassVar[type[_Flawed]]
 
@@ -327,6 +402,49 @@ class WaitsForRankZero(_BrokenDDP):
     """``barrier`` waits for rank 0 only; rank 0 waits for nobody."""
 
     flaw = WaitsForRankZeroCollectives
+
+
+class SpellingSensitive(_BrokenDDP):
+    """``reduce`` reads any op but the five lowercase names as a sum: ``'MEAN'``, ``'avg'``,
+    ``ReduceOp.MEAN`` or ``torch.distributed.ReduceOp.AVG``."""
+
+    flaw = SpellingSensitiveCollectives
+
+
+class SrcAsGroupRank(_BrokenDDP):
+    """``broadcast`` over a sub-group reads ``src`` as a rank within the group."""
+
+    flaw = SrcAsGroupRankCollectives
+
+
+class TruncatedFloatMean(_BrokenDDP):
+    """The mean of integers is floating, but divided as integers first."""
+
+    flaw = TruncatedFloatMeanCollectives
+
+
+class Int64ThroughFloat64(_BrokenDDP):
+    """int64 tensors are reduced as float64 (which holds 53 bits of them)."""
+
+    flaw = Int64ThroughFloat64Collectives
+
+
+class BFloat16InFloat16(_BrokenDDP):
+    """bfloat16 tensors are reduced in float16 (whose range ends at 65504)."""
+
+    flaw = BFloat16InFloat16Collectives
+
+
+class PowerOfTwoSum(_BrokenDDP):
+    """Sums and means leave out the ranks beyond the largest power of two."""
+
+    flaw = PowerOfTwoSumCollectives
+
+
+class Int64SumOffByOne(_BrokenDDP):
+    """The sum of int64 tensors is one too many: every later plain reduce shows it too."""
+
+    flaw = Int64SumOffByOneCollectives
 
 
 def unchecked_ddp() -> DDPStrategy:

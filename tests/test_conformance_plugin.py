@@ -146,6 +146,55 @@ def test_a_failure_names_the_property_and_prints_how_to_rerun_it(tmp_path: Path)
     assert "reproduce(" in run.stdout
 
 
+@pytest.mark.slow
+def test_one_bug_reads_as_one_headline_and_its_consequences_follow_it(tmp_path: Path) -> None:
+    # A sum of int64 one too many: reduce_tensors shows it, and so does the plain
+    # reduce every rank runs after raising in mismatch and bad_arguments.
+    run = _suite(
+        tmp_path,
+        f"--plait-strategy={BROKEN}:Int64SumOffByOne",
+        "--plait-world-sizes=2",
+        "--plait-examples=5",
+        f"--plait-report-dir={tmp_path / 'reports'}",
+        "-k",
+        "reduce_tensors or mismatch or bad_arguments",
+    )
+
+    assert run.returncode == 1, run.stdout + run.stderr
+    out = run.stdout
+    # The first line of each failure is its root cause, without the suite's frames.
+    assert "All traceback entries are hidden" in out
+    assert "Property(" not in out
+    assert "Falsifying" not in out
+    assert "Failing explicit example" not in out
+    assert (
+        "ContractViolation: reduce_tensors failed for 'conformance_broken:Int64SumOffByOne' "
+        "(gloo, world size 2): every rank: element 0 is " in out
+    )
+    assert (
+        "ContractViolation: mismatch failed for 'conformance_broken:Int64SumOffByOne' (gloo, "
+        "world size 2), likely a consequence of reduce_tensors, which failed before it on "
+        "this lane" in out
+    )
+    # The run's summary: the cause first, with its reason; then what follows from it.
+    summary = out[out.index("plait conformance ===") :].splitlines()
+    cause = next(i for i, line in enumerate(summary) if "FAILED reduce_tensors: every rank" in line)
+    after = [i for i, line in enumerate(summary) if "after it " in line]
+    assert len(after) == 2, summary
+    assert all(i > cause for i in after)
+    assert any("after it mismatch: a likely consequence of reduce_tensors: " in s for s in summary)
+    assert any(
+        "after it bad_arguments: a likely consequence of reduce_tensors" in s for s in summary
+    )
+    report = json.loads(
+        (tmp_path / "reports" / "conformance_broken_Int64SumOffByOne-gloo-2.json").read_text()
+    )
+    mismatch = report["properties"]["mismatch"]["violation"]
+    assert mismatch["consequence_of"] == ["reduce_tensors"]
+    assert mismatch["headline"].startswith("mismatch failed for")
+    assert report["properties"]["reduce_tensors"]["violation"]["consequence_of"] == []
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [

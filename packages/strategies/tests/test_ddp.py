@@ -25,7 +25,7 @@ from plait.core import (
 )
 from plait.core.typing import PathLike
 from plait.precision import TruePrecision
-from plait.strategies import DDPStrategy, DistributedCollectives, base
+from plait.strategies import DDPStrategy, DistributedCollectives, FSDPStrategy, base
 from plait.strategies.launchers import (
     ExternalLauncher,
     MultiprocessingLauncher,
@@ -438,3 +438,16 @@ def test_parts_from_missing_distributions_are_named_at_once_with_the_extra(
         accelerator=CPUAccelerator(), precision="32-true", checkpoint_io=TorchCheckpointIO()
     )
     assert isinstance(given.checkpoint_io, TorchCheckpointIO)
+
+
+def test_a_subclass_prints_as_itself() -> None:
+    # A third party's strategy (or a conformance report about it) shows its own name.
+    class TunedDDP(DDPStrategy):
+        pass
+
+    class TunedFSDP(FSDPStrategy):
+        pass
+
+    assert repr(TunedDDP()) == "TunedDDP(backend='gloo', world_size=1, device='cpu')"
+    assert repr(TunedFSDP()).startswith("TunedFSDP(sharding_strategy='FULL_SHARD', ")
+    assert repr(DDPStrategy()).startswith("DDPStrategy(")

@@ -426,7 +426,7 @@ class DDPStrategy(SelfLaunchingStrategy):
     @override
     def __repr__(self) -> str:
         return (
-            f"DDPStrategy(backend={self.process_group_backend!r}, "
+            f"{type(self).__name__}(backend={self.process_group_backend!r}, "
             f"world_size={self.world_size}, device={str(self.root_device)!r})"
         )
 

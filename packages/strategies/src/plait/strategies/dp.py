@@ -87,4 +87,4 @@ class DataParallelStrategy(OneProcessStrategy):
 
     @override
     def __repr__(self) -> str:
-        return f"DataParallelStrategy(devices={[str(d) for d in self._devices]})"
+        return f"{type(self).__name__}(devices={[str(d) for d in self._devices]})"

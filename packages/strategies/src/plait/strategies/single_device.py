@@ -90,4 +90,4 @@ class SingleDeviceStrategy(OneProcessStrategy):
 
     @override
     def __repr__(self) -> str:
-        return f"SingleDeviceStrategy(device={str(self._device)!r})"
+        return f"{type(self).__name__}(device={str(self._device)!r})"

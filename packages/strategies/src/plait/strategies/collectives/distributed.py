@@ -115,6 +115,19 @@ class DistributedCollectives:
             backend (NCCL).
         recorder: Where every call is written down (shared with sub-groups).
 
+    Attributes:
+        group: The process group.
+        members: Its global ranks, in its order.
+        world_size: How many ranks it has.
+        rank: This process's global rank.
+        device: This process's device: where results land.
+        comm_device: Where tensors are staged for the wire: the process's GPU on
+            NCCL, which moves only tensors of its own GPU; the CPU on gloo, which
+            moves CUDA tensors too but through host memory. Collectives of your own
+            (`make_collectives`) move ``tensor.to(comm_device)`` and hand back
+            ``result.to(device)``, so that one implementation serves both backends.
+        store: The store the checks and barriers meet in.
+
     Raises:
         ConfigurationError: ``agreement`` is not one of `AGREEMENTS`.
     """

@@ -776,7 +776,9 @@ class DeepSpeedStrategy(SelfLaunchingStrategy):
     @override
     def __repr__(self) -> str:
         return (
-            f"DeepSpeedStrategy(stage={self.stage}, offload_optimizer={self.offload_optimizer}, "
-            f"offload_parameters={self.offload_parameters}, precision={self.precision_name!r}, "
+            f"{type(self).__name__}(stage={self.stage}, "
+            f"offload_optimizer={self.offload_optimizer}, "
+            f"offload_parameters={self.offload_parameters}, "
+            f"precision={self.precision_name!r}, "
             f"world_size={self.world_size}, device={str(self.root_device)!r})"
         )

@@ -669,7 +669,7 @@ class FSDPStrategy(SelfLaunchingStrategy):
     @override
     def __repr__(self) -> str:
         return (
-            f"FSDPStrategy(sharding_strategy={self.plan.name!r}, "
+            f"{type(self).__name__}(sharding_strategy={self.plan.name!r}, "
             f"state_dict_type={self.state_dict_type!r}, world_size={self.world_size}, "
             f"device={str(self.root_device)!r})"
         )

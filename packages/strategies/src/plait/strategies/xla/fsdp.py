@@ -193,6 +193,6 @@ class XLAFSDPStrategy(SingleDeviceXLAStrategy):
     @override
     def __repr__(self) -> str:
         return (
-            f"XLAFSDPStrategy(num_devices={self.num_devices}, "
+            f"{type(self).__name__}(num_devices={self.num_devices}, "
             f"state_dict_type={self.state_dict_type!r})"
         )

@@ -193,4 +193,4 @@ class XLAStrategy(OnXLADevice, ParallelStrategy):
     @override
     def __repr__(self) -> str:
         debug = ", debug=True" if self.debug else ""
-        return f"XLAStrategy(num_processes={self.num_processes}{debug})"
+        return f"{type(self).__name__}(num_processes={self.num_processes}{debug})"

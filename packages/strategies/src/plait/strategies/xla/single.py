@@ -73,4 +73,4 @@ class SingleDeviceXLAStrategy(OnXLADevice, SingleDeviceStrategy):
 
     @override
     def __repr__(self) -> str:
-        return f"SingleDeviceXLAStrategy(device={str(self.root_device)!r})"
+        return f"{type(self).__name__}(device={str(self.root_device)!r})"
