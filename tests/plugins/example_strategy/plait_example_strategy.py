@@ -57,7 +57,9 @@ class BytesCollectives:
         size = among.world_size
         if tensor.numel() == 0:
             return torch.empty((size, *tensor.shape), dtype=tensor.dtype, device=tensor.device)
-        flat = torch.empty(tensor.numel(), dtype=tensor.dtype)  # one element apart
+        # Staged where the backend moves tensors (the CPU for gloo, the GPU for NCCL),
+        # in logical order whatever the input's layout.
+        flat = torch.empty(tensor.numel(), dtype=tensor.dtype, device=among.comm_device)
         flat.copy_(tensor.detach().reshape(-1))
         data = flat.view(torch.uint8)
         rows = [torch.empty_like(data) for _ in range(size)]

@@ -196,7 +196,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )  # fmt: skip
     group.addoption(
         "--plait-world-sizes", default=None, metavar="N,N,...",
-        help="numbers of ranks to test at, e.g. 1,2,4; default: each suite's own (1,2,3)",
+        help="numbers of ranks to test at, e.g. 1,2,3,4 (keep one that is not a power of "
+        "two: 3 breaks what halves the ranks); default: each suite's own (1,2,3)",
     )  # fmt: skip
     group.addoption(
         "--plait-profile", choices=tuple(PROFILES), default="quick",
@@ -243,7 +244,7 @@ def _world_sizes(text: str) -> tuple[int, ...]:
     if not sizes or any(size < 1 for size in sizes):
         raise pytest.UsageError(
             f"--plait-world-sizes={text!r} must list positive numbers of ranks, separated "
-            "by commas, e.g. 1,2,4"
+            "by commas, e.g. 1,2,3,4"
         )
     return tuple(dict.fromkeys(sizes))
 

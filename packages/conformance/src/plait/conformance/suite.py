@@ -6,7 +6,7 @@ Subclass `ConformanceSuite` in a test module of your own and name your strategy:
 
     class TestMyStrategy(ConformanceSuite):
         strategies = ("my_package.strategies:make_strategy",)
-        world_sizes = (1, 2, 4)
+        world_sizes = (1, 2, 3, 4)  # keep a size that is not a power of two
 
 or run the suite as it ships, naming the strategy on the command line::
 
