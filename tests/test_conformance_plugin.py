@@ -156,6 +156,7 @@ def test_one_bug_reads_as_one_headline_and_its_consequences_follow_it(tmp_path: 
         "--plait-world-sizes=2",
         "--plait-examples=5",
         f"--plait-report-dir={tmp_path / 'reports'}",
+        "-vvv",  # with -q: verbose 2, where the short summary shows each reason whole (as on CI)
         "-k",
         "reduce_tensors or mismatch or bad_arguments",
     )
@@ -186,6 +187,11 @@ def test_one_bug_reads_as_one_headline_and_its_consequences_follow_it(tmp_path: 
     assert any(
         "after it bad_arguments: a likely consequence of reduce_tensors" in s for s in summary
     )
+    # pytest's short summary gives each failure's headline, on one line.
+    node = "plait/conformance/suite.py::TestContract::test_mismatch[conformance_broken:"
+    assert f"FAILED {node}Int64SumOffByOne-gloo-2] - ContractViolation: mismatch failed" in out
+    short = out[out.index("short test summary info") :]
+    assert "Run this example alone" not in short
     report = json.loads(
         (tmp_path / "reports" / "conformance_broken_Int64SumOffByOne-gloo-2.json").read_text()
     )

@@ -14,8 +14,9 @@ import os
 import platform
 import random
 import statistics
+import sys
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from importlib.metadata import version
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
@@ -447,6 +448,24 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             ),
             stacklevel=1,
         )
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """A violation's one-line headline as the reason pytest's short summary shows."""
+    report = yield
+    # Looked up, not imported: a run without the suite never loads the properties.
+    properties = sys.modules.get("plait.conformance.properties")
+    excinfo = call.excinfo
+    crash = getattr(getattr(report, "longrepr", None), "reprcrash", None)
+    if properties is None or excinfo is None or not hasattr(crash, "message"):
+        return report
+    violation = excinfo.value
+    if isinstance(violation, properties.ContractViolation):
+        crash.message = f"ContractViolation: {violation.headline}"  # type: ignore[union-attr]
+    return report
 
 
 def pytest_pycollect_makemodule(
