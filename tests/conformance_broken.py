@@ -103,7 +103,11 @@ class TruncatingMeanCollectives(_Flawed):
             return super().flawed_reduce(value, op)
         total = super().flawed_reduce(value, "sum")
         assert isinstance(total, torch.Tensor)
-        return torch.div(total, self.world_size, rounding_mode="trunc").to(total.dtype)
+        return torch.div(total, self.world_size, rounding_mode="trunc").to(self.mean_dtype(total))
+
+    def mean_dtype(self, total: torch.Tensor) -> torch.dtype:
+        """The dtype the truncated mean is handed back in: the integers' own."""
+        return total.dtype
 
 
 class MutatingReduceCollectives(_Flawed):
@@ -189,14 +193,28 @@ class MaxAsSumForSmallIntsCollectives(_Flawed):
         return super().flawed_reduce(value, "sum" if op == "max" and small else op)
 
 
-class Float64ThroughFloat32Collectives(_Flawed):
+class _ThroughCollectives(_Flawed):
+    """Tensors of ``dtype`` reduced as ``carrier``, and handed back as ``dtype``."""
+
+    dtype: ClassVar[torch.dtype]
+    carrier: ClassVar[torch.dtype]
+
     @override
     def flawed_reduce(self, value: torch.Tensor | float, op: str) -> torch.Tensor | float:
-        if isinstance(value, torch.Tensor) and value.dtype == torch.float64:
-            narrow = super().flawed_reduce(value.to(torch.float32), op)
-            assert isinstance(narrow, torch.Tensor)
-            return narrow.to(torch.float64)
+        if isinstance(value, torch.Tensor) and value.dtype == self.dtype and self.carries(op):
+            moved = super().flawed_reduce(value.to(self.carrier), op)
+            assert isinstance(moved, torch.Tensor)
+            return moved.to(self.dtype)
         return super().flawed_reduce(value, op)
+
+    def carries(self, op: str) -> bool:
+        """Whether ``op`` goes through the carrier."""
+        return True
+
+
+class Float64ThroughFloat32Collectives(_ThroughCollectives):
+    dtype = torch.float64
+    carrier = torch.float32
 
 
 class MeanOverTwoCollectives(_Flawed):
@@ -248,36 +266,24 @@ class SrcAsGroupRankCollectives(_Flawed):
         return super().broadcast(obj, members[src], group)  # src read as a place in the group
 
 
-class TruncatedFloatMeanCollectives(_Flawed):
+class TruncatedFloatMeanCollectives(TruncatingMeanCollectives):
     @override
-    def flawed_reduce(self, value: torch.Tensor | float, op: str) -> torch.Tensor | float:
-        integral = isinstance(value, torch.Tensor) and not value.is_floating_point()
-        if op != "mean" or not integral or value.is_complex():  # type: ignore[union-attr]
-            return super().flawed_reduce(value, op)
-        total = super().flawed_reduce(value, "sum")
-        assert isinstance(total, torch.Tensor)
-        # Floating, as the contract says, but divided as integers first.
-        return torch.div(total, self.world_size, rounding_mode="trunc").to(torch.float32)
+    def mean_dtype(self, total: torch.Tensor) -> torch.dtype:
+        return torch.float32  # floating, as the contract says, but divided as integers
 
 
-class Int64ThroughFloat64Collectives(_Flawed):
+class Int64ThroughFloat64Collectives(_ThroughCollectives):
+    dtype = torch.int64
+    carrier = torch.float64
+
     @override
-    def flawed_reduce(self, value: torch.Tensor | float, op: str) -> torch.Tensor | float:
-        if isinstance(value, torch.Tensor) and value.dtype == torch.int64 and op != "mean":
-            wide = super().flawed_reduce(value.to(torch.float64), op)
-            assert isinstance(wide, torch.Tensor)
-            return wide.to(torch.int64)
-        return super().flawed_reduce(value, op)
+    def carries(self, op: str) -> bool:
+        return op != "mean"
 
 
-class BFloat16InFloat16Collectives(_Flawed):
-    @override
-    def flawed_reduce(self, value: torch.Tensor | float, op: str) -> torch.Tensor | float:
-        if isinstance(value, torch.Tensor) and value.dtype == torch.bfloat16:
-            narrow = super().flawed_reduce(value.to(torch.float16), op)
-            assert isinstance(narrow, torch.Tensor)
-            return narrow.to(torch.bfloat16)
-        return super().flawed_reduce(value, op)
+class BFloat16InFloat16Collectives(_ThroughCollectives):
+    dtype = torch.bfloat16
+    carrier = torch.float16
 
 
 class PowerOfTwoSumCollectives(_Flawed):

@@ -7,7 +7,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Final
 
 import attrs
-from hypothesis import HealthCheck, Phase, example, given, settings
+from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import seed as hypothesis_seed
 from hypothesis.errors import FlakyFailure
 
@@ -475,7 +475,6 @@ def prove(
     __tracebackhide__ = True
     count = 0
     limit = min(max_examples, prop.max_examples or max_examples)
-    phases = [Phase.explicit, Phase.reuse, Phase.generate, *([Phase.shrink] if shrink else [])]
     cases = prop.cases(pool.world_size)
     unheld = frozenset(UNHELD_DTYPES.get(pool.backend, {}))
     if unheld:  # the lane's devices cannot hold them: no example may use them
@@ -497,20 +496,17 @@ def prove(
             hung.violation.examples = count
             raise
 
-    test = given(case=cases)(run)
-    for case in reversed(explicit):  # the first decorator applied runs last
-        test = example(case=case)(test)
-    if seed is not None:
-        test = hypothesis_seed(seed)(test)
-    test = settings(
-        max_examples=limit,
-        deadline=None,
-        database=None,
-        phases=phases,
-        suppress_health_check=list(HealthCheck),
-        print_blob=False,
-        report_multiple_bugs=False,
-    )(test)
+    # The grid runs first, in a plain loop: as Hypothesis's explicit examples would
+    # (once each, in order, never shrunk), without its cost per example, which is
+    # about that of the example itself.
+    try:
+        for case in explicit:
+            run(case)
+    except _Hung as hung:
+        raise _plain(hung.violation) from None
+    except ContractViolation as violation:
+        raise _plain(violation) from None
+    test = _drawing(run, cases, limit=limit, shrink=shrink, seed=seed)
     try:
         test()
     except _Hung as hung:
@@ -528,6 +524,31 @@ def prove(
         again.examples = count
         raise again from None
     return count
+
+
+def _drawing(
+    run: Callable[[Case], None],
+    cases: SearchStrategy[Case],
+    *,
+    limit: int,
+    shrink: bool,
+    seed: int | None,
+) -> Callable[[], None]:
+    """``run`` over up to ``limit`` examples Hypothesis draws from ``cases``."""
+    phases = [Phase.reuse, Phase.generate, *([Phase.shrink] if shrink else [])]
+    test = given(case=cases)(run)
+    if seed is not None:
+        test = hypothesis_seed(seed)(test)
+    drawing: Callable[[], None] = settings(
+        max_examples=limit,
+        deadline=None,
+        database=None,
+        phases=phases,
+        suppress_health_check=list(HealthCheck),
+        print_blob=False,
+        report_multiple_bugs=False,
+    )(test)
+    return drawing
 
 
 def _plain(violation: ContractViolation) -> ContractViolation:
