@@ -72,14 +72,15 @@ def test_a_rank_that_raises_under_torchrun_ends_the_job_within_60s(tmp_path: Pat
 def test_a_stalled_rank_is_named_and_the_job_ends_within_60s(
     tmp_path: Path, strategy: str, rank: int, agreement: str
 ) -> None:
-    # The stall lasts 600 s; the collective timeout is 3 s.
+    # The stall lasts 600 s; the collective timeout is 5 s: shorter, and a rank that
+    # is only slow on a loaded machine (two cores, every lane at once) is blamed.
     done = run(
         fit_command(strategy, 2, tmp_path, "max_epochs=1"),
         tmp_path,
         {
             "STALL_RANK": str(rank),
             "STALL_STEP": "3",
-            "TIMEOUT": "3",
+            "TIMEOUT": "5",
             "PLAIT_CHECK_AGREEMENT": agreement,
         },
     )
@@ -88,7 +89,7 @@ def test_a_stalled_rank_is_named_and_the_job_ends_within_60s(
     assert done.seconds < 60
     other = 1 - rank
     assert (
-        f"rank {rank} stalled: rank {other} timed out after 3 s waiting for it in a collective"
+        f"rank {rank} stalled: rank {other} timed out after 5 s waiting for it in a collective"
         in done.headline
     )
 
@@ -102,13 +103,13 @@ def test_a_rank_stalling_after_a_first_call_of_the_job_is_named_within_60s(
     done = run(
         fit_command("ddp", 2, tmp_path, "max_epochs=1"),
         tmp_path,
-        {"STALL_RANK": str(rank), "STALL_STEP": "3", "TIMEOUT": "3", "VALIDATE_FIRST": "1"},
+        {"STALL_RANK": str(rank), "STALL_STEP": "3", "TIMEOUT": "5", "VALIDATE_FIRST": "1"},
     )
 
     assert done.returncode == 1
     assert done.seconds < 60
     assert (
-        f"rank {rank} stalled: rank {1 - rank} timed out after 3 s waiting for it in a collective"
+        f"rank {rank} stalled: rank {1 - rank} timed out after 5 s waiting for it in a collective"
         in done.headline
     )
 
@@ -119,12 +120,12 @@ def test_a_stalled_rank_under_torchrun_is_named_by_the_rank_that_waited_within_6
     done = run(
         torchrun_command(tmp_path, "max_epochs=1"),
         tmp_path,
-        {"STALL_RANK": "1", "STALL_STEP": "3", "TIMEOUT": "3"},
+        {"STALL_RANK": "1", "STALL_STEP": "3", "TIMEOUT": "5"},
     )
 
     assert done.returncode != 0
     assert done.seconds < 60
-    assert "collective timed out after 3 s: ranks 1 did not arrive (arrived: 0)" in done.stderr
+    assert "collective timed out after 5 s: ranks 1 did not arrive (arrived: 0)" in done.stderr
 
 
 @pytest.mark.parametrize("strategy", LAUNCHERS)
@@ -186,12 +187,12 @@ def test_a_stalled_rank_0_that_no_signal_reaches_is_shown_where_it_was_then_name
     done = run(
         fit_command("ddp", 2, tmp_path, "max_epochs=1"),
         tmp_path,
-        {"STALL_RANK": "0", "STALL_STEP": "3", "TIMEOUT": "3", "STALL_MASKED": "1"},
+        {"STALL_RANK": "0", "STALL_STEP": "3", "TIMEOUT": "5", "STALL_MASKED": "1"},
     )
 
     assert done.returncode == 1, done.stderr[-3000:]
     assert done.seconds < 60
-    assert "rank 0 stalled: rank 1 timed out after 3 s" in done.headline, done.stderr[-3000:]
+    assert "rank 0 stalled: rank 1 timed out after 5 s" in done.headline, done.stderr[-3000:]
     _, _, cause = done.stderr.partition("plait: rank 0 did not stop within 5 s")
     assert cause, done.stderr[-3000:]
     assert "of being interrupted; it was at:" in cause

@@ -67,13 +67,15 @@ UNHELD_DTYPES: Final[dict[str, dict[str, str]]] = {
 
 _STACK_WAIT: Final = 5.0  # seconds a stuck rank has to answer for its stack
 
-STRAGGLER_GRACE: Final = 5.0
+STRAGGLER_GRACE: Final = 10.0
 """Seconds a rank may go on after another rank has returned from an example, at least.
 
 Every rank of an example calls the same collectives, so once one rank is back the
 others follow within moments; one that does not is stuck (a barrier that let the
 others go, a collective the others never called). The grace grows with the time
-the first rank took (twenty times it), so a slow machine is not mistaken for a hang.
+the first rank took (twenty times it), so a slow machine is not mistaken for a hang;
+a rank that takes no part (the absent rank of a `BarrierTimeoutCase`) starts no
+clock.
 """
 
 _WORKER_FILE: Final = "worker.py"
@@ -140,6 +142,12 @@ def backend_unavailable(backend: str, world_size: int) -> str | None:
         if importlib.util.find_spec("torch_xla") is None:
             return "the xla lane needs torch_xla, which is not installed"
     return None
+
+
+def _idle_ranks(case: Case) -> frozenset[int]:
+    """The ranks that call nothing in ``case``: their return says nothing of the others."""
+    absent = getattr(case, "absent_rank", None)
+    return frozenset({absent}) if isinstance(absent, int) else frozenset()
 
 
 def waiting_in(stack: str) -> str | None:
@@ -461,6 +469,7 @@ class RankPool:
         started = time.monotonic()
         limit = started + allowed
         first_back: float | None = None
+        idle = _idle_ranks(case)
         while pending:
             ready = _wait(list(pending), timeout=max(0.0, limit - time.monotonic()))
             if not ready:
@@ -469,7 +478,7 @@ class RankPool:
                 report = self._report(outcomes, stacks)
                 self._kill()
                 raise RankHangError(
-                    _hang_headline(stuck, sorted(outcomes), stacks, allowed, first_back)
+                    _hang_headline(stuck, sorted(set(outcomes) - idle), stacks, allowed, first_back)
                     + f"\nevery rank:\n{report}"
                 )
             for connection in ready:
@@ -477,7 +486,7 @@ class RankPool:
                 outcome = _receive(connection)
                 if isinstance(outcome, Outcome):
                     outcomes[rank] = outcome
-                    if first_back is None and pending:
+                    if first_back is None and pending and rank not in idle:
                         # The others must follow soon: a rank left behind is stuck.
                         first_back = time.monotonic() - started
                         grace = max(STRAGGLER_GRACE, 20 * first_back)
