@@ -453,11 +453,11 @@ def test_a_sub_group_failure_names_the_collectives_that_broke() -> None:
     gathered = TensorData("int64", (2, 2), "cpu", (1, 2, 3, 4))
     sent = _tensor((3, 4), "int64")
     right = [Outcome(rank, result=(summed, gathered, sent)) for rank in (0, 1)]
-    assert failing_parts(case, right) == ()
+    assert failing_parts(case, right, ["cpu", "cpu"]) == ()
     wrong_sum = [Outcome(rank, result=(sent, gathered, sent)) for rank in (0, 1)]
-    assert failing_parts(case, wrong_sum) == ("reduce_tensors",)
+    assert failing_parts(case, wrong_sum, ["cpu", "cpu"]) == ("reduce_tensors",)
     wrong_src = [Outcome(rank, result=(summed, gathered, _ints_data(1, 2))) for rank in (0, 1)]
-    assert failing_parts(case, wrong_src) == ("broadcast",)
+    assert failing_parts(case, wrong_src, ["cpu", "cpu"]) == ("broadcast",)
 
 
 def _ints_data(*values: int) -> TensorData:

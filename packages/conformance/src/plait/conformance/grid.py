@@ -31,6 +31,7 @@ from __future__ import annotations
 import functools
 import itertools
 import math
+from collections.abc import Sequence
 from typing import Final
 
 from plait.conformance.cases import (
@@ -107,6 +108,15 @@ def _uneven(column: list[int], low: int, high: int) -> list[int]:
     return [*column[:-1], moved]
 
 
+def _uneven_means(
+    pairs: Sequence[tuple[int, int]], low: int, high: int
+) -> tuple[tuple[int, int], ...]:
+    """``pairs`` (each rank's two elements) with each element's column `_uneven`."""
+    firsts = _uneven([pair[0] for pair in pairs], low, high)
+    seconds = _uneven([pair[1] for pair in pairs], low, high)
+    return tuple(zip(firsts, seconds, strict=True))
+
+
 @functools.cache
 def _int_pairs(dtype: str, op: str | None, world_size: int) -> tuple[tuple[int, int], ...]:
     # Two elements per rank: a positive value that grows with the rank, and a second
@@ -125,11 +135,7 @@ def _int_pairs(dtype: str, op: str | None, world_size: int) -> tuple[tuple[int, 
             signed = (2 * rank + 1) * (1 if rank % 2 else -1)
             second = _clamp(signed, low, high) if low < 0 else _clamp(3 * rank, low, high)
             pairs.append((first, second))
-    if op == "mean":
-        firsts = _uneven([pair[0] for pair in pairs], low, high)
-        seconds = _uneven([pair[1] for pair in pairs], low, high)
-        pairs = list(zip(firsts, seconds, strict=True))
-    return tuple(pairs)
+    return _uneven_means(pairs, low, high) if op == "mean" else tuple(pairs)
 
 
 def _int_values(dtype: str, op: str | None, world_size: int, rank: int) -> tuple[int, int]:
@@ -152,14 +158,14 @@ def _int_extremes(dtype: str, op: str, world_size: int) -> tuple[tuple[int, int]
         near = [_clamp(high - rank, 1, high) for rank in range(world_size)]
         odd = high if high % 2 else max(1, high - 1)
         return tuple((sign[rank] * near[rank], odd) for rank in range(world_size))
-    firsts = [_clamp(high - rank, low, high) for rank in range(world_size)]
-    seconds = [
-        _clamp(low + rank if rank % 2 == 0 else high - rank, low, high)
+    pairs = [
+        (
+            _clamp(high - rank, low, high),
+            _clamp(low + rank if rank % 2 == 0 else high - rank, low, high),
+        )
         for rank in range(world_size)
     ]
-    if op == "mean":
-        firsts, seconds = _uneven(firsts, low, high), _uneven(seconds, low, high)
-    return tuple(zip(firsts, seconds, strict=True))
+    return _uneven_means(pairs, low, high) if op == "mean" else tuple(pairs)
 
 
 def _float_values(dtype: str, op: str | None, world_size: int, rank: int) -> list[Number]:
@@ -267,13 +273,12 @@ def reduce_tensors(world_size: int) -> list[Case]:
             cases += [
                 ReduceCase(spelling, _per_rank(dtype, op, world_size)) for dtype in _SPELLING_DTYPES
             ]
-    for op in OPS:
-        extreme = (*INT_DTYPES, *FLOAT_DTYPES, *COMPLEX_DTYPES)
-        cases += [
-            ReduceCase(op, _extremes(dtype, op, world_size))
-            for dtype in extreme
-            if dtype in dtypes_for(op)
-        ]
+    cases += [
+        ReduceCase(op, _extremes(dtype, op, world_size))
+        for op in OPS
+        for dtype in (*INT_DTYPES, *FLOAT_DTYPES, *COMPLEX_DTYPES)
+        if dtype in dtypes_for(op)
+    ]
     return cases
 
 

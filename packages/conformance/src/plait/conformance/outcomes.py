@@ -7,7 +7,7 @@ from typing import Final
 
 import attrs
 
-__all__ = ["SHOWN", "Outcome", "RaisedError", "TensorData", "shown"]
+__all__ = ["SHOWN", "Outcome", "RaisedError", "TensorData", "rank_list", "shown"]
 
 
 @attrs.frozen
@@ -29,6 +29,13 @@ class TensorData:
 
 SHOWN: Final = 8
 """How many values a message shows of a tensor, on either side of a comparison."""
+
+
+def rank_list(ranks: Sequence[int]) -> str:
+    """``rank 2``, or ``ranks 0, 1 and 3``: ranks as a message names them."""
+    if len(ranks) == 1:
+        return f"rank {ranks[0]}"
+    return f"ranks {', '.join(str(rank) for rank in ranks[:-1])} and {ranks[-1]}"
 
 
 def shown(values: Sequence[object], limit: int = SHOWN) -> str:

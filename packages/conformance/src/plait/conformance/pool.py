@@ -23,7 +23,7 @@ import torch.distributed as dist
 from typing_extensions import Self, override
 
 from plait.conformance import worker
-from plait.conformance.outcomes import Outcome, RaisedError
+from plait.conformance.outcomes import Outcome, RaisedError, rank_list
 from plait.conformance.target import StrategyFactory, StrategyTarget
 from plait.core import ConfigurationError
 from plait.core.network import free_port
@@ -45,6 +45,8 @@ __all__ = [
     "RankHangError",
     "RankPool",
     "backend_unavailable",
+    "straggler_grace",
+    "waiting_in",
 ]
 
 LANES: Final = {"gloo": "cpu", "gloo-cuda": "cuda", "nccl": "cuda", "xla": "xla"}
@@ -172,10 +174,9 @@ def waiting_in(stack: str) -> str | None:
     return f"{call}()"
 
 
-def _ranks(ranks: list[int]) -> str:
-    if len(ranks) == 1:
-        return f"rank {ranks[0]}"
-    return f"ranks {', '.join(str(rank) for rank in ranks[:-1])} and {ranks[-1]}"
+def straggler_grace(first_back: float) -> float:
+    """How long the others may go on once a rank is back ``first_back`` s into an example."""
+    return max(STRAGGLER_GRACE, 20 * first_back)
 
 
 def _hang_headline(
@@ -193,9 +194,9 @@ def _hang_headline(
         return f"ranks {stuck} did not finish within {allowed:g} s (a hang): " + ", ".join(places)
     verb = "was" if len(stuck) == 1 else "were"
     return (
-        f"{', '.join(places)} {verb} left waiting after {_ranks(returned)} returned from "
+        f"{', '.join(places)} {verb} left waiting after {rank_list(returned)} returned from "
         f"the example {first_back:.2f} s in (a hang: the others follow within moments, "
-        f"these had not {max(STRAGGLER_GRACE, 20 * first_back):g} s later)"
+        f"these had not {straggler_grace(first_back):g} s later)"
     )
 
 
@@ -489,8 +490,7 @@ class RankPool:
                     if first_back is None and pending and rank not in idle:
                         # The others must follow soon: a rank left behind is stuck.
                         first_back = time.monotonic() - started
-                        grace = max(STRAGGLER_GRACE, 20 * first_back)
-                        limit = min(limit, time.monotonic() + grace)
+                        limit = min(limit, time.monotonic() + straggler_grace(first_back))
                 else:
                     self._processes[rank].join(timeout=_STACK_WAIT)
                     code = self._processes[rank].exitcode

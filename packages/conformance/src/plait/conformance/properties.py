@@ -25,7 +25,7 @@ from plait.conformance.cases import (
     ReduceCase,
     TensorSpec,
 )
-from plait.conformance.outcomes import Outcome
+from plait.conformance.outcomes import Outcome, rank_list
 from plait.conformance.pool import (
     UNHELD_DTYPES,
     PoolError,
@@ -362,13 +362,10 @@ def merge_ranks(problems: Sequence[str], world_size: int) -> list[str]:
         who = ranks[key]
         if not who:
             merged.append(key)
-        elif len(who) == 1:
-            merged.append(f"rank {who[0]}{key}")
-        elif world_size > 1 and sorted(who) == list(range(world_size)):
+        elif len(who) > 1 and sorted(who) == list(range(world_size)):
             merged.append(f"every rank{key}")
         else:
-            listed = ", ".join(str(rank) for rank in who[:-1])
-            merged.append(f"ranks {listed} and {who[-1]}{key}")
+            merged.append(f"{rank_list(who)}{key}")
     return merged
 
 
@@ -420,7 +417,7 @@ def run_example(pool: RankPool, prop: Property, case: Case) -> None:
     problems = check(case, outcomes, pool.devices)
     depends_on: tuple[str, ...] = ()
     if problems and isinstance(case, GroupCase):
-        depends_on = failing_parts(case, outcomes)
+        depends_on = failing_parts(case, outcomes, pool.devices)
     if prop.restarts_pool:
         pool.restart()
     elif not problems and isinstance(case, THEN_REDUCE):

@@ -487,7 +487,6 @@ def _check_group(case: GroupCase, outcomes: Sequence[Outcome], devices: Sequence
     # (the members' inputs only, rows in the members' order); outside, a call with
     # the group is refused.
     problems = []
-    members = [outcomes[rank] for rank in case.members]
     for outcome in outcomes:
         error = outcome.error
         if outcome.rank in case.members:
@@ -504,65 +503,67 @@ def _check_group(case: GroupCase, outcomes: Sequence[Outcome], devices: Sequence
             )
     if problems:
         return problems
-    inputs = tuple(case.inputs[rank] for rank in case.members)
-    results = {outcome.rank: outcome.result for outcome in members}
-    for rank, result in results.items():
-        if not isinstance(result, tuple) or len(result) != len(("reduce", "gather", "bcast")):
-            return [f"rank {rank}: the worker's results are malformed: {result!r}"]
-
-    def part(index: int) -> list[Outcome]:
-        return [
-            attrs.evolve(outcome, result=results[outcome.rank][index])  # type: ignore[index]
-            for outcome in members
-        ]
-
+    parts = _group_parts(case, outcomes)
+    if isinstance(parts, str):
+        return [parts]
     within = f" (over the group of ranks {list(case.members)})"
-    checks = (
-        _check_reduce(ReduceCase(case.op, inputs), part(0), devices),
-        _check_all_gather(AllGatherCase(inputs), part(1), devices),
-        _check_broadcast(BroadcastCase(case.src, case.inputs), part(2), devices),
+    return [
+        problem + within
+        for _, example, part in parts
+        for problem in _check_case(example, part, devices)
+    ]
+
+
+_GROUP_PARTS: Final = ("reduce_tensors", "all_gather", "broadcast")
+"""What each member of a sub-group example returns, in order, by the property that
+proves that collective over the whole job."""
+
+
+def _group_parts(
+    case: GroupCase, outcomes: Sequence[Outcome]
+) -> list[tuple[str, Case, list[Outcome]]] | str:
+    """Each collective of a sub-group example as an example of its own among the members.
+
+    For each: the property that proves it over the whole job, the example (the
+    members' inputs only), and the members' outcomes of it; or why the members'
+    results cannot be split so.
+    """
+    members = [outcomes[rank] for rank in case.members]
+    for outcome in members:
+        result = outcome.result
+        if not isinstance(result, tuple) or len(result) != len(_GROUP_PARTS):
+            return f"rank {outcome.rank}: the worker's results are malformed: {result!r}"
+    inputs = tuple(case.inputs[rank] for rank in case.members)
+    examples: tuple[Case, ...] = (
+        ReduceCase(case.op, inputs),
+        AllGatherCase(inputs),
+        BroadcastCase(case.src, case.inputs),
     )
-    return [problem + within for found in checks for problem in found]
+    return [
+        (
+            name,
+            example,
+            [attrs.evolve(outcome, result=outcome.result[index]) for outcome in members],  # type: ignore[index]
+        )
+        for index, (name, example) in enumerate(zip(_GROUP_PARTS, examples, strict=True))
+    ]
 
 
-def failing_parts(case: GroupCase, outcomes: Sequence[Outcome]) -> tuple[str, ...]:
+def failing_parts(
+    case: GroupCase, outcomes: Sequence[Outcome], devices: Sequence[str]
+) -> tuple[str, ...]:
     """Which collectives of a sub-group example broke the contract, by property.
 
     Each is named by the property that proves it over the whole job:
     ``reduce_tensors``, ``all_gather``, ``broadcast``. Empty where the example
-    failed otherwise (a rank raised, or the group let an outsider in).
+    failed otherwise (a member raised, or its results are malformed).
     """
-    results = {outcome.rank: outcome.result for outcome in outcomes}
-    members = [outcome for outcome in outcomes if outcome.rank in case.members]
-    if any(outcome.error is not None for outcome in members):
+    if any(outcomes[rank].error is not None for rank in case.members):
         return ()
-    parts_per_member = len(("reduce", "gather", "bcast"))
-    for rank in case.members:
-        result = results[rank]
-        if not isinstance(result, tuple) or len(result) != parts_per_member:
-            return ()
-    inputs = tuple(case.inputs[rank] for rank in case.members)
-    devices = ["" for _ in outcomes]
-    parts = []
-    for index, name, checked in (
-        (0, "reduce_tensors", ReduceCase(case.op, inputs)),
-        (1, "all_gather", AllGatherCase(inputs)),
-        (2, "broadcast", BroadcastCase(case.src, case.inputs)),
-    ):
-        part = [
-            attrs.evolve(outcome, result=results[outcome.rank][index])  # type: ignore[index]
-            for outcome in members
-        ]
-        values_only = [
-            attrs.evolve(outcome, result=_on_device(outcome.result, "")) for outcome in part
-        ]
-        if _check_case(checked, values_only, devices):
-            parts.append(name)
-    return tuple(parts)
-
-
-def _on_device(result: object, device: str) -> object:
-    return attrs.evolve(result, device=device) if isinstance(result, TensorData) else result
+    parts = _group_parts(case, outcomes)
+    if isinstance(parts, str):
+        return ()
+    return tuple(name for name, example, part in parts if _check_case(example, part, devices))
 
 
 _RAISING: Final = (BarrierTimeoutCase, MismatchCase, BadArgumentCase, GroupCase)

@@ -102,7 +102,7 @@ class ConformanceSuite:
             labels.append(("plait_examples", violation.examples))
             labels.append(("plait_seconds", time.perf_counter() - started))
             labels.append(("plait_violation", violation.describe()))
-            raise violation.with_traceback(None) from None
+            raise
         labels.append(("plait_examples", count))
         labels.append(("plait_seconds", time.perf_counter() - started))
 
