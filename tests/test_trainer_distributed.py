@@ -96,8 +96,9 @@ def test_lbfgs_evaluating_its_step_again_and_again_trains_on_ddp_as_on_one_proce
     tmp_path: Path,
 ) -> None:
     # Each rank's closure returns the loss averaged over the ranks: they decide alike.
-    # LBFGS divides by curvatures it estimates, which carries rounding a little further.
-    _same_as_one_process(tmp_path, "lbfgs", ["ddp"], steps=2 * 5, tolerance=1e-5)
+    # LBFGS divides by curvatures it estimates, which carries rounding further: the
+    # scenario trains in float64, where the ranks' order of summing stays far below this.
+    _same_as_one_process(tmp_path, "lbfgs", ["ddp"], steps=2 * 5, tolerance=1e-9)
 
 
 @pytest.mark.slow
