@@ -131,3 +131,36 @@ def test_an_unknown_profiler_name_is_refused_with_the_choices() -> None:
     with pytest.raises(ConfigurationError, match="'simpel'") as raised:
         Trainer(accelerator="cpu", logger=False, profiler="simpel")
     assert raised.value.suggestion == "simple"
+
+
+class ManualProfiled(Profiled):
+    def __init__(self) -> None:
+        super().__init__()
+        self.automatic_optimization = False
+
+    @override
+    def training_step(self, batch: object, batch_idx: int) -> torch.Tensor:
+        optimizer = self.optimizers()
+        assert not isinstance(optimizer, list)
+        optimizer.zero_grad()
+        loss = self.distinctly_named_step_work(batch)
+        self.manual_backward(loss)
+        optimizer.step()
+        return loss
+
+
+def test_the_simple_profiler_times_a_manual_step_and_its_optimizer_steps(tmp_path: Path) -> None:
+    trainer = Trainer(
+        accelerator="cpu",
+        default_root_dir=tmp_path,
+        enable_progress_bar=False,
+        logger=False,
+        max_epochs=2,
+        profiler="simple",
+    )
+    trainer.fit(ManualProfiled(), _loader())
+
+    rows = _rows((tmp_path / "profiles" / "fit-rank0-simple.txt").read_text())
+    for region in ("run_training_batch", "training_step", "optimizer_step"):
+        assert rows[region] == 12, region
+    assert rows["[Hooks]on_before_optimizer_step"] == 12

@@ -292,6 +292,43 @@ def test_the_learning_rate_monitor_logs_each_epoch(tmp_path: Path) -> None:
     ]
 
 
+def test_every_batch_calls_the_hooks_a_callback_or_module_defines(tmp_path: Path) -> None:
+    # The per-batch events leave out the base classes' empty hooks; a hook a class
+    # defines, or one set on the instance, still runs at every batch, in order.
+    events: list[str] = []
+
+    class Starts(Callback):
+        @override
+        def on_train_batch_start(
+            self, trainer: Trainer, module: Module, batch: object, batch_idx: int
+        ) -> None:
+            events.append(f"callback_start:{batch_idx}")
+
+    class Silent(Callback):
+        pass
+
+    class Hooked(Regressor):
+        @override
+        def on_train_batch_end(self, outputs: object, batch: object, batch_idx: int) -> None:
+            events.append(f"module_end:{batch_idx}")
+
+    patched = Silent()
+
+    def before_step(trainer: Trainer, module: Module, optimizer: torch.optim.Optimizer) -> None:
+        events.append("patched_before_step")
+
+    patched.on_before_optimizer_step = before_step  # type: ignore[method-assign]
+
+    _trainer(tmp_path, max_epochs=1, callbacks=[Silent(), Starts(), patched]).fit(
+        Hooked(), _loader(n=16)
+    )
+
+    assert events == [
+        "callback_start:0", "patched_before_step", "module_end:0",
+        "callback_start:1", "patched_before_step", "module_end:1",
+    ]  # fmt: skip
+
+
 def test_hooks_run_in_order(tmp_path: Path) -> None:
     events: list[str] = []
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator, Mapping
-from typing import Final, TypeVar, cast
+from typing import Final, TypeVar
 
 import torch
 
@@ -72,10 +72,10 @@ def map_tensors(data: T, function: Callable[[torch.Tensor], torch.Tensor]) -> T:
     if isinstance(data, torch.Tensor):
         return function(data)  # type: ignore[return-value]
     if kind is tuple or kind is list:  # the usual batch: checked before the ABCs
-        replaced = _map_items(cast("tuple[object, ...] | list[object]", data), function)
+        replaced = _map_items(data, function)  # type: ignore[arg-type]
         if replaced is None:
             return data
-        return cast("T", tuple(replaced) if kind is tuple else replaced)
+        return tuple(replaced) if kind is tuple else replaced  # type: ignore[return-value]
     if isinstance(data, Mapping):
         mapped = {key: map_tensors(value, function) for key, value in data.items()}
         if all(mapped[key] is value for key, value in data.items()):
@@ -98,7 +98,14 @@ def _map_items(
     """``items`` mapped by `map_tensors`, or ``None`` when every one came back as it was."""
     replaced: list[object] | None = None
     for index, item in enumerate(items):
-        new = map_tensors(item, function)
+        # Tensors and leaves (the usual batch's items) are handled here, without a call.
+        new: object
+        if isinstance(item, torch.Tensor):
+            new = function(item)
+        elif type(item) in _LEAVES:
+            continue
+        else:
+            new = map_tensors(item, function)
         if new is not item:
             if replaced is None:
                 replaced = list(items)

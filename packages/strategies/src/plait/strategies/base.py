@@ -532,7 +532,10 @@ class BaseStrategy(abc.ABC):
         args = precision.convert_input(args)
         if kwargs:
             kwargs = precision.convert_input(kwargs)
-        with precision.forward_context():
+        context = precision.forward_context()
+        if type(context) is contextlib.nullcontext:  # nothing to enter: the usual step
+            return module(*args, **kwargs)
+        with context:
             return module(*args, **kwargs)
 
     def backward(self, loss: torch.Tensor, module: torch.nn.Module | None = None) -> None:
@@ -566,7 +569,8 @@ class BaseStrategy(abc.ABC):
         Raises:
             ConfigurationError: Called inside `no_sync`.
         """
-        self.check_not_accumulating()
+        if self._accumulating:  # read here: the check's call is paid only when it raises
+            self.check_not_accumulating()
         return self._precision.optimizer_step(optimizer, closure)
 
     # Data.

@@ -7,6 +7,7 @@ forever; these generators are where the ranks agree on how many there are.
 from __future__ import annotations
 
 import contextlib
+import itertools
 from collections.abc import Iterable, Iterator
 
 import torch
@@ -53,20 +54,31 @@ def agreed_total(strategy: Strategy, limited: int | None) -> int | None:
 def batches(
     strategy: Strategy, loader: Iterable[object], total: int | None
 ) -> Iterator[tuple[int, object]]:
-    """``(index, batch)`` for ``total`` batches, or, without a total, while every rank has one."""
+    """``(index, batch)`` for ``total`` batches, or, without a total, while every rank has one.
+
+    The loader's iterator is made at once (a DataLoader draws its order then).
+    """
     iterator = iter(device_loader(strategy, loader))
+    if total is not None:  # agreed already: nothing to ask per batch, no frame of ours
+        return enumerate(itertools.islice(iterator, total))
+    if strategy.world_size == 1:
+        return enumerate(iterator)
+    return _while_every_rank_has_one(strategy, iterator)
+
+
+def _while_every_rank_has_one(
+    strategy: Strategy, iterator: Iterator[object]
+) -> Iterator[tuple[int, object]]:
+    # A loader without a length: the ranks agree, batch by batch, to go on only
+    # while every one of them has a batch.
     index = 0
-    while total is None or index < total:
+    while True:
         try:
             batch = next(iterator)
             more = True
         except StopIteration:
             batch, more = None, False
-        if total is None and strategy.world_size > 1:
-            # A loader without a length: the ranks agree, batch by batch, to go on
-            # only while every one of them has a batch.
-            more = strategy.reduce_boolean_decision(more, all=True)
-        if not more:
+        if not strategy.reduce_boolean_decision(more, all=True):
             return
         yield index, batch
         index += 1

@@ -15,6 +15,7 @@ from plait.trainer.data import length, prepare_loader, sampler_seed, set_epoch
 from plait.trainer.metrics import Metrics
 from plait.trainer.module import overrides
 from plait.trainer.optimization import is_step_batch
+from plait.trainer.profiler import regions_of
 from plait.trainer.progress import Resume
 from plait.trainer.state import preserved_rng, set_rng_state, to_device
 from plait.trainer.stopping import GracefulStop
@@ -192,10 +193,15 @@ class FitLoop:
         val_every = limits.validation_every(total)
         validated_at_end = False
         profiler = self.attached.hooks.profiler
+        regions = regions_of(profiler)
+        device = self.strategy.root_device
         for batch_idx, batch in batch_iterator:
-            with profiler.region("run_training_batch"):
-                self._batch(metrics, batch_idx, batch)
-            profiler.step()
+            if regions is None:  # no profiler: no context around the batch
+                self._batch(metrics, batch_idx, batch, device)
+            else:
+                with regions("run_training_batch"):
+                    self._batch(metrics, batch_idx, batch, device)
+                profiler.step()
             last = total is not None and batch_idx + 1 == total
             due = val_every is not None and ((batch_idx + 1) % val_every == 0 or last)
             if val_loader is not None and limits.validation_due(progress) and due:
@@ -209,7 +215,7 @@ class FitLoop:
             self._validate(val_loader)
         self._end_epoch(metrics, complete=total is None)
 
-    def _batch(self, metrics: Metrics, batch_idx: int, batch: object) -> None:
+    def _batch(self, metrics: Metrics, batch_idx: int, batch: object, device: torch.device) -> None:
         # The hottest code of the trainer: attributes are read once, into locals.
         strategy, attached, progress, results = (
             self.strategy,
@@ -218,7 +224,7 @@ class FitLoop:
             self.results,
         )
         hooks, steps = attached.hooks, attached.steps
-        results.current_batch = on_device = to_device(batch, strategy.root_device)
+        results.current_batch = on_device = to_device(batch, device)
         results.active = metrics
         metrics.start_step()
         hooks.on_train_batch_start(on_device, batch_idx)
@@ -278,7 +284,7 @@ class FitLoop:
         if graceful is None:
             return
         strategy, progress = self.strategy, self.progress
-        agreed = graceful.after_batch(strategy, strategy.world_size)
+        agreed = graceful.after_batch(strategy, self._world_size)
         if agreed is not None and self._stopping is None:
             self._stopping = agreed
         if self._stopping is None or not is_step_batch(

@@ -6,15 +6,16 @@ import functools
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Concatenate, ParamSpec, TypeVar
 
+from plait.trainer.callbacks.base import Callback
+from plait.trainer.module import Module
 from plait.trainer.profiler import PassThroughProfiler, Profiler
 
 if TYPE_CHECKING:
     import torch
 
     from plait.core.typing import Checkpoint
-    from plait.trainer.callbacks.base import Callback
     from plait.trainer.limits import Stage
-    from plait.trainer.module import Module, StepOutput
+    from plait.trainer.module import StepOutput
     from plait.trainer.trainer import Trainer
 
 __all__ = ["Hooks"]
@@ -36,6 +37,19 @@ def _profiled(method: Callable[Concatenate[Hooks, P], R]) -> Callable[Concatenat
             return method(hooks, *args, **kwargs)
 
     return profiled
+
+
+def _does(owner: Callback | Module, hook: str) -> bool:
+    """Whether ``owner``'s ``hook`` is its own: not the empty one of `Callback` or `Module`."""
+    base: type = Module if isinstance(owner, Module) else Callback
+    method = getattr(owner, hook)
+    # A hook set on the instance (no __func__) is the owner's own too.
+    return getattr(method, "__func__", None) is not getattr(base, hook, None)
+
+
+def _doing(callbacks: list[Callback], hook: str) -> list[Callback]:
+    """The callbacks whose ``hook`` is their own (`_does`), in their order."""
+    return [callback for callback in callbacks if _does(callback, hook)]
 
 
 class Hooks:
@@ -70,6 +84,13 @@ class Hooks:
             # on the hot path.
             for event in _EVENTS:
                 setattr(self, event, getattr(type(self), event).__wrapped__.__get__(self))
+        # The events of every batch call only the hooks that do something: a base
+        # class's empty hook is left out (the list is read once per run).
+        self._batch_start = _doing(callbacks, "on_train_batch_start")
+        self._batch_end = _doing(callbacks, "on_train_batch_end")
+        self._before_optimizer_step = _doing(callbacks, "on_before_optimizer_step")
+        self._module_batch_start = _does(module, "on_train_batch_start")
+        self._module_batch_end = _does(module, "on_train_batch_end")
 
     # A run.
 
@@ -142,22 +163,27 @@ class Hooks:
     @_profiled
     def on_train_batch_start(self, batch: object, batch_idx: int) -> None:
         """A training batch starts (on the device)."""
-        for callback in self.callbacks:
-            callback.on_train_batch_start(self.trainer, self.module, batch, batch_idx)
-        self.module.on_train_batch_start(batch, batch_idx)
+        trainer, module = self.trainer, self.module
+        for callback in self._batch_start:
+            callback.on_train_batch_start(trainer, module, batch, batch_idx)
+        if self._module_batch_start:
+            module.on_train_batch_start(batch, batch_idx)
 
     @_profiled
     def on_train_batch_end(self, output: StepOutput, batch: object, batch_idx: int) -> None:
         """A training batch ended."""
-        for callback in self.callbacks:
-            callback.on_train_batch_end(self.trainer, self.module, output, batch, batch_idx)
-        self.module.on_train_batch_end(output, batch, batch_idx)
+        trainer, module = self.trainer, self.module
+        for callback in self._batch_end:
+            callback.on_train_batch_end(trainer, module, output, batch, batch_idx)
+        if self._module_batch_end:
+            module.on_train_batch_end(output, batch, batch_idx)
 
     @_profiled
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
         """An optimizer is about to step (gradients are final and clipped)."""
-        for callback in self.callbacks:
-            callback.on_before_optimizer_step(self.trainer, self.module, optimizer)
+        trainer, module = self.trainer, self.module
+        for callback in self._before_optimizer_step:
+            callback.on_before_optimizer_step(trainer, module, optimizer)
 
     # Evaluation and prediction.
 

@@ -324,7 +324,8 @@ class Module(torch.nn.Module):
     # Optimization by hand.
 
     def _running(self, what: str) -> Attached:
-        attached = self.trainer._attached
+        trainer = self._trainer  # read as it is (not through `trainer`): called every step
+        attached = trainer._attached if trainer is not None else None
         if attached is None:
             raise ConfigurationError(
                 f"{what} was called where no run is in progress",
@@ -367,7 +368,7 @@ class Module(torch.nn.Module):
             ConfigurationError: Under automatic optimization (the trainer runs the
                 backward pass of the loss ``training_step`` returns), or outside a fit.
         """
-        if self.automatic_optimization:
+        if self.__dict__.get("_automatic_optimization", True):  # automatic_optimization
             raise ConfigurationError(
                 "manual_backward was called under automatic optimization: the trainer "
                 "runs the backward pass of the loss training_step returns, and would run "
@@ -377,7 +378,7 @@ class Module(torch.nn.Module):
                 "optimizers yourself, or return the loss and drop manual_backward",
             )
         attached = self._running("manual_backward")
-        self.trainer.strategy.backward(loss, attached.wrapped)
+        attached.hooks.trainer.strategy.backward(loss, attached.wrapped)
 
     def toggle_optimizer(self, optimizer: TrainerOptimizer | torch.optim.Optimizer) -> None:
         """Until `untoggle_optimizer`, the other optimizers' parameters take no gradients.

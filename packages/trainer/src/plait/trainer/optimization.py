@@ -18,6 +18,7 @@ from plait.core import (
     SupportsClosureOptimizers,
     SupportsManualOptimization,
 )
+from plait.trainer.profiler import regions_of
 
 if TYPE_CHECKING:
     from plait.trainer.attach import Attached
@@ -226,6 +227,7 @@ class AutomaticOptimization(Optimization):
         self.clip_algorithm: GradientClipAlgorithm = clip_algorithm
         self.world_size = strategy.world_size
         self.region = hooks.profiler.region
+        self.timing = regions_of(hooks.profiler) is not None  # else no region per batch
         # An optimizer that evaluates the step itself (LBFGS), alone (checked at set-up).
         self._closure = len(self.optimizers) == 1 and needs_closure(self.optimizers[0])
 
@@ -242,14 +244,21 @@ class AutomaticOptimization(Optimization):
             return self._forward_backward(batch, batch_idx)
 
     def _forward_backward(self, batch: object, batch_idx: int) -> StepOutput:
-        strategy, wrapped, region = self.strategy, self.wrapped, self.region
-        with region("training_step"):
-            output: StepOutput = strategy.training_step(wrapped, batch, batch_idx)  # type: ignore[assignment]
+        strategy, wrapped, timing = self.strategy, self.wrapped, self.timing
+        output: StepOutput
+        if timing:
+            with self.region("training_step"):
+                output = strategy.training_step(wrapped, batch, batch_idx)  # type: ignore[assignment]
+        else:
+            output = strategy.training_step(wrapped, batch, batch_idx)  # type: ignore[assignment]
         loss = training_loss(output, self.world_size)
         if loss is not None:
             if self.accumulate > 1:
                 loss = loss / self.accumulate
-            with region("backward"):
+            if timing:
+                with self.region("backward"):
+                    strategy.backward(loss, wrapped)
+            else:
                 strategy.backward(loss, wrapped)
         return output
 
@@ -294,7 +303,10 @@ class AutomaticOptimization(Optimization):
             if self.clip_val is not None:
                 strategy.clip_gradients(wrapped, optimizer, self.clip_val, self.clip_algorithm)
             self.hooks.on_before_optimizer_step(optimizer)
-            with self.region("optimizer_step"):
+            if self.timing:
+                with self.region("optimizer_step"):
+                    strategy.optimizer_step(optimizer)
+            else:
                 strategy.optimizer_step(optimizer)
             strategy.zero_grad(optimizer)
         self.progress.global_step += 1
@@ -336,6 +348,7 @@ class TrainerOptimizer:
         self._module = module
         self._hooks = hooks
         self._progress = progress
+        self._timing = regions_of(hooks.profiler) is not None  # else no region per step
 
     @property
     def param_groups(self) -> list[dict[str, object]]:
@@ -356,7 +369,10 @@ class TrainerOptimizer:
                 strategy's ``no_sync``: the gradients were never synchronised.
         """
         self._hooks.on_before_optimizer_step(self.optimizer)
-        with self._hooks.profiler.region("optimizer_step"):
+        if self._timing:
+            with self._hooks.profiler.region("optimizer_step"):
+                result = self._strategy.optimizer_step(self.optimizer, closure)
+        else:
             result = self._strategy.optimizer_step(self.optimizer, closure)
         self._progress.global_step += 1
         return result
@@ -418,6 +434,7 @@ class ManualOptimization(Optimization):
         self.strategy = strategy
         self.wrapped = attached.wrapped
         self.region = attached.hooks.profiler.region
+        self.timing = regions_of(attached.hooks.profiler) is not None  # else no region per batch
         self._context: Callable[[torch.nn.Module], contextlib.AbstractContextManager[None]] | None
         if strategy.world_size == 1:
             self._context = None  # nothing to synchronise: no context to enter per batch
@@ -434,10 +451,17 @@ class ManualOptimization(Optimization):
 
     @override
     def run(self, batch: object, batch_idx: int, *, stepping: bool) -> StepOutput:
+        if self.timing:
+            with self.region("training_step"):
+                return self._step(batch, batch_idx)
+        if self._context is None:  # one process: the step itself, nothing around it
+            return self.strategy.training_step(self.wrapped, batch, batch_idx)  # type: ignore[return-value]
+        return self._step(batch, batch_idx)
+
+    def _step(self, batch: object, batch_idx: int) -> StepOutput:
         strategy, wrapped, context = self.strategy, self.wrapped, self._context
-        with self.region("training_step"):
-            if context is None:
-                return strategy.training_step(wrapped, batch, batch_idx)  # type: ignore[return-value]
-            with context(wrapped):
-                output: StepOutput = strategy.training_step(wrapped, batch, batch_idx)  # type: ignore[assignment]
-            return output
+        if context is None:
+            return strategy.training_step(wrapped, batch, batch_idx)  # type: ignore[return-value]
+        with context(wrapped):
+            output: StepOutput = strategy.training_step(wrapped, batch, batch_idx)  # type: ignore[assignment]
+        return output

@@ -18,8 +18,8 @@ import os
 import pstats
 import time
 from collections import defaultdict
-from collections.abc import Iterator
-from typing import TYPE_CHECKING, Final, Protocol, runtime_checkable
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Final, Protocol, TypeAlias, runtime_checkable
 
 from typing_extensions import override
 
@@ -34,8 +34,10 @@ __all__ = [
     "PassThroughProfiler",
     "Profiler",
     "PyTorchProfiler",
+    "Regions",
     "SimpleProfiler",
     "make_profiler",
+    "regions_of",
 ]
 
 
@@ -81,6 +83,19 @@ class PassThroughProfiler(Profiler):
     @override
     def stop(self) -> str | None:
         return None
+
+
+Regions: TypeAlias = Callable[[str], contextlib.AbstractContextManager[None]]
+"""A profiler's ``region``: the context a named region runs in."""
+
+
+def regions_of(profiler: Profiler) -> Regions | None:
+    """``profiler.region``, or ``None`` where it times nothing (`PassThroughProfiler`).
+
+    The loops' per-batch code enters a region only when this is not ``None``: a
+    training step without a profiler costs no context at all.
+    """
+    return None if isinstance(profiler, PassThroughProfiler) else profiler.region
 
 
 class _Reporting(Profiler):
