@@ -225,6 +225,47 @@ def test_fit_trains_digits_with_fsdp_and_validates_from_its_sharded_checkpoint(
 
 
 @pytest.mark.slow
+def test_fit_splits_digits_over_tensor_parallel_ranks_and_validates_from_its_shards(
+    tmp_path: Path,
+) -> None:
+    # (dp=1, tp=2): the example's configure_model splits its layers over mesh["tp"].
+    completed = _plait(
+        "fit", "--example", "digits", "--strategy", "model_parallel",
+        "--tensor-parallel-size", "2", "--accelerator", "cpu", "--devices", "2",
+        "--max-epochs", "2", "--no-progress-bar", "--default-root-dir", str(tmp_path),
+    )  # fmt: skip
+
+    assert completed.returncode == 0, completed.stderr
+    out = completed.stdout
+    # Both ranks read all 1437 training images in batches of 64: 23 steps an epoch.
+    assert "with model_parallel on 2 process(es) (cpu) for 2 epoch(s), 46 optimizer steps" in out
+    accuracy = re.search(r"^val_acc = (\d\.\d+)$", out, re.MULTILINE)
+    assert accuracy is not None, out
+    assert float(accuracy.group(1)) > 0.8
+    checkpoint = tmp_path / "checkpoints" / "last.ckpt"
+    assert (checkpoint / ".metadata").is_file()  # every rank wrote its shards
+    _made_again_in_this_process(checkpoint)
+    # One process reads the tensor-parallel shards whole: the same weights.
+    alone = _plait(
+        "validate", "--example", "digits", "--accelerator", "cpu", "--no-progress-bar",
+        "--ckpt-path", str(checkpoint), "--default-root-dir", str(tmp_path),
+    )  # fmt: skip
+    assert alone.returncode == 0, alone.stderr
+    assert f"val_acc = {accuracy.group(1)}" in alone.stdout
+
+
+def test_a_tensor_parallel_size_for_a_strategy_without_one_is_refused_with_the_fix() -> None:
+    completed = _plait(
+        "fit", "--example", "digits", "--strategy", "ddp", "--tensor-parallel-size", "2",
+        "--accelerator", "cpu", "--devices", "2",
+    )  # fmt: skip
+
+    assert completed.returncode != 0
+    assert "--tensor-parallel-size 2 was given, and the strategy 'ddp'" in completed.stderr
+    assert "--strategy model_parallel --tensor-parallel-size 2" in completed.stderr
+
+
+@pytest.mark.slow
 def test_fit_trains_digits_with_ddp_on_two_processes_and_reports(tmp_path: Path) -> None:
     completed = _plait(
         "fit", "--example", "digits", "--strategy", "ddp", "--accelerator", "cpu",

@@ -102,6 +102,22 @@ def test_lbfgs_evaluating_its_step_again_and_again_trains_on_ddp_as_on_one_proce
 
 
 @pytest.mark.slow
+def test_a_module_that_parallelizes_itself_in_configure_model_trains_as_on_one_process(
+    tmp_path: Path,
+) -> None:
+    # model_parallel on 2 processes lays out (dp=1, tp=2); the module's configure_model
+    # splits its layers over mesh["tp"] and shards over mesh["dp_shard"]. Its sharded
+    # checkpoint loads into one process (load_from_checkpoint) with the weights one
+    # process reaches.
+    _same_as_one_process(tmp_path, "tensor_parallel", ["model_parallel"], steps=2 * 5)
+    # sync_dist folds over the data-parallel ranks: the 40 samples of an epoch count
+    # once, not once per tensor-parallel rank.
+    for strategy in ("single_device", "model_parallel"):
+        result = json.loads((tmp_path / strategy / "result.json").read_text())
+        assert result["metrics"]["samples_epoch"] == 40, strategy
+
+
+@pytest.mark.slow
 def test_a_module_compiled_in_each_rank_trains_on_ddp_and_fsdp_as_on_one_process(
     tmp_path: Path,
 ) -> None:

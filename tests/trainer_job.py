@@ -164,6 +164,54 @@ class ByHand(Module):
         return torch.optim.SGD(self.parameters(), lr=0.1, momentum=0.9)
 
 
+class TensorParallel(Module):
+    """A module that parallelizes itself over the strategy's mesh in configure_model."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.up = torch.nn.Linear(4, 8)
+        self.down = torch.nn.Linear(8, 1)
+
+    @override
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.down(torch.relu(self.up(x)))
+        return out
+
+    @override
+    def configure_model(self) -> None:
+        mesh = self.device_mesh
+        if mesh is None or is_parallelized(self):  # one process; a later run of the job
+            return
+        from torch.distributed.fsdp import fully_shard  # noqa: PLC0415
+        from torch.distributed.tensor.parallel import (  # noqa: PLC0415
+            ColwiseParallel,
+            RowwiseParallel,
+            parallelize_module,
+        )
+
+        parallelize_module(self, mesh["tp"], {"up": ColwiseParallel(), "down": RowwiseParallel()})
+        fully_shard(self, mesh=mesh["dp_shard"])
+
+    @override
+    def training_step(self, batch: object, batch_idx: int) -> torch.Tensor:
+        x, y = _xy(batch)
+        loss = torch.nn.functional.mse_loss(self(x), y)
+        self.log("loss", loss, sync_dist=True)
+        # Summed over the data-parallel ranks only: a tensor-parallel group's ranks
+        # read the same samples, and count them once.
+        self.log("samples", len(x), reduce_fx="sum", sync_dist=True, on_epoch=True)
+        return loss
+
+    @override
+    def configure_optimizers(self) -> object:
+        return torch.optim.AdamW(self.parameters(), lr=0.05)
+
+
+def is_parallelized(module: torch.nn.Module) -> bool:
+    """Whether ``module``'s parameters are DTensors already."""
+    return any(callable(getattr(p, "full_tensor", None)) for p in module.parameters())
+
+
 class Lbfgs(Module):
     """A linear fit stepped by LBFGS, which evaluates each step several times."""
 
@@ -390,9 +438,16 @@ def _fit(
 def _same_steps(
     arguments: argparse.Namespace, module: Module, **settings: object
 ) -> dict[str, object]:
+    return _same_steps_read_by(arguments, module, arguments.devices, settings)
+
+
+def _same_steps_read_by(
+    arguments: argparse.Namespace, module: Module, readers: int, settings: dict[str, object]
+) -> dict[str, object]:
     # 8 samples a step whatever the number of ranks, in order: every run takes the
-    # steps one process takes.
-    per_rank = DataLoader(dataset(40), batch_size=8 // arguments.devices)
+    # steps one process takes. The data-parallel ranks (``readers``) split them: all
+    # the ranks, unless a tensor-parallel group reads the same batches.
+    per_rank = DataLoader(dataset(40), batch_size=8 // readers)
     trainer = _trainer(arguments, max_epochs=2, enable_checkpointing=True, **settings)
     trainer.fit(module, per_rank)
     if int(os.environ.get("RANK", "0")) != 0:
@@ -404,7 +459,8 @@ def _same_steps(
         type(module).load_from_checkpoint(trainer.checkpoint_callback.last_model_path).state_dict()
     )
     flat = {k: v.flatten().tolist() for k, v in state.items()}
-    return {"global_step": trainer.global_step, "state": flat}
+    metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
+    return {"global_step": trainer.global_step, "state": flat, "metrics": metrics}
 
 
 class Compiled(Callback):
@@ -449,6 +505,8 @@ def main() -> None:
         "lbfgs": lambda: _same_steps(arguments, Lbfgs(), precision="64-true"),
         # torch.compile's graphs without a C++ compiler: dynamo and AOT autograd.
         "compiled": lambda: _compiled(arguments),
+        # On model_parallel's mesh of (dp=1, tp=2): both ranks read all 8 samples.
+        "tensor_parallel": lambda: _same_steps_read_by(arguments, TensorParallel(), 1, {}),
         "gan": lambda: _gan(arguments),
         "gan_root_only": lambda: _gan(arguments),  # FSDP's root holds the parameters
         "goes_on": lambda: _goes_on(arguments, train, val),

@@ -77,9 +77,12 @@ def test_a_process_layout_holds_its_dimensions_and_defaults_to_plain_data_parall
         global_rank=rank,
         data_parallel_size=data_parallel,
         data_parallel_rank=rank // tensor,
-        dimensions={"tensor": tensor},
+        dimensions={"tp": tensor},
+        coordinates={"tp": rank % tensor},
     )
-    assert layout.dimensions == {"tensor": tensor}
+    assert layout.dimensions == {"tp": tensor}
+    assert (layout.tensor_parallel_rank, layout.tensor_parallel_size) == (rank % tensor, tensor)
+    assert (layout.rank_in("cp"), layout.size_of("cp")) == (0, 1)  # a dimension it has not
     plain = ProcessLayout(world_size=world, global_rank=rank)
     assert (plain.data_parallel_rank, plain.data_parallel_size) == (rank, world)
 
@@ -89,9 +92,13 @@ def test_a_process_layout_holds_its_dimensions_and_defaults_to_plain_data_parall
     [
         ({"global_rank": 4}, "global_rank 4 is outside the world"),
         ({"data_parallel_rank": 2}, r"data_parallel_rank 2 is outside \[0, 2\)"),
-        ({"dimensions": {"tensor": 3}}, r"hold 6 processes, and the world has 4"),
-        ({"dimensions": {"tensor": 0}}, "has size 0"),
+        ({"dimensions": {"tp": 3}}, r"hold 6 processes, and the world has 4"),
+        ({"dimensions": {"tp": 0}}, "has size 0"),
         ({"dimensions": {"data_parallel": 2}}, "given by data_parallel_size"),
+        ({"coordinates": {"tp": 2}}, r"tp=2 is outside the dimension \[0, 2\)"),
+        ({"coordinates": {"tp": -1}}, r"tp=-1 is outside"),
+        ({"coordinates": {"tp": True}}, r"tp=True is outside"),
+        ({"coordinates": {"pp": 0}}, "'pp' names no dimension of the layout"),
     ],
 )
 def test_a_process_layout_rejects_impossible_values(
@@ -102,7 +109,8 @@ def test_a_process_layout_rejects_impossible_values(
         "global_rank": 1,
         "data_parallel_size": 2,
         "data_parallel_rank": 0,
-        "dimensions": {"tensor": 2},
+        "dimensions": {"tp": 2},
+        "coordinates": {"tp": 1},
     }
     with pytest.raises(ConfigurationError, match=message):
         ProcessLayout(**{**valid, **fields})  # type: ignore[arg-type]

@@ -156,8 +156,9 @@ class ProcessLayout:
     Data is sharded by the data-parallel rank and size: under plain data
     parallelism they are the global rank and world size; under tensor, pipeline or
     hybrid-sharded layouts the ranks that hold the same data share a data-parallel
-    rank. The other mesh dimensions (``{"tensor": 2}``, ...) are named in
-    ``dimensions``; the data-parallel size times their sizes is the world size.
+    rank. The other mesh dimensions (``{"tp": 2}``, ...) are named in
+    ``dimensions``; the data-parallel size times their sizes is the world size, and
+    ``coordinates`` holds this process's index along each of them.
 
     Attributes:
         world_size: The number of processes in the job.
@@ -165,10 +166,12 @@ class ProcessLayout:
         data_parallel_size: The number of distinct shards of the data.
         data_parallel_rank: The shard of the data this process reads.
         dimensions: The other mesh dimensions, by name, with their sizes.
+        coordinates: This process's index along each of ``dimensions`` (0 for a
+            dimension left out).
 
     Raises:
-        ConfigurationError: A rank outside its range, or dimensions whose sizes do not
-            multiply to the world size.
+        ConfigurationError: A rank outside its range, dimensions whose sizes do not
+            multiply to the world size, or a coordinate of no dimension or outside it.
     """
 
     world_size: int = attrs.field(validator=[_int, _positive])
@@ -187,6 +190,7 @@ class ProcessLayout:
     dimensions: Mapping[str, int] = attrs.field(
         factory=dict, validator=_dimensions, converter=_frozen_dimensions
     )
+    coordinates: Mapping[str, int] = attrs.field(factory=dict, converter=_frozen_dimensions)
 
     def __attrs_post_init__(self) -> None:
         if self.global_rank >= self.world_size:
@@ -215,11 +219,47 @@ class ProcessLayout:
                 fix="make the data-parallel size times the other dimensions' sizes equal "
                 "the world size",
             )
+        self._check_coordinates()
+
+    def _check_coordinates(self) -> None:
+        for name, index in self.coordinates.items():
+            size = self.dimensions.get(name)
+            if size is None:
+                raise ConfigurationError(
+                    f"the coordinate {name!r} names no dimension of the layout",
+                    value=name,
+                    choices=list(self.dimensions),
+                    fix="give a coordinate only along a dimension named in dimensions",
+                )
+            given: object = index  # an int by its annotation only: checked
+            if isinstance(given, bool) or not isinstance(given, int) or not 0 <= given < size:
+                raise ConfigurationError(
+                    f"the coordinate {name}={index!r} is outside the dimension [0, {size})",
+                    value=index,
+                )
 
     @classmethod
     def single_process(cls) -> Self:
         """The layout of a job that runs in one process."""
         return cls(world_size=1, global_rank=0)
+
+    def size_of(self, dimension: str) -> int:
+        """The size of the mesh dimension ``dimension`` (1 where the layout has none)."""
+        return self.dimensions.get(dimension, 1)
+
+    def rank_in(self, dimension: str) -> int:
+        """This process's index along ``dimension`` (0 where the layout has none)."""
+        return self.coordinates.get(dimension, 0)
+
+    @property
+    def tensor_parallel_size(self) -> int:
+        """The ranks a tensor-parallel group splits each layer over (1: none)."""
+        return self.size_of("tp")
+
+    @property
+    def tensor_parallel_rank(self) -> int:
+        """This process's rank in its tensor-parallel group."""
+        return self.rank_in("tp")
 
     @property
     def is_global_zero(self) -> bool:

@@ -4,7 +4,9 @@
 `SingleDeviceStrategy` (one process), `ParallelStrategy` (processes in a
 torch.distributed group, with the collective contract checked), `DDPStrategy` and
 `DDPShardedStrategy` (optimizer state sharded), `FSDPStrategy` (everything sharded, on
-FSDP2; ``plait.strategies.fsdp`` holds its parts), `DeepSpeedStrategy` (ZeRO through
+FSDP2; ``plait.strategies.fsdp`` holds its parts), `ModelParallelStrategy` (tensor,
+sequence and data parallelism on one DeviceMesh, the module's own plan),
+`DeepSpeedStrategy` (ZeRO through
 DeepSpeed, behind the ``deepspeed`` extra; ``plait.strategies.deepspeed``),
 each meeting the `plait.core.Strategy` protocol, usable with or without a trainer.
 `StrategyRegistry` (from `plait.core`) names them; `CheckpointIO` is a base class for
@@ -24,6 +26,7 @@ from plait.strategies.dp import DataParallelStrategy
 from plait.strategies.export import consolidate_checkpoint
 from plait.strategies.fsdp import DDPFullyShardedNativeStrategy, FSDPStrategy
 from plait.strategies.job import end_job
+from plait.strategies.model_parallel import ModelParallelStrategy
 from plait.strategies.parallel import PROCESS_GROUP_BACKENDS, ParallelStrategy
 from plait.strategies.process_group import init_distributed
 from plait.strategies.sharded import DDPShardedStrategy
@@ -51,6 +54,7 @@ __all__ = [
     "DistributedCollectives",
     "FSDPStrategy",
     "LocalCollectives",
+    "ModelParallelStrategy",
     "ParallelStrategy",
     "SingleDeviceStrategy",
     "SingleDeviceXLAStrategy",

@@ -8,6 +8,7 @@ from plait.strategies.ddp import DDPStrategy
 from plait.strategies.deepspeed import DeepSpeedStrategy
 from plait.strategies.dp import DataParallelStrategy
 from plait.strategies.fsdp import FSDPStrategy
+from plait.strategies.model_parallel import ModelParallelStrategy
 from plait.strategies.sharded import DDPShardedStrategy
 from plait.strategies.single_device import SingleDeviceStrategy
 from plait.strategies.xla import SingleDeviceXLAStrategy, XLAFSDPStrategy, XLAStrategy
@@ -87,6 +88,14 @@ def register(registry: Registry[Strategy]) -> None:
         "fsdp_native_full_shard_offload", FSDPStrategy,
         description="fully sharded with CPU offload (Lightning 1.x's name)",
         cpu_offload=True,
+    )  # fmt: skip
+    registry.register(
+        "model_parallel", ModelParallelStrategy,
+        description="tensor, sequence and data parallelism on one DeviceMesh (the module's plan)",
+    )  # fmt: skip
+    registry.register(
+        "ModelParallelStrategy", ModelParallelStrategy,
+        description="the same, by Lightning's class name",
     )  # fmt: skip
     registry.register(
         "fsdp_shard_grad_op", FSDPStrategy,

@@ -14,6 +14,7 @@ Your own module goes through `plait.trainer.config_cli` (jsonargparse: every
 from __future__ import annotations
 
 import argparse
+import inspect
 import logging
 import math
 import sys
@@ -30,6 +31,7 @@ from plait.core import (
     PeerFailedError,
     PrecisionRegistry,
     Registry,
+    Strategy,
     StrategyRegistry,
     seed_everything,
 )
@@ -106,6 +108,13 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
         type=_at_least(1),
         default=1,
         help="machines in the job, started by torchrun or a scheduler (default: 1)",
+    )
+    parts.add_argument(
+        "--tensor-parallel-size",
+        type=_at_least(1),
+        default=None,
+        help="with --strategy model_parallel: ranks each layer is split over "
+        "(default: the processes of a node); the rest read different data",
     )
     parts.add_argument(
         "--precision", default=None, help="32-true (default), bf16-mixed, 16-mixed, 64-true, ..."
@@ -310,6 +319,28 @@ def _sbatch(arguments: argparse.Namespace) -> str:
     )
 
 
+def _strategy(arguments: argparse.Namespace) -> str | Strategy:
+    """The strategy's name, or (with ``--tensor-parallel-size``) the strategy made with it.
+
+    Raises:
+        ConfigurationError: ``--tensor-parallel-size`` with a strategy that has no
+            tensor-parallel ranks.
+    """
+    size = getattr(arguments, "tensor_parallel_size", None)
+    if size is None:
+        return str(arguments.strategy)
+    entry = StrategyRegistry.entry(arguments.strategy)  # an unknown name: did you mean
+    if "tensor_parallel_size" not in inspect.signature(entry.factory).parameters:
+        raise ConfigurationError(
+            f"--tensor-parallel-size {size} was given, and the strategy "
+            f"{arguments.strategy!r} splits no layer over tensor-parallel ranks",
+            value=arguments.strategy,
+            fix=f"pass --strategy model_parallel --tensor-parallel-size {size}, or drop "
+            "--tensor-parallel-size",
+        )
+    return StrategyRegistry.get(arguments.strategy, tensor_parallel_size=size)
+
+
 def _run(arguments: argparse.Namespace) -> None:
     seed_everything(arguments.seed)
     example = EXAMPLES[arguments.example]
@@ -317,7 +348,7 @@ def _run(arguments: argparse.Namespace) -> None:
     fitting = arguments.command == "fit"
     trainer = Trainer(
         accelerator=arguments.accelerator,
-        strategy=arguments.strategy,
+        strategy=_strategy(arguments),
         devices=arguments.devices,
         num_nodes=arguments.num_nodes,
         precision=arguments.precision,

@@ -12,7 +12,7 @@ import torch
 from plait.core import TrainingStopped, rank_zero_warn
 from plait.trainer.batches import agreed_total, batches
 from plait.trainer.data import length, prepare_loader, sampler_seed, set_epoch
-from plait.trainer.metrics import Metrics
+from plait.trainer.metrics import Metrics, metric_group
 from plait.trainer.module import overrides
 from plait.trainer.optimization import is_step_batch
 from plait.trainer.profiler import regions_of
@@ -109,6 +109,7 @@ class FitLoop:
         self._stopping: signal.Signals | None = None
         self._step_sync = False
         self._world_size = strategy.world_size  # read per batch: a property may be slow
+        self._metric_group = metric_group(strategy.layout)
 
     def run(
         self,
@@ -236,7 +237,10 @@ class FitLoop:
         # Agreed at each epoch's first batch, then at every batch while any rank
         # syncs step values: a metric synced on one rank only fails at once.
         self._step_sync = metrics.sync_step(
-            strategy, self._world_size, required=self._step_sync or batch_idx == 0
+            strategy,
+            self._world_size,
+            required=self._step_sync or batch_idx == 0,
+            group=self._metric_group,
         )
         results.publish_step(metrics, stepping=stepping)
         hooks.on_train_batch_end(output, on_device, batch_idx)

@@ -14,10 +14,11 @@ from plait.core import CollectiveCall, CollectiveMismatchError, ConfigurationErr
 from plait.trainer.gather import gather_objects
 
 if TYPE_CHECKING:
-    from plait.core import Collectives
+    from plait.core import Collectives, ProcessLayout
+    from plait.core.typing import Group
     from plait.trainer.module import LogValue, ReduceFx
 
-__all__ = ["MetricOptions", "Metrics", "Number", "to_number"]
+__all__ = ["MetricOptions", "Metrics", "Number", "metric_group", "to_number"]
 
 Number = float | int
 """A logged value once recorded: a Python number."""
@@ -29,6 +30,16 @@ _FINGERPRINT_BYTES: Final = 6  # exact in an int64, and in a float64
 def _fingerprint(names: Sequence[str]) -> int:
     digest = hashlib.blake2b("\0".join(names).encode(), digest_size=_FINGERPRINT_BYTES).digest()
     return int.from_bytes(digest, "big")
+
+
+def metric_group(layout: ProcessLayout) -> Group | None:
+    """The group ``sync_dist`` folds values over: the data-parallel ranks.
+
+    ``None`` (the whole job) where every rank reads data of its own; under tensor
+    parallelism the ranks of a group compute the same values from the same batch,
+    and count once: the values are folded over ``"data_parallel"`` only.
+    """
+    return None if layout.data_parallel_size == layout.world_size else "data_parallel"
 
 
 def agree_on_names(
@@ -215,7 +226,14 @@ class Metrics:
         """
         self.step_values = {}
 
-    def sync_step(self, collectives: Collectives, world_size: int, *, required: bool) -> bool:
+    def sync_step(
+        self,
+        collectives: Collectives,
+        world_size: int,
+        *,
+        required: bool,
+        group: Group | None = None,
+    ) -> bool:
         """Fold this step's synced values over ranks; every rank calls it after each step.
 
         A rank with nothing to sync takes part only when ``required`` (the first
@@ -242,7 +260,7 @@ class Metrics:
             synced = {name: pending[name][0] for name in ordered}
         else:
             values = torch.tensor([float(pending[n][0]) for n in ordered], dtype=torch.float64)
-            rows = collectives.all_gather(values)
+            rows = collectives.all_gather(values, group=group)
             synced = {}
             for index, name in enumerate(ordered):
                 column = rows[:, index]
@@ -266,7 +284,9 @@ class Metrics:
                 accumulator.add(synced[name], pending[name][1])
         return True
 
-    def fold(self, collectives: Collectives, world_size: int = 1) -> dict[str, Number]:
+    def fold(
+        self, collectives: Collectives, world_size: int = 1, group: Group | None = None
+    ) -> dict[str, Number]:
         """The epoch value of every metric, folded over ranks for those that sync.
 
         Every rank must call it at the same point: the ranks first agree on the
@@ -301,7 +321,7 @@ class Metrics:
             )
             if any(abs(int(self._epoch[n].total)) >= 2**53 for n in integers):
                 integers = set()  # beyond float64's exact integers: reduced as floats
-            folded = collectives.reduce(packed, reduce_op="sum").tolist()
+            folded = collectives.reduce(packed, group=group, reduce_op="sum").tolist()
             for index, name in enumerate(synced):
                 total, weight = folded[2 * index], folded[2 * index + 1]
                 if self._epoch[name].options.reduce_fx == "mean":
@@ -315,7 +335,7 @@ class Metrics:
             value = self._value(accumulator)
             if accumulator.options.sync_dist:
                 value = collectives.reduce(
-                    value, reduce_op=_EPOCH_OPS[accumulator.options.reduce_fx]
+                    value, group=group, reduce_op=_EPOCH_OPS[accumulator.options.reduce_fx]
                 )
             values[name] = value
         return values

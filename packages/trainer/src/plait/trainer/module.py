@@ -9,10 +9,11 @@ from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 import torch
 from typing_extensions import Self, override
 
-from plait.core import ConfigurationError
+from plait.core import ConfigurationError, SupportsDeviceMesh
 from plait.trainer.hparams import init_arguments, load_module, storable
 
 if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
     from torch.optim.lr_scheduler import LRScheduler, ReduceLROnPlateau
 
     from plait.core import GradientClipAlgorithm
@@ -241,6 +242,20 @@ class Module(torch.nn.Module):
         """The prediction for one batch; by default the module's output on it."""
         return self(batch)
 
+    @property
+    def device_mesh(self) -> DeviceMesh | None:
+        """The strategy's device mesh: what ``configure_model`` parallelizes the module over.
+
+        With ``ModelParallelStrategy``, a mesh named ``("dp_replicate", "dp_shard",
+        "tp")``: in ``configure_model``, apply tensor parallelism over
+        ``self.device_mesh["tp"]``, then FSDP over ``self.device_mesh["dp_shard"]``.
+        ``None`` where no trainer runs the module (``load_from_checkpoint`` builds it
+        in one process) or its strategy lays out no mesh: leave the module whole then.
+        """
+        trainer = self._trainer
+        strategy: object = trainer.strategy if trainer is not None else None
+        return strategy.device_mesh if isinstance(strategy, SupportsDeviceMesh) else None
+
     def configure_model(self) -> None:
         """Create the layers that should be built under the strategy's control; none by default.
 
@@ -249,7 +264,9 @@ class Module(torch.nn.Module):
         (``FSDPStrategy``) layers made here are created on the meta device and each
         rank materialises only its shards, so a model larger than one process's
         memory can be built. Create a layer only if it is not there yet (the hook
-        runs once per run). Lightning 1.x called it ``configure_sharded_model``.
+        runs once per run). With ``ModelParallelStrategy`` this is where the module
+        parallelizes itself over `device_mesh` (once: a later run of the job finds
+        it parallelized already). Lightning 1.x called it ``configure_sharded_model``.
         """
         legacy = getattr(self, "configure_sharded_model", None)
         if callable(legacy):

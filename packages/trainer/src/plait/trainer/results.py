@@ -10,7 +10,7 @@ from typing_extensions import override
 
 from plait.core import ConfigurationError
 from plait.trainer.data import first_tensor_length
-from plait.trainer.metrics import Metrics, Number
+from plait.trainer.metrics import Metrics, Number, metric_group
 
 if TYPE_CHECKING:
     from plait.core import Strategy
@@ -120,7 +120,7 @@ class Results:
     def publish_epoch(self, metrics: Metrics, *, training: bool) -> dict[str, Number]:
         """Fold the epoch's values over the ranks, make them visible and log them."""
         strategy = self.strategy
-        values = metrics.fold(strategy, strategy.world_size)
+        values = metrics.fold(strategy, strategy.world_size, metric_group(strategy.layout))
         options = metrics.epoch_options()
         to_log: dict[str, Number] = {}
         for name, value in values.items():

@@ -13,6 +13,7 @@ if TYPE_CHECKING:
     from contextlib import AbstractContextManager
 
     import torch
+    from torch.distributed.device_mesh import DeviceMesh
 
     from plait.core.layout import ProcessLayout
     from plait.core.protocols.accelerator import Accelerator
@@ -319,6 +320,20 @@ class SupportsModelShardedContext(Protocol):
 
     def model_sharded_context(self) -> AbstractContextManager[None]:
         """Inside this context, modules are created as the strategy needs (e.g. on meta)."""
+        ...
+
+
+@runtime_checkable
+class SupportsDeviceMesh(Protocol):
+    """A strategy whose ranks form a named ``torch.distributed.DeviceMesh``.
+
+    A module parallelizes itself over it (``parallelize_module``, ``fully_shard``),
+    reading it from the strategy (the Trainer's ``Module.device_mesh``).
+    """
+
+    @property
+    def device_mesh(self) -> DeviceMesh:
+        """The mesh, once the strategy has joined its process group."""
         ...
 
 

@@ -8,6 +8,7 @@ wrong). Every rank takes the same path: it depends on the group's size alone.
 
 from __future__ import annotations
 
+import copy
 import pickle
 from collections.abc import Mapping, Sequence
 from datetime import timedelta
@@ -225,6 +226,20 @@ class DistributedCollectives:
             return self._agreement.agree(call, timeout, slots)
         self.rendezvous(call, timeout)
         return []
+
+    def with_dimensions(
+        self, dimensions: Mapping[str, dist.ProcessGroup | None]
+    ) -> DistributedCollectives:
+        """These collectives, with ``group=NAME`` naming ``dimensions``' groups.
+
+        The same calls over the same ranks (the job's store, agreement and flight
+        recorder are shared); only the names a collective's ``group`` may take
+        change: a mesh's dimensions (``"dp"``, ``"tp"``, ...), each the group of this
+        rank along it (``None``: the whole job).
+        """
+        named = copy.copy(self)
+        named.dimensions = dict(dimensions)
+        return named
 
     def within(self, group: Group | None) -> DistributedCollectives:
         """The collectives among the ranks of ``group`` (these, for ``None``).

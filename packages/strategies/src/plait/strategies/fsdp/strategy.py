@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
@@ -11,9 +11,8 @@ import torch
 import torch.distributed as dist
 from typing_extensions import override
 
-from plait.core import ConfigurationError, SupportsLoadInPlace
-from plait.strategies.ddp import START_METHODS, SelfLaunchingStrategy
-from plait.strategies.export import checkpoint_format
+from plait.core import ConfigurationError
+from plait.strategies.ddp import START_METHODS
 from plait.strategies.fsdp import parallelize
 from plait.strategies.fsdp.options import (
     backward_prefetch_depth,
@@ -27,65 +26,21 @@ from plait.strategies.fsdp.options import (
 from plait.strategies.fsdp.options import (
     state_dict_type as parse_state_dict_type,
 )
+from plait.strategies.mesh import MeshStrategy
 from plait.strategies.parallel import DEFAULT_START_TIMEOUT, DEFAULT_TIMEOUT
-from plait.strategies.state import (
-    check_state_fits,
-    load_param_groups,
-    module_state_of,
-    optimizer_parameter_names,
-    optimizer_state_keyed,
-    optimizer_states_of,
-)
 
 if TYPE_CHECKING:
-    from torch.distributed.checkpoint.state_dict import StateDictOptions
     from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.fsdp import FSDPModule
 
     from plait.core import Accelerator, CheckpointIO, ClusterEnvironment, Precision
-    from plait.core.typing import Checkpoint, PathLike, StateDict
 
 __all__ = ["FSDPStrategy"]
 
 _SHARDED_BY = "_plait_sharded_by"
 
 
-def _is_dtensor(value: object) -> bool:
-    # By its method, not its class: torch.distributed.tensor is slow to import.
-    return isinstance(value, torch.Tensor) and callable(getattr(value, "full_tensor", None))
-
-
-def _repoint(
-    optimizer: torch.optim.Optimizer,
-    names: Mapping[int, str],
-    parameters: Mapping[str, torch.nn.Parameter],
-    index: int,
-) -> torch.optim.Optimizer:
-    # Sharding replaces each parameter by a DTensor: the optimizer's groups are
-    # pointed at the new ones, in place, so the optimizer stays the object the user
-    # (and a learning-rate scheduler made over it) holds.
-    groups = [
-        [parameters[names[id(p)]] for p in group["params"]] for group in optimizer.param_groups
-    ]
-    moved = any(
-        new is not old
-        for group, params in zip(optimizer.param_groups, groups, strict=True)
-        for old, new in zip(group["params"], params, strict=True)
-    )
-    if moved and optimizer.state:
-        raise ConfigurationError(
-            f"optimizer {index} ({type(optimizer).__name__}) has stepped already, over the "
-            "whole parameters: its state cannot move to the shards",
-            value=optimizer,
-            fix="make the optimizer (or load its state) after the module is set up, or pass "
-            "it to setup_module_and_optimizers before its first step",
-        )
-    for group, params in zip(optimizer.param_groups, groups, strict=True):
-        group["params"] = params
-    return optimizer
-
-
-class FSDPStrategy(SelfLaunchingStrategy):
+class FSDPStrategy(MeshStrategy):
     """Fully sharded data parallel training with FSDP2 (``torch.distributed.fsdp.fully_shard``).
 
     Every rank holds ``1/world_size`` of each parameter, its gradient and its optimizer
@@ -211,9 +166,6 @@ class FSDPStrategy(SelfLaunchingStrategy):
         self.cpu_offload = offload_policy(cpu_offload, self.root_device)
         self._check_checkpoint_io()
         self.start_method = start_method
-        self._mesh: DeviceMesh | None = None
-        self._optimizers: list[torch.optim.Optimizer] = []
-        self._names: dict[int, str] = {}
         self.blocks: list[FSDPModule] = []
         """The blocks sharded on their own, in forward order (after set-up)."""
         self.checkpointed: list[torch.nn.Module] = []
@@ -257,20 +209,6 @@ class FSDPStrategy(SelfLaunchingStrategy):
                 fix="pass checkpoint_io='torch' (the default for 'full'), or "
                 "state_dict_type='sharded'",
             )
-
-    @property
-    def device_mesh(self) -> DeviceMesh:
-        """The mesh the parameters are sharded over (1-D, or 2-D for hybrid sharding).
-
-        Raises:
-            ConfigurationError: `setup_environment` has not run yet.
-        """
-        if self._mesh is None:
-            raise ConfigurationError(
-                "the strategy has no device mesh before it joins its process group",
-                fix="call strategy.setup_environment() first",
-            )
-        return self._mesh
 
     @override
     def setup_environment(self) -> None:
@@ -365,7 +303,7 @@ class FSDPStrategy(SelfLaunchingStrategy):
 
         # The parameters' names, before sharding replaces them: optimizers made over
         # them are pointed at their sharded twins (`setup_optimizers`).
-        self._names = {id(parameter): name for name, parameter in module.named_parameters()}
+        self.remember_parameter_names(module)
         # Decided together: a launcher may hand one rank a fresh copy of the module
         # and another the module an earlier run sharded in place.
         generation = self.job_generation
@@ -423,34 +361,6 @@ class FSDPStrategy(SelfLaunchingStrategy):
         for submodule in module.modules():  # which job's group the shards live on
             setattr(submodule, _SHARDED_BY, generation)
         return module
-
-    @override
-    def setup_optimizers(
-        self, optimizers: Sequence[torch.optim.Optimizer]
-    ) -> list[torch.optim.Optimizer]:
-        """Point each optimizer at the sharded parameters of the set-up module, in place.
-
-        The optimizers, made over the module's parameters before set-up, are the
-        ones returned: their groups now hold the shards, so a learning-rate
-        scheduler made over one drives it as it is.
-
-        Raises:
-            ConfigurationError: No module was set up yet, or an optimizer has stepped
-                over the whole parameters already.
-        """
-        if self._model is None:
-            raise ConfigurationError(
-                "the optimizers are pointed at the sharded parameters, and no module "
-                "was set up yet",
-                fix="call strategy.setup_module(module) first, or "
-                "setup_module_and_optimizers(module, optimizers)",
-            )
-        sharded = dict(self._model.named_parameters())
-        self._optimizers = [
-            _repoint(optimizer, self._names, sharded, index)
-            for index, optimizer in enumerate(optimizers)
-        ]
-        return list(self._optimizers)
 
     @override
     def check_closure_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
@@ -515,153 +425,9 @@ class FSDPStrategy(SelfLaunchingStrategy):
             )
         return _gradient_sync_off(sharded)
 
-    # State.
-
-    def _options(self, *, full: bool) -> StateDictOptions:
-        from torch.distributed.checkpoint.state_dict import StateDictOptions  # noqa: PLC0415
-
-        if full:
-            return StateDictOptions(full_state_dict=True, cpu_offload=True)
-        return StateDictOptions(full_state_dict=False)
-
-    def _optimizer_state(
-        self, module: torch.nn.Module, optimizer: torch.optim.Optimizer, options: StateDictOptions
-    ) -> StateDict:
-        from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict  # noqa: PLC0415
-
-        fresh = not optimizer.state
-        state = get_optimizer_state_dict(module, optimizer, options=options)
-        if fresh:
-            # torch initialises an optimizer that never stepped by stepping it (with a
-            # learning rate of 0), which counts a step in Adam's bias correction: an
-            # optimizer that never stepped is left, and saved, as it was.
-            optimizer.state.clear()
-            state = {**state, "state": {}}
-        return dict(state)
-
-    @override
-    def get_state_dict(
-        self, module: torch.nn.Module, optimizers: Sequence[torch.optim.Optimizer] = ()
-    ) -> Checkpoint:
-        """The state of ``module`` and ``optimizers``, by parameter name; every rank calls it.
-
-        With ``state_dict_type="sharded"``, each rank's shards (DTensors); with
-        ``"full"``, the whole state on rank 0 (on the CPU) and nothing elsewhere.
-        """
-        from torch.distributed.checkpoint.state_dict import get_model_state_dict  # noqa: PLC0415
-
-        options = self._options(full=self.state_dict_type == "full")
-        return {
-            "state_dict": dict(get_model_state_dict(module, options=options)),
-            "optimizer_states": [self._optimizer_state(module, o, options) for o in optimizers],
-            "precision": self.precision.state_dict(),
-        }
-
-    @override
-    def full_module_state(self, module: torch.nn.Module) -> StateDict:
-        """The whole state, gathered shard by shard to rank 0's CPU (empty elsewhere)."""
-        from torch.distributed.checkpoint.state_dict import get_model_state_dict  # noqa: PLC0415
-
-        return dict(get_model_state_dict(module, options=self._options(full=True)))
-
-    @override
-    def set_state_dict(
-        self,
-        module: torch.nn.Module,
-        optimizers: Sequence[torch.optim.Optimizer],
-        state: Mapping[str, object],
-        *,
-        source: object = "the state",
-    ) -> None:
-        """Load a sharded or a full state (saved at any world size) into the shards.
-
-        Every rank calls it. A full state is one each rank can read whole (it takes
-        its shards from it); a sharded one holds this rank's DTensors.
-
-        Raises:
-            CheckpointError: The state does not fit the module (each key that differs
-                is named), or holds another number of optimizer states.
-        """
-        from torch.distributed.checkpoint.state_dict import (  # noqa: PLC0415
-            get_model_state_dict,
-            set_model_state_dict,
-            set_optimizer_state_dict,
-        )
-
-        module_state = module_state_of(state, source)
-        check_state_fits(get_model_state_dict(module), module_state, source)
-        full = not any(_is_dtensor(value) for value in module_state.values())
-        options = self._options(full=full)
-        set_model_state_dict(module, module_state, options=options)
-        if not optimizers:
-            return
-        saved = optimizer_states_of(state, len(optimizers), source)
-        for optimizer, keyed in zip(optimizers, saved, strict=True):
-            # Another strategy's (torch's) states are keyed by index; FSDP's by name.
-            names = optimizer_parameter_names(module, optimizer)
-            optimizer_state = optimizer_state_keyed(keyed, names, by_name=True, source=source)
-            if optimizer_state["state"]:
-                set_optimizer_state_dict(module, optimizer, optimizer_state, options=options)
-                continue
-            # No per-parameter state (saved before the first step, or plain SGD): the
-            # groups' hyper-parameters alone, as torch's loader would initialise the
-            # state by stepping (which counts a step in Adam's bias correction).
-            load_param_groups(optimizer, optimizer_state.get("param_groups"), source)
-        precision_state = state.get("precision")
-        self.precision.load_state_dict(
-            dict(precision_state) if isinstance(precision_state, Mapping) else {}
-        )
-
-    @override
-    def read_checkpoint(
-        self, path: PathLike, module: torch.nn.Module | None = None, *, weights_only: bool = False
-    ) -> Checkpoint:
-        """Read the checkpoint at ``path``.
-
-        A sharded checkpoint is read in place (with ``module``, after set-up): each
-        rank reads its shards of the module's and the optimizers' state, whatever the
-        world size that saved it. A full one is read whole on every rank, on the CPU.
-        """
-        io = self.checkpoint_io
-        if (
-            module is None
-            or not isinstance(io, SupportsLoadInPlace)
-            or checkpoint_format(path) not in {"distributed", "other"}
-        ):
-            return super().read_checkpoint(path, module, weights_only=weights_only)
-        from torch.distributed.checkpoint.state_dict import (  # noqa: PLC0415
-            get_model_state_dict,
-            get_optimizer_state_dict,
-        )
-
-        # The live shards to read into; an optimizer that never stepped is given its
-        # state first (torch steps it with a learning rate of 0), to be overwritten.
-        options = self._options(full=False)
-        target: StateDict = {"state_dict": dict(get_model_state_dict(module, options=options))}
-        if self._optimizers and not weights_only:  # to go on training
-            target["optimizer_states"] = [
-                dict(get_optimizer_state_dict(module, optimizer, options=options))
-                for optimizer in self._optimizers
-            ]
-        return io.load_checkpoint_into(path, target)
-
     @override
     def teardown(self) -> None:
-        """Reshard the module, forget the mesh and the optimizers, release the parts.
-
-        The module is left holding its shards (a root that keeps its parameters
-        gathered after forward frees them): the next run of the job, and the
-        optimizers it makes, see the sharded parameters.
-        """
-        if self._model is not None:
-            from torch.distributed.fsdp import FSDPModule  # noqa: PLC0415
-
-            for module in self._model.modules():
-                if isinstance(module, FSDPModule):
-                    module.reshard()
-        self._mesh = None
-        self._optimizers = []
-        self._names = {}
+        """Forget the blocks; then reshard, forget the mesh and release (`MeshStrategy`)."""
         self.blocks = []
         self.checkpointed = []
         super().teardown()

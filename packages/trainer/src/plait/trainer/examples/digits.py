@@ -113,6 +113,30 @@ class DigitsClassifier(Module):
         )
 
     @override
+    def configure_model(self) -> None:
+        """Under ``ModelParallelStrategy``: split the layers over the mesh, then shard them.
+
+        The hidden layer is split by its outputs and the last by its inputs over
+        the tensor-parallel ranks (``mesh["tp"]``), so that only the scores are
+        summed between them; then FSDP shards the whole over the data-parallel
+        ranks (``mesh["dp_shard"]``). Done once: a later run finds it done.
+        """
+        mesh = self.device_mesh
+        if mesh is None or "tp" not in (mesh.mesh_dim_names or ()):
+            return  # no tensor-parallel ranks: FSDP (whose mesh has none) shards it whole
+        if any(_is_dtensor(p) for p in self.net.parameters()):
+            return
+        from torch.distributed.fsdp import fully_shard  # noqa: PLC0415
+        from torch.distributed.tensor.parallel import (  # noqa: PLC0415
+            ColwiseParallel,
+            RowwiseParallel,
+            parallelize_module,
+        )
+
+        parallelize_module(self.net, mesh["tp"], {"0": ColwiseParallel(), "3": RowwiseParallel()})
+        fully_shard(self.net, mesh=mesh["dp_shard"])
+
+    @override
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         """Class scores of each image."""
         logits = self.net(images)
@@ -155,3 +179,8 @@ def _unpack(batch: object) -> tuple[torch.Tensor, torch.Tensor]:
     assert isinstance(images, torch.Tensor)
     assert isinstance(labels, torch.Tensor)
     return images, labels
+
+
+def _is_dtensor(tensor: torch.Tensor) -> bool:
+    # By its method, not its class: torch.distributed.tensor is slow to import.
+    return callable(getattr(tensor, "full_tensor", None))

@@ -1,0 +1,286 @@
+"""`MeshStrategy`: a strategy whose module lives as DTensors over a device mesh.
+
+FSDP shards each parameter over the mesh's data-parallel ranks; model parallelism
+splits them over tensor-parallel ranks too. Either way the module's and optimizers'
+state is read and loaded through ``torch.distributed.checkpoint.state_dict`` (each
+rank its own shards), and checkpoints through DCP: what this base class holds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
+
+import torch
+from typing_extensions import override
+
+from plait.core import ConfigurationError, SupportsLoadInPlace
+from plait.strategies.ddp import SelfLaunchingStrategy
+from plait.strategies.export import checkpoint_format
+from plait.strategies.state import (
+    check_state_fits,
+    load_param_groups,
+    module_state_of,
+    optimizer_parameter_names,
+    optimizer_state_keyed,
+    optimizer_states_of,
+)
+
+if TYPE_CHECKING:
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+    from torch.distributed.device_mesh import DeviceMesh
+
+    from plait.core.typing import Checkpoint, PathLike, StateDict
+
+__all__ = ["MeshStrategy", "is_dtensor"]
+
+
+def is_dtensor(value: object) -> bool:
+    """Whether ``value`` is a DTensor."""
+    # By its method, not its class: torch.distributed.tensor is slow to import.
+    return isinstance(value, torch.Tensor) and callable(getattr(value, "full_tensor", None))
+
+
+def _repoint(
+    optimizer: torch.optim.Optimizer,
+    names: Mapping[int, str],
+    parameters: Mapping[str, torch.nn.Parameter],
+    index: int,
+) -> torch.optim.Optimizer:
+    # Sharding replaces each parameter by a DTensor: the optimizer's groups are
+    # pointed at the new ones, in place, so the optimizer stays the object the user
+    # (and a learning-rate scheduler made over it) holds.
+    groups = [
+        [parameters[names[id(p)]] for p in group["params"]] for group in optimizer.param_groups
+    ]
+    moved = any(
+        new is not old
+        for group, params in zip(optimizer.param_groups, groups, strict=True)
+        for old, new in zip(group["params"], params, strict=True)
+    )
+    if moved and optimizer.state:
+        raise ConfigurationError(
+            f"optimizer {index} ({type(optimizer).__name__}) has stepped already, over the "
+            "whole parameters: its state cannot move to the shards",
+            value=optimizer,
+            fix="make the optimizer (or load its state) after the module is set up, or pass "
+            "it to setup_module_and_optimizers before its first step",
+        )
+    for group, params in zip(optimizer.param_groups, groups, strict=True):
+        group["params"] = params
+    return optimizer
+
+
+class MeshStrategy(SelfLaunchingStrategy):
+    """A process-group strategy whose module's parameters are DTensors over `device_mesh`.
+
+    Subclasses build the mesh (`setup_environment`), turn the module into DTensors
+    (`wrap_module`, recording the parameters' names first with
+    `remember_parameter_names`), and set ``state_dict_type``: ``"sharded"`` (each
+    rank its shards; checkpoints through DCP, loadable at any world size or mesh
+    shape) or ``"full"`` (the whole state gathered on rank 0).
+    """
+
+    state_dict_type: str = "sharded"
+    _mesh: DeviceMesh | None = None
+    _optimizers: Sequence[torch.optim.Optimizer] = ()
+    _names: Mapping[int, str] = {}
+
+    @property
+    def device_mesh(self) -> DeviceMesh:
+        """The mesh the module's parameters live on.
+
+        Raises:
+            ConfigurationError: `setup_environment` has not run yet.
+        """
+        if self._mesh is None:
+            raise ConfigurationError(
+                "the strategy has no device mesh before it joins its process group",
+                fix="call strategy.setup_environment() first",
+            )
+        return self._mesh
+
+    def remember_parameter_names(self, module: torch.nn.Module) -> None:
+        """Record ``module``'s parameters' names, before they are replaced by DTensors.
+
+        Optimizers made over the parameters before set-up are pointed at their
+        DTensor twins by name (`setup_optimizers`).
+        """
+        self._names = {id(parameter): name for name, parameter in module.named_parameters()}
+
+    @override
+    def setup_optimizers(
+        self, optimizers: Sequence[torch.optim.Optimizer]
+    ) -> list[torch.optim.Optimizer]:
+        """Point each optimizer at the sharded parameters of the set-up module, in place.
+
+        The optimizers, made over the module's parameters before set-up, are the
+        ones returned: their groups now hold the shards, so a learning-rate
+        scheduler made over one drives it as it is.
+
+        Raises:
+            ConfigurationError: No module was set up yet, or an optimizer has stepped
+                over the whole parameters already.
+        """
+        if self._model is None:
+            raise ConfigurationError(
+                "the optimizers are pointed at the sharded parameters, and no module "
+                "was set up yet",
+                fix="call strategy.setup_module(module) first, or "
+                "setup_module_and_optimizers(module, optimizers)",
+            )
+        sharded = dict(self._model.named_parameters())
+        self._optimizers = [
+            _repoint(optimizer, self._names, sharded, index)
+            for index, optimizer in enumerate(optimizers)
+        ]
+        return list(self._optimizers)
+
+    # State.
+
+    def _options(self, *, full: bool) -> StateDictOptions:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions  # noqa: PLC0415
+
+        if full:
+            return StateDictOptions(full_state_dict=True, cpu_offload=True)
+        return StateDictOptions(full_state_dict=False)
+
+    def _optimizer_state(
+        self, module: torch.nn.Module, optimizer: torch.optim.Optimizer, options: StateDictOptions
+    ) -> StateDict:
+        from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict  # noqa: PLC0415
+
+        fresh = not optimizer.state
+        state = get_optimizer_state_dict(module, optimizer, options=options)
+        if fresh:
+            # torch initialises an optimizer that never stepped by stepping it (with a
+            # learning rate of 0), which counts a step in Adam's bias correction: an
+            # optimizer that never stepped is left, and saved, as it was.
+            optimizer.state.clear()
+            state = {**state, "state": {}}
+        return dict(state)
+
+    @override
+    def get_state_dict(
+        self, module: torch.nn.Module, optimizers: Sequence[torch.optim.Optimizer] = ()
+    ) -> Checkpoint:
+        """The state of ``module`` and ``optimizers``, by parameter name; every rank calls it.
+
+        With ``state_dict_type="sharded"``, each rank's shards (DTensors); with
+        ``"full"``, the whole state on rank 0 (on the CPU) and nothing elsewhere.
+        """
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict  # noqa: PLC0415
+
+        options = self._options(full=self.state_dict_type == "full")
+        return {
+            "state_dict": dict(get_model_state_dict(module, options=options)),
+            "optimizer_states": [self._optimizer_state(module, o, options) for o in optimizers],
+            "precision": self.precision.state_dict(),
+        }
+
+    @override
+    def full_module_state(self, module: torch.nn.Module) -> StateDict:
+        """The whole state, gathered shard by shard to rank 0's CPU (empty elsewhere)."""
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict  # noqa: PLC0415
+
+        return dict(get_model_state_dict(module, options=self._options(full=True)))
+
+    @override
+    def set_state_dict(
+        self,
+        module: torch.nn.Module,
+        optimizers: Sequence[torch.optim.Optimizer],
+        state: Mapping[str, object],
+        *,
+        source: object = "the state",
+    ) -> None:
+        """Load a sharded or a full state (saved at any world size) into the shards.
+
+        Every rank calls it. A full state is one each rank can read whole (it takes
+        its shards from it); a sharded one holds this rank's DTensors.
+
+        Raises:
+            CheckpointError: The state does not fit the module (each key that differs
+                is named), or holds another number of optimizer states.
+        """
+        from torch.distributed.checkpoint.state_dict import (  # noqa: PLC0415
+            get_model_state_dict,
+            set_model_state_dict,
+            set_optimizer_state_dict,
+        )
+
+        module_state = module_state_of(state, source)
+        check_state_fits(get_model_state_dict(module), module_state, source)
+        full = not any(is_dtensor(value) for value in module_state.values())
+        options = self._options(full=full)
+        set_model_state_dict(module, module_state, options=options)
+        if not optimizers:
+            return
+        saved = optimizer_states_of(state, len(optimizers), source)
+        for optimizer, keyed in zip(optimizers, saved, strict=True):
+            # Another strategy's (torch's) states are keyed by index; DCP's by name.
+            names = optimizer_parameter_names(module, optimizer)
+            optimizer_state = optimizer_state_keyed(keyed, names, by_name=True, source=source)
+            if optimizer_state["state"]:
+                set_optimizer_state_dict(module, optimizer, optimizer_state, options=options)
+                continue
+            # No per-parameter state (saved before the first step, or plain SGD): the
+            # groups' hyper-parameters alone, as torch's loader would initialise the
+            # state by stepping (which counts a step in Adam's bias correction).
+            load_param_groups(optimizer, optimizer_state.get("param_groups"), source)
+        precision_state = state.get("precision")
+        self.precision.load_state_dict(
+            dict(precision_state) if isinstance(precision_state, Mapping) else {}
+        )
+
+    @override
+    def read_checkpoint(
+        self, path: PathLike, module: torch.nn.Module | None = None, *, weights_only: bool = False
+    ) -> Checkpoint:
+        """Read the checkpoint at ``path``.
+
+        A sharded checkpoint is read in place (with ``module``, after set-up): each
+        rank reads its shards of the module's and the optimizers' state, whatever the
+        world size that saved it. A full one is read whole on every rank, on the CPU.
+        """
+        io = self.checkpoint_io
+        if (
+            module is None
+            or not isinstance(io, SupportsLoadInPlace)
+            or checkpoint_format(path) not in {"distributed", "other"}
+        ):
+            return super().read_checkpoint(path, module, weights_only=weights_only)
+        from torch.distributed.checkpoint.state_dict import (  # noqa: PLC0415
+            get_model_state_dict,
+            get_optimizer_state_dict,
+        )
+
+        # The live shards to read into; an optimizer that never stepped is given its
+        # state first (torch steps it with a learning rate of 0), to be overwritten.
+        options = self._options(full=False)
+        target: StateDict = {"state_dict": dict(get_model_state_dict(module, options=options))}
+        if self._optimizers and not weights_only:  # to go on training
+            target["optimizer_states"] = [
+                dict(get_optimizer_state_dict(module, optimizer, options=options))
+                for optimizer in self._optimizers
+            ]
+        return io.load_checkpoint_into(path, target)
+
+    @override
+    def teardown(self) -> None:
+        """Reshard the module, forget the mesh and the optimizers, release the parts.
+
+        The module is left holding its shards (an FSDP root that keeps its
+        parameters gathered after forward frees them): the next run of the job, and
+        the optimizers it makes, see the sharded parameters.
+        """
+        if self._model is not None:
+            from torch.distributed.fsdp import FSDPModule  # noqa: PLC0415
+
+            for module in self._model.modules():
+                if isinstance(module, FSDPModule):
+                    module.reshard()
+        self._mesh = None
+        self._optimizers = []
+        self._names = {}
+        super().teardown()

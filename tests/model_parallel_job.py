@@ -1,0 +1,276 @@
+"""A transformer block trained with ModelParallelStrategy in a loop of the user's own.
+
+    python model_parallel_job.py ROOT
+
+The block (attention and an MLP, each behind a norm, with residuals) is split
+torchtitan's way: tensor parallel on its linear layers, sequence parallel on its
+norms, then FSDP over the data-parallel ranks. Every run takes the same 4 samples a
+step, split over the data-parallel ranks (the ranks of one tensor-parallel group
+read the same ones), so its losses do not depend on the mesh shape:
+
+- ``plain``: the same model and steps in this process, with no strategy at all;
+- ``2x2``: 3 steps on (dp=2, tp=2), a checkpoint through DCP, 3 steps more;
+- ``4x1``, ``1x4``, ``1x1``: that checkpoint loaded on another shape (``1x1`` in
+  one process), then the same 3 steps.
+
+It writes ``ROOT/results.json``: each run's losses by step (from rank 0, the loss
+averaged over the data-parallel group with ``reduce(..., group="dp")``), the layout
+every rank saw, and what each rank's batch was.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Final
+
+import torch
+from torch import nn
+from typing_extensions import override
+
+from plait.strategies import ModelParallelStrategy
+from plait.strategies.launchers import MultiprocessingLauncher
+
+DIM: Final = 16
+HEADS: Final = 4  # split over up to 4 tensor-parallel ranks
+OUT: Final = 4  # no rank's shard of the head is empty, on any shape
+SEQUENCE: Final = 8
+BATCH: Final = 4  # samples a step, split over the data-parallel ranks
+STEPS: Final = 6
+SAVE_AT: Final = 3
+
+
+class Attention(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.wq, self.wk, self.wv = (nn.Linear(DIM, DIM, bias=False) for _ in range(3))
+        self.wo = nn.Linear(DIM, DIM, bias=False)
+
+    @override
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        batch, length, _ = x.shape
+        # Heads split over the tensor-parallel ranks: each holds DIM / tp of them.
+        q, k, v = (w(x).view(batch, length, -1, DIM // HEADS).transpose(1, 2) for w in (
+            self.wq, self.wk, self.wv
+        ))  # fmt: skip
+        out = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        result: torch.Tensor = self.wo(out.transpose(1, 2).reshape(batch, length, -1))
+        return result
+
+
+class FeedForward(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.w1 = nn.Linear(DIM, 4 * DIM)
+        self.w2 = nn.Linear(4 * DIM, DIM)
+
+    @override
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        result: torch.Tensor = self.w2(nn.functional.gelu(self.w1(x)))
+        return result
+
+
+class Model(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Linear(DIM, DIM)
+        self.attention_norm = nn.LayerNorm(DIM)
+        self.attention = Attention()
+        self.ffn_norm = nn.LayerNorm(DIM)
+        self.feed_forward = FeedForward()
+        self.norm = nn.LayerNorm(DIM)
+        self.head = nn.Linear(DIM, OUT)
+
+    @override
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.embed(x)
+        h = h + self.attention(self.attention_norm(h))
+        h = h + self.feed_forward(self.ffn_norm(h))
+        out: torch.Tensor = self.head(self.norm(h))
+        return out
+
+
+def parallelize(model: Model, strategy: ModelParallelStrategy) -> None:
+    """torchtitan's plan: TP on the linear layers, SP on the norms, then FSDP."""
+    from torch.distributed.fsdp import fully_shard  # noqa: PLC0415
+    from torch.distributed.tensor import Replicate, Shard  # noqa: PLC0415
+    from torch.distributed.tensor.parallel import (  # noqa: PLC0415
+        ColwiseParallel,
+        PrepareModuleInput,
+        RowwiseParallel,
+        SequenceParallel,
+        parallelize_module,
+    )
+
+    mesh = strategy.device_mesh
+    # The hidden states between the layers are sharded along the sequence.
+    parallelize_module(model, mesh["tp"], {
+        "embed": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
+        "attention_norm": SequenceParallel(),
+        "attention": PrepareModuleInput(
+            input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)
+        ),
+        "attention.wq": ColwiseParallel(),
+        "attention.wk": ColwiseParallel(),
+        "attention.wv": ColwiseParallel(),
+        "attention.wo": RowwiseParallel(output_layouts=Shard(1)),
+        "ffn_norm": SequenceParallel(),
+        "feed_forward": PrepareModuleInput(
+            input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)
+        ),
+        "feed_forward.w1": ColwiseParallel(),
+        "feed_forward.w2": RowwiseParallel(output_layouts=Shard(1)),
+        "norm": SequenceParallel(),
+        "head": ColwiseParallel(input_layouts=Shard(1), output_layouts=Replicate()),
+    })  # fmt: skip
+    shard = mesh["dp_shard"]
+    for block in (model.attention, model.feed_forward):
+        fully_shard(block, mesh=shard)
+    fully_shard(model, mesh=shard)
+
+
+def refusals(strategy: ModelParallelStrategy) -> dict[str, str]:
+    """What the strategy says to a module nothing parallelized, to one split by tensor
+    parallelism alone (its gradients never averaged over the data-parallel ranks),
+    and to a collective over a dimension it has not."""
+    from torch.distributed.tensor.parallel import (  # noqa: PLC0415
+        ColwiseParallel,
+        RowwiseParallel,
+        parallelize_module,
+    )
+
+    tensor_only = FeedForward()
+    parallelize_module(
+        tensor_only, strategy.device_mesh["tp"], {"w1": ColwiseParallel(), "w2": RowwiseParallel()}
+    )
+    attempts = {
+        "plain": lambda: strategy.setup_module(FeedForward()),
+        "tensor_only": lambda: strategy.setup_module(tensor_only),
+        "group": lambda: strategy.reduce(torch.ones(1), group="pd"),
+    }
+    return {name: _refusal(attempt) for name, attempt in attempts.items()}
+
+
+def _refusal(attempt: Callable[[], object]) -> str:
+    from plait.core import ConfigurationError  # noqa: PLC0415
+
+    try:
+        attempt()
+    except ConfigurationError as error:
+        return str(error)
+    return "not refused"
+
+
+def samples(step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The step's 4 samples: the same whatever the mesh."""
+    generator = torch.Generator().manual_seed(1000 + step)
+    x = torch.randn(BATCH, SEQUENCE, DIM, generator=generator)
+    return x, x[..., :OUT].cumsum(dim=-1).tanh()
+
+
+def plain() -> dict[str, float]:
+    """The model and steps in one process, with no strategy."""
+    torch.manual_seed(0)
+    model = Model()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.01)
+    losses = {}
+    for step in range(STEPS):
+        x, y = samples(step)
+        loss = nn.functional.mse_loss(model(x), y)
+        loss.backward()  # type: ignore[no-untyped-call]
+        optimizer.step()
+        optimizer.zero_grad()
+        losses[str(step)] = float(loss.detach())
+    return losses
+
+
+def run(root: str, shape: str) -> dict[str, object]:
+    """One run on the mesh ``shape`` (``DPxTP``); the first saves, the others resume."""
+    data_parallel, tensor_parallel = (int(size) for size in shape.split("x"))
+    strategy = ModelParallelStrategy(
+        data_parallel_size=data_parallel, tensor_parallel_size=tensor_parallel, accelerator="cpu"
+    )
+    strategy.setup_environment()
+    layout = strategy.layout
+    refused = refusals(strategy) if shape == "2x2" else {}
+    torch.manual_seed(0)  # every rank builds the same whole model, then keeps its part
+    model = Model()
+    parallelize(model, strategy)
+    adamw = torch.optim.AdamW(model.parameters(), lr=0.01)
+    wrapped, [optimizer] = strategy.setup_module_and_optimizers(model, [adamw])
+    checkpoint = Path(root) / "checkpoint"
+    first = 0
+    if shape != "2x2":
+        state = {"model": wrapped, "optimizer": optimizer, "step": 0}
+        strategy.load_checkpoint(checkpoint, state)
+        first = int(state["step"])  # type: ignore[call-overload]
+    losses, seen = {}, {}
+    per_rank = BATCH // layout.data_parallel_size
+    for step in range(first, STEPS):
+        x, y = samples(step)
+        mine = slice(
+            layout.data_parallel_rank * per_rank, (layout.data_parallel_rank + 1) * per_rank
+        )
+        x, y = x[mine], y[mine]
+        seen[str(step)] = float(x.sum())
+        loss = nn.functional.mse_loss(wrapped(x), y)
+        strategy.backward(loss, wrapped)
+        strategy.optimizer_step(optimizer)
+        strategy.zero_grad(optimizer)
+        losses[str(step)] = float(strategy.reduce(loss.detach(), group="dp"))
+        if shape == "2x2" and step + 1 == SAVE_AT:
+            strategy.save_checkpoint(
+                {"model": wrapped, "optimizer": optimizer, "step": step + 1}, checkpoint
+            )
+    # Each rank's global rank summed over its tensor-parallel group (ranks numbered
+    # row-major over (dp, tp): 0+1 and 2+3 at 2x2).
+    tp_sum = int(strategy.reduce(torch.tensor(strategy.global_rank), group="tp", reduce_op="sum"))
+    # Every rank's place, and what its last batch summed to: rows in rank order.
+    where = torch.tensor([
+        layout.data_parallel_rank, layout.data_parallel_size,
+        layout.tensor_parallel_rank, layout.tensor_parallel_size,
+    ])  # fmt: skip
+    layouts = strategy.all_gather(where)
+    batches = strategy.all_gather(torch.tensor([seen[str(STEPS - 1)]], dtype=torch.float64))
+    strategy.teardown()
+    return {
+        "losses": losses,
+        "layouts": layouts.tolist(),
+        "batches": batches.flatten().tolist(),
+        "refused": refused,
+        "tp_sum": tp_sum,
+    }
+
+
+def launch(root: str, shape: str) -> dict[str, object]:
+    """``run`` in ranks of their own (in this process, for one rank)."""
+    data_parallel, tensor_parallel = (int(size) for size in shape.split("x"))
+    world = data_parallel * tensor_parallel
+    if world == 1:
+        return run(root, shape)
+    result: dict[str, object] = MultiprocessingLauncher(world, start_method="fork").launch(
+        run, root, shape
+    )
+    return result
+
+
+def main() -> None:
+    root = sys.argv[1]
+    # Imported once here: the forked ranks find them loaded.
+    import torch.distributed.checkpoint  # noqa: PLC0415
+    import torch.distributed.fsdp  # noqa: PLC0415
+    import torch.distributed.tensor.parallel  # noqa: F401, PLC0415
+
+    results: dict[str, object] = {}
+    for shape in ("2x2", "4x1", "1x4", "1x1"):
+        results[shape] = launch(root, shape)
+    # After the forks: a process that computed with several threads first hands its
+    # children an OpenMP pool that hangs them.
+    results["plain"] = plain()
+    (Path(root) / "results.json").write_text(json.dumps(results))
+
+
+if __name__ == "__main__":
+    main()

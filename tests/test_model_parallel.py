@@ -1,0 +1,153 @@
+"""ModelParallelStrategy: a transformer block split over a (dp, tp) mesh trains as one
+process does, reads its data by its data-parallel coordinates, and its checkpoint
+resumes on every other mesh shape (``model_parallel_job.py``, a loop of the user's own).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from tests.reliability.jobs import processes_mentioning
+from tests.sharded_jobs import assert_losses_close
+
+from plait.core import ConfigurationError, StrategyRegistry
+from plait.strategies import ModelParallelStrategy
+
+JOB = Path(__file__).resolve().with_name("model_parallel_job.py")
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, object]]:
+    """The job once: the plain run, 2x2, and the resumed 4x1, 1x4 and 1x1 runs."""
+    root = tmp_path_factory.mktemp("model-parallel")
+    done = subprocess.run(
+        [sys.executable, str(JOB), str(root)],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert not processes_mentioning(str(root)), "a rank was left running"
+    assert done.returncode == 0, done.stderr[-6000:]
+    results: dict[str, dict[str, object]] = json.loads((root / "results.json").read_text())
+    return results
+
+
+def _losses(run: object) -> dict[str, float]:
+    assert isinstance(run, dict)
+    losses: dict[str, float] = run.get("losses", run)
+    return losses
+
+
+@pytest.mark.slow
+def test_a_2x2_mesh_trains_a_transformer_block_as_one_process_does(
+    runs: dict[str, dict[str, object]],
+) -> None:
+    # Tensor parallel on the linear layers, sequence parallel on the norms, FSDP over
+    # the data-parallel ranks: the same losses as the unsplit model, step by step.
+    assert_losses_close(_losses(runs["2x2"]), _losses(runs["plain"]), 1e-5)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("shape", ["4x1", "1x4", "1x1"])
+def test_a_checkpoint_saved_on_2x2_resumes_on_another_mesh_shape(
+    runs: dict[str, dict[str, object]], shape: str
+) -> None:
+    # Saved through DCP after step 3 on (dp=2, tp=2), every rank writing its shards;
+    # loaded on (dp=4, tp=1), (dp=1, tp=4) and one process: the next losses are the
+    # uninterrupted run's.
+    uninterrupted = {step: v for step, v in _losses(runs["2x2"]).items() if int(step) >= 3}
+    assert_losses_close(_losses(runs[shape]), uninterrupted, 1e-5)
+
+
+@pytest.mark.slow
+def test_the_ranks_of_a_tensor_parallel_group_read_the_same_batches(
+    runs: dict[str, dict[str, object]],
+) -> None:
+    # Rows: global ranks 0-3, as [dp rank, dp size, tp rank, tp size].
+    assert runs["2x2"]["layouts"] == [[0, 2, 0, 2], [0, 2, 1, 2], [1, 2, 0, 2], [1, 2, 1, 2]]
+    assert runs["4x1"]["layouts"] == [[rank, 4, 0, 1] for rank in range(4)]
+    assert runs["1x4"]["layouts"] == [[0, 1, rank, 4] for rank in range(4)]
+    # What each rank's last batch summed to: alike within a tensor-parallel group.
+    two = runs["2x2"]["batches"]
+    assert isinstance(two, list)
+    assert two[0] == two[1] != two[2] == two[3]
+    four, one = runs["4x1"]["batches"], runs["1x4"]["batches"]
+    assert isinstance(four, list)
+    assert isinstance(one, list)
+    assert len(set(four)) == 4
+    assert len(set(one)) == 1
+    # reduce(group="tp") sums within the group: 0+1 on ranks 0 and 1 (2x2).
+    assert runs["2x2"]["tp_sum"] == 1
+    assert runs["4x1"]["tp_sum"] == 0
+
+
+@pytest.mark.slow
+def test_a_module_not_parallelized_over_the_mesh_is_refused_with_the_fix(
+    runs: dict[str, dict[str, object]],
+) -> None:
+    refused = runs["2x2"]["refused"]
+    assert isinstance(refused, dict)
+    assert "FeedForward that nothing parallelized" in refused["plain"]
+    assert "configure_model" in refused["plain"]
+    # Tensor parallel alone, on 2 data-parallel ranks: nothing would average the
+    # gradients between them.
+    assert (
+        "not sharded over the mesh's data-parallel dimensions ['dp_shard']"
+        in refused["tensor_only"]
+    )
+    assert "fully_shard" in refused["tensor_only"]
+    assert "invalid group: 'pd'" in refused["group"]
+    assert "'tp'" in refused["group"]
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"tensor_parallel_size": 0}, "tensor_parallel_size=0 is neither a positive int"),
+        ({"tensor_parallel_size": True}, "tensor_parallel_size=True is neither"),
+        ({"data_parallel_size": "two"}, "data_parallel_size='two' is neither"),
+        ({"data_parallel_replicate_size": "auto"}, "takes a positive int, not 'auto'"),
+        (
+            {"data_parallel_size": 4, "data_parallel_replicate_size": 3},
+            "data_parallel_replicate_size=3 does not divide data_parallel_size=4",
+        ),
+        ({"checkpoint_io": "torch"}, "every rank write its shards"),
+        ({"start_method": "thread"}, "start_method"),
+    ],
+)
+def test_bad_options_are_refused_when_the_strategy_is_made(
+    options: dict[str, object], message: str
+) -> None:
+    with pytest.raises(ConfigurationError, match=message):
+        ModelParallelStrategy(accelerator="cpu", **options)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"tensor_parallel_size": 2}, "tensor_parallel_size=2 does not divide the world of 1"),
+        ({"data_parallel_size": 2}, "data_parallel_size=2 does not divide the world of 1"),
+        (
+            {"data_parallel_size": 1, "tensor_parallel_size": 2},
+            r"data_parallel_size=1 x tensor_parallel_size=2 is 2 ranks, and the world has 1",
+        ),
+    ],
+)
+def test_sizes_that_do_not_make_the_world_are_refused_naming_both(
+    options: dict[str, object], message: str
+) -> None:
+    strategy = ModelParallelStrategy(accelerator="cpu", **options)  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError, match=message):
+        _ = strategy.mesh_shape
+
+
+def test_one_process_is_a_mesh_of_one_and_the_registry_names_the_strategy() -> None:
+    strategy = ModelParallelStrategy(accelerator="cpu")
+    shape = strategy.mesh_shape
+    assert (shape.replicate, shape.shard, shape.tensor) == (1, 1, 1)
+    layout = strategy.layout
+    assert (layout.data_parallel_size, layout.tensor_parallel_size) == (1, 1)
+    for name in ("model_parallel", "ModelParallelStrategy"):
+        assert isinstance(StrategyRegistry.get(name, accelerator="cpu"), ModelParallelStrategy)
