@@ -118,6 +118,23 @@ def test_a_module_that_parallelizes_itself_in_configure_model_trains_as_on_one_p
 
 
 @pytest.mark.slow
+def test_layers_made_in_configure_model_on_a_mesh_start_on_meta_and_keep_training(
+    tmp_path: Path,
+) -> None:
+    # Made on the meta device, parallelized there, then each rank materialises (and
+    # initialises) only its shards; a second fit of the same object goes on from them.
+    completed, result = _run(tmp_path, "made_on_the_mesh", "model_parallel")
+
+    assert completed.returncode == 0, completed.stderr
+    assert result["made_on"] == "meta"
+    assert result["global_step"] == [3 * 5, 3 * 5]  # two fits of 3 epochs, 5 steps each
+    first, after = result["loss_epoch"], result["loss_after"]
+    assert isinstance(first, float)
+    assert isinstance(after, float)
+    assert after < first
+
+
+@pytest.mark.slow
 def test_a_module_compiled_in_each_rank_trains_on_ddp_and_fsdp_as_on_one_process(
     tmp_path: Path,
 ) -> None:

@@ -207,6 +207,67 @@ class TensorParallel(Module):
         return torch.optim.AdamW(self.parameters(), lr=0.05)
 
 
+class MadeOnTheMesh(Module):
+    """A module whose layers are made in configure_model: on the meta device, under
+    model_parallel, then parallelized there; each rank materialises its shards."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.up: torch.nn.Linear | None = None
+        self.down: torch.nn.Linear | None = None
+        self.made_on = ""
+
+    @override
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        assert self.up is not None
+        assert self.down is not None
+        out: torch.Tensor = self.down(torch.relu(self.up(x)))
+        return out
+
+    @override
+    def configure_model(self) -> None:
+        if self.up is not None:
+            return
+        self.up, self.down = torch.nn.Linear(4, 8), torch.nn.Linear(8, 1)
+        self.made_on = self.up.weight.device.type
+        mesh = self.device_mesh
+        assert mesh is not None
+        from torch.distributed.fsdp import fully_shard  # noqa: PLC0415
+        from torch.distributed.tensor.parallel import (  # noqa: PLC0415
+            ColwiseParallel,
+            RowwiseParallel,
+            parallelize_module,
+        )
+
+        parallelize_module(self, mesh["tp"], {"up": ColwiseParallel(), "down": RowwiseParallel()})
+        fully_shard(self, mesh=mesh["dp_shard"])
+
+    @override
+    def training_step(self, batch: object, batch_idx: int) -> torch.Tensor:
+        x, y = _xy(batch)
+        loss = torch.nn.functional.mse_loss(self(x), y)
+        self.log("loss", loss, sync_dist=True, on_epoch=True)
+        return loss
+
+    @override
+    def configure_optimizers(self) -> object:
+        return torch.optim.AdamW(self.parameters(), lr=0.05)
+
+
+def _made_on_the_mesh(arguments: argparse.Namespace) -> dict[str, object]:
+    module = MadeOnTheMesh()
+    trainer = _trainer(arguments, max_epochs=3)
+    trainer.fit(module, DataLoader(dataset(40), batch_size=8))
+    second = _trainer(arguments, max_epochs=3)  # a second Trainer goes on, parallelized
+    second.fit(module, DataLoader(dataset(40), batch_size=8))
+    return {
+        "made_on": module.made_on,
+        "loss_epoch": float(trainer.callback_metrics["loss_epoch"]),
+        "loss_after": float(second.callback_metrics["loss_epoch"]),
+        "global_step": [trainer.global_step, second.global_step],
+    }
+
+
 def is_parallelized(module: torch.nn.Module) -> bool:
     """Whether ``module``'s parameters are DTensors already."""
     return any(callable(getattr(p, "full_tensor", None)) for p in module.parameters())
@@ -507,6 +568,7 @@ def main() -> None:
         "compiled": lambda: _compiled(arguments),
         # On model_parallel's mesh of (dp=1, tp=2): both ranks read all 8 samples.
         "tensor_parallel": lambda: _same_steps_read_by(arguments, TensorParallel(), 1, {}),
+        "made_on_the_mesh": lambda: _made_on_the_mesh(arguments),
         "gan": lambda: _gan(arguments),
         "gan_root_only": lambda: _gan(arguments),  # FSDP's root holds the parameters
         "goes_on": lambda: _goes_on(arguments, train, val),

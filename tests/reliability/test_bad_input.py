@@ -24,7 +24,13 @@ from typing_extensions import override
 
 from plait.checkpoint_io import TorchCheckpointIO
 from plait.core import CheckpointError, ConfigurationError, StrategyRegistry
-from plait.strategies import DDPShardedStrategy, DDPStrategy, FSDPStrategy, SingleDeviceStrategy
+from plait.strategies import (
+    DDPShardedStrategy,
+    DDPStrategy,
+    FSDPStrategy,
+    ModelParallelStrategy,
+    SingleDeviceStrategy,
+)
 from plait.strategies.collectives import LocalCollectives, agreement_path
 from plait.strategies.launchers import MultiprocessingLauncher, SubprocessScriptLauncher
 from plait.trainer import EarlyStopping, ModelCheckpoint, Module, Trainer
@@ -193,6 +199,37 @@ CASES = [
         lambda: FSDPStrategy().check_closure_optimizer(_lbfgs()),
         ConfigurationError,
         ("LBFGS", "FSDPStrategy shards them", "strategy='ddp'"),
+    ),
+    Case(
+        "LBFGS on ModelParallelStrategy",
+        lambda: ModelParallelStrategy().check_closure_optimizer(_lbfgs()),
+        ConfigurationError,
+        ("LBFGS", "ModelParallelStrategy shards them"),
+    ),
+    # Model parallelism: the mesh's sizes.
+    Case(
+        "a tensor-parallel size that is not a size",
+        lambda: ModelParallelStrategy(tensor_parallel_size=0),
+        ConfigurationError,
+        ("tensor_parallel_size=0", "'auto'"),
+    ),
+    Case(
+        "replicas that do not divide the data-parallel ranks",
+        lambda: ModelParallelStrategy(data_parallel_size=4, data_parallel_replicate_size=3),
+        ConfigurationError,
+        ("data_parallel_replicate_size=3", "data_parallel_size=4", "divides"),
+    ),
+    Case(
+        "mesh sizes that do not make the world",
+        lambda: ModelParallelStrategy(data_parallel_size=1, tensor_parallel_size=2).mesh_shape,
+        ConfigurationError,
+        ("data_parallel_size=1 x tensor_parallel_size=2", "the world has 1", "product is 1"),
+    ),
+    Case(
+        "model parallelism with a checkpoint IO that writes on rank 0",
+        lambda: ModelParallelStrategy(checkpoint_io="torch"),
+        ConfigurationError,
+        ("every rank write its shards", "checkpoint_io='distributed'"),
     ),
     Case(
         "LBFGS on DDPShardedStrategy",
@@ -478,6 +515,7 @@ CLI_CASES = [
     ("--accumulate-grad-batches 0", ("--accumulate-grad-batches", "0 is below 1")),
     ("--gradient-clip-val 0", ("--gradient-clip-val", "0 must be a finite number above 0")),
     ("--num-nodes 0", ("--num-nodes", "0 is below 1")),
+    ("--tensor-parallel-size 0", ("--tensor-parallel-size", "0 is below 1")),
     ("--logger csvv", ("--logger", "invalid choice: 'csvv'")),
 ]
 
@@ -517,6 +555,10 @@ def test_bad_command_line_flags_are_refused_by_name(
         ("--default-root-dir /proc/plait", ("/proc/plait", "fix:")),
         ("--accelerator gpu", ("'cuda' is not available", "fix:")),
         ("--precision 17", ("'17'", "32-true")),
+        (
+            "--strategy ddp --tensor-parallel-size 2",
+            ("--tensor-parallel-size 2", "'ddp'", "--strategy model_parallel"),
+        ),
     ],
 )
 def test_bad_command_line_values_print_the_error_and_exit_2(
