@@ -188,40 +188,50 @@ def test_deepspeed_evaluates_and_resumes_a_ddp_checkpoint_and_ddp_resumes_deepsp
     assert saved["global_step"] == 4 * 12
 
 
-@pytest.mark.slow
-def test_fit_trains_digits_with_fsdp_and_validates_from_its_sharded_checkpoint(
-    tmp_path: Path,
-) -> None:
-    completed = _plait(
-        "fit", "--example", "digits", "--strategy", "fsdp", "--accelerator", "cpu",
-        "--devices", "2", "--max-epochs", "3", "--default-root-dir", str(tmp_path),
-    )  # fmt: skip
+def _fit_sharded(tmp_path: Path, trained: str, *flags: str) -> tuple[str, Path]:
+    """``plait fit`` of digits with ``flags``: its accuracy (as printed) and checkpoint.
 
+    The run must say ``trained``, reach 0.8, and leave shards every rank wrote, which
+    this process (that never joined the job) reads whole into a module made anew.
+    """
+    completed = _plait(
+        "fit", "--example", "digits", "--accelerator", "cpu", "--no-progress-bar",
+        "--default-root-dir", str(tmp_path), *flags,
+    )  # fmt: skip
     assert completed.returncode == 0, completed.stderr
     out = completed.stdout
-    assert "trained digits with fsdp on 2 process(es) (cpu) for 3 epoch(s)" in out
+    assert trained in out
     accuracy = re.search(r"^val_acc = (\d\.\d+)$", out, re.MULTILINE)
     assert accuracy is not None, out
     assert float(accuracy.group(1)) > 0.8
     checkpoint = tmp_path / "checkpoints" / "last.ckpt"
     assert (checkpoint / ".metadata").is_file()  # every rank wrote its shards
     _made_again_in_this_process(checkpoint)
+    return accuracy.group(1), checkpoint
 
+
+def _validates_alike(tmp_path: Path, checkpoint: Path, accuracy: str, *flags: str) -> None:
+    """``plait validate`` from ``checkpoint`` with ``flags`` prints ``accuracy`` again."""
     validated = _plait(
-        "validate", "--example", "digits", "--strategy", "fsdp", "--accelerator", "cpu",
-        "--devices", "2", "--no-progress-bar", "--ckpt-path", str(checkpoint),
-        "--default-root-dir", str(tmp_path),
+        "validate", "--example", "digits", "--accelerator", "cpu", "--no-progress-bar",
+        "--ckpt-path", str(checkpoint), "--default-root-dir", str(tmp_path), *flags,
     )  # fmt: skip
     assert validated.returncode == 0, validated.stderr
-    assert f"val_acc = {accuracy.group(1)}" in validated.stdout  # the same weights
+    assert f"val_acc = {accuracy}" in validated.stdout  # the same weights
 
+
+@pytest.mark.slow
+def test_fit_trains_digits_with_fsdp_and_validates_from_its_sharded_checkpoint(
+    tmp_path: Path,
+) -> None:
+    accuracy, checkpoint = _fit_sharded(
+        tmp_path,
+        "trained digits with fsdp on 2 process(es) (cpu) for 3 epoch(s)",
+        *("--strategy", "fsdp", "--devices", "2", "--max-epochs", "3"),
+    )
+    _validates_alike(tmp_path, checkpoint, accuracy, "--strategy", "fsdp", "--devices", "2")
     # One process, whose checkpoint IO writes files, reads the shards whole: the same.
-    alone = _plait(
-        "validate", "--example", "digits", "--accelerator", "cpu", "--no-progress-bar",
-        "--ckpt-path", str(checkpoint), "--default-root-dir", str(tmp_path),
-    )  # fmt: skip
-    assert alone.returncode == 0, alone.stderr
-    assert f"val_acc = {accuracy.group(1)}" in alone.stdout
+    _validates_alike(tmp_path, checkpoint, accuracy)
 
 
 @pytest.mark.slow
@@ -229,29 +239,15 @@ def test_fit_splits_digits_over_tensor_parallel_ranks_and_validates_from_its_sha
     tmp_path: Path,
 ) -> None:
     # (dp=1, tp=2): the example's configure_model splits its layers over mesh["tp"].
-    completed = _plait(
-        "fit", "--example", "digits", "--strategy", "model_parallel",
-        "--tensor-parallel-size", "2", "--accelerator", "cpu", "--devices", "2",
-        "--max-epochs", "2", "--no-progress-bar", "--default-root-dir", str(tmp_path),
-    )  # fmt: skip
-
-    assert completed.returncode == 0, completed.stderr
-    out = completed.stdout
     # Both ranks read all 1437 training images in batches of 64: 23 steps an epoch.
-    assert "with model_parallel on 2 process(es) (cpu) for 2 epoch(s), 46 optimizer steps" in out
-    accuracy = re.search(r"^val_acc = (\d\.\d+)$", out, re.MULTILINE)
-    assert accuracy is not None, out
-    assert float(accuracy.group(1)) > 0.8
-    checkpoint = tmp_path / "checkpoints" / "last.ckpt"
-    assert (checkpoint / ".metadata").is_file()  # every rank wrote its shards
-    _made_again_in_this_process(checkpoint)
+    accuracy, checkpoint = _fit_sharded(
+        tmp_path,
+        "with model_parallel on 2 process(es) (cpu) for 2 epoch(s), 46 optimizer steps",
+        *("--strategy", "model_parallel", "--tensor-parallel-size", "2", "--devices", "2"),
+        *("--max-epochs", "2"),
+    )
     # One process reads the tensor-parallel shards whole: the same weights.
-    alone = _plait(
-        "validate", "--example", "digits", "--accelerator", "cpu", "--no-progress-bar",
-        "--ckpt-path", str(checkpoint), "--default-root-dir", str(tmp_path),
-    )  # fmt: skip
-    assert alone.returncode == 0, alone.stderr
-    assert f"val_acc = {accuracy.group(1)}" in alone.stdout
+    _validates_alike(tmp_path, checkpoint, accuracy)
 
 
 def test_a_tensor_parallel_size_for_a_strategy_without_one_is_refused_with_the_fix() -> None:

@@ -15,6 +15,7 @@ import json
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from torch.utils.data import DataLoader, Sampler, TensorDataset
@@ -23,6 +24,9 @@ from typing_extensions import override
 from plait.core import ConfigurationError, PeerFailedError, seed_everything
 from plait.strategies import DDPStrategy, FSDPStrategy, end_job
 from plait.trainer import Callback, CSVLogger, ModelCheckpoint, Module, Trainer
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
 
 
 def _xy(batch: object) -> tuple[torch.Tensor, torch.Tensor]:
@@ -182,15 +186,7 @@ class TensorParallel(Module):
         mesh = self.device_mesh
         if mesh is None or is_parallelized(self):  # one process; a later run of the job
             return
-        from torch.distributed.fsdp import fully_shard  # noqa: PLC0415
-        from torch.distributed.tensor.parallel import (  # noqa: PLC0415
-            ColwiseParallel,
-            RowwiseParallel,
-            parallelize_module,
-        )
-
-        parallelize_module(self, mesh["tp"], {"up": ColwiseParallel(), "down": RowwiseParallel()})
-        fully_shard(self, mesh=mesh["dp_shard"])
+        split_up_and_down(self, mesh)
 
     @override
     def training_step(self, batch: object, batch_idx: int) -> torch.Tensor:
@@ -232,15 +228,7 @@ class MadeOnTheMesh(Module):
         self.made_on = self.up.weight.device.type
         mesh = self.device_mesh
         assert mesh is not None
-        from torch.distributed.fsdp import fully_shard  # noqa: PLC0415
-        from torch.distributed.tensor.parallel import (  # noqa: PLC0415
-            ColwiseParallel,
-            RowwiseParallel,
-            parallelize_module,
-        )
-
-        parallelize_module(self, mesh["tp"], {"up": ColwiseParallel(), "down": RowwiseParallel()})
-        fully_shard(self, mesh=mesh["dp_shard"])
+        split_up_and_down(self, mesh)
 
     @override
     def training_step(self, batch: object, batch_idx: int) -> torch.Tensor:
@@ -266,6 +254,20 @@ def _made_on_the_mesh(arguments: argparse.Namespace) -> dict[str, object]:
         "loss_after": float(second.callback_metrics["loss_epoch"]),
         "global_step": [trainer.global_step, second.global_step],
     }
+
+
+def split_up_and_down(module: Module, mesh: DeviceMesh) -> None:
+    """``up`` split by its outputs and ``down`` by its inputs over ``mesh["tp"]``;
+    then the whole sharded over ``mesh["dp_shard"]``."""
+    from torch.distributed.fsdp import fully_shard  # noqa: PLC0415
+    from torch.distributed.tensor.parallel import (  # noqa: PLC0415
+        ColwiseParallel,
+        RowwiseParallel,
+        parallelize_module,
+    )
+
+    parallelize_module(module, mesh["tp"], {"up": ColwiseParallel(), "down": RowwiseParallel()})
+    fully_shard(module, mesh=mesh["dp_shard"])
 
 
 def is_parallelized(module: torch.nn.Module) -> bool:

@@ -44,7 +44,7 @@ class Profiled(Module):
         return torch.optim.SGD(self.parameters(), lr=0.1)
 
 
-def _fit(tmp_path: Path, profiler: object) -> Trainer:
+def _fit(tmp_path: Path, profiler: object, module: Module | None = None) -> Trainer:
     trainer = Trainer(
         accelerator="cpu",
         default_root_dir=tmp_path,
@@ -53,7 +53,7 @@ def _fit(tmp_path: Path, profiler: object) -> Trainer:
         max_epochs=2,
         profiler=profiler,  # type: ignore[arg-type]
     )
-    trainer.fit(Profiled(), _loader(), _loader())
+    trainer.fit(module or Profiled(), _loader(), _loader())
     return trainer
 
 
@@ -150,15 +150,7 @@ class ManualProfiled(Profiled):
 
 
 def test_the_simple_profiler_times_a_manual_step_and_its_optimizer_steps(tmp_path: Path) -> None:
-    trainer = Trainer(
-        accelerator="cpu",
-        default_root_dir=tmp_path,
-        enable_progress_bar=False,
-        logger=False,
-        max_epochs=2,
-        profiler="simple",
-    )
-    trainer.fit(ManualProfiled(), _loader())
+    _fit(tmp_path, "simple", ManualProfiled())
 
     rows = _rows((tmp_path / "profiles" / "fit-rank0-simple.txt").read_text())
     for region in ("run_training_batch", "training_step", "optimizer_step"):

@@ -8,15 +8,18 @@ rank its own shards), and checkpoints through DCP: what this base class holds.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import contextlib
+from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 import torch
+import torch.distributed as dist
 from typing_extensions import override
 
 from plait.core import ConfigurationError, SupportsLoadInPlace
 from plait.strategies.ddp import SelfLaunchingStrategy
 from plait.strategies.export import checkpoint_format
+from plait.strategies.fsdp import parallelize
 from plait.strategies.state import (
     check_state_fits,
     load_param_groups,
@@ -99,6 +102,40 @@ class MeshStrategy(SelfLaunchingStrategy):
                 fix="call strategy.setup_environment() first",
             )
         return self._mesh
+
+    def subgroup(self, rows: torch.Tensor) -> dist.ProcessGroup:
+        """A process group per row of ``rows`` (global ranks); this rank's is returned.
+
+        Every rank makes every group, in the same order, with the strategy's
+        collective timeout and backend (a mesh made by ``init_device_mesh`` would
+        take torch's defaults).
+        """
+        mine, _ = dist.new_subgroups_by_enumeration(  # type: ignore[no-untyped-call]
+            [row.tolist() for row in rows],
+            timeout=self.timeout,
+            backend=self.process_group_backend,
+        )
+        group: dist.ProcessGroup = mine
+        return group
+
+    @contextlib.contextmanager
+    @override
+    def model_sharded_context(self) -> Iterator[None]:
+        """Build the model on the meta device: no memory until set-up shards it.
+
+        Set-up gives each rank only its shards and calls every submodule's
+        ``reset_parameters()`` to initialise them; a submodule with tensors of its own
+        and no ``reset_parameters()`` is refused (named) before anything is sharded.
+        """
+        with torch.device("meta"):
+            yield
+
+    @override
+    def model_to_device(self, module: torch.nn.Module) -> torch.nn.Module:
+        """Move ``module`` to the device, unless it is on the meta device (sharded first)."""
+        if parallelize.is_meta(module):
+            return module
+        return super().model_to_device(module)
 
     def remember_parameter_names(self, module: torch.nn.Module) -> None:
         """Record ``module``'s parameters' names, before they are replaced by DTensors.

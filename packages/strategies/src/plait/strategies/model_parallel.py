@@ -10,8 +10,7 @@ checkpoint written on one mesh shape loads on another.
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Final, Literal
 
@@ -285,7 +284,7 @@ class ModelParallelStrategy(MeshStrategy):
         # makes every group, in the same order.
         mine = [self._group_along(ranks, axis) for axis in range(len(MESH_DIMENSIONS))]
         flat = ranks.view(shape.data_parallel, shape.tensor)
-        data_parallel = self._group_of_rows(flat.T)
+        data_parallel = self.subgroup(flat.T)
         mesh = DeviceMesh.from_group(
             mine, self.root_device.type, mesh=ranks, mesh_dim_names=MESH_DIMENSIONS
         )
@@ -297,38 +296,9 @@ class ModelParallelStrategy(MeshStrategy):
 
     def _group_along(self, ranks: torch.Tensor, axis: int) -> dist.ProcessGroup:
         # Every line of ranks along ``axis``: this rank's is returned.
-        lines = ranks.movedim(axis, -1).reshape(-1, ranks.shape[axis])
-        return self._group_of_rows(lines)
-
-    def _group_of_rows(self, rows: torch.Tensor) -> dist.ProcessGroup:
-        mine, _ = dist.new_subgroups_by_enumeration(  # type: ignore[no-untyped-call]
-            [row.tolist() for row in rows],
-            timeout=self.timeout,
-            backend=self.process_group_backend,
-        )
-        group: dist.ProcessGroup = mine
-        return group
+        return self.subgroup(ranks.movedim(axis, -1).reshape(-1, ranks.shape[axis]))
 
     # The module.
-
-    @contextlib.contextmanager
-    @override
-    def model_sharded_context(self) -> Iterator[None]:
-        """Build the model on the meta device: no memory until it is parallelized.
-
-        Set-up gives each rank only its shards and calls every submodule's
-        ``reset_parameters()`` to initialise them; a submodule with tensors of its
-        own and no ``reset_parameters()`` is refused (named) first.
-        """
-        with torch.device("meta"):
-            yield
-
-    @override
-    def model_to_device(self, module: torch.nn.Module) -> torch.nn.Module:
-        """Move ``module`` to the device, unless it is on the meta device (materialised later)."""
-        if parallelize.is_meta(module):
-            return module
-        return super().model_to_device(module)
 
     @override
     def wrap_module(self, module: torch.nn.Module) -> torch.nn.Module:

@@ -8,7 +8,6 @@ from datetime import timedelta
 from typing import TYPE_CHECKING
 
 import torch
-import torch.distributed as dist
 from typing_extensions import override
 
 from plait.core import ConfigurationError
@@ -260,41 +259,12 @@ class FSDPStrategy(MeshStrategy):
         if shape is None:
             return DeviceMesh.from_group(self.process_group, device_type, mesh_dim_names=("shard",))
         ranks = torch.arange(self.world_size).view(shape)
-        # Groups of their own, with the strategy's collective timeout.
-        shard, _ = dist.new_subgroups_by_enumeration(  # type: ignore[no-untyped-call]
-            [row.tolist() for row in ranks],
-            timeout=self.timeout,
-            backend=self.process_group_backend,
-        )
-        replicate, _ = dist.new_subgroups_by_enumeration(  # type: ignore[no-untyped-call]
-            [column.tolist() for column in ranks.T],
-            timeout=self.timeout,
-            backend=self.process_group_backend,
-        )
+        shard, replicate = self.subgroup(ranks), self.subgroup(ranks.T)
         return DeviceMesh.from_group(
             [replicate, shard], device_type, mesh=ranks, mesh_dim_names=("replicate", "shard")
         )
 
     # The module.
-
-    @contextlib.contextmanager
-    @override
-    def model_sharded_context(self) -> Iterator[None]:
-        """Build the model on the meta device: no memory until set-up shards it.
-
-        Set-up gives each rank only its shards and calls every submodule's
-        ``reset_parameters()`` to initialise them; a submodule with tensors of its own
-        and no ``reset_parameters()`` is refused (named) before anything is sharded.
-        """
-        with torch.device("meta"):
-            yield
-
-    @override
-    def model_to_device(self, module: torch.nn.Module) -> torch.nn.Module:
-        """Move ``module`` to the device, unless it is on the meta device (sharded first)."""
-        if parallelize.is_meta(module):
-            return module
-        return super().model_to_device(module)
 
     @override
     def wrap_module(self, module: torch.nn.Module) -> torch.nn.Module:
