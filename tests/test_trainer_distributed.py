@@ -135,6 +135,17 @@ def test_layers_made_in_configure_model_on_a_mesh_start_on_meta_and_keep_trainin
 
 
 @pytest.mark.slow
+def test_a_module_that_does_not_parallelize_itself_on_a_mesh_is_refused_by_name(
+    tmp_path: Path,
+) -> None:
+    completed, _ = _run(tmp_path, "not_parallelized", "model_parallel")
+
+    assert completed.returncode != 0
+    assert "got a Toy that nothing parallelized" in completed.stderr
+    assert "configure_model (self.device_mesh)" in completed.stderr
+
+
+@pytest.mark.slow
 def test_a_module_compiled_in_each_rank_trains_on_ddp_and_fsdp_as_on_one_process(
     tmp_path: Path,
 ) -> None:

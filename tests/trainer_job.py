@@ -571,6 +571,8 @@ def main() -> None:
         # On model_parallel's mesh of (dp=1, tp=2): both ranks read all 8 samples.
         "tensor_parallel": lambda: _same_steps_read_by(arguments, TensorParallel(), 1, {}),
         "made_on_the_mesh": lambda: _made_on_the_mesh(arguments),
+        # A module with no configure_model of its own, on a mesh: refused at set-up.
+        "not_parallelized": lambda: _same_steps_read_by(arguments, Toy(), 1, {}),
         "gan": lambda: _gan(arguments),
         "gan_root_only": lambda: _gan(arguments),  # FSDP's root holds the parameters
         "goes_on": lambda: _goes_on(arguments, train, val),

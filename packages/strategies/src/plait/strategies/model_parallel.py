@@ -322,12 +322,14 @@ class ModelParallelStrategy(MeshStrategy):
         if not parameters or self.world_size == 1:
             return
         shape = self.mesh_shape
+        # Named as its user knows it: the module inside a wrapper (the Trainer's).
+        described = type(getattr(module, "module", module)).__name__
         if not any(is_dtensor(p) for _, p in parameters):
             raise ConfigurationError(
-                f"ModelParallelStrategy got a {type(module).__name__} that nothing "
+                f"ModelParallelStrategy got a {described} that nothing "
                 "parallelized: the strategy never guesses a plan, and every rank would "
                 "train a whole copy",
-                value=type(module).__name__,
+                value=described,
                 fix="parallelize it over strategy.device_mesh: with the Trainer, in the "
                 "module's configure_model (self.device_mesh); in your own loop, before "
                 "setup_module (parallelize_module(..., mesh['tp'], plan), then "
