@@ -59,7 +59,10 @@ class Hooks:
     at a start and the callbacks' first at a batch's start and end (as Lightning
     orders them). The loops hold one `Hooks` per run and call nothing else.
 
-    Every event runs in a region of the profiler, named ``[Hooks]<event>``.
+    Every event runs in a region of the profiler, named ``[Hooks]<event>``. The
+    events of every batch call the hooks the callbacks and the module define when the
+    run starts (a hook set on an instance counts); the base classes' empty hooks are
+    not called.
 
     Args:
         trainer: What the callbacks receive.
