@@ -23,6 +23,7 @@ from typing_extensions import override
 
 from plait.core import ConfigurationError, PeerFailedError, seed_everything
 from plait.strategies import DDPStrategy, FSDPStrategy, end_job
+from plait.strategies.mesh import is_dtensor
 from plait.trainer import Callback, CSVLogger, ModelCheckpoint, Module, Trainer
 
 if TYPE_CHECKING:
@@ -272,7 +273,7 @@ def split_up_and_down(module: Module, mesh: DeviceMesh) -> None:
 
 def is_parallelized(module: torch.nn.Module) -> bool:
     """Whether ``module``'s parameters are DTensors already."""
-    return any(callable(getattr(p, "full_tensor", None)) for p in module.parameters())
+    return any(is_dtensor(p) for p in module.parameters())
 
 
 class Lbfgs(Module):

@@ -272,13 +272,16 @@ class ModelParallelStrategy(MeshStrategy):
         shape = self.mesh_shape
         # One mesh per shape in a job: a module parallelized over it in one run goes
         # on over it in the next, and no run makes groups of its own again.
-        self._mesh, groups = self.job_held(("model parallel mesh", shape), self._make_mesh)
+        self._mesh, groups = self.job_held(
+            ("model parallel mesh", shape), lambda: self._make_mesh(shape)
+        )
         return distributed.with_dimensions(groups)
 
-    def _make_mesh(self) -> tuple[DeviceMesh, dict[str, dist.ProcessGroup | None]]:
+    def _make_mesh(
+        self, shape: MeshShape
+    ) -> tuple[DeviceMesh, dict[str, dist.ProcessGroup | None]]:
         from torch.distributed.device_mesh import DeviceMesh  # noqa: PLC0415
 
-        shape = self.mesh_shape
         ranks = shape.ranks()
         # Groups of their own, with the strategy's collective timeout: every rank
         # makes every group, in the same order.

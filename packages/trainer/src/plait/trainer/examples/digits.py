@@ -124,7 +124,9 @@ class DigitsClassifier(Module):
         mesh = self.device_mesh
         if mesh is None or "tp" not in (mesh.mesh_dim_names or ()):
             return  # no tensor-parallel ranks: FSDP (whose mesh has none) shards it whole
-        if any(_is_dtensor(p) for p in self.net.parameters()):
+        from plait.strategies.mesh import is_dtensor  # noqa: PLC0415 (only on a mesh)
+
+        if any(is_dtensor(p) for p in self.net.parameters()):
             return
         from torch.distributed.fsdp import fully_shard  # noqa: PLC0415
         from torch.distributed.tensor.parallel import (  # noqa: PLC0415
@@ -179,8 +181,3 @@ def _unpack(batch: object) -> tuple[torch.Tensor, torch.Tensor]:
     assert isinstance(images, torch.Tensor)
     assert isinstance(labels, torch.Tensor)
     return images, labels
-
-
-def _is_dtensor(tensor: torch.Tensor) -> bool:
-    # By its method, not its class: torch.distributed.tensor is slow to import.
-    return callable(getattr(tensor, "full_tensor", None))
