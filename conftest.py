@@ -11,11 +11,12 @@ process ends with the test (`plait.strategies.end_job`), as it would with a prog
 """
 
 import os
+import resource
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from pathlib import Path
 
 import pytest
@@ -59,6 +60,43 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             if "cuda" in item.keywords:
                 item.add_marker(skip)
     items.sort(key=lambda item: "slow" not in item.keywords)
+
+
+def _cpu_seconds() -> float:
+    # User and system time of this process and of its children that have been waited for.
+    return sum(
+        usage.ru_utime + usage.ru_stime
+        for usage in map(resource.getrusage, (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
+    )
+
+
+_CPU_STARTED = pytest.StashKey[float]()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(
+    item: pytest.Item, nextitem: pytest.Item | None
+) -> Generator[None, object, object]:
+    """Record each test's CPU seconds as its ``cpu`` property (in the JUnit XML).
+
+    Counted: the test's process and the processes it started and waited for, from the
+    start of its set-up to the end of its tear-down. Not counted: processes that outlive
+    the test (a conformance lane's rank pool, reaped when the session ends).
+    """
+    item.stash[_CPU_STARTED] = _cpu_seconds()
+    return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(
+    item: pytest.Item, nextitem: pytest.Item | None
+) -> Generator[None, object, object]:
+    """Add the ``cpu`` property once the tear-down is done, before its report."""
+    try:
+        return (yield)
+    finally:
+        spent = _cpu_seconds() - item.stash.get(_CPU_STARTED, _cpu_seconds())
+        item.user_properties.append(("cpu", f"{spent:.2f}"))
 
 
 @pytest.fixture(autouse=True)

@@ -1,6 +1,8 @@
-"""The README's test command is the one CI runs."""
+"""The README's test command is the one CI runs, and what the checks print of it."""
 
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -44,3 +46,29 @@ def test_every_python_directory_has_a_pants_build_file() -> None:
     missing = sorted(str(d.relative_to(REPO)) for d in directories if not (d / "BUILD").is_file())
 
     assert missing == []
+
+
+def test_the_checks_summary_lists_the_slowest_tests_and_those_that_took_most_cpu(
+    tmp_path: Path,
+) -> None:
+    report = tmp_path / "pytest.xml"
+    report.write_text(
+        '<testsuites><testsuite name="pytest">'
+        '<testcase classname="tests.a" name="test_waits" time="9.0">'
+        '<properties><property name="cpu" value="0.50" /></properties></testcase>'
+        '<testcase classname="tests.a" name="test_computes" time="2.0">'
+        '<properties><property name="cpu" value="7.25" /></properties></testcase>'
+        '<testcase classname="tests.b" name="test_skipped" time="0.0"><skipped /></testcase>'
+        "</testsuite></testsuites>"
+    )
+    done = subprocess.run(
+        [sys.executable, str(REPO / "tools" / "slowest.py"), "--count", "1", str(report)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    lines = done.stdout.splitlines()
+    assert lines[0] == "pytest.xml: 3 tests: 2 passed, 0 failed, 0 error, 1 skipped"
+    assert "     9.0s  tests.a::test_waits" in lines
+    assert "CPU time of the tests: 8 s; the 1 that took most:" in lines
+    assert lines[-1] == "     7.2s  tests.a::test_computes"

@@ -2,7 +2,9 @@
 
     python tools/slowest.py --count 5 .cache/check/pytest.xml .cache/check/xla.xml
 
-A test's time is pytest's for its set-up, call and tear-down together.
+A test's time is pytest's for its set-up, call and tear-down together; its CPU time
+is the ``cpu`` property the repository's conftest.py records (the test's process and
+the processes it waited for), where present.
 """
 
 from __future__ import annotations
@@ -25,13 +27,25 @@ def counts(path: Path) -> Counter[str]:
     return Counter(_outcome(case) for case in ElementTree.parse(path).getroot().iter("testcase"))
 
 
-def slowest(paths: list[Path], count: int) -> list[tuple[float, str]]:
-    """The ``count`` longest test cases of ``paths``: (seconds, test id), longest first."""
+def _cpu(case: ElementTree.Element) -> float | None:
+    for prop in case.iter("property"):
+        if prop.get("name") == "cpu":
+            return float(prop.get("value", "0"))
+    return None
+
+
+def slowest(paths: list[Path], count: int, *, by_cpu: bool = False) -> list[tuple[float, str]]:
+    """The ``count`` longest test cases of ``paths``: (seconds, test id), longest first.
+
+    With ``by_cpu``, by CPU seconds instead (cases without the ``cpu`` property left out).
+    """
     cases = []
     for path in paths:
         for case in ElementTree.parse(path).getroot().iter("testcase"):
             test = f"{case.get('classname', '')}::{case.get('name', '')}"
-            cases.append((float(case.get("time", "0")), test))
+            seconds = _cpu(case) if by_cpu else float(case.get("time", "0"))
+            if seconds is not None:
+                cases.append((seconds, test))
     return sorted(cases, reverse=True)[:count]
 
 
@@ -51,6 +65,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\nthe {options.count} slowest tests (set-up, call and tear-down):")
     for seconds, test in slowest(paths, options.count):
         print(f"{seconds:8.1f}s  {test}")
+    by_cpu = slowest(paths, options.count, by_cpu=True)
+    if by_cpu:
+        total = sum(seconds for seconds, _ in slowest(paths, 10**9, by_cpu=True))
+        print(f"\nCPU time of the tests: {total:.0f} s; the {options.count} that took most:")
+        for seconds, test in by_cpu:
+            print(f"{seconds:8.1f}s  {test}")
     return 0
 
 
