@@ -2,20 +2,23 @@
 
 The conformance suite must catch every one of them, naming the property broken
 (``test_conformance_catches.py``). Each is DDP with one collective changed the
-way a real implementation might get it wrong.
+way a real implementation might get it wrong, or (the last two) a mesh strategy
+that reads the mesh's dimensions wrongly.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Mapping
 from datetime import timedelta
 from typing import TYPE_CHECKING, ClassVar, TypeVar, overload
 
 import torch
+import torch.distributed as dist
 from typing_extensions import override
 
 from plait.core import ReduceOp
-from plait.strategies import DDPStrategy
+from plait.strategies import DDPStrategy, ModelParallelStrategy
 from plait.strategies.collectives import DistributedCollectives
 
 if TYPE_CHECKING:
@@ -456,3 +459,45 @@ class Int64SumOffByOne(_BrokenDDP):
 def unchecked_ddp() -> DDPStrategy:
     """DDP with the mismatch check turned off: mismatched calls reach gloo as they are."""
     return DDPStrategy(checked_collectives=False, timeout=timedelta(seconds=20))
+
+
+Dimensions = Mapping[str, dist.ProcessGroup | None]
+
+
+def _over_the_world(dimensions: Dimensions) -> dict[str, dist.ProcessGroup | None]:
+    return dict.fromkeys(dimensions)  # None: the whole job
+
+
+def _over_the_other_dimension(dimensions: Dimensions) -> dict[str, dist.ProcessGroup | None]:
+    swapped = dict(dimensions)
+    swapped["tp"], swapped["dp_shard"] = dimensions["dp_shard"], dimensions["tp"]
+    return swapped
+
+
+class _BrokenMesh(ModelParallelStrategy):
+    """`ModelParallelStrategy` whose collectives read the mesh's dimensions wrongly."""
+
+    def __init__(
+        self,
+        misread: Callable[[Dimensions], dict[str, dist.ProcessGroup | None]],
+        mesh_shape: tuple[int, ...],
+    ) -> None:
+        data, tensor = mesh_shape
+        super().__init__(accelerator="cpu", data_parallel_size=data, tensor_parallel_size=tensor)
+        self.misread = misread
+
+    @override
+    def make_collectives(self, distributed: DistributedCollectives) -> Collectives:
+        named = super().make_collectives(distributed)
+        assert isinstance(named, DistributedCollectives)
+        return named.with_dimensions(self.misread(named.dimensions))
+
+
+def reduces_over_the_world(mesh_shape: tuple[int, ...]) -> ModelParallelStrategy:
+    """A mesh strategy whose collectives given a dimension run over every rank instead."""
+    return _BrokenMesh(_over_the_world, mesh_shape)
+
+
+def reduces_over_the_wrong_dimension(mesh_shape: tuple[int, ...]) -> ModelParallelStrategy:
+    """A mesh strategy that takes ``tp`` for ``dp_shard`` and ``dp_shard`` for ``tp``."""
+    return _BrokenMesh(_over_the_other_dimension, mesh_shape)

@@ -252,3 +252,39 @@ def test_a_rank_left_waiting_after_the_others_returned_is_a_hang_long_before_the
     assert "was left waiting after rank 1 returned" in first, first
     assert "did not finish within 60 s" not in message
     assert "rank 0 (pid" in message
+
+
+MESH_FLAWS = [
+    # The dimension's collectives span the job: sums of every rank, rows of every rank.
+    ("reduces_over_the_world", (2, 2), "tp", "groups [0, 1] and [2, 3]"),
+    ("reduces_over_the_world", (2, 1), "tp", "groups [0] and [1]"),
+    # tp read as dp_shard and the reverse: groups of the right size, the wrong ranks.
+    ("reduces_over_the_wrong_dimension", (2, 2), "dp_shard", "groups [0, 2] and [1, 3]"),
+    ("reduces_over_the_wrong_dimension", (1, 4), "tp", "groups [0, 1, 2, 3]"),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("flaw", "mesh", "dimension", "groups"), MESH_FLAWS)
+def test_a_mesh_strategy_collecting_over_the_wrong_ranks_is_caught_in_every_run(
+    flaw: str, mesh: tuple[int, int], dimension: str, groups: str
+) -> None:
+    world_size = mesh[0] * mesh[1]
+    with RankPool(f"{BROKEN}:{flaw}", world_size=world_size, mesh=mesh, deadline=5) as pool:
+        lane = pool.along(dimension)
+        for seed in (0, 1):  # the grid holds it, whatever the seed
+            for name in ("reduce_tensors", "all_gather"):
+                with pytest.raises(ContractViolation) as caught:
+                    prove(lane, BY_NAME[name], max_examples=25, seed=seed)
+                violation = caught.value
+                assert violation.explicit, str(violation)
+                mesh_text = f"{mesh[0]}x{mesh[1]}"
+                assert (
+                    f"{name} failed for 'conformance_broken:{flaw}' (gloo, world size "
+                    f"{world_size}, mesh {mesh_text}, over {dimension!r}: {groups})"
+                ) in violation.headline
+                assert f"[over {dimension!r}, in the group of global ranks [" in str(violation)
+                assert (
+                    f"world_size={world_size}, backend='gloo', mesh={mesh}, "
+                    f"dimension={dimension!r})"
+                ) in violation.snippet

@@ -228,6 +228,7 @@ def test_one_bug_reads_as_one_headline_and_its_consequences_follow_it(tmp_path: 
         ),
         (("--plait-strategy=ddp", "--plait-backend=ncl"), "invalid choice: 'ncl'"),
         (("--plait-strategy=ddp", "--plait-expectations=nowhere.txt"), "no such file"),
+        (("--plait-strategy=ddp", "--plait-meshes=4:2x3"), "the mesh 2x3 holds 6 ranks, not 4"),
     ],
 )
 def test_bad_options_stop_the_run_with_a_clear_message(

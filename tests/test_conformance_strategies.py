@@ -2,13 +2,14 @@
 
 The conformance suite runs on each at world sizes 1 to 4 over gloo; ``tools/check``
 selects the thorough profile when CI is set. Strategies that need other hardware
-are listed with the reason, so that a new registration cannot be left out silently.
+are listed with the reason, so that a new registration cannot be left out silently;
+a name registered exactly as another (an alias) is proven under that other name.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Final
+from typing import ClassVar, Final
 
 from plait.conformance import ConformanceSuite
 from plait.core import StrategyRegistry
@@ -62,15 +63,46 @@ collectives, which the conformance ranks call without the launcher."""
 OWN_COLLECTIVES: Final = ("example_bytes_ddp",)
 """A third party's DDP with collectives of its own (``ParallelStrategy.make_collectives``)."""
 
+ON_A_MESH: Final = ("model_parallel",)
+"""Strategies on a named device mesh: at 1 and 3 ranks on the mesh they choose, at 2
+and 4 on given shapes, over the job and each dimension (`TestMeshDimensions`)."""
+
+
+def _aliases() -> dict[str, str]:
+    # A name registered with the factory and settings of an earlier one builds the
+    # same strategy (a Lightning spelling, a launcher's other name).
+    first: dict[tuple[object, str], str] = {}
+    aliases: dict[str, str] = {}
+    for name in sorted(StrategyRegistry.available_strategies()):
+        entry = StrategyRegistry.entry(name)
+        key = (entry.factory, repr(sorted(entry.init_params.items())))
+        if key in first:
+            aliases[name] = first[key]
+        else:
+            first[key] = name
+    return aliases
+
+
+ALIASES: Final = _aliases()
+"""Each name registered exactly as another one is (the same factory and settings), and
+that name: proven once, under it (`test_every_registered_strategy_is_run_or_excused`)."""
+
+
+def _proven(names: tuple[str, ...]) -> tuple[str, ...]:
+    return tuple(name for name in names if name not in ALIASES)
+
+
 MULTI_PROCESS: Final = tuple(
     name
     for name in StrategyRegistry.available_strategies()
-    if name not in NOT_ON_CPU
+    if name not in ALIASES
+    and name not in NOT_ON_CPU
     and name not in ONE_PROCESS
     and name not in DDP_VARIANTS
     and name not in FSDP_VARIANTS
     and name not in DEEPSPEED_VARIANTS
     and name not in OWN_COLLECTIVES
+    and name not in ON_A_MESH
 )
 
 
@@ -84,25 +116,25 @@ class TestMultiProcessStrategies(ConformanceSuite):
 
 
 class TestDDPVariants(ConformanceSuite):
-    strategies = DDP_VARIANTS
+    strategies = _proven(DDP_VARIANTS)
     world_sizes = (1, 2, 3, 4)
     max_examples = 50
 
 
 class TestFSDPVariants(ConformanceSuite):
-    strategies = FSDP_VARIANTS
+    strategies = _proven(FSDP_VARIANTS)
     world_sizes = (2,)
     max_examples = 50
 
 
 class TestDeepSpeedVariants(ConformanceSuite):
-    strategies = DEEPSPEED_VARIANTS
+    strategies = _proven(DEEPSPEED_VARIANTS)
     world_sizes = (2,)
     max_examples = 50
 
 
 class TestOwnCollectives(ConformanceSuite):
-    strategies = OWN_COLLECTIVES
+    strategies = _proven(OWN_COLLECTIVES)
     world_sizes = (1, 2, 3)
 
 
@@ -118,8 +150,13 @@ class TestAgreementThroughTheProcessGroup(ConformanceSuite):
     max_examples = 60  # a fourth of the thorough profile: the same properties as ddp's
 
 
+class TestMeshStrategiesOnTheirOwnMesh(ConformanceSuite):
+    strategies = _proven(ON_A_MESH)
+    world_sizes = (1, 3)  # 2 and 4: TestMeshDimensions, on given meshes
+
+
 class TestOneProcessStrategies(ConformanceSuite):
-    strategies = ONE_PROCESS
+    strategies = _proven(ONE_PROCESS)
     world_sizes = (1,)
 
 
@@ -133,12 +170,47 @@ def test_every_registered_strategy_is_run_or_excused() -> None:
     assert set(FSDP_VARIANTS) <= registered
     assert set(DEEPSPEED_VARIANTS) <= registered
     assert set(OWN_COLLECTIVES) <= registered
+    assert set(ON_A_MESH) <= registered
+    # An alias is proven under the name it repeats, which is proven itself.
+    assert {"modelparallelstrategy": "model_parallel"}.items() <= ALIASES.items()
+    assert set(ALIASES.values()) <= set(MULTI_PROCESS) | {
+        name
+        for names in (
+            DDP_VARIANTS,
+            FSDP_VARIANTS,
+            DEEPSPEED_VARIANTS,
+            ON_A_MESH,
+            ONE_PROCESS,
+            OWN_COLLECTIVES,
+        )
+        for name in _proven(names)
+    }
     assert registered == (
         set(MULTI_PROCESS)
+        | set(ON_A_MESH)
         | set(DDP_VARIANTS)
         | set(OWN_COLLECTIVES)
         | set(FSDP_VARIANTS)
         | set(DEEPSPEED_VARIANTS)
         | set(ONE_PROCESS)
         | set(NOT_ON_CPU)
+        | set(ALIASES)
     )
+
+
+MESH_STRATEGY: Final = f"{Path(__file__).with_name('mesh_strategies.py')}:model_parallel_on"
+"""``model_parallel`` built on a given (data parallel, tensor parallel) mesh."""
+
+
+class TestMeshDimensions(ConformanceSuite):
+    """Every property over each dimension of ``model_parallel``'s mesh, on three shapes.
+
+    The grid and 25 drawn examples over the job and over each dimension's groups
+    (100 a property on each mesh): the collectives over a dimension are those the
+    other lanes prove over the job and its sub-groups, with the thorough profile.
+    """
+
+    strategies = (MESH_STRATEGY,)
+    world_sizes = (2, 4)
+    meshes: ClassVar[dict[int, tuple[tuple[int, ...], ...]]] = {4: ((2, 2), (1, 4)), 2: ((2, 1),)}
+    max_examples = 25

@@ -5,7 +5,8 @@ multi-process rank pool against any strategy, ours or a third party's:
 
 - `ConformanceSuite`: subclass it in a test module and name your strategy; the
   pytest plugin runs every property at each world size and backend you choose.
-- `RankPool` and `prove`: the same, from Python.
+- `RankPool` and `prove`: the same, from Python; `RankPool.along` runs the
+  properties over one dimension of a strategy's device mesh (`MeshDimension`).
 - `reproduce`: rerun one example, as a failure report prints it.
 """
 
@@ -23,8 +24,11 @@ from plait.conformance.cases import (
     ReduceCase,
     TensorSpec,
 )
+from plait.conformance.mesh import MeshLayout
 from plait.conformance.pool import (
     LANES,
+    GroupOutcomes,
+    MeshDimension,
     PoolError,
     PoolStartError,
     RankCrashError,
@@ -59,6 +63,9 @@ __all__ = [
     "ContractViolation",
     "DecisionCase",
     "GroupCase",
+    "GroupOutcomes",
+    "MeshDimension",
+    "MeshLayout",
     "MismatchCase",
     "PoolError",
     "PoolStartError",

@@ -10,6 +10,7 @@ import argparse
 import difflib
 import fnmatch
 import json
+import math
 import os
 import platform
 import random
@@ -60,6 +61,7 @@ _PROPERTY: Final = "plait_property"
 _EXAMPLES: Final = "plait_examples"
 _VIOLATION: Final = "plait_violation"
 _SECONDS: Final = "plait_seconds"
+_OVER: Final = "plait_over"
 _STARTED: Final = "plait_pool_started"
 
 
@@ -71,9 +73,18 @@ class LaneDown(Exception):  # noqa: N818 - a skip's reason, not an error of its 
     """A lane's ranks could not start; its first test failed saying why."""
 
 
+def mesh_text(mesh: tuple[int, ...]) -> str:
+    """``2x2``: a mesh's sizes as lane ids and options write them."""
+    return "x".join(map(str, mesh))
+
+
 @attrs.frozen
 class Lane:
-    """One group of the suite's tests: a strategy, a backend and a world size."""
+    """One group of the suite's tests: a strategy, a backend, a world size and a mesh.
+
+    With a mesh (the target's), the strategy is built on it and every property runs
+    over the whole job and over each dimension's groups.
+    """
 
     target: StrategyTarget
     backend: str
@@ -88,18 +99,23 @@ class Lane:
             "strategy": self.target.spec,
             "backend": self.backend,
             "world_size": self.world_size,
+            **({"mesh": list(self.target.mesh)} if self.target.mesh else {}),
         }
 
     @property
     def id(self) -> str:
-        """``strategy-backend-world_size``, as pytest shows the group."""
-        return f"{self.target.name}-{self.backend}-{self.world_size}"
+        """``strategy-backend-world_size`` (``-mesh``, e.g. ``-2x2``), as pytest shows it."""
+        return self._named(self.target.name)
 
     @property
     def names(self) -> tuple[str, ...]:
         """The lane's id, and the same with the strategy written as it was given."""
-        given = f"{self.target.spec}-{self.backend}-{self.world_size}"
+        given = self._named(self.target.spec)
         return (self.id,) if given == self.id else (self.id, given)
+
+    def _named(self, strategy: str) -> str:
+        mesh = f"-{mesh_text(self.target.mesh)}" if self.target.mesh else ""
+        return f"{strategy}-{self.backend}-{self.world_size}{mesh}"
 
 
 class PoolCache:
@@ -139,6 +155,7 @@ class PoolCache:
                 backend=lane.backend,
                 deadline=lane.deadline,
                 start_timeout=lane.start_timeout,
+                mesh=lane.target.mesh,
             )
         self._pools[lane] = pool  # most recently used last
         if not pool.running:
@@ -201,6 +218,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "two: 3 breaks what halves the ranks); default: each suite's own (1,2,3)",
     )  # fmt: skip
     group.addoption(
+        "--plait-meshes", default=None, metavar="N:AxB,...",
+        help="mesh lanes: at world size N, the strategy built on each mesh shape (its "
+        "factory takes mesh_shape), every property over the job and over each dimension, "
+        "e.g. 4:2x2,4:1x4,2:2x1; default: each suite's own (meshes)",
+    )  # fmt: skip
+    group.addoption(
         "--plait-profile", choices=tuple(PROFILES), default="quick",
         help="drawn examples per property, after the grid: quick (25) or thorough (200)",
     )  # fmt: skip
@@ -250,6 +273,26 @@ def _world_sizes(text: str) -> tuple[int, ...]:
     return tuple(dict.fromkeys(sizes))
 
 
+def _meshes(text: str) -> dict[int, tuple[tuple[int, ...], ...]]:
+    found: dict[int, tuple[tuple[int, ...], ...]] = {}
+    for part in (part.strip() for part in text.split(",")):
+        size, colon, shape = part.partition(":")
+        sizes = shape.split("x")
+        if not (colon and size.isdigit() and all(each.isdigit() for each in sizes)):
+            raise pytest.UsageError(
+                f"--plait-meshes={text!r}: {part!r} is not WORLD_SIZE:AxB; write e.g. "
+                "4:2x2,4:1x4,2:2x1"
+            )
+        mesh = tuple(int(each) for each in sizes)
+        if math.prod(mesh) != int(size) or 0 in mesh:
+            raise pytest.UsageError(
+                f"--plait-meshes={text!r}: the mesh {shape} holds {math.prod(mesh)} ranks, "
+                f"not {size}"
+            )
+        found[int(size)] = (*found.get(int(size), ()), mesh)
+    return found
+
+
 @attrs.frozen
 class _Expectation:
     pattern: str
@@ -287,6 +330,7 @@ def _read_expectations(path: str) -> list[_Expectation]:
 
 
 _sizes_key = pytest.StashKey[tuple[int, ...] | None]()
+_meshes_key = pytest.StashKey[dict[int, tuple[tuple[int, ...], ...]] | None]()
 _expectations_key = pytest.StashKey[list[_Expectation]]()
 _seed_key = pytest.StashKey[int]()
 _xdist_key = pytest.StashKey[bool]()
@@ -319,6 +363,8 @@ def pytest_configure(config: pytest.Config) -> None:
         )
     option = config.getoption("--plait-world-sizes")
     config.stash[_sizes_key] = _world_sizes(option) if option else None
+    meshes = config.getoption("--plait-meshes")
+    config.stash[_meshes_key] = _meshes(meshes) if meshes else None
     seed = _choose_seed(config)
     config.stash[_seed_key] = seed
     os.environ[SEED_VARIABLE] = str(seed)  # inherited by pytest-xdist's workers
@@ -368,14 +414,29 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     sizes = config.stash[_sizes_key] or tuple(cls.world_sizes)
     deadline = config.getoption("--plait-deadline") or cls.deadline
     start = config.getoption("--plait-start-timeout") or cls.start_timeout
+    declared = config.stash[_meshes_key]
+    meshes = declared if declared is not None else _declared_meshes(cls)
     lanes = [
-        Lane(target, backend, size, deadline, start)
+        Lane(attrs.evolve(target, mesh=mesh), backend, size, deadline, start)
         for target in _targets(config, cls)
         for size in sizes
+        for mesh in meshes.get(size, ((),))
     ]
     metafunc.parametrize(
         _LANE, lanes, ids=[lane.id for lane in lanes], scope="class", indirect=True
     )
+
+
+def _declared_meshes(cls: type[ConformanceSuite]) -> dict[int, tuple[tuple[int, ...], ...]]:
+    meshes = {size: tuple(map(tuple, shapes)) for size, shapes in cls.meshes.items()}
+    for size, shapes in meshes.items():
+        for shape in shapes:
+            if math.prod(shape) != size or not shape or 0 in shape:
+                raise pytest.UsageError(
+                    f"{cls.__name__}.meshes: the mesh {shape} at world size {size} holds "
+                    f"{math.prod(shape)} ranks; each mesh must hold the world size's ranks"
+                )
+    return meshes
 
 
 def _lanes_of(items: list[pytest.Item]) -> list[tuple[pytest.Item, Lane]]:
@@ -574,6 +635,9 @@ class Reporter:
             "proving_seconds": round(proving, 3) if isinstance(proving, float) else None,
             "message": _message(report, violation),
         }
+        over = labels.get(_OVER)
+        if isinstance(over, str):
+            entry["over"] = over  # a mesh lane's: the job, and each dimension's groups
         if isinstance(violation, dict):
             entry["violation"] = violation
         lane_id = str(lane["id"])
@@ -598,6 +662,7 @@ class Reporter:
                 "strategy": lane["strategy"],
                 "backend": lane["backend"],
                 "world_size": lane["world_size"],
+                **({"mesh": lane["mesh"]} if "mesh" in lane else {}),
                 "passed": all(
                     entry["outcome"] in ("passed", "skipped", "xfailed")
                     for entry in properties.values()

@@ -18,11 +18,13 @@ import uuid
 from datetime import timedelta
 from typing import TYPE_CHECKING, Final
 
+import attrs
 import torch
 import torch.distributed as dist
 from typing_extensions import Self, override
 
 from plait.conformance import worker
+from plait.conformance.cases import BadArgumentCase
 from plait.conformance.outcomes import Outcome, RaisedError, rank_list
 from plait.conformance.target import StrategyFactory, StrategyTarget
 from plait.core import ConfigurationError
@@ -34,11 +36,14 @@ if TYPE_CHECKING:
     from types import TracebackType
 
     from plait.conformance.cases import Case
+    from plait.conformance.mesh import MeshLayout
 
 __all__ = [
     "LANES",
     "STRAGGLER_GRACE",
     "UNHELD_DTYPES",
+    "GroupOutcomes",
+    "MeshDimension",
     "PoolError",
     "PoolStartError",
     "RankCrashError",
@@ -146,10 +151,12 @@ def backend_unavailable(backend: str, world_size: int) -> str | None:
     return None
 
 
-def _idle_ranks(case: Case) -> frozenset[int]:
+def _idle_ranks(case: Case, groups: tuple[tuple[int, ...], ...]) -> frozenset[int]:
     """The ranks that call nothing in ``case``: their return says nothing of the others."""
     absent = getattr(case, "absent_rank", None)
-    return frozenset({absent}) if isinstance(absent, int) else frozenset()
+    if not isinstance(absent, int):
+        return frozenset()
+    return frozenset(group[absent] for group in groups if absent < len(group))
 
 
 def waiting_in(stack: str) -> str | None:
@@ -236,10 +243,12 @@ class RankPool:
             the ranks sharing the GPUs), ``"nccl"`` (CUDA) or ``"xla"``.
         deadline: Seconds an example may take on every rank before it counts as a hang.
         start_timeout: Seconds the ranks may take to build the strategy and join.
+        mesh: The sizes of a device mesh's dimensions: the factory is called with
+            ``mesh_shape=mesh``, and `along` runs examples over each dimension's groups.
 
     Raises:
-        ConfigurationError: ``world_size`` or a timeout is not positive, or
-            ``backend`` is not a lane.
+        ConfigurationError: ``world_size`` or a timeout is not positive, ``backend``
+            is not a lane, or ``mesh`` is not a tuple of positive sizes.
     """
 
     def __init__(
@@ -250,6 +259,7 @@ class RankPool:
         backend: str = "gloo",
         deadline: float = 30.0,
         start_timeout: float = 120.0,
+        mesh: tuple[int, ...] = (),
     ) -> None:
         if not _positive_int(world_size):
             raise ConfigurationError(
@@ -267,11 +277,15 @@ class RankPool:
                     fix=f"pass e.g. {name}=30",
                 )
         self.target = StrategyTarget.of(target)
+        if mesh or self.target.mesh:
+            self.target = attrs.evolve(self.target, mesh=mesh)
         self.world_size = world_size
         self.backend = backend
         self.deadline = float(deadline)
         self.start_timeout = float(start_timeout)
         self.devices: tuple[str, ...] = ()
+        self.layout: MeshLayout | None = None
+        """The strategy's mesh, once the ranks are up (with ``mesh`` only)."""
         self.starts = 0
         self._processes: list[BaseProcess] = []
         self._tasks: list[Connection] = []
@@ -297,10 +311,63 @@ class RankPool:
 
     @override
     def __repr__(self) -> str:
+        mesh = f", mesh={self.target.mesh}" if self.target.mesh else ""
         return (
             f"RankPool({self.target.name!r}, world_size={self.world_size}, "
-            f"backend={self.backend!r})"
+            f"backend={self.backend!r}{mesh})"
         )
+
+    @property
+    def where(self) -> str:
+        """The lane in words, as a failure's headline names it."""
+        mesh = f", mesh {'x'.join(map(str, self.target.mesh))}" if self.target.mesh else ""
+        return f"{self.backend}, world size {self.world_size}{mesh}"
+
+    @property
+    def rerun(self) -> dict[str, object]:
+        """The keyword arguments of `plait.conformance.reproduce` that rebuild this lane."""
+        return {
+            "world_size": self.world_size,
+            "backend": self.backend,
+            **({"mesh": self.target.mesh} if self.target.mesh else {}),
+        }
+
+    def along(self, dimension: str) -> MeshDimension:
+        """This pool's ranks in groups along ``dimension`` of the strategy's mesh.
+
+        Raises:
+            ConfigurationError: The pool was made without a mesh, or the mesh has no
+                such dimension (the names it has are listed).
+            PoolStartError: The pool was down and could not start.
+        """
+        if not self.target.mesh:
+            raise ConfigurationError(
+                f"{self!r} was made without a mesh, so it has no dimension {dimension!r}",
+                value=dimension,
+                fix="make the pool with mesh=(...), the sizes of the mesh's dimensions",
+            )
+        self.start()
+        assert self.layout is not None
+        self.layout.groups(dimension)  # the dimension exists
+        return MeshDimension(self, dimension)
+
+    @property
+    def dimensions(self) -> tuple[str, ...]:
+        """The names of the mesh's dimensions (none without a mesh); starts the pool."""
+        if not self.target.mesh:
+            return ()
+        self.start()
+        assert self.layout is not None
+        return self.layout.names
+
+    def prepare(self, case: Case) -> Case:
+        """``case`` as the ranks run it: as it is (see `MeshDimension.prepare`)."""
+        return case
+
+    def run_groups(self, case: Case) -> list[GroupOutcomes]:
+        """Run ``case`` over the world: one group, every rank (see `MeshDimension`)."""
+        ranks = tuple(range(self.world_size))
+        return [GroupOutcomes(ranks, self.run(case), self.devices)]
 
     # Starting and stopping.
 
@@ -365,6 +432,7 @@ class RankPool:
             self._kill()
             raise
         self.devices = tuple(info.root_device for info in infos)
+        self.layout = infos[0].mesh
 
     def _gather_start(self) -> list[worker.WorkerReport]:
         pending: dict[Connection, int] = dict(zip(self._tasks, range(self.world_size), strict=True))
@@ -418,6 +486,11 @@ class RankPool:
                     f"global_rank={info.global_rank}; a strategy of one process cannot be "
                     f"tested at world size {self.world_size}"
                 )
+            if info.mesh != infos[0].mesh:
+                raise PoolStartError(
+                    f"{self!r}: the ranks see different meshes: rank 0 {infos[0].mesh}, "
+                    f"rank {info.rank} {info.mesh}"
+                )
             device_type = info.root_device.split(":")[0]
             if device_type != LANES[self.backend]:
                 raise PoolStartError(
@@ -447,11 +520,17 @@ class RankPool:
         self._tasks = []
         self._controls = []
         self.devices = ()
+        self.layout = None
 
     # Running examples.
 
-    def run(self, case: Case, *, deadline: float | None = None) -> list[Outcome]:
+    def run(
+        self, case: Case, *, deadline: float | None = None, dimension: str | None = None
+    ) -> list[Outcome]:
         """Run ``case`` on every rank and return each rank's outcome, in rank order.
+
+        With ``dimension``, every group along that dimension of the mesh runs it at
+        once, each rank at its place in its group (`along` reads the outcomes so).
 
         Raises:
             RankHangError: Some ranks did not finish within the deadline; the message
@@ -463,14 +542,19 @@ class RankPool:
         self.start()
         self._sequence += 1
         for connection in self._tasks:
-            connection.send((self._sequence, case))
+            connection.send((self._sequence, case, dimension))
         pending: dict[Connection, int] = dict(zip(self._tasks, range(self.world_size), strict=True))
         outcomes: dict[int, Outcome] = {}
         allowed = self.deadline if deadline is None else deadline
         started = time.monotonic()
         limit = started + allowed
         first_back: float | None = None
-        idle = _idle_ranks(case)
+        groups = (
+            (tuple(range(self.world_size)),)
+            if dimension is None or self.layout is None
+            else self.layout.groups(dimension)
+        )
+        idle = _idle_ranks(case, groups)
         while pending:
             ready = _wait(list(pending), timeout=max(0.0, limit - time.monotonic()))
             if not ready:
@@ -542,3 +626,136 @@ class RankPool:
 
     def _pid(self, rank: int) -> int | None:
         return self._processes[rank].pid if rank < len(self._processes) else None
+
+
+@attrs.frozen
+class GroupOutcomes:
+    """One group's outcomes of an example, numbered as the example numbers its ranks.
+
+    Attributes:
+        members: The group's global ranks, in its order.
+        outcomes: Each member's outcome; the ranks that errors name are places in
+            the group as well (a rank outside it keeps its global number).
+        devices: Each member's ``root_device``.
+        dimension: The mesh dimension the group lies along (None: the world).
+    """
+
+    members: tuple[int, ...]
+    outcomes: list[Outcome]
+    devices: tuple[str, ...]
+    dimension: str | None = None
+
+    def named(self, problem: str) -> str:
+        """``problem`` (of ranks by their places), saying which group it happened in."""
+        if self.dimension is None:
+            return problem
+        members = list(self.members)
+        return f"{problem} [over {self.dimension!r}, in the group of global ranks {members}]"
+
+
+def _renumbered(outcome: Outcome, members: tuple[int, ...]) -> Outcome:
+    # Errors name global ranks; the example numbers the group's ranks by their places.
+    error = outcome.error
+    if error is None:
+        return outcome
+    place = {rank: index for index, rank in enumerate(members)}
+    return attrs.evolve(
+        outcome,
+        error=attrs.evolve(
+            error,
+            calls=None
+            if error.calls is None
+            else tuple((place.get(rank, rank), call) for rank, call in error.calls),
+            missing_ranks=None
+            if error.missing_ranks is None
+            else tuple(place.get(rank, rank) for rank in error.missing_ranks),
+        ),
+    )
+
+
+@attrs.frozen
+class MeshDimension:
+    """A pool's ranks in the groups along one dimension of its strategy's mesh.
+
+    It runs an example as `RankPool` does, with the group's size as the world size:
+    every group of the dimension runs it at once, each rank at its place in its
+    group, every collective called with ``group=dimension``; each group's outcomes
+    are judged on their own. ``src`` and the rows of ``all_gather`` are places in the
+    group (a rank passes the global rank at that place); errors name global ranks,
+    which `run_groups` turns into places. Made by `RankPool.along`.
+    """
+
+    pool: RankPool
+    dimension: str
+
+    @property
+    def groups(self) -> tuple[tuple[int, ...], ...]:
+        """The groups along the dimension, each its global ranks in order."""
+        assert self.pool.layout is not None
+        return self.pool.layout.groups(self.dimension)
+
+    @property
+    def world_size(self) -> int:
+        """The size of each group: the world of the examples."""
+        return len(self.groups[0])
+
+    @property
+    def target(self) -> StrategyTarget:
+        """The pool's strategy."""
+        return self.pool.target
+
+    @property
+    def backend(self) -> str:
+        """The pool's lane."""
+        return self.pool.backend
+
+    @property
+    def where(self) -> str:
+        """The lane and the dimension in words, as a failure's headline names them."""
+        groups = " and ".join(str(list(group)) for group in self.groups)
+        return f"{self.pool.where}, over {self.dimension!r}: groups {groups}"
+
+    @property
+    def rerun(self) -> dict[str, object]:
+        """The keyword arguments of `plait.conformance.reproduce` that rebuild this lane."""
+        return {**self.pool.rerun, "dimension": self.dimension}
+
+    def prepare(self, case: Case) -> Case:
+        """``case`` as the groups run it.
+
+        A ``src`` meant to be outside the group is made one outside the job: a global
+        rank past the group's size may be a member of another group.
+        """
+        if (
+            isinstance(case, BadArgumentCase)
+            and case.collective == "broadcast"
+            and isinstance(case.value, int)
+            and self.world_size <= case.value < self.pool.world_size
+        ):
+            return attrs.evolve(case, value=case.value + self.pool.world_size - self.world_size)
+        return case
+
+    def run_groups(self, case: Case) -> list[GroupOutcomes]:
+        """Run ``case`` (as `prepare` made it) in every group at once.
+
+        Returns:
+            Each group's outcomes, renumbered.
+
+        Raises:
+            RankHangError, RankCrashError, PoolStartError: As `RankPool.run`.
+        """
+        outcomes = self.pool.run(case, dimension=self.dimension)
+        devices = self.pool.devices
+        return [
+            GroupOutcomes(
+                group,
+                [_renumbered(outcomes[rank], group) for rank in group],
+                tuple(devices[rank] for rank in group),
+                self.dimension,
+            )
+            for group in self.groups
+        ]
+
+    def restart(self) -> None:
+        """Restart the pool's ranks."""
+        self.pool.restart()

@@ -28,6 +28,8 @@ from plait.conformance.cases import (
 from plait.conformance.outcomes import Outcome, rank_list
 from plait.conformance.pool import (
     UNHELD_DTYPES,
+    GroupOutcomes,
+    MeshDimension,
     PoolError,
     PoolStartError,
     RankHangError,
@@ -36,6 +38,7 @@ from plait.conformance.pool import (
 from plait.conformance.spec import check, failing_parts
 from plait.conformance.target import StrategyFactory, StrategyTarget
 from plait.conformance.worker import THEN_REDUCE
+from plait.core import ConfigurationError
 
 if TYPE_CHECKING:
     from hypothesis.strategies import SearchStrategy
@@ -65,6 +68,8 @@ class Property:
         max_examples: A cap on drawn examples, for properties that restart the pool.
         grid: The explicit examples at a world size, run first in every run (see
             `plait.conformance.grid`).
+        over_groups: Whether it also runs over a mesh dimension's groups (a
+            collective without a ``group`` cannot).
     """
 
     name: str
@@ -74,6 +79,7 @@ class Property:
     restarts_pool: bool = attrs.field(default=False, repr=False)
     max_examples: int | None = attrs.field(default=None, repr=False)
     grid: Callable[[int], Sequence[Case]] = attrs.field(default=lambda _world_size: (), repr=False)
+    over_groups: bool = attrs.field(default=True, repr=False)
 
     def explicit(self, world_size: int, backend: str = "gloo") -> list[Case]:
         """The grid's examples at ``world_size`` that the ``backend`` lane can hold."""
@@ -133,6 +139,7 @@ PROPERTIES: Final = (
         "reduce_boolean_decision(b, all) is the logical all (or any) of every rank's b",
         generate.decision_cases,
         grid=grid.decisions,
+        over_groups=False,  # it takes no group: always the whole job
     ),
     Property(
         "barrier",
@@ -226,7 +233,7 @@ class ContractViolation(AssertionError):  # noqa: N818 - a failed property, as p
     def __init__(
         self,
         prop: Property,
-        pool: RankPool,
+        pool: RankPool | MeshDimension,
         case: Case,
         problems: list[str],
         *,
@@ -239,6 +246,8 @@ class ContractViolation(AssertionError):  # noqa: N818 - a failed property, as p
         self.strategy_name = pool.target.name
         self.backend = pool.backend
         self.world_size = pool.world_size
+        self.where = pool.where
+        self.rerun: dict[str, object] = pool.rerun
         self.case = case
         self.problems = merge_ranks(problems, pool.world_size)
         self.intermittent = intermittent
@@ -266,10 +275,7 @@ class ContractViolation(AssertionError):  # noqa: N818 - a failed property, as p
     @property
     def headline(self) -> str:
         """The first line of the message: what failed, where, and the first problem."""
-        where = (
-            f"{self.property} failed for {self.strategy_name!r} ({self.backend}, world size "
-            f"{self.world_size})"
-        )
+        where = f"{self.property} failed for {self.strategy_name!r} ({self.where})"
         first = self.problems[0].splitlines()[0] if self.problems else ""
         if self.consequence_of:
             roots = " and ".join(self.consequence_of)
@@ -283,16 +289,14 @@ class ContractViolation(AssertionError):  # noqa: N818 - a failed property, as p
     def snippet(self) -> str:
         """A script that reruns this one example (save it as a file and run it)."""
         names = sorted({type(self.case).__name__, "Call", "TensorSpec"})
+        arguments = ", ".join(f"{key}={value!r}" for key, value in self.rerun.items())
         return "\n".join(
             [
                 "from plait.conformance import reproduce",
                 f"from plait.conformance.cases import {', '.join(names)}",
                 "",
                 'if __name__ == "__main__":',
-                (
-                    f"    reproduce({self.strategy!r}, {self.case!r}, "
-                    f"world_size={self.world_size}, backend={self.backend!r})"
-                ),
+                f"    reproduce({self.strategy!r}, {self.case!r}, {arguments})",
             ]
         )
 
@@ -325,6 +329,8 @@ class ContractViolation(AssertionError):  # noqa: N818 - a failed property, as p
             "strategy": self.strategy,
             "backend": self.backend,
             "world_size": self.world_size,
+            "lane": self.where,
+            **{key: value for key, value in self.rerun.items() if key in ("mesh", "dimension")},
             "case": repr(self.case),
             **_labels_of(self.case),
             "problems": list(self.problems),
@@ -399,8 +405,11 @@ def _sync_case(world_size: int) -> ReduceCase:
     )
 
 
-def run_example(pool: RankPool, prop: Property, case: Case) -> None:
+def run_example(pool: RankPool | MeshDimension, prop: Property, case: Case) -> None:
     """Run ``case`` on every rank of ``pool`` and judge it against the reference.
+
+    Over a mesh dimension (`RankPool.along`), each group's outcomes are judged on
+    their own, and a problem names the group it happened in.
 
     Raises:
         ContractViolation: The outcomes differ from the reference, a rank died, or
@@ -408,19 +417,30 @@ def run_example(pool: RankPool, prop: Property, case: Case) -> None:
         _Hung: A rank hung (`prove` turns it into a `ContractViolation`).
     """
     __tracebackhide__ = True
+    case = pool.prepare(case)
     try:
-        outcomes = pool.run(case)
+        groups = pool.run_groups(case)
     except RankHangError as error:
         raise _Hung(ContractViolation(prop, pool, case, [str(error)])) from None
     except (PoolError, PoolStartError) as error:
         raise ContractViolation(prop, pool, case, [str(error)]) from None
-    problems = check(case, outcomes, pool.devices)
-    depends_on: tuple[str, ...] = ()
-    if problems and isinstance(case, GroupCase):
-        depends_on = failing_parts(case, outcomes, pool.devices)
+    judged = [_judge(prop, case, group) for group in groups]
+    problems = [problem for found, _ in judged for problem in found]
+    depends_on = next((parts for found, parts in judged if found), ())
     if prop.restarts_pool:
         pool.restart()
-    elif not problems and isinstance(case, THEN_REDUCE):
+    if problems:
+        raise ContractViolation(prop, pool, case, problems, depends_on=depends_on)
+
+
+def _judge(prop: Property, case: Case, group: GroupOutcomes) -> tuple[list[str], tuple[str, ...]]:
+    """One group's problems with ``case``, and the properties they likely follow from."""
+    outcomes, devices = group.outcomes, group.devices
+    problems = check(case, outcomes, devices)
+    depends_on: tuple[str, ...] = ()
+    if problems and isinstance(case, GroupCase):
+        depends_on = failing_parts(case, outcomes, devices)
+    elif not problems and not prop.restarts_pool and isinstance(case, THEN_REDUCE):
         # Where ranks raised as they should, the strategy must still work: every
         # rank ran a plain reduce after the example, in the same message.
         after = [
@@ -428,11 +448,10 @@ def run_example(pool: RankPool, prop: Property, case: Case) -> None:
             for outcome in outcomes
         ]
         if any(outcome.error for outcome in outcomes):
-            failed = check(_sync_case(pool.world_size), after, pool.devices)
+            failed = check(_sync_case(len(outcomes)), after, devices)
             problems = [_after_raising(text) for text in failed]
             depends_on = ("reduce_tensors",)
-    if problems:
-        raise ContractViolation(prop, pool, case, problems, depends_on=depends_on)
+    return [group.named(problem) for problem in problems], depends_on
 
 
 def _after_raising(problem: str) -> str:
@@ -443,7 +462,7 @@ def _after_raising(problem: str) -> str:
 
 
 def prove(
-    pool: RankPool,
+    pool: RankPool | MeshDimension,
     prop: Property,
     *,
     max_examples: int,
@@ -472,11 +491,7 @@ def prove(
     __tracebackhide__ = True
     count = 0
     limit = min(max_examples, prop.max_examples or max_examples)
-    cases = prop.cases(pool.world_size)
-    unheld = frozenset(UNHELD_DTYPES.get(pool.backend, {}))
-    if unheld:  # the lane's devices cannot hold them: no example may use them
-        cases = cases.filter(lambda case: not _dtypes_of(case) & unheld)
-    explicit = prop.explicit(pool.world_size, pool.backend) if grid else []
+    cases, explicit = _examples(pool, prop, grid=grid)
 
     def run(case: Case) -> None:
         __tracebackhide__ = True
@@ -548,6 +563,35 @@ def _drawing(
     return drawing
 
 
+def _examples(
+    pool: RankPool | MeshDimension, prop: Property, *, grid: bool
+) -> tuple[SearchStrategy[Case], list[Case]]:
+    """What ``prop`` draws its examples from on ``pool``'s lane, and its grid there."""
+    if isinstance(pool, MeshDimension) and not prop.over_groups:
+        raise ConfigurationError(
+            f"{prop.name} cannot run over the mesh dimension {pool.dimension!r}: its "
+            "collective takes no group",
+            value=prop.name,
+            fix="prove it on the pool itself (over the whole job)",
+        )
+    cases = prop.cases(pool.world_size)
+    unheld = frozenset(UNHELD_DTYPES.get(pool.backend, {}))
+    if unheld:  # the lane's devices cannot hold them: no example may use them
+        cases = cases.filter(lambda case: not _dtypes_of(case) & unheld)
+    explicit = prop.explicit(pool.world_size, pool.backend) if grid else []
+    if isinstance(pool, MeshDimension):  # no call without a group: it would span the job
+        cases = cases.filter(_over_groups)
+        explicit = [case for case in explicit if _over_groups(case)]
+    return cases, explicit
+
+
+def _over_groups(case: Case) -> bool:
+    """Whether every call of ``case`` takes a group (a decision takes none)."""
+    if isinstance(case, MismatchCase):
+        return all(call.collective != "reduce_boolean_decision" for call in case.calls)
+    return not isinstance(case, DecisionCase)
+
+
 def _plain(violation: ContractViolation) -> ContractViolation:
     """The violation without the frames and notes of the machinery that found it.
 
@@ -591,16 +635,24 @@ def reproduce(
     world_size: int,
     backend: str = "gloo",
     deadline: float = 30.0,
+    mesh: tuple[int, ...] = (),
+    dimension: str | None = None,
 ) -> None:
     """Run one example on a fresh pool, as a failure report prints it.
 
     Call it under ``if __name__ == "__main__":``: the ranks are started from a fork
-    server, which imports the main module.
+    server, which imports the main module. With ``mesh``, the strategy is built on
+    that mesh; with ``dimension`` too, the example runs over that dimension's groups.
 
     Raises:
         ContractViolation: The example still breaks the contract.
     """
     with RankPool(
-        StrategyTarget.of(target), world_size=world_size, backend=backend, deadline=deadline
+        StrategyTarget.of(target),
+        world_size=world_size,
+        backend=backend,
+        deadline=deadline,
+        mesh=mesh,
     ) as pool:
-        run_example(pool, property_of(case), case)
+        lane = pool if dimension is None else pool.along(dimension)
+        run_example(lane, property_of(case), case)

@@ -13,14 +13,33 @@ or run the suite as it ships, naming the strategy on the command line::
     pytest --pyargs plait.conformance.suite --plait-strategy=my_package.strategies:make_strategy
 
 The pytest plugin of ``plait-conformance`` (loaded when the distribution is installed)
-turns each subclass into one group of tests per strategy x backend x world size,
-keeps one rank pool alive per group, and writes a JSON report per group.
+turns each subclass into one group of tests per strategy x backend x world size (x
+mesh), keeps one rank pool alive per group, and writes a JSON report per group.
+
+A strategy whose ranks form a named device mesh declares the shapes to test it on;
+its factory takes ``mesh_shape`` and builds the strategy's ``device_mesh`` from it,
+with named dimensions that its collectives take as ``group=``::
+
+    def make_strategy(mesh_shape: tuple[int, ...]) -> MyMeshStrategy:
+        data, tensor = mesh_shape
+        return MyMeshStrategy(data_parallel_size=data, tensor_parallel_size=tensor)
+
+    class TestMyMeshStrategy(ConformanceSuite):
+        strategies = ("my_package.strategies:make_strategy",)
+        world_sizes = (2, 4)
+        meshes = {4: ((2, 2), (1, 4)), 2: ((2, 1),)}
+
+On each mesh every property runs over the whole job, then over each dimension the
+mesh names: every group along it runs the example at once, its ranks numbered by
+their place in the group (``src`` and the rows of ``all_gather``: the global rank at
+that place), each group judged on its own. ``reduce_boolean_decision`` takes no
+group, so it runs over the whole job only.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, ClassVar
 
 import pytest
@@ -29,7 +48,7 @@ from plait.conformance.properties import PROPERTIES, ContractViolation, Property
 
 if TYPE_CHECKING:
     from plait.conformance.plugin import Lane, PoolCache
-    from plait.conformance.pool import RankPool
+    from plait.conformance.pool import MeshDimension, RankPool
     from plait.conformance.target import StrategyFactory
 
 __all__ = ["ConformanceSuite", "TestContract"]
@@ -57,9 +76,12 @@ class ConformanceSuite:
             (``--plait-deadline`` overrides it).
         start_timeout: Seconds the ranks may take to build the strategy and join its
             process group (``--plait-start-timeout`` overrides it).
+        meshes: Per world size, the mesh shapes to build the strategy on (its
+            factory is called with ``mesh_shape``), a lane each, instead of one lane
+            without a mesh (``--plait-meshes`` overrides them); see above.
         max_examples: Drawn examples per property, after the grid; by default the
             ``--plait-profile``'s (25 for ``quick``, 200 for ``thorough``), or
-            ``--plait-examples``.
+            ``--plait-examples``. On a mesh lane, over the job and each dimension.
         shrink: Shrink a failing example to a minimal one. Shrinking an example
             that hangs costs a deadline per attempt.
     """
@@ -67,6 +89,7 @@ class ConformanceSuite:
     plait_conformance_suite: ClassVar[bool] = True
     strategies: ClassVar[Sequence[str | StrategyFactory]] = ()
     world_sizes: ClassVar[Sequence[int]] = (1, 2, 3)
+    meshes: ClassVar[Mapping[int, Sequence[tuple[int, ...]]]] = {}
     backend: ClassVar[str] = "gloo"
     deadline: ClassVar[float] = 30.0
     start_timeout: ClassVar[float] = 120.0
@@ -85,14 +108,22 @@ class ConformanceSuite:
         seed: int = request.getfixturevalue("plait_seed")
         labels = request.node.user_properties
         started = time.perf_counter()
+        # Over the whole job; on a mesh, then over each dimension's groups.
+        lanes: list[RankPool | MeshDimension] = [pool]
+        if prop.over_groups:
+            lanes += [pool.along(dimension) for dimension in pool.dimensions]
+        count = 0
         try:
-            count = prove(
-                pool,
-                prop,
-                max_examples=self.max_examples or examples,
-                shrink=self.shrink,
-                seed=seed,
-            )
+            for each in lanes:
+                if each.world_size < prop.min_world_size:
+                    continue  # a dimension of one rank (the job has more)
+                count += prove(
+                    each,
+                    prop,
+                    max_examples=self.max_examples or examples,
+                    shrink=self.shrink,
+                    seed=seed,
+                )
         except ContractViolation as violation:
             # A failure through a collective whose own property failed before it on
             # this lane is marked as that failure's likely consequence.
@@ -104,6 +135,9 @@ class ConformanceSuite:
             labels.append(("plait_violation", violation.describe()))
             raise
         labels.append(("plait_examples", count))
+        if pool.dimensions:
+            over = ", ".join(repr(dimension) for dimension in pool.dimensions)
+            labels.append(("plait_over", f"the job, {over}" if prop.over_groups else "the job"))
         labels.append(("plait_seconds", time.perf_counter() - started))
 
     def test_reduce_tensors(self, plait_lane: Lane, request: pytest.FixtureRequest) -> None:

@@ -8,7 +8,7 @@ import importlib.util
 import inspect
 import re
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TypeAlias
 
@@ -79,6 +79,10 @@ def _resolve(owner: object, where: str, qualname: str, reference: str) -> object
     return found
 
 
+def _sizes(value: Iterable[int]) -> tuple[int, ...]:
+    return tuple(value)
+
+
 @attrs.frozen
 class StrategyTarget:
     """The strategy a rank pool builds: how to find its factory, and what to call it.
@@ -92,7 +96,10 @@ class StrategyTarget:
 
     The factory is called with no arguments in every rank, after the variables of
     ``torchrun`` (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``,
-    ``MASTER_PORT``, ...) and ``PLAIT_CONFORMANCE_BACKEND`` are set.
+    ``MASTER_PORT``, ...) and ``PLAIT_CONFORMANCE_BACKEND`` are set. With a ``mesh``
+    (the sizes of a device mesh's dimensions, outermost first) it is called with
+    ``mesh_shape=mesh``, and must build a strategy whose ``device_mesh`` has that
+    shape (see `plait.conformance.ConformanceSuite.meshes`).
 
     Example:
         >>> StrategyTarget.of("my_pkg.strategies:make_strategy").name
@@ -100,6 +107,16 @@ class StrategyTarget:
     """
 
     spec: str = attrs.field(validator=attrs.validators.instance_of(str))
+    mesh: tuple[int, ...] = attrs.field(default=(), converter=_sizes)
+
+    @mesh.validator
+    def _check_mesh(self, _: attrs.Attribute[tuple[int, ...]], value: tuple[int, ...]) -> None:
+        if not all(type(size) is int and size >= 1 for size in value):
+            raise ConfigurationError(
+                f"mesh={value!r} must list the sizes of the mesh's dimensions, each a positive int",
+                value=value,
+                fix="pass e.g. mesh=(2, 2) for 2 data-parallel groups of 2 tensor-parallel ranks",
+            )
 
     def __attrs_post_init__(self) -> None:
         if not self.spec.strip():
@@ -213,7 +230,23 @@ class StrategyTarget:
             ConfigurationError: The factory returned something else, or a class
                 instead of an instance of it.
         """
-        strategy = self.factory()()
+        factory: Callable[..., Strategy] = self.factory()
+        if not self.mesh:
+            strategy = factory()
+        else:
+            try:
+                inspect.signature(factory).bind(mesh_shape=self.mesh)
+            except TypeError:
+                raise ConfigurationError(
+                    f"{self.spec!r} takes no mesh_shape argument, so it cannot be tested on "
+                    f"the mesh {self.mesh}",
+                    value=self.spec,
+                    fix="give the factory a mesh_shape parameter (the sizes of the mesh's "
+                    "dimensions) and build the strategy's device mesh with that shape",
+                ) from None
+            except ValueError:  # no signature to read (a builtin): let the call decide
+                pass
+            strategy = factory(mesh_shape=self.mesh)
         if isinstance(strategy, type):
             raise ConfigurationError(
                 f"{self.spec!r} returned the class {strategy.__qualname__}, not a strategy "

@@ -39,6 +39,7 @@ from plait.conformance.cases import (
     ReduceCase,
     TensorSpec,
 )
+from plait.conformance.mesh import MeshLayout
 from plait.conformance.outcomes import Outcome, RaisedError, TensorData
 from plait.core import (
     CollectiveError,
@@ -92,6 +93,7 @@ class WorkerReport:
     global_rank: int
     root_device: str
     pid: int
+    mesh: MeshLayout | None = None
 
 
 def materialize(spec: TensorSpec, device: torch.device) -> torch.Tensor:
@@ -138,6 +140,14 @@ def raised(error: BaseException) -> RaisedError:
 
 @attrs.define
 class _Context:
+    """A rank's place in the examples: over the world, or over a mesh dimension's group.
+
+    Over a dimension (``dimension`` set), ``rank`` and ``world_size`` are the rank's
+    place in its group and the group's size, as the examples number them; every
+    collective names the dimension as its ``group``, and ``members`` are the global
+    ranks of the group, in its order.
+    """
+
     strategy: Strategy
     rank: int
     device: torch.device
@@ -145,22 +155,57 @@ class _Context:
     world_size: int = 1
     sequence: int = 0
     groups: dict[tuple[int, ...], dist.ProcessGroup] = attrs.field(factory=dict)
+    global_rank: int = 0
+    global_size: int = 1
+    layout: MeshLayout | None = None
+    dimension: str | None = None
+    members: tuple[int, ...] = ()
+    along: tuple[tuple[int, ...], ...] = ()
+
+    def place(self, dimension: str | None) -> None:
+        """Take this rank's place over the world, or along ``dimension`` of the mesh."""
+        self.dimension = dimension
+        if dimension is None:
+            self.along = (tuple(range(self.global_size)),)
+        else:
+            if self.layout is None:
+                raise ConfigurationError(
+                    f"an example over the mesh dimension {dimension!r} came to a pool "
+                    "whose strategy was built without a mesh",
+                    fix="start the pool with mesh=(...)",
+                )
+            self.along = self.layout.groups(dimension)
+        self.members = next(group for group in self.along if self.global_rank in group)
+        self.rank = self.members.index(self.global_rank)
+        self.world_size = len(self.members)
+
+    @property
+    def key(self) -> str:
+        """What tells this rank's group apart in the evidence store's keys."""
+        return f"{self.sequence}/{self.members[0]}"
 
     def group(self, members: tuple[int, ...]) -> dist.ProcessGroup:
-        """The process group of ``members``, made once.
+        """The process group of the ranks at places ``members`` of this rank's group.
 
-        Every rank makes every group, in the same order: the ranks run the same examples.
+        Every rank makes every group, in the same order: the ranks run the same
+        examples. Over a dimension, the group at those places in each of its groups.
         """
         if not dist.is_initialized():
             raise RuntimeError(
                 "the strategy did not initialise torch.distributed, so no process group "
                 "of some of its ranks can be made for group="
             )
-        found = self.groups.get(members)
-        if found is None:
-            found = dist.new_group(list(members))
-            self.groups[members] = found
-        return found
+        mine: dist.ProcessGroup | None = None
+        for group in self.along:
+            ranks = tuple(group[place] for place in members)
+            found = self.groups.get(ranks)
+            if found is None:
+                found = dist.new_group(list(ranks))
+                self.groups[ranks] = found
+            if group == self.members:
+                mine = found
+        assert mine is not None
+        return mine
 
 
 def reduce_op(spelling: str) -> ReduceOpLike:
@@ -213,39 +258,47 @@ def _in_group(context: _Context, case: GroupCase, argument: object) -> object:
     if context.rank not in case.members:
         return reduced  # a rank outside the group: it must have raised
     gathered = strategy.all_gather(argument, group=group)
-    received = strategy.broadcast(argument, src=case.src, group=group)
+    received = strategy.broadcast(argument, src=context.members[case.src], group=group)
     return reduced, gathered, received
+
+
+def _src(context: _Context, src: int) -> int:
+    # The global rank at place ``src`` of this rank's group; a place outside it as is.
+    return context.members[src] if 0 <= src < context.world_size else src
 
 
 def _call(context: _Context, call: Call) -> object:
     strategy = context.strategy
+    group = context.dimension
     tensor = materialize(call.tensor, context.device) if call.tensor is not None else None
     if call.collective == "reduce":
         assert tensor is not None
-        return strategy.reduce(tensor, reduce_op=str(call.arg))
+        return strategy.reduce(tensor, group=group, reduce_op=str(call.arg))
     if call.collective == "all_gather":
         assert tensor is not None
-        return strategy.all_gather(tensor)
+        return strategy.all_gather(tensor, group=group)
     if call.collective == "broadcast":
-        return strategy.broadcast(tensor, src=int(call.arg))  # type: ignore[call-overload]
+        src = _src(context, int(call.arg))  # type: ignore[call-overload]
+        return strategy.broadcast(tensor, src=src, group=group)
     if call.collective == "barrier":
-        strategy.barrier(None if call.arg is None else str(call.arg))
+        strategy.barrier(None if call.arg is None else str(call.arg), group=group)
         return None
     return strategy.reduce_boolean_decision(decision=True, all=bool(call.arg))
 
 
 def _bad_argument(context: _Context, case: BadArgumentCase) -> object:
     strategy = context.strategy
+    group = context.dimension
     good = torch.ones(2, device=context.device)
     if case.collective == "reduce" and case.argument == "value":
-        return strategy.reduce(case.value, reduce_op="sum")  # type: ignore[call-overload]
+        return strategy.reduce(case.value, group=group, reduce_op="sum")  # type: ignore[call-overload]
     if case.collective == "reduce":
-        return strategy.reduce(good, reduce_op=case.value)  # type: ignore[call-overload]
+        return strategy.reduce(good, group=group, reduce_op=case.value)  # type: ignore[call-overload]
     if case.collective == "broadcast":
-        return strategy.broadcast(good, src=case.value)  # type: ignore[arg-type]
+        return strategy.broadcast(good, src=case.value, group=group)  # type: ignore[arg-type]
     if case.collective == "all_gather":
-        return strategy.all_gather(case.value)  # type: ignore[arg-type]
-    strategy.barrier(timeout=case.value)  # type: ignore[arg-type]
+        return strategy.all_gather(case.value, group=group)  # type: ignore[arg-type]
+    strategy.barrier(timeout=case.value, group=group)  # type: ignore[arg-type]
     return None
 
 
@@ -254,25 +307,26 @@ def _invoke(  # noqa: PLR0911 - one return per kind of case
 ) -> tuple[object, int | None]:
     rank = context.rank
     strategy = context.strategy
+    group = context.dimension
     if isinstance(case, ReduceCase):
         op = reduce_op(case.op)
-        return strategy.reduce(argument, reduce_op=op), None  # type: ignore[call-overload]
+        return strategy.reduce(argument, group=group, reduce_op=op), None  # type: ignore[call-overload]
     if isinstance(case, BroadcastCase):
-        return strategy.broadcast(argument, src=case.src), None
+        return strategy.broadcast(argument, src=_src(context, case.src), group=group), None
     if isinstance(case, AllGatherCase):
         assert isinstance(argument, torch.Tensor)
-        return strategy.all_gather(argument), None
+        return strategy.all_gather(argument, group=group), None
     if isinstance(case, DecisionCase):
         return strategy.reduce_boolean_decision(case.decisions[rank], all=case.all), None
     if isinstance(case, BarrierCase):
-        key = f"barrier/{context.sequence}"
+        key = f"barrier/{context.key}"
         if rank == case.late_rank:
             time.sleep(case.delay_ms / 1000)  # the drawn late arrival, not a wait
         context.evidence.add(key, 1)
-        strategy.barrier(case.name, timeout=case.timeout)
+        strategy.barrier(case.name, timeout=case.timeout, group=group)
         return None, context.evidence.add(key, 0)
     if isinstance(case, BarrierTimeoutCase):
-        strategy.barrier(timeout=case.timeout)
+        strategy.barrier(timeout=case.timeout, group=group)
         return None, None
     if isinstance(case, MismatchCase):
         return _call(context, case.calls[rank]), None
@@ -350,7 +404,7 @@ def _write_results(
     before = argument.clone() if isinstance(argument, torch.Tensor) else torch.empty(0)
     marks = []
     for index, tensor in enumerate(results):
-        mark = 2 + context.rank + context.world_size * index
+        mark = 2 + context.global_rank + context.global_size * index
         try:
             _mark(tensor, mark)
         except RuntimeError as error:
@@ -358,7 +412,7 @@ def _write_results(
             continue
         marks.append((index, tensor, mark))
     if share_check and context.world_size > 1:  # every rank writes before any rank looks
-        key = f"results-written/{context.sequence}"
+        key = f"results-written/{context.key}"
         if context.evidence.add(key, 1) == context.world_size:
             context.evidence.set(f"{key}/all", "1")
         context.evidence.wait([f"{key}/all"])
@@ -421,7 +475,7 @@ rank runs a plain reduce in the same message: the strategy must still work
 def _then_reduce(context: _Context, outcome: Outcome) -> Outcome:
     mine = torch.tensor([context.rank], dtype=torch.int64, device=context.device)
     try:
-        reduced = context.strategy.reduce(mine, reduce_op="sum")
+        reduced = context.strategy.reduce(mine, group=context.dimension, reduce_op="sum")
     except Exception as error:  # noqa: BLE001 - every error is reported, not raised
         return attrs.evolve(outcome, after_error=raised(error))
     return attrs.evolve(outcome, after=_result(reduced))
@@ -474,6 +528,7 @@ def main(
     try:
         strategy = target.build()
         strategy.setup_environment()
+        layout = MeshLayout.of(strategy, target.mesh) if target.mesh else None
         evidence = dist.TCPStore(*evidence_address, is_master=False, timeout=timedelta(seconds=60))
         tasks.send(
             WorkerReport(
@@ -482,13 +537,22 @@ def main(
                 global_rank=strategy.global_rank,
                 root_device=str(strategy.root_device),
                 pid=os.getpid(),
+                mesh=layout,
             )
         )
     except BaseException as error:  # noqa: BLE001 - reported to the pool, which fails
         with contextlib.suppress(OSError):
             tasks.send(raised(error))
         return
-    context = _Context(strategy, rank, strategy.root_device, evidence, strategy.world_size)
+    context = _Context(
+        strategy,
+        rank,
+        strategy.root_device,
+        evidence,
+        global_rank=rank,
+        global_size=strategy.world_size,
+        layout=layout,
+    )
     while True:
         try:
             message = tasks.recv()
@@ -496,7 +560,12 @@ def main(
             break
         if message is None:
             break
-        context.sequence, case = message
+        context.sequence, case, dimension = message
+        try:
+            context.place(dimension)
+        except Exception as error:  # noqa: BLE001 - reported as the rank's outcome
+            tasks.send(Outcome(rank, error=raised(error)))
+            continue
         tasks.send(run_case(context, case))
     with contextlib.suppress(Exception):
         strategy.teardown()
