@@ -11,7 +11,9 @@ read the same ones), so its losses do not depend on the mesh shape:
 - ``plain``: the same model and steps in this process, with no strategy at all;
 - ``2x2``: 3 steps on (dp=2, tp=2), a checkpoint through DCP, 3 steps more;
 - ``4x1``, ``1x4``, ``1x1``: that checkpoint loaded on another shape (``1x1`` in
-  one process), then the same 3 steps.
+  one process), then the same 3 steps;
+- ``2x2-bf16`` and ``plain-bf16``: the 6 steps in ``bf16-mixed`` on (dp=2, tp=2),
+  and in one process under the same autocast.
 
 It writes ``ROOT/results.json``: each run's losses by step (from rank 0, the loss
 averaged over the data-parallel group with ``reduce(..., group="dp")``), the layout
@@ -170,15 +172,17 @@ def samples(step: int) -> tuple[torch.Tensor, torch.Tensor]:
     return x, x[..., :OUT].cumsum(dim=-1).tanh()
 
 
-def plain() -> dict[str, float]:
-    """The model and steps in one process, with no strategy."""
+def plain(*, bf16: bool = False) -> dict[str, float]:
+    """The model and steps in one process, with no strategy (under bf16 autocast)."""
     torch.manual_seed(0)
     model = Model()
     optimizer = torch.optim.AdamW(model.parameters(), lr=0.01)
     losses = {}
     for step in range(STEPS):
         x, y = samples(step)
-        loss = nn.functional.mse_loss(model(x), y)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            out = model(x)
+        loss = nn.functional.mse_loss(out.float(), y)
         loss.backward()  # type: ignore[no-untyped-call]
         optimizer.step()
         optimizer.zero_grad()
@@ -186,15 +190,22 @@ def plain() -> dict[str, float]:
     return losses
 
 
-def run(root: str, shape: str) -> dict[str, object]:
-    """One run on the mesh ``shape`` (``DPxTP``); the first saves, the others resume."""
+def run(root: str, shape: str, precision: str = "32-true") -> dict[str, object]:
+    """One run on the mesh ``shape`` (``DPxTP``); the first saves, the others resume.
+
+    In another ``precision``, the 6 steps alone: no checkpoint is saved or loaded.
+    """
     data_parallel, tensor_parallel = (int(size) for size in shape.split("x"))
     strategy = ModelParallelStrategy(
-        data_parallel_size=data_parallel, tensor_parallel_size=tensor_parallel, accelerator="cpu"
+        data_parallel_size=data_parallel,
+        tensor_parallel_size=tensor_parallel,
+        accelerator="cpu",
+        precision=precision,
     )
+    saves = shape == "2x2" and precision == "32-true"
     strategy.setup_environment()
     layout = strategy.layout
-    refused = refusals(strategy) if shape == "2x2" else {}
+    refused = refusals(strategy) if saves else {}
     torch.manual_seed(0)  # every rank builds the same whole model, then keeps its part
     model = Model()
     parallelize(model, strategy)
@@ -202,7 +213,7 @@ def run(root: str, shape: str) -> dict[str, object]:
     wrapped, [optimizer] = strategy.setup_module_and_optimizers(model, [adamw])
     checkpoint = Path(root) / "checkpoint"
     first = 0
-    if shape != "2x2":
+    if not saves and precision == "32-true":
         state = {"model": wrapped, "optimizer": optimizer, "step": 0}
         strategy.load_checkpoint(checkpoint, state)
         first = int(state["step"])  # type: ignore[call-overload]
@@ -215,12 +226,14 @@ def run(root: str, shape: str) -> dict[str, object]:
         )
         x, y = x[mine], y[mine]
         seen[str(step)] = float(x.sum())
-        loss = nn.functional.mse_loss(wrapped(x), y)
+        out = strategy.training_step(wrapped, x)  # in the precision's autocast
+        assert isinstance(out, torch.Tensor)
+        loss = nn.functional.mse_loss(out.float(), y)
         strategy.backward(loss, wrapped)
         strategy.optimizer_step(optimizer)
         strategy.zero_grad(optimizer)
         losses[str(step)] = float(strategy.reduce(loss.detach(), group="dp"))
-        if shape == "2x2" and step + 1 == SAVE_AT:
+        if saves and step + 1 == SAVE_AT:
             strategy.save_checkpoint(
                 {"model": wrapped, "optimizer": optimizer, "step": step + 1}, checkpoint
             )
@@ -244,14 +257,14 @@ def run(root: str, shape: str) -> dict[str, object]:
     }
 
 
-def launch(root: str, shape: str) -> dict[str, object]:
+def launch(root: str, shape: str, precision: str = "32-true") -> dict[str, object]:
     """``run`` in ranks of their own (in this process, for one rank)."""
     data_parallel, tensor_parallel = (int(size) for size in shape.split("x"))
     world = data_parallel * tensor_parallel
     if world == 1:
-        return run(root, shape)
+        return run(root, shape, precision)
     result: dict[str, object] = MultiprocessingLauncher(world, start_method="fork").launch(
-        run, root, shape
+        run, root, shape, precision
     )
     return result
 
@@ -264,11 +277,15 @@ def main() -> None:
     import torch.distributed.tensor.parallel  # noqa: F401, PLC0415
 
     results: dict[str, object] = {}
-    for shape in ("2x2", "4x1", "1x4", "1x1"):
+    for shape in ("2x2", "4x1", "1x4"):
         results[shape] = launch(root, shape)
+    results["2x2-bf16"] = launch(root, "2x2", "bf16-mixed")
     # After the forks: a process that computed with several threads first hands its
-    # children an OpenMP pool that hangs them.
+    # children an OpenMP pool that hangs them, and one that joined a process group
+    # hands them that group.
+    results["1x1"] = launch(root, "1x1")
     results["plain"] = plain()
+    results["plain-bf16"] = plain(bf16=True)
     (Path(root) / "results.json").write_text(json.dumps(results))
 
 
