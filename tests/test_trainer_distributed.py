@@ -263,3 +263,34 @@ def test_a_resumed_ddp_run_continues_exactly(tmp_path: Path) -> None:
     assert isinstance(whole, list)
     assert len(whole) == 15
     assert resumed == whole
+
+
+@pytest.mark.slow
+def test_a_sharded_module_trained_in_spawned_copies_is_saved_as_shards_not_handed_back_whole(
+    tmp_path: Path,
+) -> None:
+    # Spawned ranks train copies; FSDP shards them. Nothing gathers the module whole:
+    # the caller's module stays as it was, the shards are saved, and that checkpoint
+    # holds what one process trains from the same batches.
+    one, spawned = tmp_path / "one", tmp_path / "spawned"
+    one.mkdir()
+    spawned.mkdir()
+    completed, reference = _run(one, "spawned", "single_device", 1)
+    assert completed.returncode == 0, completed.stderr
+    completed, result = _run(spawned, "spawned", "fsdp")
+    assert completed.returncode == 0, completed.stderr
+
+    assert result["global_step"] == reference["global_step"] == 2 * 5
+    assert result["unchanged"] is True
+    assert result["path"] == str(spawned / "trained.ckpt")
+    state, expected = result["state"], reference["state"]
+    assert isinstance(state, dict)
+    assert isinstance(expected, dict)
+    assert state.keys() == expected.keys()
+    for name, values in expected.items():
+        assert state[name] == pytest.approx(values, abs=1e-6), name
+    warnings = result["warnings"]
+    assert isinstance(warnings, list)
+    [warning] = warnings
+    assert "the module passed to fit is unchanged" in warning
+    assert "Hyper.load_from_checkpoint(path) reads it whole" in warning

@@ -13,6 +13,7 @@ import contextlib
 import csv
 import json
 import os
+import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -527,6 +528,31 @@ def _same_steps_read_by(
     return {"global_step": trainer.global_step, "state": flat, "metrics": metrics}
 
 
+def _spawned(arguments: argparse.Namespace) -> dict[str, object]:
+    # FSDP on spawned ranks (copies of the module), without checkpointing: the caller's
+    # module is left as it was; the trained shards are saved, never gathered whole.
+    if arguments.strategy == "single_device":
+        return _same_steps(arguments, Hyper())
+    per_rank = DataLoader(dataset(40), batch_size=8 // arguments.devices)
+    module = Hyper()
+    before = {key: value.clone() for key, value in module.state_dict().items()}
+    trainer = _trainer(arguments, max_epochs=2, strategy=FSDPStrategy(start_method="spawn"))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer.fit(module, per_rank)
+    after = module.state_dict()
+    path = trainer.trained_checkpoint_path
+    assert path is not None
+    state = Hyper.load_from_checkpoint(path).state_dict()
+    return {
+        "global_step": trainer.global_step,
+        "state": {key: value.flatten().tolist() for key, value in state.items()},
+        "unchanged": all(torch.equal(before[key], after[key]) for key in before),
+        "path": path,
+        "warnings": [str(warning.message) for warning in caught],
+    }
+
+
 class Compiled(Callback):
     """Fails the rank whose module the run did not compile."""
 
@@ -578,6 +604,7 @@ def main() -> None:
         "gan_root_only": lambda: _gan(arguments),  # FSDP's root holds the parameters
         "goes_on": lambda: _goes_on(arguments, train, val),
         "after_the_job": lambda: _after_the_job(arguments, train, val),
+        "spawned": lambda: _spawned(arguments),
     }
     if arguments.scenario in by_function:
         result = by_function[arguments.scenario]()

@@ -46,6 +46,7 @@ from plait.core.protocols import (
     SupportsPartialCleanup,
     SupportsProcessDataloader,
     SupportsReplace,
+    SupportsShardedModule,
     is_collective,
 )
 from plait.core.rank import (
@@ -112,6 +113,7 @@ __all__ = [
     "SupportsPartialCleanup",
     "SupportsProcessDataloader",
     "SupportsReplace",
+    "SupportsShardedModule",
     "TrainingStopped",
     "free_port",
     "get_global_rank",

@@ -788,6 +788,14 @@ class BaseStrategy(abc.ABC):
             dict(precision_state) if isinstance(precision_state, Mapping) else {}
         )
 
+    @property
+    def shards_module(self) -> bool:
+        """Whether each rank holds only a share of the module's parameters: here not.
+
+        See `plait.core.SupportsShardedModule`; every rank holds the module whole.
+        """
+        return False
+
     def full_module_state(self, module: torch.nn.Module) -> StateDict:
         """The module's whole state, on the CPU, with the user module's keys.
 

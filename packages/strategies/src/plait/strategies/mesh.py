@@ -130,6 +130,12 @@ class MeshStrategy(SelfLaunchingStrategy):
         with torch.device("meta"):
             yield
 
+    @property
+    @override
+    def shards_module(self) -> bool:
+        """Each rank holds only its shards of the parameters (DTensors over the mesh)."""
+        return True
+
     @override
     def model_to_device(self, module: torch.nn.Module) -> torch.nn.Module:
         """Move ``module`` to the device, unless it is on the meta device (sharded first)."""

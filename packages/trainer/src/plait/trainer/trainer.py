@@ -21,6 +21,7 @@ from plait.core import (
     Precision,
     Strategy,
     SupportsLauncher,
+    SupportsShardedModule,
     is_collective,
     rank_zero_info,
     rank_zero_warn,
@@ -72,8 +73,11 @@ class Outcome:
 
     Attributes:
         trainer: The process and trainer object that ran it (`_identity`).
-        state_dict: The module's trained state, on the CPU, where the run worked on a
-            copy of the caller's module; ``None`` where it trained that module itself.
+        state_dict: The module's trained state, on the CPU, where a fit worked on a
+            copy of the caller's module that every rank holds whole; ``None`` where it
+            trained that module itself, or did not train.
+        trained_checkpoint: Where a fit on copies of a sharded module saved its final
+            state (never gathered whole); ``None`` otherwise.
         callback_states: Each stateful callback's state, by `Callback.state_key`.
         callback_metrics: The trainer's metrics at the end.
         logged_metrics: The last values sent to the loggers.
@@ -87,6 +91,7 @@ class Outcome:
 
     trainer: tuple[int, int]
     state_dict: dict[str, torch.Tensor] | None
+    trained_checkpoint: str | None
     callback_states: dict[str, dict[str, object]]
     callback_metrics: dict[str, Number]
     logged_metrics: dict[str, Number]
@@ -96,6 +101,10 @@ class Outcome:
     log_dir: str | None
     world_size: int
     results: object
+
+
+TRAINED_CHECKPOINT: Final = "trained.ckpt"
+"""Where (in ``default_root_dir``) a fit on spawned copies of a sharded module saves it."""
 
 
 def _origin(module: Module) -> tuple[int, int]:
@@ -302,6 +311,13 @@ class Trainer:
         # What a run holds in this rank, while it runs.
         self._attached: Attached | None = None
         self._final_state: dict[str, torch.Tensor] | None = None
+        self._trained_checkpoint: str | None = None
+        self.trained_checkpoint_path: str | None = None
+        """Where the last fit saved the module's final state when it trained spawned
+        copies of a module its strategy shards (`plait.core.SupportsShardedModule`):
+        the caller's module is left as it was, and nothing gathers the state whole
+        (``type(model).load_from_checkpoint(path)`` reads it, in one process).
+        ``None`` after any other run."""
         # The size of the last run's job, and this process's rank in it.
         self._ran_as: tuple[int, int] | None = None
 
@@ -810,6 +826,16 @@ class Trainer:
 
     def _adopt(self, outcome: Outcome, model: Module) -> object:
         # The run may have worked on copies (in other processes): bring rank 0's back.
+        self.trained_checkpoint_path = outcome.trained_checkpoint
+        if outcome.trained_checkpoint is not None:
+            rank_zero_warn(
+                f"fit trained spawned copies of the module, which {type(self.strategy).__name__} "
+                f"shards: the module passed to fit is unchanged, and its trained state was "
+                f"saved, never gathered whole, at {outcome.trained_checkpoint!r} "
+                "(trainer.trained_checkpoint_path); "
+                f"{type(model).__name__}.load_from_checkpoint(path) reads it whole",
+                stacklevel=4,
+            )
         if outcome.state_dict is not None:
             if set(outcome.state_dict) - set(model.state_dict()):
                 # Layers the ranks made in configure_model: made here too.
@@ -836,8 +862,9 @@ class Trainer:
         """What rank 0 sends back at the end of a run."""
         return Outcome(
             trainer=_identity(self),
-            # Taken by `run_stage` where the run worked on a copy (gathered, if sharded).
+            # Taken by `run_stage` where a fit worked on a copy.
             state_dict=self._final_state,
+            trained_checkpoint=self._trained_checkpoint,
             callback_states={c.state_key: c.state_dict() for c in self.callbacks},
             callback_metrics=dict(self.callback_metrics),
             logged_metrics=dict(self.logged_metrics),
@@ -854,17 +881,27 @@ class Trainer:
     def run_stage(self, module: Module, run: Run) -> object:
         """Set up this rank, run the stage's loop, and tear down, whatever happens."""
         self._final_state = None
+        self._trained_checkpoint = None
         with attach(self, module, run) as attached:
             self._ran_as = (self.strategy.world_size, self.strategy.global_rank)
             results = self._run_loop(attached, run)
-            # Where the run worked on a copy, the caller's module gets this state: taken
-            # through the strategy (gathered, if sharded) while it is still set up.
-            # Every rank decides alike (the gathering may be collective): a launcher
-            # runs every rank on the caller's objects (in each rank's own program), or
-            # every rank on copies (spawned processes).
-            if _origin(module) != run.origin:
-                self._final_state = _gather_module_state(self.strategy, module)
+            # Where a fit worked on a copy, the caller's module gets the trained state,
+            # taken through the strategy while it is still set up; a sharded module's
+            # is saved as its shards instead, never gathered whole. Every rank decides
+            # alike (both are collective): a launcher runs every rank on the caller's
+            # objects (in each rank's own program), or every rank on copies (spawned).
+            if run.stage == "fit" and _origin(module) != run.origin:
+                self._hand_back(attached, module)
             return results
+
+    def _hand_back(self, attached: Attached, module: Module) -> None:
+        strategy = self.strategy
+        if not (isinstance(strategy, SupportsShardedModule) and strategy.shards_module):
+            self._final_state = _gather_module_state(strategy, module)
+        elif not self.limits.fast_dev_run:  # a debugging run leaves nothing behind
+            path = os.path.join(self.default_root_dir, TRAINED_CHECKPOINT)
+            self._checkpointer.save(attached, path)
+            self._trained_checkpoint = path
 
     def _run_loop(self, attached: Attached, run: Run) -> object:
         strategy, stage = self.strategy, run.stage
@@ -984,10 +1021,10 @@ def _newest_checkpoint(directory: str, is_checkpoint: Callable[[str], bool]) -> 
 
 
 def _gather_module_state(strategy: Strategy, module: Module) -> dict[str, torch.Tensor]:
+    # A module every rank holds whole; a DTensor here is replicated (FSDP's NO_SHARD).
     state = strategy.get_state_dict(module)["state_dict"]
     gathered = {}
     for key, value in state.items():
-        # A sharded tensor (a DTensor) is gathered whole, on every rank alike.
         whole = getattr(value, "full_tensor", None)
         gathered[key] = (whole() if callable(whole) else value).detach().cpu()
     return gathered

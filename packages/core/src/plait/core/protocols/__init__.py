@@ -29,6 +29,7 @@ from plait.core.protocols.strategy import (
     SupportsNoSync,
     SupportsProcessDataloader,
     SupportsReplace,
+    SupportsShardedModule,
 )
 
 __all__ = [
@@ -55,5 +56,6 @@ __all__ = [
     "SupportsPartialCleanup",
     "SupportsProcessDataloader",
     "SupportsReplace",
+    "SupportsShardedModule",
     "is_collective",
 ]

@@ -34,6 +34,7 @@ __all__ = [
     "SupportsNoSync",
     "SupportsProcessDataloader",
     "SupportsReplace",
+    "SupportsShardedModule",
 ]
 
 
@@ -320,6 +321,20 @@ class SupportsModelShardedContext(Protocol):
 
     def model_sharded_context(self) -> AbstractContextManager[None]:
         """Inside this context, modules are created as the strategy needs (e.g. on meta)."""
+        ...
+
+
+@runtime_checkable
+class SupportsShardedModule(Protocol):
+    """A strategy that may leave each rank holding only a share of the module."""
+
+    @property
+    def shards_module(self) -> bool:
+        """Whether each rank holds only a share of the module's parameters once set up.
+
+        Nothing then gathers the module whole unless asked to (``export_checkpoint``):
+        a run in spawned copies of the module hands the caller's module nothing back.
+        """
         ...
 
 

@@ -602,6 +602,12 @@ class DeepSpeedStrategy(SelfLaunchingStrategy):
             "precision": {},
         }
 
+    @property
+    @override
+    def shards_module(self) -> bool:
+        """At stage 3 each rank holds only its partition of the parameters."""
+        return self.stage == 3
+
     @override
     def full_module_state(self, module: torch.nn.Module) -> StateDict:
         """The whole state on every rank (at stage 3, gathered a submodule at a time)."""

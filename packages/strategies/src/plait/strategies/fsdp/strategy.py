@@ -218,6 +218,12 @@ class FSDPStrategy(MeshStrategy):
             # on over it in the next, and no run makes groups of its own again.
             self._mesh = self.job_held(("device mesh", self._mesh_shape()), self._make_mesh)
 
+    @property
+    @override
+    def shards_module(self) -> bool:
+        """Each rank holds only its shards, unless ``NO_SHARD`` replicates them whole."""
+        return not self.plan.replicate_only
+
     def _mesh_shape(self) -> tuple[int, int] | None:
         world = self.world_size
         if self.plan.replicate_only:
