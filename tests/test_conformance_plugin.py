@@ -1,7 +1,8 @@
 """The pytest plugin as a third party uses it: options, expectations, reports, errors.
 
 Each test runs pytest in a fresh process, in a directory of its own, as an adopter's
-project would.
+project would; the bad options, which stop a run before any rank starts, run one
+after another in one such process (`pytest.main` for each, as ``python -m pytest``).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Final
 
 import pytest
 
@@ -201,45 +203,76 @@ def test_one_bug_reads_as_one_headline_and_its_consequences_follow_it(tmp_path: 
     assert report["properties"]["reduce_tensors"]["violation"]["consequence_of"] == []
 
 
-@pytest.mark.parametrize(
-    ("args", "message"),
-    [
-        ((), "TestContract names no strategy: pass --plait-strategy=NAME"),
-        (("--plait-strategy=ddpp",), "did you mean 'ddp'"),
-        (
-            ("--plait-strategy=ddp", "--plait-world-sizes=0,2"),
-            "--plait-world-sizes='0,2' must list",
-        ),
-        (("--plait-strategy=ddp", "--plait-examples=0"), "--plait-examples: 0 must be 1 or more"),
-        (("--plait-strategy=ddp", "--plait-world-sizes=1,,2"), "separated by commas"),
-        (("--plait-strategy=ddp", "--plait-deadline=soon"), "'soon' is not a number of seconds"),
-        (("--plait-strategy=ddp", "--plait-seed=-1"), "--plait-seed: -1 must be 0 or more"),
-        (
-            ("--plait-strategy=plait.strategies.DDPStrategy",),
-            "write 'plait.strategies:DDPStrategy'",
-        ),
-        (
-            ("--plait-strategy=plait.strategies:DDPStrategi",),
-            "did you mean 'plait.strategies:DDPStrategy'?",
-        ),
-        (
-            ("--plait-strategy=ddp", "--plait-backend=nccl", "--plait-require-lanes"),
-            "the nccl lane needs a CUDA device: this machine has 0",
-        ),
-        (("--plait-strategy=ddp", "--plait-backend=ncl"), "invalid choice: 'ncl'"),
-        (("--plait-strategy=ddp", "--plait-expectations=nowhere.txt"), "no such file"),
-        (("--plait-strategy=ddp", "--plait-meshes=4:2x3"), "the mesh 2x3 holds 6 ranks, not 4"),
-    ],
-)
-def test_bad_options_stop_the_run_with_a_clear_message(
-    tmp_path: Path, args: tuple[str, ...], message: str
-) -> None:
-    run = _suite(tmp_path, *args)
+BAD_OPTIONS: Final = [
+    ((), "TestContract names no strategy: pass --plait-strategy=NAME"),
+    (("--plait-strategy=ddpp",), "did you mean 'ddp'"),
+    (
+        ("--plait-strategy=ddp", "--plait-world-sizes=0,2"),
+        "--plait-world-sizes='0,2' must list",
+    ),
+    (("--plait-strategy=ddp", "--plait-examples=0"), "--plait-examples: 0 must be 1 or more"),
+    (("--plait-strategy=ddp", "--plait-world-sizes=1,,2"), "separated by commas"),
+    (("--plait-strategy=ddp", "--plait-deadline=soon"), "'soon' is not a number of seconds"),
+    (("--plait-strategy=ddp", "--plait-seed=-1"), "--plait-seed: -1 must be 0 or more"),
+    (
+        ("--plait-strategy=plait.strategies.DDPStrategy",),
+        "write 'plait.strategies:DDPStrategy'",
+    ),
+    (
+        ("--plait-strategy=plait.strategies:DDPStrategi",),
+        "did you mean 'plait.strategies:DDPStrategy'?",
+    ),
+    (
+        ("--plait-strategy=ddp", "--plait-backend=nccl", "--plait-require-lanes"),
+        "the nccl lane needs a CUDA device: this machine has 0",
+    ),
+    (("--plait-strategy=ddp", "--plait-backend=ncl"), "invalid choice: 'ncl'"),
+    (("--plait-strategy=ddp", "--plait-expectations=nowhere.txt"), "no such file"),
+    (("--plait-strategy=ddp", "--plait-meshes=4:2x3"), "the mesh 2x3 holds 6 ranks, not 4"),
+]
+"""Options that stop the run before any rank starts, and what the run says of them."""
 
-    assert run.returncode in (2, 4), run.stdout + run.stderr  # collection or usage error
-    output = run.stdout + run.stderr
+_EACH_RUN: Final = """
+import contextlib, io, json, sys
+import pytest
+
+SUITE = "plait.conformance.suite"
+results = []
+for args in json.loads(sys.argv[1]):
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = pytest.main(["-p", "no:cacheprovider", "-q", "--pyargs", SUITE, *args])
+    results.append({"code": int(code), "output": out.getvalue() + err.getvalue()})
+print(json.dumps(results))
+"""
+
+
+@pytest.fixture(scope="module")
+def bad_option_runs(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> dict[tuple[str, ...], dict[str, object]]:
+    """Each row of `BAD_OPTIONS` run by the shipped suite: its exit code and output."""
+    cwd = tmp_path_factory.mktemp("bad-options")
+    arguments = [list(args) for args, _ in BAD_OPTIONS]
+    done = subprocess.run(
+        [sys.executable, "-c", _EACH_RUN, json.dumps(arguments)],
+        cwd=cwd, capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    results: list[dict[str, object]] = json.loads(done.stdout.splitlines()[-1])
+    return {args: result for (args, _), result in zip(BAD_OPTIONS, results, strict=True)}
+
+
+@pytest.mark.parametrize(("args", "message"), BAD_OPTIONS)
+def test_bad_options_stop_the_run_with_a_clear_message(
+    bad_option_runs: dict[tuple[str, ...], dict[str, object]], args: tuple[str, ...], message: str
+) -> None:
+    run = bad_option_runs[args]
+    output = str(run["output"])
+
+    assert run["code"] in (2, 4), output  # collection or usage error
     assert message in output
-    if run.returncode == 4:  # a usage error: said once (a collection error adds a summary)
+    if run["code"] == 4:  # a usage error: said once (a collection error adds a summary)
         assert output.count(message) == 1, output
 
 
