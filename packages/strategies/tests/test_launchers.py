@@ -6,9 +6,11 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from plait.core import ConfigurationError
 from plait.strategies.launchers import MultiprocessingLauncher, SubprocessScriptLauncher
+from plait.strategies.launchers.multiprocessing import pickled_work, unpickled_work
 
 PROGRAM = Path(__file__).resolve().parent / "launch_main.py"
 
@@ -150,3 +152,27 @@ def test_a_job_of_one_process_leaves_the_programs_variables_as_they_were(
     assert "RANK" not in os.environ
     assert "MASTER_PORT" not in os.environ
     assert os.environ["MASTER_ADDR"] == "127.0.0.1"
+
+
+def _gathered(*args: object, **kwargs: object) -> tuple[object, ...]:
+    return args, kwargs
+
+
+def test_work_made_anew_in_this_process_keeps_the_callers_modules_and_tensors() -> None:
+    # Rank 0 of a popen job runs the work made anew from a pickle (its strategies find
+    # their place); its module and its data are the caller's own, never copies.
+    module = torch.nn.Linear(2, 2)
+    batches = [(torch.ones(2), torch.zeros(1)) for _ in range(3)]
+    settings = {"epochs": [1, 2]}
+    kept: dict[int, object] = {}
+    payload = pickled_work(_gathered, (module, batches), {"settings": settings}, keep_modules=kept)
+    assert len(payload) < 1024  # no tensor's values in it
+
+    work, (module_again, batches_again), kwargs = unpickled_work(payload, kept)
+    assert work is _gathered
+    assert module_again is module
+    assert isinstance(batches_again, list)
+    assert batches_again is not batches  # the containers are made anew...
+    assert batches_again[0][0] is batches[0][0]  # ...around the same tensors
+    assert kwargs["settings"] == settings
+    assert kwargs["settings"] is not settings

@@ -46,15 +46,15 @@ R = TypeVar("R")
 MULTIPROCESSING_METHODS: Final = ("spawn", "fork", "forkserver")
 
 
-class _KeepingModules(pickle.Pickler):
-    # Pickles everything but modules, which it keeps by reference.
+class _Keeping(pickle.Pickler):
+    # Pickles everything but modules and tensors, which it keeps by reference.
     def __init__(self, file: io.BytesIO, kept: dict[int, object]) -> None:
         super().__init__(file)
         self.kept = kept
 
     @override
     def persistent_id(self, obj: object) -> int | None:
-        if isinstance(obj, torch.nn.Module):
+        if isinstance(obj, torch.nn.Module | torch.Tensor):
             self.kept[id(obj)] = obj
             return id(obj)
         return None
@@ -80,8 +80,9 @@ def pickled_work(
 ) -> bytes:
     """The function and its arguments, pickled to reach the ranks.
 
-    With ``keep_modules`` (for work that stays in this process), modules are not
-    pickled: they are kept there, by reference, for `unpickled_work`.
+    With ``keep_modules`` (for work that stays in this process), modules and tensors
+    are not pickled: they are kept there, by reference, for `unpickled_work`. The
+    work is made anew around the caller's own modules and data, never copies of them.
 
     Raises:
         ConfigurationError: They cannot be pickled.
@@ -90,7 +91,7 @@ def pickled_work(
         if keep_modules is None:
             return pickle.dumps((function, args, kwargs))
         buffer = io.BytesIO()
-        _KeepingModules(buffer, keep_modules).dump((function, args, kwargs))
+        _Keeping(buffer, keep_modules).dump((function, args, kwargs))
         return buffer.getvalue()
     except (pickle.PicklingError, TypeError, AttributeError) as error:
         raise ConfigurationError(
@@ -105,7 +106,7 @@ def pickled_work(
 def unpickled_work(
     payload: bytes, kept: dict[int, object]
 ) -> tuple[Callable[..., object], tuple[object, ...], dict[str, object]]:
-    """The work `pickled_work` pickled keeping modules: made anew, with the same modules."""
+    """The work `pickled_work` pickled keeping modules: made anew, around the same objects."""
     return _Unkeeping(io.BytesIO(payload), kept).load()  # type: ignore[no-any-return]
 
 
