@@ -38,7 +38,10 @@ def test_an_unknown_section_is_refused_with_the_choices() -> None:
     run = _bench("--sections", "imports,speed")
 
     assert run.returncode == 2
-    choices = "imports, cli, steps, ddp, fsdp, deepspeed, collectives, scale, conformance"
+    choices = (
+        "imports, cli, steps, ddp, fsdp, deepspeed, model_parallel, collectives, scale, "
+        "conformance"
+    )
     assert f"unknown sections ['speed']: choose from {choices}" in run.stderr
 
 
@@ -89,3 +92,14 @@ def test_the_gpu_rows_without_a_gpu_are_refused_with_the_fix() -> None:
     )  # fmt: skip
     assert sharding.returncode == 2
     assert "--ranks 2 needs as many GPUs: this machine has 0; pass --ranks 1" in sharding.stderr
+
+
+def test_the_model_parallel_sides_refuse_other_than_four_gloo_ranks() -> None:
+    run = subprocess.run(
+        [sys.executable, str(TOOLS / "bench_fsdp.py"), "--side", "mesh-2x2",
+         "--ranks", "2", "--out", "unused.json"],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+
+    assert run.returncode == 2
+    assert "--side mesh-2x2 runs on 4 gloo ranks: pass --ranks 4" in run.stderr

@@ -28,6 +28,12 @@ Sections:
                for hand-written DDP and DeepSpeed (ZeRO-2) loops, DeepSpeedStrategy in
                that loop, and plait's Trainer at ZeRO stages 0-3 (Lightning's
                DeepSpeed refuses the CPU: no side)
+  model_parallel
+               four gloo processes, a model of 4 MLP blocks that tensor parallelism
+               splits: bytes each rank holds, peak resident growth and seconds per
+               step for hand-written DDP, FSDP2 and a (dp=2, tp=2) mesh (tensor
+               parallel, then FSDP2), ModelParallelStrategy in that loop, and plait's
+               Trainer with it (the module's configure_model applies the plan)
 
                With --accelerator cuda, fsdp and deepspeed run on NCCL, one rank per
                GPU (at most 2), and add each rank's CUDA peak: the growth of
@@ -69,8 +75,8 @@ if TYPE_CHECKING:
     import torch
 
 SECTIONS: Final = (
-    "imports", "cli", "steps", "ddp", "fsdp", "deepspeed", "collectives", "scale",
-    "conformance",
+    "imports", "cli", "steps", "ddp", "fsdp", "deepspeed", "model_parallel", "collectives",
+    "scale", "conformance",
 )  # fmt: skip
 IMPORTED: Final = ("plait.core", "plait.strategies", "plait.trainer", "lightning.pytorch")
 
@@ -396,10 +402,17 @@ def _cuda_peak_rows(
     """Each side's CUDA peak growth against hand-written DDP's, on CUDA only."""
     if placement.accelerator != "cuda":
         return []
-    peaks = figures["cuda_peak_growth"]
+    return _memory_rows(section, figures, "CUDA peak growth per rank", "cuda_peak_growth", ddp)
+
+
+def _memory_rows(
+    section: str, figures: dict[str, dict[str, list[float]]], what: str, key: str, ddp: str
+) -> list[Row]:
+    """Each side's ``key`` bytes against hand-written DDP's."""
+    by_side = figures[key]
     return [
-        Row(section, f"CUDA peak growth per rank: {side}", "B", peaks[side], peaks[ddp], ddp)
-        for side in peaks
+        Row(section, f"{what}: {side}", "B", by_side[side], by_side[ddp], ddp)
+        for side in by_side
         if side != ddp
     ]
 
@@ -416,16 +429,8 @@ def bench_fsdp(
         rounds=rounds, steps=steps, width=width, scratch=scratch, placement=placement,
     )  # fmt: skip
     ddp, fsdp2 = "hand-written DDP", "hand-written FSDP2"
-    rows = [
-        Row(section, f"held per rank: {side}", "B", figures["held_bytes"][side],
-            figures["held_bytes"][ddp], ddp)
-        for side in sides if side != ddp
-    ]  # fmt: skip
-    rows += [
-        Row(section, f"peak growth per rank: {side}", "B", figures["peak_growth"][side],
-            figures["peak_growth"][ddp], ddp)
-        for side in sides if side != ddp
-    ]  # fmt: skip
+    rows = _memory_rows(section, figures, "held per rank", "held_bytes", ddp)
+    rows += _memory_rows(section, figures, "peak growth per rank", "peak_growth", ddp)
     rows += _cuda_peak_rows(section, figures, placement, ddp)
     rows += [
         Row(section, f"per step: {side}", "s", figures["per_step"][side],
@@ -459,16 +464,8 @@ def bench_deepspeed(
     )  # fmt: skip
     ddp, hand = "hand-written DDP", "hand-written DeepSpeed ZeRO-2"
     trainers = [side for side in sides if side.startswith("plait Trainer")]
-    rows = [
-        Row(section, f"weights + optimizer per rank: {side}", "B",
-            figures["weights_bytes"][side], figures["weights_bytes"][ddp], ddp)
-        for side in sides if side != ddp
-    ]  # fmt: skip
-    rows += [
-        Row(section, f"peak growth per rank: {side}", "B", figures["peak_growth"][side],
-            figures["peak_growth"][ddp], ddp)
-        for side in sides if side != ddp
-    ]  # fmt: skip
+    rows = _memory_rows(section, figures, "weights + optimizer per rank", "weights_bytes", ddp)
+    rows += _memory_rows(section, figures, "peak growth per rank", "peak_growth", ddp)
     rows += _cuda_peak_rows(section, figures, placement, ddp)
     # The framework's own cost, beside the same engine driven by hand.
     rows += [
@@ -492,6 +489,48 @@ def bench_deepspeed(
         Row(section, f"{what}: deterministic=True against without", unit,
             figures[key][filled], figures[key][plain], plain)
         for what, key, unit in (("per step", "per_step", "s"), ("peak growth", "peak_growth", "B"))
+    ]  # fmt: skip
+    return rows
+
+
+_MESH_SIDES: Final = {
+    # name in the table: the side of tools/bench_fsdp.py
+    "hand-written DDP": "mesh-ddp",
+    "hand-written FSDP2": "mesh-fsdp2",
+    "hand-written 2x2 (TP + FSDP2)": "mesh-2x2",
+    "plait ModelParallelStrategy 2x2 in that loop": "plait-mesh-strategy",
+    "plait Trainer, model_parallel 2x2": "plait-mesh-trainer",
+}
+"""Lightning's ModelParallelStrategy needs a CUDA device for its mesh: no side here."""
+
+
+def bench_model_parallel(rounds: int, steps: int, width: int, scratch: Path) -> list[Row]:
+    """State and peak memory per rank and seconds per step, DDP, FSDP and a 2x2 mesh.
+
+    4 gloo ranks: the mesh splits each block's projections over 2 tensor-parallel
+    ranks, then shards them over 2 data-parallel ranks.
+    """
+    section = "model_parallel"
+    figures = _sharding_figures(
+        _MESH_SIDES, ("per_step", "held_bytes", "peak_growth"),
+        rounds=rounds, steps=steps, width=width, scratch=scratch,
+        placement=Placement("cpu", 4),
+    )  # fmt: skip
+    ddp, hand = "hand-written DDP", "hand-written 2x2 (TP + FSDP2)"
+    rows = _memory_rows(section, figures, "held per rank", "held_bytes", ddp)
+    rows += _memory_rows(section, figures, "peak growth per rank", "peak_growth", ddp)
+    # The framework's own cost, beside the same plan written by hand.
+    rows += [
+        Row(section, f"per step: {side}", "s", figures["per_step"][side],
+            figures["per_step"][hand], hand)
+        for side in ("plait ModelParallelStrategy 2x2 in that loop",
+                     "plait Trainer, model_parallel 2x2")
+    ]  # fmt: skip
+    # What each way of splitting costs against plain data parallelism.
+    rows += [
+        Row(section, f"per step against DDP: {side}", "s", figures["per_step"][side],
+            figures["per_step"][ddp], ddp)
+        for side in ("hand-written FSDP2", hand)
     ]  # fmt: skip
     return rows
 
@@ -855,6 +894,9 @@ def main(argv: list[str] | None = None) -> int:
         ),
         "deepspeed": lambda: bench_deepspeed(
             1 if quick else rounds, 20 if quick else 100, 512, scratch, placement
+        ),
+        "model_parallel": lambda: bench_model_parallel(
+            1 if quick else rounds, 20 if quick else 100, 512, scratch
         ),
         "collectives": lambda: bench_collectives(rounds, scratch),
         "scale": lambda: bench_scale(

@@ -24,6 +24,16 @@ in that hand-written loop), and ``plait-trainer`` (plait's Trainer with
 fills every new tensor). Lightning's FSDP and
 DeepSpeed strategies refuse the CPU ("requires a GPU accelerator", "only supported
 on CUDA GPUs"), so they have no side here.
+
+Model-parallel sides (4 gloo ranks, ``--ranks 4``), on a model of 4 MLP blocks (an
+up and a down projection, ``width`` x ``width`` each) that tensor parallelism splits:
+``mesh-ddp`` and ``mesh-fsdp2`` (hand-written DDP and FSDP2 over the 4 ranks),
+``mesh-2x2`` (hand-written: a (dp=2, tp=2) mesh, ``ColwiseParallel`` up and
+``RowwiseParallel`` down on ``tp``, each block and the root ``fully_shard``-ed on
+``dp``), ``plait-mesh-strategy`` (`ModelParallelStrategy` on 2x2 in that loop, the same
+plan on its ``device_mesh``) and ``plait-mesh-trainer`` (plait's Trainer with
+`ModelParallelStrategy`, the module applying the plan in ``configure_model``). The
+data-parallel ranks read batches of their own; a tensor-parallel group, the same one.
 """
 
 from __future__ import annotations
@@ -38,7 +48,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Final, Protocol, cast
+from typing import TYPE_CHECKING, Final, Protocol, cast
 
 import torch
 import torch.distributed as dist
@@ -47,11 +57,15 @@ import torch.distributed as dist
 import torch.distributed.checkpoint.state_dict
 import torch.distributed.device_mesh
 import torch.distributed.fsdp
+import torch.distributed.tensor.parallel
 from torch import nn
 from typing_extensions import override
 
-from plait.strategies import DeepSpeedStrategy, FSDPStrategy
+from plait.strategies import DeepSpeedStrategy, FSDPStrategy, ModelParallelStrategy
 from plait.trainer import Callback, Module, Trainer
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
 
 WARMUP: Final = 5
 BATCH: Final = 32
@@ -63,7 +77,10 @@ DEEPSPEED_SIDES: Final = (
     *(f"plait-deepspeed-{stage}" for stage in range(4)),
     "plait-deepspeed-2-deterministic",
 )
-SIDES: Final = (*FSDP_SIDES, *DEEPSPEED_SIDES)
+MESH_SIDES: Final = (
+    "mesh-ddp", "mesh-fsdp2", "mesh-2x2", "plait-mesh-strategy", "plait-mesh-trainer",
+)  # fmt: skip
+SIDES: Final = (*FSDP_SIDES, *DEEPSPEED_SIDES, *MESH_SIDES)
 # The hand-written DeepSpeed loop's configuration (the strategy derives the same).
 DEEPSPEED_CONFIG: Final = {
     "train_micro_batch_size_per_gpu": BATCH,
@@ -93,9 +110,45 @@ def model(width: int) -> nn.Sequential:
     return nn.Sequential(*(Block(width) for _ in range(BLOCKS)), nn.Linear(width, 1))
 
 
-def batches(width: int, steps: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """The same batches on every rank and side, made beforehand."""
-    generator = torch.Generator().manual_seed(1)
+class MLPBlock(nn.Module):
+    """A residual MLP block: what tensor parallelism splits (up by columns, down by rows)."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.up = nn.Linear(width, width)
+        self.down = nn.Linear(width, width)
+
+    @override
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = x + self.down(torch.relu(self.up(x)))
+        return out
+
+
+def mesh_model(width: int) -> nn.Sequential:
+    """The model every model-parallel side trains."""
+    torch.manual_seed(0)
+    return nn.Sequential(*(MLPBlock(width) for _ in range(BLOCKS)), nn.Linear(width, 1))
+
+
+def split_over(layers: nn.Module, tensor: DeviceMesh, data: DeviceMesh) -> None:
+    """The plan of the 2x2 sides: tensor parallel on ``tensor``, then FSDP2 on ``data``."""
+    from torch.distributed.fsdp import fully_shard  # noqa: PLC0415
+    from torch.distributed.tensor.parallel import (  # noqa: PLC0415
+        ColwiseParallel,
+        RowwiseParallel,
+        parallelize_module,
+    )
+
+    for block in layers.children():
+        if isinstance(block, MLPBlock):
+            parallelize_module(block, tensor, {"up": ColwiseParallel(), "down": RowwiseParallel()})
+            fully_shard(block, mesh=data)
+    fully_shard(layers, mesh=data)
+
+
+def batches(width: int, steps: int, reader: int = 0) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The batches of data-parallel rank ``reader``, the same on every side, made beforehand."""
+    generator = torch.Generator().manual_seed(1 + reader)
     made = []
     for _ in range(WARMUP + steps):
         x = torch.randn(BATCH, width, generator=generator)
@@ -214,7 +267,8 @@ class Job:
         self, rank: int
     ) -> tuple[torch.device, list[tuple[torch.Tensor, torch.Tensor]], Record]:
         """Become ``rank``: its variables, its device (its GPU, made current, on CUDA),
-        the batches on it, and the record of its figures."""
+        the batches on it (a data-parallel rank's own: on a 2x2 mesh, its
+        tensor-parallel group's), and the record of its figures."""
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(self.port),
                           RANK=str(rank), WORLD_SIZE=str(self.ranks), LOCAL_RANK=str(rank),
                           LOCAL_WORLD_SIZE=str(self.ranks))  # fmt: skip
@@ -223,30 +277,66 @@ class Job:
         if self.accelerator == "cuda":
             device = torch.device("cuda", rank)
             torch.cuda.set_device(device)
-        data = [(x.to(device), y.to(device)) for x, y in batches(self.width, self.steps)]
+        reader = 0  # the sharding sections: the same batches on every rank
+        if self.side in ("mesh-2x2", "plait-mesh-strategy"):
+            reader = rank // 2  # the data-parallel rank
+        elif self.side.startswith("mesh-"):
+            reader = rank
+        data = [(x.to(device), y.to(device)) for x, y in batches(self.width, self.steps, reader)]
         return device, data, Record(self.steps, self.out, device)
 
 
-def hand_written(rank: int, job: Job) -> None:
-    """A hand-written loop on one rank: DDP, FSDP2, or FSDPStrategy in the loop."""
-    device, data, record = job.join(rank)
-    side, accelerator, width = job.side, job.accelerator, job.width
-    strategy = None
-    if side == "plait-strategy":
+Setup = tuple["FSDPStrategy | ModelParallelStrategy | None", nn.Module, torch.optim.Optimizer]
+
+
+def _through_plait(side: str, accelerator: str, width: int) -> Setup:
+    """A plait strategy's side: the strategy, its module and optimizer, set up."""
+    strategy: FSDPStrategy | ModelParallelStrategy
+    if side == "plait-mesh-strategy":
+        strategy = ModelParallelStrategy(
+            accelerator=accelerator, data_parallel_size=2, tensor_parallel_size=2
+        )
+        strategy.setup_environment()
+        layers = mesh_model(width)
+        mesh = strategy.device_mesh
+        split_over(layers, mesh["tp"], mesh["dp_shard"])
+    else:
         strategy = FSDPStrategy(accelerator=accelerator, auto_wrap_policy={Block})
         strategy.setup_environment()
         layers = model(width)
-        wrapped, [optimizer] = strategy.setup_module_and_optimizers(
-            layers, [torch.optim.AdamW(layers.parameters(), lr=1e-3)]
-        )
+    wrapped, [optimizer] = strategy.setup_module_and_optimizers(
+        layers, [torch.optim.AdamW(layers.parameters(), lr=1e-3)]
+    )
+    return strategy, wrapped, optimizer
+
+
+def _by_hand(side: str, device: torch.device, width: int) -> Setup:
+    """A hand-written side: its module, wrapped or split by hand, and optimizer."""
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    layers = (mesh_model if side.startswith("mesh-") else model)(width).to(device)
+    wrapped: nn.Module
+    if side in ("plain-ddp", "mesh-ddp"):
+        wrapped = nn.parallel.DistributedDataParallel(layers)
+    elif side == "mesh-2x2":
+        from torch.distributed.device_mesh import init_device_mesh  # noqa: PLC0415
+
+        mesh = init_device_mesh(device.type, (2, 2), mesh_dim_names=("dp", "tp"))
+        split_over(layers, mesh["tp"], mesh["dp"])
+        wrapped = layers
     else:
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
-        layers = model(width).to(device)
-        if side == "plain-ddp":
-            wrapped = nn.parallel.DistributedDataParallel(layers)
-        else:
-            wrapped = _shard_by_hand(layers, device.type)
-        optimizer = torch.optim.AdamW(wrapped.parameters(), lr=1e-3)
+        wrapped = _shard_by_hand(layers, device.type)
+    return None, wrapped, torch.optim.AdamW(wrapped.parameters(), lr=1e-3)
+
+
+def hand_written(rank: int, job: Job) -> None:
+    """A hand-written loop on one rank: DDP, FSDP2, a 2x2 mesh, or a plait strategy in it."""
+    device, data, record = job.join(rank)
+    side = job.side
+    strategy, wrapped, optimizer = (
+        _through_plait(side, job.accelerator, job.width)
+        if side.startswith("plait-")
+        else _by_hand(side, device, job.width)
+    )
     for done, (x, y) in enumerate(data, start=1):
         if strategy is not None:
             prediction = strategy.training_step(wrapped, x)
@@ -275,11 +365,11 @@ def hand_written(rank: int, job: Job) -> None:
 
 
 class Regression(Module):
-    """plait's module for the Trainer side."""
+    """plait's module for the Trainer sides: ``layers`` regressing the batches' targets."""
 
-    def __init__(self, width: int) -> None:
+    def __init__(self, layers: nn.Sequential) -> None:
         super().__init__()
-        self.layers = model(width)
+        self.layers = layers
 
     @override
     def training_step(self, batch: object, batch_idx: int) -> torch.Tensor:
@@ -396,6 +486,34 @@ class Weights(Callback):
             )
 
 
+class MeshRegression(Regression):
+    """plait's module for the model-parallel Trainer side: it applies the plan itself."""
+
+    @override
+    def configure_model(self) -> None:
+        mesh = self.device_mesh
+        assert mesh is not None
+        split_over(self.layers, mesh["tp"], mesh["dp_shard"])
+
+
+def mesh_trainer(width: int, steps: int, out: Path) -> None:
+    """plait's Trainer with ModelParallelStrategy on (dp=2, tp=2), 4 gloo ranks."""
+    data = batches(width, steps)  # made before the baseline, as every side's are
+    timing = Timing(steps, out)
+    timing.record = Record(steps, out)
+    trainer = Trainer(
+        strategy=ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=2),
+        accelerator="cpu",
+        devices=4,
+        max_steps=WARMUP + steps,
+        logger=False,
+        enable_progress_bar=False,
+        enable_checkpointing=False,
+        callbacks=[timing],
+    )
+    trainer.fit(MeshRegression(mesh_model(width)), data)
+
+
 def plait_trainer(  # noqa: PLR0917
     width: int,
     steps: int,
@@ -411,6 +529,7 @@ def plait_trainer(  # noqa: PLR0917
         from plait.strategies.deepspeed.library import import_deepspeed  # noqa: PLC0415
 
         import_deepspeed(accelerator)
+    data = batches(width, steps)  # made before the baseline, as every side's are
     timing = Timing(steps, out)
     # Before the model is built; rank 0 (this process) uses the first GPU.
     device = torch.device("cuda", 0) if accelerator == "cuda" else None
@@ -430,7 +549,7 @@ def plait_trainer(  # noqa: PLR0917
         deterministic=deterministic,
         callbacks=[Weights(timing), timing],
     )
-    trainer.fit(Regression(width), batches(width, steps))
+    trainer.fit(Regression(model(width)), data)
 
 
 def _free_port() -> int:
@@ -456,7 +575,11 @@ def main(argv: list[str] | None = None) -> int:
             f"{torch.cuda.device_count()}; pass --ranks {max(1, torch.cuda.device_count())}"
         )
     where = (args.accelerator, args.ranks)
-    if args.side == "plait-trainer":
+    if args.side in MESH_SIDES and (args.ranks, args.accelerator) != (4, "cpu"):
+        parser.error(f"--side {args.side} runs on 4 gloo ranks: pass --ranks 4")
+    if args.side == "plait-mesh-trainer":
+        mesh_trainer(args.width, args.steps, args.out)
+    elif args.side == "plait-trainer":
         plait_trainer(args.width, args.steps, args.out, None, *where)
     elif args.side.startswith("plait-deepspeed-") and args.side[-1].isdigit():
         plait_trainer(args.width, args.steps, args.out, int(args.side[-1]), *where)
