@@ -17,7 +17,12 @@ from plait.core import ConfigurationError
 if TYPE_CHECKING:
     from plait.core import Strategy
 
-__all__ = ["MeshLayout"]
+__all__ = ["MeshLayout", "mesh_text"]
+
+
+def mesh_text(mesh: tuple[int, ...]) -> str:
+    """``2x2``: a mesh's sizes as lane ids, options and messages write them."""
+    return "x".join(map(str, mesh))
 
 
 @attrs.frozen

@@ -26,6 +26,7 @@ import attrs
 import pytest
 import torch
 
+from plait.conformance.mesh import mesh_text
 from plait.conformance.pool import (
     LANES,
     UNHELD_DTYPES,
@@ -71,11 +72,6 @@ class ExpectationWarning(pytest.PytestWarning):
 
 class LaneDown(Exception):  # noqa: N818 - a skip's reason, not an error of its own
     """A lane's ranks could not start; its first test failed saying why."""
-
-
-def mesh_text(mesh: tuple[int, ...]) -> str:
-    """``2x2``: a mesh's sizes as lane ids and options write them."""
-    return "x".join(map(str, mesh))
 
 
 @attrs.frozen

@@ -25,6 +25,7 @@ from typing_extensions import Self, override
 
 from plait.conformance import worker
 from plait.conformance.cases import BadArgumentCase
+from plait.conformance.mesh import mesh_text
 from plait.conformance.outcomes import Outcome, RaisedError, rank_list
 from plait.conformance.target import StrategyFactory, StrategyTarget
 from plait.core import ConfigurationError
@@ -320,7 +321,7 @@ class RankPool:
     @property
     def where(self) -> str:
         """The lane in words, as a failure's headline names it."""
-        mesh = f", mesh {'x'.join(map(str, self.target.mesh))}" if self.target.mesh else ""
+        mesh = f", mesh {mesh_text(self.target.mesh)}" if self.target.mesh else ""
         return f"{self.backend}, world size {self.world_size}{mesh}"
 
     @property

@@ -258,7 +258,7 @@ def _in_group(context: _Context, case: GroupCase, argument: object) -> object:
     if context.rank not in case.members:
         return reduced  # a rank outside the group: it must have raised
     gathered = strategy.all_gather(argument, group=group)
-    received = strategy.broadcast(argument, src=context.members[case.src], group=group)
+    received = strategy.broadcast(argument, src=_src(context, case.src), group=group)
     return reduced, gathered, received
 
 
