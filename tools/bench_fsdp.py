@@ -501,17 +501,31 @@ def mesh_trainer(width: int, steps: int, out: Path) -> None:
     data = batches(width, steps)  # made before the baseline, as every side's are
     timing = Timing(steps, out)
     timing.record = Record(steps, out)
-    trainer = Trainer(
-        strategy=ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=2),
-        accelerator="cpu",
-        devices=4,
-        max_steps=WARMUP + steps,
+    strategy = ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=2)
+    trainer = _measured_trainer(strategy, "cpu", 4, WARMUP + steps, [timing])
+    trainer.fit(MeshRegression(mesh_model(width)), data)
+
+
+def _measured_trainer(  # noqa: PLR0917
+    strategy: FSDPStrategy | DeepSpeedStrategy | ModelParallelStrategy,
+    accelerator: str,
+    devices: int,
+    max_steps: int,
+    callbacks: list[Callback],
+    deterministic: bool = False,
+) -> Trainer:
+    """The Trainer of every Trainer side: no logger, progress bar or checkpoint to time."""
+    return Trainer(
+        strategy=strategy,
+        accelerator=accelerator,
+        devices=devices,
+        max_steps=max_steps,
         logger=False,
         enable_progress_bar=False,
         enable_checkpointing=False,
-        callbacks=[timing],
+        deterministic=deterministic,
+        callbacks=callbacks,
     )
-    trainer.fit(MeshRegression(mesh_model(width)), data)
 
 
 def plait_trainer(  # noqa: PLR0917
@@ -534,20 +548,12 @@ def plait_trainer(  # noqa: PLR0917
     # Before the model is built; rank 0 (this process) uses the first GPU.
     device = torch.device("cuda", 0) if accelerator == "cuda" else None
     timing.record = Record(steps, out, device)
-    trainer = Trainer(
-        strategy=(
-            FSDPStrategy(auto_wrap_policy={Block})
-            if stage is None
-            else DeepSpeedStrategy(stage=stage)
-        ),
-        accelerator=accelerator,
-        devices=ranks,
-        max_steps=WARMUP + steps,
-        logger=False,
-        enable_progress_bar=False,
-        enable_checkpointing=False,
-        deterministic=deterministic,
-        callbacks=[Weights(timing), timing],
+    strategy = (
+        FSDPStrategy(auto_wrap_policy={Block}) if stage is None else DeepSpeedStrategy(stage=stage)
+    )
+    callbacks: list[Callback] = [Weights(timing), timing]
+    trainer = _measured_trainer(
+        strategy, accelerator, ranks, WARMUP + steps, callbacks, deterministic
     )
     trainer.fit(Regression(model(width)), data)
 
