@@ -33,6 +33,11 @@ def sum_of_ranks(offset: int) -> int:
         strategy.teardown()
 
 
+def threads() -> int:
+    # Native threads too (a store's server thread is not Python's).
+    return len(os.listdir("/proc/self/task"))
+
+
 def big_result() -> torch.Tensor:
     # Far larger than a pipe's buffer: the launcher must read it while rank 0 sends.
     return torch.full((1 << 20,), float(os.environ["RANK"]))
@@ -103,6 +108,13 @@ def main(scenario: str, start_method: str, num_processes: int) -> None:
         launcher = MultiprocessingLauncher(num_processes, start_method=start_method)
         if scenario == "sum":
             print(f"result={launcher.launch(sum_of_ranks, 10)}")
+        elif scenario == "threads":
+            # How many threads this process runs at each fork, and before the launch.
+            forks: list[int] = []
+            os.register_at_fork(before=lambda: forks.append(threads()))
+            before = threads()
+            print(f"result={launcher.launch(sum_of_ranks, 10)}")
+            print(f"threads before={before} at forks={forks}")
         elif scenario == "big":
             result = launcher.launch(big_result)
             print(f"result numel={result.numel()} rank={int(result[0])}")

@@ -1,6 +1,9 @@
 """Launching real ranks: results come back, failures stop every rank and are named."""
 
+import multiprocessing
 import os
+import re
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -40,6 +43,22 @@ def test_every_rank_runs_and_rank_zeros_result_comes_back(start_method: str) -> 
 
     assert "result=33" in output  # (10 + 11 + 12), reduced across the three ranks
     assert "children left=0" in output
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="counts threads in /proc")
+def test_fork_starts_every_rank_before_the_launcher_runs_a_thread() -> None:
+    # A rank forked while a thread of the launcher held a lock of the C library (the
+    # job store's thread takes the resolver's for each peer that connects) waited on
+    # it for ever when it resolved the store's address itself: 1 launch in 40 hung so.
+    output = launch("threads", "fork", 3)
+
+    assert "result=33" in output
+    line = next(line for line in output.splitlines() if line.startswith("threads before="))
+    before, forks = line.removeprefix("threads before=").split(" at forks=")
+    counts = [int(count) for count in forks.strip("[]").split(",")]
+    assert len(counts) == 3
+    assert max(counts) <= int(before), line  # no thread of the launcher's ran at a fork
 
 
 @pytest.mark.slow
@@ -92,6 +111,24 @@ def test_bad_launcher_settings_are_refused(
 ) -> None:
     with pytest.raises(ConfigurationError, match=message):
         MultiprocessingLauncher(num_processes, start_method=start_method)
+
+
+def test_a_main_port_another_program_serves_is_refused_before_any_rank_starts() -> None:
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        launcher = MultiprocessingLauncher(2, start_method="fork", main_port=port)
+        with pytest.raises(
+            ConfigurationError, match=re.escape(f"cannot listen on 127.0.0.1:{port}")
+        ) as error:
+            launcher.launch(print, "never runs")
+    assert "leave main_port unset" in str(error.value)
+    assert not multiprocessing.active_children()
+
+
+def test_a_main_address_that_names_no_host_is_refused() -> None:
+    launcher = MultiprocessingLauncher(2, main_address="no-such-host.invalid")
+    with pytest.raises(ConfigurationError, match=re.escape("main_address='no-such-host.invalid'")):
+        launcher.launch(print, "never runs")
 
 
 def test_only_fork_works_where_main_cannot_be_imported_again() -> None:

@@ -6,6 +6,7 @@ import io
 import multiprocessing
 import os
 import pickle
+import socket
 import threading
 import traceback
 from collections.abc import Callable
@@ -17,7 +18,7 @@ import torch.distributed as dist
 import torch.multiprocessing  # registers the reductions that share tensors
 from typing_extensions import override
 
-from plait.core import ConfigurationError, TrainingStopped, free_port
+from plait.core import ConfigurationError, TrainingStopped
 from plait.strategies.job import end_job, leave
 from plait.strategies.launchers.children import (
     GRACE_PERIOD,
@@ -119,13 +120,20 @@ def _context(method: str) -> SpawnContext | ForkContext | ForkServerContext:
 
 
 def _run_rank(
-    results: Connection, variables: dict[str, str], work: Connection, fresh: bool
+    results: Connection,
+    variables: dict[str, str],
+    work: Connection,
+    fresh: bool,
+    inherited: int | None,
 ) -> None:
     # The body of each child: learn its place, then receive and unpickle the work
     # (so strategies in it are made anew for this rank), run, report the result or
     # the error. The job ends with the child: after success its group is destroyed
     # here, and a fresh interpreter (spawn, forkserver) leaves without being torn
     # down (`leave`); a forked one always leaves so (multiprocessing's own exit).
+    # ``inherited``: the launcher's listening socket, which a forked child holds too.
+    if inherited is not None:
+        os.close(inherited)
     die_with_parent()
     report_fatal_signals()
     os.environ.update(variables)
@@ -146,6 +154,36 @@ def _run_rank(
     end_job()
     if fresh:
         leave(0)
+
+
+def _listen(address: str, port: int | None) -> socket.socket:
+    # The job store's socket, bound before any rank starts: the port is the job's
+    # from the first moment (no other program can take it between choosing and
+    # serving), and ranks that connect before the store serves wait in its backlog.
+    try:
+        family, kind, protocol, _, where = socket.getaddrinfo(
+            address, port or 0, type=socket.SOCK_STREAM
+        )[0]
+        listener = socket.socket(family, kind, protocol)
+    except OSError as error:
+        raise ConfigurationError(
+            f"main_address={address!r} cannot be served here: {error}",
+            value=address,
+            fix="use an address of this machine, e.g. the default '127.0.0.1'",
+        ) from error
+    try:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(where)
+        listener.listen(socket.SOMAXCONN)
+    except OSError as error:
+        listener.close()
+        raise ConfigurationError(
+            f"the job's store cannot listen on {address}:{port or 0}: {error}",
+            value=port,
+            fix="leave main_port unset, so that a free port is chosen, or stop the "
+            "program that holds it",
+        ) from error
+    return listener
 
 
 def _send_work(connection: Connection, payload: bytes) -> None:
@@ -171,6 +209,9 @@ class _Inbox:
         self.failure: BaseException | None = None
         self._connection = connection
         self._thread = threading.Thread(target=self._drain, daemon=True)
+
+    def start(self) -> None:
+        """Start reading (in a thread of its own)."""
         self._thread.start()
 
     def _drain(self) -> None:
@@ -183,6 +224,8 @@ class _Inbox:
             self.failure = error
 
     def read(self, kind: str) -> object:
+        if self._thread.ident is None:
+            return None  # never started: the launch failed before the child could report
         self._thread.join()
         if self.failure is not None:
             raise RuntimeError(f"a rank's message could not be read: {self.failure}") from (
@@ -217,7 +260,8 @@ class MultiprocessingLauncher:
         num_processes: How many ranks to start.
         start_method: ``"spawn"``, ``"fork"`` or ``"forkserver"``.
         main_address: The rendezvous host; loopback by default.
-        main_port: The rendezvous port; a free one by default.
+        main_port: The rendezvous port; by default, one the operating system picks
+            when the job's store starts listening, before any rank starts.
         grace_period: Seconds between SIGTERM and SIGKILL when ranks are stopped.
 
     Raises:
@@ -256,45 +300,37 @@ class MultiprocessingLauncher:
         """Run ``function(*args, **kwargs)`` on every rank; return rank 0's result.
 
         Raises:
-            ConfigurationError: The function or its arguments cannot be pickled.
+            ConfigurationError: The function or its arguments cannot be pickled, or
+                the job's store cannot listen at ``main_address``:``main_port``.
             PeerFailedError: A rank failed or stalled; every rank was stopped.
             TrainingStopped: A stop signal came, and every rank stopped gracefully.
         """
         payload = pickled_work(function, args, kwargs)
         context = _context(self.start_method)
-        port = self.main_port or free_port(self.main_address)
+        listener = _listen(self.main_address, self.main_port)
         warn_if_oversubscribed(self.num_processes)
-        # The job's store lives here, not in rank 0: a failure of any rank can be
-        # posted to the others at once, and none waits on a store that died.
-        store = dist.TCPStore(
-            self.main_address,
-            port,
-            is_master=True,
-            wait_for_workers=False,
-            timeout=timedelta(seconds=30),
-        )
         children: list[Child] = []
-        inboxes: list[_Inbox] = []
         forwarder = SignalForwarder(lambda: children, exit_after=False)
         forwarder.install()
         try:
-            result = self._run(
-                context, store=store, port=port, payload=payload, children=children, inboxes=inboxes
-            )
+            result = self._run(context, listener=listener, payload=payload, children=children)
         finally:
             forwarder.uninstall()
+            listener.close()  # unless the store took it
         return result  # type: ignore[return-value]
 
     def _run(
         self,
         context: SpawnContext | ForkContext | ForkServerContext,
         *,
-        store: dist.TCPStore,
-        port: int,
+        listener: socket.socket,
         payload: bytes,
         children: list[Child],
-        inboxes: list[_Inbox],
     ) -> object:
+        port = int(listener.getsockname()[1])
+        forks = self.start_method == "fork"
+        inboxes: list[_Inbox] = []
+        works: list[Connection] = []
         try:
             for rank in range(self.num_processes):
                 receive, send = context.Pipe(duplex=False)
@@ -308,16 +344,40 @@ class MultiprocessingLauncher:
                 variables[HOSTED_STORE_VARIABLE] = "1"
                 process = context.Process(
                     target=_run_rank,
-                    args=(send, variables, work_receive, self.start_method != "fork"),
+                    args=(
+                        send,
+                        variables,
+                        work_receive,
+                        not forks,
+                        listener.fileno() if forks else None,
+                    ),
                     name=f"plait-rank-{rank}",
                 )
                 process.start()
                 send.close()
                 work_receive.close()
-                _send_work(work_send, payload)
                 inbox = _Inbox(receive)
                 inboxes.append(inbox)
+                works.append(work_send)
                 children.append(Child(rank=rank, handle=process, traceback=inbox.traceback))
+            # Only now, with every rank started, does this process run threads of its
+            # own: the store's, and those that send the work and read the results. A
+            # rank forked while one of them held a lock of the C library (the store's
+            # takes the resolver's to name each peer that connects) would wait on it
+            # for ever, the first time it resolved an address itself.
+            # The job's store lives here, not in rank 0: a failure of any rank can be
+            # posted to the others at once, and none waits on a store that died.
+            store = dist.TCPStore(
+                self.main_address,
+                port,
+                is_master=True,
+                wait_for_workers=False,
+                timeout=timedelta(seconds=30),
+                master_listen_fd=listener.detach(),
+            )
+            for inbox, work in zip(inboxes, works, strict=True):
+                _send_work(work, payload)
+                inbox.start()
         except BaseException:
             stop(children, self.grace_period)
             raise
