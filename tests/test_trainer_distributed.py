@@ -153,7 +153,9 @@ def test_a_module_compiled_in_each_rank_trains_on_ddp_and_fsdp_as_on_one_process
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("strategy", ["ddp", "fsdp", "deepspeed_stage_2", "deepspeed_stage_3"])
+@pytest.mark.parametrize(
+    "strategy", ["ddp", "fsdp", "deepspeed_stage_2", "deepspeed_stage_3", "model_parallel"]
+)
 def test_the_module_fit_left_goes_on_to_every_stage_as_a_fresh_one_from_its_checkpoint(
     tmp_path: Path, strategy: str
 ) -> None:

@@ -411,15 +411,38 @@ class GoesOn(Toy):
         }
 
 
+class GoesOnTheMesh(GoesOn):
+    """GoesOn, parallelizing itself on a mesh: its layers split over ``tp``, then sharded.
+
+    The network is sharded, not the module: ``predict_step`` calls ``self.forward``,
+    which runs none of the hooks a ``fully_shard(self)`` would unshard through."""
+
+    @override
+    def configure_model(self) -> None:
+        from torch.distributed.fsdp import fully_shard  # noqa: PLC0415
+        from torch.distributed.tensor.parallel import (  # noqa: PLC0415
+            ColwiseParallel,
+            RowwiseParallel,
+            parallelize_module,
+        )
+
+        mesh = self.device_mesh
+        if mesh is None or is_parallelized(self):  # one process; a later run of the job
+            return
+        parallelize_module(self.net, mesh["tp"], {"0": ColwiseParallel(), "2": RowwiseParallel()})
+        fully_shard(self.net, mesh=mesh["dp_shard"])
+
+
 def _goes_on(
     arguments: argparse.Namespace, train: DataLoader[object], val: DataLoader[object]
 ) -> dict[str, object]:
-    # The module object fit shaped (sharded, partitioned) goes on to every other
-    # stage and to a second fit of a new Trainer, in the same job; the route
-    # through a fresh module and the checkpoint must give the same numbers.
+    # The module object fit shaped (sharded, partitioned, parallelized) goes on to
+    # every other stage and to a second fit of a new Trainer, in the same job; the
+    # route through a fresh module and the checkpoint must give the same numbers.
+    kind = GoesOnTheMesh if arguments.strategy == "model_parallel" else GoesOn
     loader = DataLoader(dataset(9), batch_size=2)
     first = _trainer(arguments, max_epochs=2, enable_checkpointing=True)
-    model = GoesOn()
+    model = kind()
     first.fit(model, train, val)
     assert first.checkpoint_callback is not None
     last = first.checkpoint_callback.last_model_path
@@ -429,16 +452,16 @@ def _goes_on(
         "predict": torch.cat(first.predict(model, loader)).flatten().tolist(),  # type: ignore[arg-type]
     }
     fresh = {
-        "validate": first.validate(GoesOn(), val, ckpt_path=last)[0]["val_loss"],
-        "test": first.test(GoesOn(), val, ckpt_path=last)[0]["test_loss"],
-        "predict": torch.cat(first.predict(GoesOn(), loader, ckpt_path=last)).flatten().tolist(),  # type: ignore[arg-type]
+        "validate": first.validate(kind(), val, ckpt_path=last)[0]["val_loss"],
+        "test": first.test(kind(), val, ckpt_path=last)[0]["test_loss"],
+        "predict": torch.cat(first.predict(kind(), loader, ckpt_path=last)).flatten().tolist(),  # type: ignore[arg-type]
     }
     # A second fit: a new Trainer, a new optimizer, the weights the first one left.
     seed_everything(1)
     second = _trainer(arguments, max_epochs=1)
     second.fit(model, train)
     same["fit_again"] = second.validate(model, val)[0]["val_loss"]
-    loaded = GoesOn.load_from_checkpoint(last)  # made before the seed: made layers draw
+    loaded = kind.load_from_checkpoint(last)  # made before the seed: made layers draw
     seed_everything(1)
     third = _trainer(arguments, max_epochs=1)
     third.fit(loaded, train)
