@@ -25,13 +25,16 @@ def launch(scenario: str, start_method: str, num_processes: int) -> str:
 def launched(
     scenario: str, start_method: str, num_processes: int
 ) -> subprocess.CompletedProcess[str]:
-    result = subprocess.run(
-        [sys.executable, str(PROGRAM), scenario, start_method, str(num_processes)],
-        capture_output=True,
-        text=True,
-        timeout=180,
-        check=False,
-    )
+    try:
+        result = subprocess.run(
+            [sys.executable, str(PROGRAM), scenario, start_method, str(num_processes)],
+            capture_output=True,
+            text=True,
+            timeout=100,  # within the test's own timeout: a hang shows what it printed
+            check=False,
+        )
+    except subprocess.TimeoutExpired as hung:
+        pytest.fail(f"the launch did not end within 100 s:\n{hung.stdout!s}\n{hung.stderr!s}")
     assert result.returncode == 0, result.stdout + result.stderr
     return result
 
