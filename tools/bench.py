@@ -444,6 +444,7 @@ _DEEPSPEED_SIDES: Final = {
     # name in the table: the side of tools/bench_fsdp.py
     "hand-written DDP": "plain-ddp",
     "hand-written DeepSpeed ZeRO-2": "plain-deepspeed",
+    "hand-written DeepSpeed ZeRO-3": "plain-deepspeed-3",
     "plait DeepSpeedStrategy ZeRO-2 in that loop": "plait-deepspeed-strategy",
     **{f"plait Trainer, deepspeed stage {stage}": f"plait-deepspeed-{stage}" for stage in range(4)},
     "plait Trainer, deepspeed stage 2, deterministic": "plait-deepspeed-2-deterministic",
@@ -463,6 +464,7 @@ def bench_deepspeed(
         rounds=rounds, steps=steps, width=width, scratch=scratch, placement=placement,
     )  # fmt: skip
     ddp, hand = "hand-written DDP", "hand-written DeepSpeed ZeRO-2"
+    hand3, trainer3 = "hand-written DeepSpeed ZeRO-3", "plait Trainer, deepspeed stage 3"
     trainers = [side for side in sides if side.startswith("plait Trainer")]
     rows = _memory_rows(section, figures, "weights + optimizer per rank", "weights_bytes", ddp)
     rows += _memory_rows(section, figures, "peak growth per rank", "peak_growth", ddp)
@@ -474,11 +476,16 @@ def bench_deepspeed(
         for side in ("plait DeepSpeedStrategy ZeRO-2 in that loop",
                      "plait Trainer, deepspeed stage 2")
     ]  # fmt: skip
+    rows += [
+        Row(section, f"{what}: {trainer3}", unit, figures[key][trainer3], figures[key][hand3],
+            hand3)
+        for what, key, unit in (("per step", "per_step", "s"), ("peak growth", "peak_growth", "B"))
+    ]  # fmt: skip
     # What each stage costs against plain data parallelism.
     rows += [
         Row(section, f"per step against DDP: {side}", "s", figures["per_step"][side],
             figures["per_step"][ddp], ddp)
-        for side in [hand, *trainers]
+        for side in [hand, hand3, *trainers]
     ]  # fmt: skip
     # torch's deterministic mode fills every new tensor: what it costs a stage-2 run.
     plain, filled = (

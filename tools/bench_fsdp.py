@@ -17,7 +17,8 @@ FSDP sides: ``plain-ddp`` (hand-written DDP), ``plain-fsdp2`` (hand-written FSDP
 each block, then the root, ``fully_shard``-ed), ``plait-strategy`` (`FSDPStrategy`
 in that hand-written loop), and ``plait-trainer`` (plait's Trainer with
 ``FSDPStrategy``). DeepSpeed sides: ``plain-deepspeed`` (a hand-written loop on
-``deepspeed.initialize`` at ZeRO stage 2), ``plait-deepspeed-strategy``
+``deepspeed.initialize`` at ZeRO stage 2; ``plain-deepspeed-3``, at stage 3 with its
+buckets sized from the model as plait sizes them), ``plait-deepspeed-strategy``
 (`DeepSpeedStrategy` at stage 2 in that loop) and ``plait-deepspeed-0`` to
 ``plait-deepspeed-3`` (plait's Trainer at each ZeRO stage), and
 ``plait-deepspeed-2-deterministic`` (stage 2 with ``deterministic=True``, where torch
@@ -62,6 +63,7 @@ from torch import nn
 from typing_extensions import override
 
 from plait.strategies import DeepSpeedStrategy, FSDPStrategy, ModelParallelStrategy
+from plait.strategies.deepspeed.config import sized_buckets
 from plait.trainer import Callback, Module, Trainer
 
 if TYPE_CHECKING:
@@ -73,6 +75,7 @@ BLOCKS: Final = 4
 FSDP_SIDES: Final = ("plain-ddp", "plain-fsdp2", "plait-strategy", "plait-trainer")
 DEEPSPEED_SIDES: Final = (
     "plain-deepspeed",
+    "plain-deepspeed-3",
     "plait-deepspeed-strategy",
     *(f"plait-deepspeed-{stage}" for stage in range(4)),
     "plait-deepspeed-2-deterministic",
@@ -454,8 +457,15 @@ def deepspeed_loop(rank: int, job: Job) -> None:
     backend = "nccl" if device.type == "cuda" else "gloo"
     dist.init_process_group(backend)
     deepspeed.init_distributed(dist_backend=backend, dist_init_required=False)
+    config: dict[str, object] = dict(DEEPSPEED_CONFIG)
+    if side == "plain-deepspeed-3":
+        # ZeRO-3, its buckets sized from the model as plait sizes them.
+        fitted = sized_buckets(
+            {"zero_optimization": {"stage": 3}}, {}, sum(p.numel() for p in layers.parameters())
+        )
+        config["zero_optimization"] = fitted["zero_optimization"]
     made, *_ = deepspeed.initialize(
-        model=layers, optimizer=optimizer, config=DEEPSPEED_CONFIG, dist_init_required=False
+        model=layers, optimizer=optimizer, config=config, dist_init_required=False
     )
     hand = cast("Engine", made)
     for done, (x, y) in enumerate(data, start=1):
