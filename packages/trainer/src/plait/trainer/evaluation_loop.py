@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Literal
 
 import torch
 
+from plait.precision import map_tensors
 from plait.trainer.batches import evaluation_loader, even_batches
 from plait.trainer.data import length
 from plait.trainer.gather import gather_objects
@@ -20,7 +21,32 @@ if TYPE_CHECKING:
     from plait.trainer.progress import Progress
     from plait.trainer.results import Results
 
-__all__ = ["EvaluationLoop", "PredictionLoop"]
+__all__ = ["EvaluationLoop", "PredictionLoop", "kept"]
+
+_CPU = torch.device("cpu")
+
+
+def kept(output: object) -> object:
+    """A step's output as a prediction is kept: complete, and on the CPU.
+
+    A module parallelized with tensor parallelism returns tensors whose collective
+    may still be running (torch's ``AsyncCollectiveTensor``, waited for by the next
+    operation on it); a prediction is pickled to be gathered, which reads its memory
+    directly, so it is waited for here. A copy from an accelerator is made
+    blocking: the prediction is read as soon as it is kept.
+    """
+
+    def keep(tensor: torch.Tensor) -> torch.Tensor:
+        if type(tensor) is not torch.Tensor:
+            from torch.distributed._functional_collectives import (  # noqa: PLC0415
+                AsyncCollectiveTensor,
+            )
+
+            if isinstance(tensor, AsyncCollectiveTensor):
+                tensor = tensor.wait()
+        return tensor if tensor.device == _CPU else tensor.to(_CPU)
+
+    return map_tensors(output, keep)
 
 
 class _RunsSteps:
@@ -133,7 +159,7 @@ class PredictionLoop(_RunsSteps):
             results.current_batch = on_device
             with hooks.profiler.region("predict_step"):
                 output = strategy.predict_step(wrapped, on_device, batch_idx)
-            outputs.append(to_device(output, torch.device("cpu")))
+            outputs.append(kept(output))
             hooks.on_predict_batch_end(output, on_device, batch_idx)
         hooks.on_predict_end()
         if strategy.world_size == 1:
