@@ -224,8 +224,6 @@ class _Inbox:
             self.failure = error
 
     def read(self, kind: str) -> object:
-        if self._thread.ident is None:
-            return None  # never started: the launch failed before the child could report
         self._thread.join()
         if self.failure is not None:
             raise RuntimeError(f"a rank's message could not be read: {self.failure}") from (
