@@ -25,7 +25,7 @@ from plait.core import (
 )
 from plait.core.typing import PathLike
 from plait.precision import TruePrecision
-from plait.strategies import DDPStrategy, DistributedCollectives, FSDPStrategy, base
+from plait.strategies import DDPStrategy, DistributedCollectives, FSDPStrategy, parts
 from plait.strategies.launchers import (
     ExternalLauncher,
     MultiprocessingLauncher,
@@ -426,7 +426,7 @@ def test_parts_from_missing_distributions_are_named_at_once_with_the_extra(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     absent = {"plait-accelerators", "plait-checkpoint-io"}
-    monkeypatch.setattr(base, "_installed", lambda distribution: distribution not in absent)
+    monkeypatch.setattr(parts, "_installed", lambda distribution: distribution not in absent)
 
     with pytest.raises(MissingDependencyError) as missing:
         DDPStrategy()

@@ -4,41 +4,27 @@ from __future__ import annotations
 
 import abc
 import contextlib
-import functools
 import gc
-import importlib.metadata
-import inspect
-import os
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from datetime import timedelta
-from types import MappingProxyType
-from typing import TYPE_CHECKING, Final, NoReturn, TypeVar, overload
+from typing import TYPE_CHECKING, NoReturn, TypeVar, overload
 
 import torch
-from typing_extensions import Self, override
 
 from plait.core import (
     Accelerator,
-    AcceleratorRegistry,
-    CheckpointError,
     CheckpointIO,
-    CheckpointIORegistry,
     Collectives,
     ConfigurationError,
-    EnvironmentRegistry,
     GradientClipAlgorithm,
-    MissingDependencyError,
     Precision,
-    PrecisionRegistry,
     ProcessLayout,
-    SupportsLoadInPlace,
-    is_collective,
 )
+from plait.strategies.checkpoints import Checkpoints
 from plait.strategies.data import DistributedLoader, setup_dataloader
-from plait.strategies.export import checkpoint_format, read_whole
+from plait.strategies.parts import one_precision, resolve_parts
+from plait.strategies.remake import Remakeable
 from plait.strategies.state import (
-    NAMES_KEY,
-    LiveState,
     load_module_state,
     module_state_of,
     optimizer_parameter_names,
@@ -52,40 +38,6 @@ if TYPE_CHECKING:
 __all__ = ["BaseStrategy"]
 
 T = TypeVar("T")
-
-
-def _rebuild(
-    factory: Callable[..., BaseStrategy], args: tuple[object, ...], kwargs: dict[str, object]
-) -> BaseStrategy:
-    return factory(*args, **kwargs)
-
-
-_POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
-
-
-def _require(part: object, protocol: type, what: str) -> None:
-    if not isinstance(part, protocol):
-        raise ConfigurationError(
-            f"{what}={part!r} is a {type(part).__name__}, which is not a {protocol.__name__}",
-            value=part,
-            fix=f"pass an object that implements plait.core.{protocol.__name__}, or a "
-            f"registered name",
-        )
-
-
-def _one_precision(
-    precision: Precision | str | None, precision_plugin: Precision | str | None
-) -> Precision | str | None:
-    if precision_plugin is None:
-        return precision
-    if precision is not None and precision is not precision_plugin:
-        raise ConfigurationError(
-            f"two precisions were given: precision={precision!r} and "
-            f"precision_plugin={precision_plugin!r}",
-            value=precision_plugin,
-            fix="pass one of them (precision_plugin= is the other name of precision=)",
-        )
-    return precision_plugin
 
 
 def _replaced(
@@ -124,62 +76,7 @@ def _rebind_optimizers(
             }
 
 
-_PART_DISTRIBUTIONS: Final[dict[str, str | None]] = {
-    "accelerator": AcceleratorRegistry.distribution,
-    "precision": PrecisionRegistry.distribution,
-    "checkpoint_io": CheckpointIORegistry.distribution,
-    "cluster_environment": EnvironmentRegistry.distribution,
-}
-"""The distribution each kind of part comes from, when it is given by name."""
-
-
-@functools.cache
-def _installed(distribution: str) -> bool:
-    try:
-        importlib.metadata.distribution(distribution)
-    except importlib.metadata.PackageNotFoundError:
-        return False
-    return True
-
-
-def require_parts(strategy: object, **parts: object) -> None:
-    """Check at once that every part given by name (or left to its default) can be built.
-
-    Parts come from their own distributions, found by name at run time: a strategy
-    built where some are missing names all of them in one error, with the extra
-    that brings them.
-
-    Args:
-        strategy: The strategy being made, for the message.
-        **parts: ``accelerator``, ``precision``, ``checkpoint_io`` or
-            ``cluster_environment``, as given (``None`` or a name means by name).
-
-    Raises:
-        MissingDependencyError: A distribution a named part comes from is not
-            installed (every such one is named).
-    """
-    missing = []
-    for part, value in parts.items():
-        distribution = _PART_DISTRIBUTIONS[part]
-        named = value is None or isinstance(value, str)
-        if named and distribution is not None and not _installed(distribution):
-            missing.append(distribution)
-    everything = [
-        distribution
-        for distribution in _PART_DISTRIBUTIONS.values()
-        if distribution is not None and not _installed(distribution)
-    ]
-    if missing:
-        raise MissingDependencyError(
-            feature=(
-                f"{type(strategy).__name__}'s parts by name (from "
-                f"{', '.join(dict.fromkeys([*missing, *everything]))})"
-            ),
-            install="plait-strategies[parts]",
-        )
-
-
-class BaseStrategy(abc.ABC):
+class BaseStrategy(Remakeable, abc.ABC):
     """A strategy built from an accelerator, a precision and a checkpoint IO.
 
     Each part is passed in, or made by name from the core registries: the
@@ -200,69 +97,8 @@ class BaseStrategy(abc.ABC):
     place, and `replace` makes a copy with some of them changed.
     """
 
-    _arguments: tuple[tuple[object, ...], dict[str, object]]
-    _model: torch.nn.Module | None
-    _accumulating: int
-
-    def __new__(cls, *args: object, **kwargs: object) -> Self:
-        """Record the arguments as given, whatever the subclass's signature."""
-        instance = super().__new__(cls)
-        given = dict(kwargs)
-        if "precision_plugin" in given and "precision" not in given:
-            # Recorded under the one name the strategy is remade with.
-            given["precision"] = given.pop("precision_plugin")
-        instance._arguments = (args, given)
-        instance._model = None
-        instance._accumulating = 0
-        return instance
-
-    @override
-    def __reduce__(self) -> tuple[object, ...]:
-        args, kwargs = self._arguments
-        return (_rebuild, (type(self), args, kwargs))
-
-    def _positional_names(self) -> list[str]:
-        parameters = inspect.signature(type(self)).parameters.values()
-        return [parameter.name for parameter in parameters if parameter.kind in _POSITIONAL]
-
-    @property
-    def arguments(self) -> Mapping[str, object]:
-        """The keyword arguments the strategy was made with (positional ones by name)."""
-        args, kwargs = self._arguments
-        named = dict(zip(self._positional_names(), args, strict=False))
-        return MappingProxyType({**named, **kwargs})
-
-    def accepts(self, argument: str) -> bool:
-        """Whether the constructor takes the keyword ``argument`` (or any keyword)."""
-        parameters = inspect.signature(type(self)).parameters
-        parameter = parameters.get(argument)
-        if parameter is not None:
-            return parameter.kind is not inspect.Parameter.POSITIONAL_ONLY
-        return any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
-
-    def replace(self, **changes: object) -> Self:
-        """A new strategy of this class, made with `arguments` and ``changes``.
-
-        Raises:
-            ConfigurationError: The constructor does not take one of ``changes``.
-        """
-        for name in changes:
-            if not self.accepts(name):
-                raise ConfigurationError(
-                    f"{type(self).__qualname__} cannot be made with {name}=: its constructor "
-                    "does not take it",
-                    value=name,
-                    fix=f"accept {name} (or **kwargs) in {type(self).__qualname__}.__init__ "
-                    "and pass it on to the base class",
-                )
-        args, kwargs = self._arguments
-        names = self._positional_names()
-        given = list(args)
-        for index, name in enumerate(names[: len(args)]):
-            if name in changes:
-                given[index] = changes.pop(name)
-        factory: Callable[..., Self] = type(self)
-        return factory(*given, **{**kwargs, **changes})
+    _model: torch.nn.Module | None = None
+    _accumulating: int = 0
 
     def __init__(
         self,
@@ -272,35 +108,17 @@ class BaseStrategy(abc.ABC):
         checkpoint_io: CheckpointIO | str | None = None,
         precision_plugin: Precision | str | None = None,
     ) -> None:
-        precision = _one_precision(precision, precision_plugin)
-        require_parts(
+        parts = resolve_parts(
             self,
+            device_type=self.default_device_type(),
             accelerator=accelerator,
-            precision=precision,
+            precision=one_precision(precision, precision_plugin),
             checkpoint_io=checkpoint_io,
         )
-        device_type = self.default_device_type()
-        built_accelerator = (
-            AcceleratorRegistry.get(accelerator or device_type)
-            if accelerator is None or isinstance(accelerator, str)
-            else accelerator
-        )
-        _require(built_accelerator, Accelerator, "accelerator")
-        built_precision = (
-            PrecisionRegistry.get(precision or "32-true", device_type=device_type)
-            if precision is None or isinstance(precision, str)
-            else precision
-        )
-        _require(built_precision, Precision, "precision")
-        built_io = (
-            CheckpointIORegistry.get(checkpoint_io or "torch")
-            if checkpoint_io is None or isinstance(checkpoint_io, str)
-            else checkpoint_io
-        )
-        _require(built_io, CheckpointIO, "checkpoint_io")
-        self._accelerator = built_accelerator
-        self._precision = built_precision
-        self._checkpoint_io = built_io
+        self._accelerator = parts.accelerator
+        self._precision = parts.precision
+        self._checkpoint_io = parts.checkpoint_io
+        self._checkpoints = Checkpoints(self)
         self._replaced_parameters: dict[int, torch.nn.Parameter] = {}
 
     # The parts.
@@ -324,6 +142,11 @@ class BaseStrategy(abc.ABC):
     def checkpoint_io(self) -> CheckpointIO:
         """How checkpoints are written and read."""
         return self._checkpoint_io
+
+    @property
+    def checkpoints(self) -> Checkpoints:
+        """The strategy's checkpoints: what `save_checkpoint` and its kin delegate to."""
+        return self._checkpoints
 
     @property
     def model(self) -> torch.nn.Module | None:
@@ -817,15 +640,12 @@ class BaseStrategy(abc.ABC):
         complete. For a checkpoint already written, `plait.strategies.consolidate_checkpoint`
         does the same in one process.
         """
-        state = self.full_module_state(module)
-        if self.is_global_zero:
-            CheckpointIORegistry.get("torch").save_checkpoint({"state_dict": state}, path)
-        self.barrier("export_checkpoint")
+        self._checkpoints.export(module, path)
 
     @property
     def writes_collectively(self) -> bool:
         """Whether every rank saves, loads and removes checkpoints, or rank 0 alone."""
-        return is_collective(self.checkpoint_io)
+        return self._checkpoints.collective
 
     def save_checkpoint(self, checkpoint: Mapping[str, object], path: PathLike) -> None:
         """Write ``checkpoint`` through the checkpoint IO.
@@ -848,20 +668,7 @@ class BaseStrategy(abc.ABC):
             ConfigurationError: The mapping holds two modules, optimizers without
                 their module, or a name the checkpoint keeps for itself.
         """
-        live = LiveState.of(checkpoint)
-        if live.is_live:
-            checkpoint = self._checkpoint_of(live)
-        if self.is_global_zero or self.writes_collectively:
-            self.checkpoint_io.save_checkpoint(checkpoint, path)
-
-    def _checkpoint_of(self, live: LiveState) -> Checkpoint:
-        checkpoint: Checkpoint = dict(live.values)
-        for name, stateful in live.stateful.items():
-            checkpoint[name] = dict(stateful.state_dict())
-        if live.module is not None:
-            checkpoint.update(self.get_state_dict(live.module, list(live.optimizers.values())))
-            checkpoint[NAMES_KEY] = live.names()
-        return checkpoint
+        self._checkpoints.save(checkpoint, path)
 
     def load_checkpoint(
         self,
@@ -900,37 +707,7 @@ class BaseStrategy(abc.ABC):
             ConfigurationError: ``state`` holds two modules, or optimizers without
                 their module.
         """
-        if state is None:
-            return self.read_checkpoint(path)
-        given: Mapping[str, object] = (
-            {"module": state} if isinstance(state, torch.nn.Module) else state
-        )
-        live = LiveState.of(given)
-        if weights_only:
-            live.optimizers = {}
-        checkpoint = self.read_checkpoint(path, live.module, weights_only=weights_only)
-        live.check_held(checkpoint, given, os.fspath(path))  # before anything is restored
-        if live.module is not None:
-            optimizers = live.order_optimizers(checkpoint, os.fspath(path))
-            if optimizers and "optimizer_states" not in checkpoint:
-                deepspeed = checkpoint_format(path) == "deepspeed"
-                raise CheckpointError(
-                    os.fspath(path),
-                    "holds no optimizer state"
-                    + (
-                        " (a DeepSpeed engine made without an optimizer, to evaluate, wrote it)"
-                        if deepspeed
-                        else ""
-                    ),
-                    fix="pass weights_only=True to load the weights and the rest alone (the "
-                    "optimizers start afresh), or leave the optimizers out of the state",
-                )
-            self.set_state_dict(live.module, optimizers, checkpoint, source=os.fspath(path))
-        left = live.restore(checkpoint, given, os.fspath(path))
-        if weights_only:
-            for key in ("optimizer_states", "precision", NAMES_KEY):
-                left.pop(key, None)
-        return left
+        return self._checkpoints.load(path, state, weights_only=weights_only)
 
     def read_checkpoint(
         self, path: PathLike, module: torch.nn.Module | None = None, *, weights_only: bool = False
@@ -945,39 +722,18 @@ class BaseStrategy(abc.ABC):
         (set up) and a checkpoint IO that loads in place, the module's state is read
         straight into its tensors instead, each rank reading only what it holds.
         """
-        io = self.checkpoint_io
-        kind = checkpoint_format(path)
-        shards = isinstance(io, SupportsLoadInPlace)
-        if (
-            kind == "deepspeed"
-            or (kind == "distributed" and not shards)
-            or (kind == "file" and shards)
-        ):
-            # Another strategy's checkpoint (a DeepSpeed directory, a sharded one for a
-            # strategy that writes files, a file for one that writes shards): whole.
-            return read_whole(path, optimizers=not weights_only)
-        if module is not None and isinstance(io, SupportsLoadInPlace):
-            return io.load_checkpoint_into(path, {"state_dict": self.module_state_dict(module)})
-        # A checkpoint IO of the user's may take no map_location (as Lightning's
-        # examples write them).
-        parameters = inspect.signature(io.load_checkpoint).parameters
-        if "map_location" in parameters or any(
-            p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()
-        ):
-            return io.load_checkpoint(path, map_location="cpu")
-        return io.load_checkpoint(path)
+        return self._checkpoints.read(path, module, weights_only=weights_only)
 
     def remove_checkpoint(self, path: PathLike) -> None:
         """Delete the checkpoint at ``path``.
 
         Every rank calls it; rank 0 alone removes, unless the checkpoint IO is collective.
         """
-        if self.is_global_zero or self.writes_collectively:
-            self.checkpoint_io.remove_checkpoint(path)
+        self._checkpoints.remove(path)
 
     # The end.
 
-    def on_exception(self, exception: BaseException) -> None:  # noqa: B027 (a default to extend)
+    def on_exception(self, exception: BaseException) -> None:
         """React to an exception in the user's code; nothing by default."""
 
     def teardown(self) -> None:

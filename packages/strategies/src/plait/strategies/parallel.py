@@ -21,10 +21,11 @@ from plait.core import (
     EnvironmentRegistry,
     ProcessLayout,
 )
-from plait.strategies.base import BaseStrategy, require_parts
+from plait.strategies.base import BaseStrategy
 from plait.strategies.collectives.distributed import AGREEMENT_VARIABLE, AGREEMENTS
 from plait.strategies.job import Job, current_job, end_job, join_job
 from plait.strategies.launchers.children import timeout_of
+from plait.strategies.parts import require_parts
 from plait.strategies.process_group import init_distributed
 
 if TYPE_CHECKING:

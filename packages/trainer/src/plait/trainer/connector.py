@@ -9,7 +9,6 @@ treated exactly as a built-in one. Anything that cannot work together raises
 
 from __future__ import annotations
 
-import inspect
 import logging
 from collections.abc import Callable, Mapping, Sequence, Sized
 from typing import TYPE_CHECKING, Final
@@ -31,6 +30,7 @@ from plait.core import (
     SupportsReplace,
 )
 from plait.environments import detect_environment
+from plait.strategies.remake import accepts
 from plait.trainer.checks import check_count
 
 if TYPE_CHECKING:
@@ -68,17 +68,6 @@ class Connection:
     def num_processes(self) -> int:
         """Processes in the whole job."""
         return len(self.devices) * self.num_nodes
-
-
-def _accepts(factory: Callable[..., object], argument: str) -> bool:
-    try:
-        parameters = inspect.signature(factory).parameters
-    except (TypeError, ValueError):
-        return False
-    parameter = parameters.get(argument)
-    if parameter is not None:
-        return parameter.kind is not inspect.Parameter.POSITIONAL_ONLY
-    return any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
 
 
 def _kind_of(plugin: object) -> str | None:
@@ -330,19 +319,19 @@ def _arguments_for(
     reasons: list[str],
 ) -> dict[str, object]:
     arguments: dict[str, object] = {}
-    if _accepts(factory, "accelerator"):
+    if accepts(factory, "accelerator"):
         arguments["accelerator"] = accelerator
     for argument, value in parts.items():
-        if not _accepts(factory, argument):
+        if not accepts(factory, argument):
             raise ConfigurationError(
                 f"the strategy {name!r} does not take {argument}=, and one was given",
                 value=value,
                 fix=f"drop the {argument}, or choose a strategy that takes one",
             )
         arguments[argument] = value
-    if _accepts(factory, "parallel_devices"):
+    if accepts(factory, "parallel_devices"):
         arguments["parallel_devices"] = parallel_devices
-    elif _accepts(factory, "device"):
+    elif accepts(factory, "device"):
         if len(parallel_devices) > 1:
             raise ConfigurationError(
                 f"the strategy {name!r} runs on one device, and {len(parallel_devices)} "

@@ -1,0 +1,206 @@
+"""A strategy's checkpoints: saved, loaded, read, removed and exported, on every rank.
+
+`Checkpoints` is the collaborator every strategy holds (`BaseStrategy.checkpoints`):
+it turns the live objects a caller hands over (a module, its optimizers, `Stateful`
+values) into a checkpoint through the strategy's state-dict functions, writes it
+through the strategy's checkpoint IO, and restores one in place. The strategy
+supplies only how it takes and sets state (`get_state_dict`, `set_state_dict`,
+`full_module_state`) and how it reads its own checkpoints (`read_checkpoint`).
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+from collections.abc import Mapping, Sequence
+from datetime import timedelta
+from typing import TYPE_CHECKING, Protocol
+
+import torch
+
+from plait.core import (
+    CheckpointError,
+    CheckpointIO,
+    CheckpointIORegistry,
+    SupportsLoadInPlace,
+    is_collective,
+)
+from plait.strategies.export import checkpoint_format, read_whole
+from plait.strategies.state import NAMES_KEY, LiveState
+
+if TYPE_CHECKING:
+    from plait.core.typing import Checkpoint, Group, PathLike, StateDict
+
+__all__ = ["Checkpoints", "CheckpointsHost"]
+
+
+class CheckpointsHost(Protocol):
+    """What `Checkpoints` needs of its strategy: its IO, its rank, and its state functions."""
+
+    @property
+    def checkpoint_io(self) -> CheckpointIO:
+        """How checkpoints are written and read."""
+        ...
+
+    @property
+    def is_global_zero(self) -> bool:
+        """Whether this is the process of global rank 0."""
+        ...
+
+    def barrier(
+        self,
+        name: str | None = None,
+        timeout: timedelta | float | None = None,
+        group: Group | None = None,
+    ) -> None:
+        """Wait until every rank has entered."""
+        ...
+
+    def module_state_dict(self, module: torch.nn.Module) -> StateDict:
+        """The state of the user's module, without wrapper prefixes."""
+        ...
+
+    def full_module_state(self, module: torch.nn.Module) -> StateDict:
+        """The module's whole state, on the CPU, with the user module's keys."""
+        ...
+
+    def get_state_dict(
+        self, module: torch.nn.Module, optimizers: Sequence[torch.optim.Optimizer] = ()
+    ) -> Checkpoint:
+        """This rank's share of the state of ``module`` and ``optimizers``."""
+        ...
+
+    def set_state_dict(
+        self,
+        module: torch.nn.Module,
+        optimizers: Sequence[torch.optim.Optimizer],
+        state: Mapping[str, object],
+        *,
+        source: object = "the state",
+    ) -> None:
+        """Load what `get_state_dict` returned into ``module`` and ``optimizers``."""
+        ...
+
+    def read_checkpoint(
+        self, path: PathLike, module: torch.nn.Module | None = None, *, weights_only: bool = False
+    ) -> Checkpoint:
+        """Read the checkpoint at ``path`` without restoring it."""
+        ...
+
+
+class Checkpoints:
+    """Save, load, read, remove and export a strategy's checkpoints.
+
+    Args:
+        strategy: The strategy whose state and checkpoint IO it uses.
+    """
+
+    def __init__(self, strategy: CheckpointsHost) -> None:
+        self._strategy = strategy
+
+    @property
+    def collective(self) -> bool:
+        """Whether every rank saves, loads and removes checkpoints, or rank 0 alone."""
+        return is_collective(self._strategy.checkpoint_io)
+
+    def save(self, checkpoint: Mapping[str, object], path: PathLike) -> None:
+        """Write ``checkpoint`` (live objects or plain entries) through the checkpoint IO."""
+        strategy = self._strategy
+        live = LiveState.of(checkpoint)
+        if live.is_live:
+            checkpoint = self.of(live)
+        if strategy.is_global_zero or self.collective:
+            strategy.checkpoint_io.save_checkpoint(checkpoint, path)
+
+    def of(self, live: LiveState) -> Checkpoint:
+        """The checkpoint of ``live``: plain values, `Stateful` states, the module's state."""
+        checkpoint: Checkpoint = dict(live.values)
+        for name, stateful in live.stateful.items():
+            checkpoint[name] = dict(stateful.state_dict())
+        if live.module is not None:
+            optimizers = list(live.optimizers.values())
+            checkpoint.update(self._strategy.get_state_dict(live.module, optimizers))
+            checkpoint[NAMES_KEY] = live.names()
+        return checkpoint
+
+    def load(
+        self,
+        path: PathLike,
+        state: torch.nn.Module | Mapping[str, object] | None = None,
+        *,
+        weights_only: bool = False,
+    ) -> Checkpoint:
+        """Restore the checkpoint at ``path`` into ``state``, in place; what it did not take."""
+        strategy = self._strategy
+        if state is None:
+            return strategy.read_checkpoint(path)
+        given: Mapping[str, object] = (
+            {"module": state} if isinstance(state, torch.nn.Module) else state
+        )
+        live = LiveState.of(given)
+        if weights_only:
+            live.optimizers = {}
+        checkpoint = strategy.read_checkpoint(path, live.module, weights_only=weights_only)
+        live.check_held(checkpoint, given, os.fspath(path))  # before anything is restored
+        if live.module is not None:
+            optimizers = live.order_optimizers(checkpoint, os.fspath(path))
+            if optimizers and "optimizer_states" not in checkpoint:
+                deepspeed = checkpoint_format(path) == "deepspeed"
+                raise CheckpointError(
+                    os.fspath(path),
+                    "holds no optimizer state"
+                    + (
+                        " (a DeepSpeed engine made without an optimizer, to evaluate, wrote it)"
+                        if deepspeed
+                        else ""
+                    ),
+                    fix="pass weights_only=True to load the weights and the rest alone (the "
+                    "optimizers start afresh), or leave the optimizers out of the state",
+                )
+            strategy.set_state_dict(live.module, optimizers, checkpoint, source=os.fspath(path))
+        left = live.restore(checkpoint, given, os.fspath(path))
+        if weights_only:
+            for key in ("optimizer_states", "precision", NAMES_KEY):
+                left.pop(key, None)
+        return left
+
+    def read(
+        self, path: PathLike, module: torch.nn.Module | None = None, *, weights_only: bool = False
+    ) -> Checkpoint:
+        """Read the checkpoint at ``path`` without restoring it, its tensors on the CPU."""
+        strategy = self._strategy
+        io = strategy.checkpoint_io
+        kind = checkpoint_format(path)
+        shards = isinstance(io, SupportsLoadInPlace)
+        if (
+            kind == "deepspeed"
+            or (kind == "distributed" and not shards)
+            or (kind == "file" and shards)
+        ):
+            # Another strategy's checkpoint (a DeepSpeed directory, a sharded one for a
+            # strategy that writes files, a file for one that writes shards): whole.
+            return read_whole(path, optimizers=not weights_only)
+        if module is not None and isinstance(io, SupportsLoadInPlace):
+            return io.load_checkpoint_into(path, {"state_dict": strategy.module_state_dict(module)})
+        # A checkpoint IO of the user's may take no map_location (as Lightning's
+        # examples write them).
+        parameters = inspect.signature(io.load_checkpoint).parameters
+        if "map_location" in parameters or any(
+            p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()
+        ):
+            return io.load_checkpoint(path, map_location="cpu")
+        return io.load_checkpoint(path)
+
+    def remove(self, path: PathLike) -> None:
+        """Delete the checkpoint at ``path`` (rank 0 alone, unless the IO is collective)."""
+        strategy = self._strategy
+        if strategy.is_global_zero or self.collective:
+            strategy.checkpoint_io.remove_checkpoint(path)
+
+    def export(self, module: torch.nn.Module, path: PathLike) -> None:
+        """Write the module's whole state as one ``torch.save`` file (rank 0 writes)."""
+        strategy = self._strategy
+        state = strategy.full_module_state(module)
+        if strategy.is_global_zero:
+            CheckpointIORegistry.get("torch").save_checkpoint({"state_dict": state}, path)
+        strategy.barrier("export_checkpoint")
