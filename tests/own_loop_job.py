@@ -48,6 +48,8 @@ from plait.strategies.launchers import MultiprocessingLauncher
 STEPS = 8
 SAVE_AT = 4
 MICRO_BATCH = 4
+JSON = "json"
+"""The source of a move from a checkpoint of the example plugin's format (``example_json``)."""
 WORLD_SIZE = 2
 # Strategies of one process here: one device, and XLA on one XLA:CPU device.
 IN_PROCESS = frozenset({"single_device", "single_xla", "xla"})
@@ -72,6 +74,29 @@ def batch(step: int, rank: int, size: int) -> tuple[torch.Tensor, torch.Tensor]:
     return inputs, targets
 
 
+def optimizer_fingerprint(optimizer: torch.optim.Optimizer) -> list[float]:
+    """This rank's optimizer state as numbers: one per tensor (its shard, if sharded)."""
+    from torch.distributed.tensor import DTensor  # noqa: PLC0415
+
+    numbers = []
+    for state in optimizer.state.values():
+        for key in sorted(state):
+            value = state[key]
+            if isinstance(value, torch.Tensor):
+                local = value.to_local() if isinstance(value, DTensor) else value
+                numbers.append(float(local.double().abs().sum()))
+    return numbers
+
+
+def probe(strategy: Strategy, model: nn.Module) -> float:
+    """The module's output on a fixed input, summed over the ranks: which weights it holds."""
+    generator = torch.Generator().manual_seed(1)
+    x = torch.randn(4, 6, generator=generator).to(strategy.root_device)
+    output = strategy.validation_step(model, x)
+    assert isinstance(output, torch.Tensor)
+    return float(strategy.reduce(output.float().sum(), reduce_op="sum"))
+
+
 def run(name: str, root: str, mode: str, source: str | None = None) -> dict[str, object]:
     """One rank's loop: the mean losses by step, and what loading left over."""
     seed_everything(0)
@@ -89,8 +114,17 @@ def run(name: str, root: str, mode: str, source: str | None = None) -> dict[str,
         "step": 0,
     }
     left: dict[str, object] | None = None
+    alone: dict[str, object] = {}
     if mode == "resumed":
-        left = dict(strategy.load_checkpoint(Path(root) / f"{name}-step{SAVE_AT}", state))
+        path = Path(root) / f"{name}-step{SAVE_AT}"
+        # The module alone first: restored in place, every optimizer left as it was,
+        # and the run's entries given back, the same on every strategy.
+        before = optimizer_fingerprint(optimizer)
+        alone["left"] = sorted(strategy.load_checkpoint(path, model))
+        alone["untouched"] = optimizer_fingerprint(optimizer) == before
+        alone_output = probe(strategy, model)
+        left = dict(strategy.load_checkpoint(path, state))
+        alone["module"] = probe(strategy, model) == alone_output
     elif mode in {"moved", "weights"}:
         assert source is not None
         path = Path(root) / f"{source}-step{SAVE_AT}"
@@ -133,7 +167,7 @@ def run(name: str, root: str, mode: str, source: str | None = None) -> dict[str,
     if mode == "full":
         strategy.export_checkpoint(model, Path(root) / f"{name}-export.pt")
     strategy.teardown()
-    return {"losses": losses, "left": None if left is None else sorted(left)}
+    return {"losses": losses, "left": None if left is None else sorted(left), "alone": alone}
 
 
 def runs(name: str, root: str, modes: tuple[str, ...], source: str | None) -> list[object]:
@@ -169,7 +203,7 @@ def main() -> None:
         # backward, and an XLA device registered after that is not among them.
         importlib.import_module("torch_xla").device()
     if any(name.startswith("deepspeed") for name in names):
-        import torch._dynamo  # noqa: F401, PLC0415
+        import torch._dynamo  # noqa: PLC0415
 
         from plait.strategies.deepspeed.library import import_deepspeed  # noqa: PLC0415
 
@@ -184,6 +218,14 @@ def main() -> None:
         consolidate_checkpoint(
             Path(root) / f"{name}-full-step{STEPS}", Path(root) / f"{name}-consolidated.pt"
         )
+    if any(move.startswith(f"{JSON}:") for move in options.move):
+        # A third party's format (the example plugin's), holding DDP's weights, step and
+        # scheduler at SAVE_AT: every strategy reads it through its registered format.
+        plugin = importlib.import_module("plait_example_strategy")
+        saved = torch.load(Path(root) / f"ddp-step{SAVE_AT}", weights_only=True)
+        target = Path(root) / f"{JSON}-step{SAVE_AT}"
+        entries = {"step": saved["step"], "scheduler": saved["scheduler"]}
+        plugin.write_json(saved["state_dict"], entries, target)
     for move in options.move:
         source, target, *weights = move.split(":")
         mode = "weights" if weights else "moved"

@@ -43,8 +43,10 @@ WHOLE_MOVES = (
 )  # fmt: skip
 # The weights alone, from one checkpoint: each target's fresh optimizer takes them
 # (ZeRO's fp32 copy of the weights included) and goes on as one process's does.
+# From a third party's format too (``json``: the example plugin's, holding DDP's
+# weights), into a sharded strategy and ZeRO's partitions.
 WEIGHT_MOVES = ("ddp:single_device:weights", "ddp:deepspeed_stage_2:weights",
-                "ddp:deepspeed_stage_3:weights")  # fmt: skip
+                "json:deepspeed_stage_3:weights", "json:fsdp:weights")  # fmt: skip
 
 pytestmark = pytest.mark.slow
 
@@ -94,6 +96,12 @@ def run_and_check(
         # Restored in place, in one call, in fresh ranks: the very same next losses.
         assert resumed == {step: full[step] for step in later}, name
         assert run["resumed"]["left"] == [], name  # everything saved was taken back
+        # The module alone: restored in place (the same weights the whole state then
+        # restores), no optimizer touched, and the run's entries given back, the same
+        # keys on every strategy.
+        assert run["resumed"]["alone"] == {
+            "left": ["scheduler", "step"], "untouched": True, "module": True
+        }, name  # fmt: skip
         assert (root / f"{name}-resumed-step{STEPS}").exists(), name  # and it goes on
         # Two micro-batches (the first inside no_sync) step as one twice the size.
         assert _close(big, full, every), (name, big, full)
@@ -123,10 +131,12 @@ def run_and_check(
         assert moved["left"] == [], move
         losses = _losses(moved)
         # The weights came along (the first loss is theirs); the optimizer began afresh,
-        # and every strategy's fresh optimizer goes on alike from them.
-        assert _close(losses, _losses(runs[source]["full"]), [later[0]]), move
-        assert not _close(losses, _losses(runs[source]["full"]), later[1:]), move
-        first = fresh.setdefault(source, losses)
+        # and every strategy's fresh optimizer goes on alike from them. The third
+        # party's checkpoint holds DDP's weights: the same run as from DDP's own.
+        origin = "ddp" if source == "json" else source
+        assert _close(losses, _losses(runs[origin]["full"]), [later[0]]), move
+        assert not _close(losses, _losses(runs[origin]["full"]), later[1:]), move
+        first = fresh.setdefault(origin, losses)
         assert _close(losses, first, later), (move, losses, first)
 
 

@@ -21,7 +21,7 @@ from plait.core import CheckpointError
 from plait.strategies.deepspeed.checkpoint_io import PARAMETER_NAMES
 from plait.strategies.deepspeed.export import (
     checkpoint_layout,
-    consolidate_checkpoint,
+    consolidate,
     optimizer_state_dict,
 )
 from plait.strategies.deepspeed.whole_state import set_optimizer_state
@@ -140,7 +140,7 @@ def test_consolidating_keeps_the_rebuilt_optimizer_state_and_the_runs_entries(
     _write(tmp_path / "partitions", 2, 3)
     output = tmp_path / "whole.pt"
 
-    consolidate_checkpoint(tmp_path / "partitions", output, run_entries=True)
+    consolidate(tmp_path / "partitions", output, weights_only=False)
 
     whole = torch.load(output, weights_only=False)
     assert whole["step"] == 7

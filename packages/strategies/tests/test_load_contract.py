@@ -98,6 +98,47 @@ def test_the_module_alone_is_restored_in_place_on_every_strategy_not_only_return
     assert left == {"step": 3}
 
 
+def test_the_module_alone_leaves_the_optimizer_as_it_was_and_gives_back_the_runs_entries(
+    strategy: SingleDeviceStrategy, tmp_path: Path
+) -> None:
+    saved = _trained(strategy)
+    strategy.save_checkpoint({**saved, "step": 3}, tmp_path / "last.pt")
+    fresh = _trained(SingleDeviceStrategy("cpu"), steps=1)
+    optimizer = fresh["optimizer"]
+    assert isinstance(optimizer, torch.optim.Adam)
+    before = {key: value.clone() for key, value in optimizer.state_dict()["state"][0].items()}
+
+    model = fresh["model"]
+    assert isinstance(model, nn.Module)
+    left = strategy.load_checkpoint(tmp_path / "last.pt", model)
+
+    assert sorted(left) == ["counter", "scheduler", "step"]  # no strategy's own entry
+    after = optimizer.state_dict()["state"][0]
+    assert all(torch.equal(after[key], value) for key, value in before.items())
+
+
+def test_what_loading_gave_back_is_refused_by_set_state_dict_naming_the_line_to_write(
+    strategy: SingleDeviceStrategy, tmp_path: Path
+) -> None:
+    saved = _trained(strategy)
+    strategy.save_checkpoint({**saved, "step": 3}, tmp_path / "last.pt")
+    model, optimizer = saved["model"], saved["optimizer"]
+    assert isinstance(model, nn.Module)
+    assert isinstance(optimizer, torch.optim.Optimizer)
+
+    checkpoint = strategy.load_checkpoint(tmp_path / "last.pt", model)
+    with pytest.raises(
+        CheckpointError, match=r"is what load_checkpoint\(path, model\) gave back"
+    ) as raised:
+        strategy.set_state_dict(model, [optimizer], checkpoint)
+    assert "strategy.load_checkpoint(path, {'model': model, 'optimizer': optimizer})" in str(
+        raised.value.fix
+    )
+    # What it says to write works: reading first, then restoring.
+    read = strategy.read_checkpoint(tmp_path / "last.pt", model)
+    strategy.set_state_dict(model, [optimizer], read)
+
+
 def test_without_a_state_nothing_is_restored_and_the_whole_checkpoint_is_returned(
     strategy: SingleDeviceStrategy, tmp_path: Path
 ) -> None:

@@ -1,14 +1,21 @@
-"""A third party's strategies, registered by entry point.
+"""A third party's strategies and checkpoint format, registered by entry point.
 
 - ``example_strategy``: one device, with a greeting.
 - ``example_bytes_ddp``: DDP whose collectives are its own (`BytesCollectives`),
   brought in through `ParallelStrategy.make_collectives`: ``all_gather`` moves
   every dtype as raw bytes, checked across ranks with the helper plait gives.
+- ``example_json``: a checkpoint format of its own (`JsonFormat`): a directory
+  holding ``weights.json``, the module's tensors as lists and the run's entries,
+  which every strategy reads.
 """
 
 from __future__ import annotations
 
+import json
+import os
 from collections import Counter
+from collections.abc import Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar, overload
 
 import torch
@@ -20,8 +27,8 @@ from plait.strategies import DDPStrategy, SingleDeviceStrategy
 if TYPE_CHECKING:
     from datetime import timedelta
 
-    from plait.core import Collectives, Registry, Strategy
-    from plait.core.typing import Group, ReduceOpLike
+    from plait.core import CheckpointFormat, Collectives, Registry, Strategy
+    from plait.core.typing import Checkpoint, Group, PathLike, ReduceOpLike
     from plait.strategies import DistributedCollectives
 
 T = TypeVar("T")
@@ -124,3 +131,55 @@ def register(registry: Registry[Strategy]) -> None:
         BytesDDPStrategy,
         description="a third party's DDP with collectives of its own",
     )
+
+
+JSON_FILE = "weights.json"
+
+
+def write_json(
+    state_dict: Mapping[str, torch.Tensor], entries: Mapping[str, object], path: PathLike
+) -> None:
+    """Write a checkpoint of the ``example_json`` format: a directory with `JSON_FILE`."""
+    directory = Path(path)
+    directory.mkdir(parents=True, exist_ok=True)
+    tensors = {
+        key: {"dtype": str(value.dtype).removeprefix("torch."), "values": value.tolist()}
+        for key, value in state_dict.items()
+    }
+    text = json.dumps({"tensors": tensors, "entries": dict(entries)})
+    (directory / JSON_FILE).write_text(text, encoding="utf-8")
+
+
+class JsonFormat:
+    """A format of a third party's: a directory whose ``weights.json`` holds the weights."""
+
+    @property
+    def name(self) -> str:
+        """``"example_json"``."""
+        return "example_json"
+
+    def recognizes(self, path: PathLike) -> bool:
+        """Whether ``path`` is a directory with `JSON_FILE`."""
+        return "://" not in os.fspath(path) and (Path(path) / JSON_FILE).is_file()
+
+    def read_whole(self, path: PathLike, *, optimizers: bool = True) -> Checkpoint:
+        """The weights as tensors under ``state_dict``, and the entries; no optimizer."""
+        del optimizers  # the format keeps none
+        saved = json.loads((Path(path) / JSON_FILE).read_text(encoding="utf-8"))
+        state = {
+            key: torch.tensor(tensor["values"], dtype=getattr(torch, tensor["dtype"]))
+            for key, tensor in saved["tensors"].items()
+        }
+        return {**saved["entries"], "state_dict": state}
+
+    def consolidate(self, path: PathLike, output: PathLike, *, weights_only: bool = False) -> None:
+        """Write the checkpoint as one ``torch.save`` file."""
+        whole = self.read_whole(path)
+        torch.save(
+            {"state_dict": whole["state_dict"]} if weights_only else whole, os.fspath(output)
+        )
+
+
+def register_formats(registry: Registry[CheckpointFormat]) -> None:
+    """The entry point of the format: register ``example_json``."""
+    registry.register("example_json", JsonFormat, description="a third party's JSON weights")

@@ -12,7 +12,7 @@ import torch
 from typing_extensions import override
 
 from plait.checkpoint_io.torch_io import TorchCheckpointIO
-from plait.core import CheckpointError, CheckpointIO
+from plait.core import CheckpointError, CheckpointIO, SupportsFormat
 
 if TYPE_CHECKING:
     from plait.core.typing import Checkpoint, PathLike
@@ -57,6 +57,12 @@ class AsyncCheckpointIO:
         self.checkpoint_io: CheckpointIO = checkpoint_io or TorchCheckpointIO()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="plait-checkpoint")
         self._pending: list[tuple[str, Future[None]]] = []
+
+    @property
+    def format(self) -> str:
+        """The format the wrapped IO writes (``"file"`` if it does not say)."""
+        inner = self.checkpoint_io
+        return inner.format if isinstance(inner, SupportsFormat) else "file"
 
     def save_checkpoint(self, checkpoint: Mapping[str, object], path: PathLike) -> None:
         """Snapshot ``checkpoint`` and save it in the background.

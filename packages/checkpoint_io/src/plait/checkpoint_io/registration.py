@@ -1,18 +1,19 @@
-"""Registers the built-in checkpoint IO plugins (entry point ``plait.checkpoint_io``)."""
+"""Registers the built-in checkpoint IO plugins and checkpoint formats (two entry points)."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
 from plait.checkpoint_io.async_io import AsyncCheckpointIO
+from plait.checkpoint_io.formats import DistributedFormat, FileFormat
 from plait.checkpoint_io.sharded import DistributedCheckpointIO
 from plait.checkpoint_io.torch_io import TorchCheckpointIO
 from plait.checkpoint_io.xla_io import XLACheckpointIO
 
 if TYPE_CHECKING:
-    from plait.core import CheckpointIO, Registry
+    from plait.core import CheckpointFormat, CheckpointIO, Registry
 
-__all__ = ["register"]
+__all__ = ["register", "register_formats"]
 
 
 def register(registry: Registry[CheckpointIO]) -> None:
@@ -26,4 +27,12 @@ def register(registry: Registry[CheckpointIO]) -> None:
     )
     registry.register(
         "xla", XLACheckpointIO, description="torch.save files of state copied off XLA devices"
+    )
+
+
+def register_formats(registry: Registry[CheckpointFormat]) -> None:
+    """Register the ``file`` and ``distributed`` checkpoint formats."""
+    registry.register("file", FileFormat, description="one torch.save file")
+    registry.register(
+        "distributed", DistributedFormat, description="a torch.distributed.checkpoint directory"
     )

@@ -79,6 +79,8 @@ class DistributedCheckpointIO:
     """
 
     collective = True
+    format = "distributed"
+    """The checkpoint format it writes (`plait.core.SupportsFormat`)."""
     """Every rank calls `save_checkpoint`, `load_checkpoint_into` and `remove_checkpoint`."""
 
     def __init__(
@@ -149,7 +151,7 @@ class DistributedCheckpointIO:
         )
         from torch.distributed.checkpoint.state_dict_loader import load as dcp_load  # noqa: PLC0415
 
-        self._require_complete(path)
+        self.require_complete(path)
         try:
             with _single_process_notice_silenced():
                 dcp_load(
@@ -186,7 +188,7 @@ class DistributedCheckpointIO:
         """
         from torch.distributed.checkpoint.format_utils import dcp_to_torch_save  # noqa: PLC0415
 
-        self._require_complete(path)
+        self.require_complete(path)
         with tempfile.TemporaryDirectory(prefix="plait-dcp-") as scratch:
             converted = Path(scratch) / "full.pt"
             dcp_to_torch_save(os.fspath(path), converted)
@@ -211,7 +213,12 @@ class DistributedCheckpointIO:
         """Nothing to release: every save completes before it returns."""
 
     @staticmethod
-    def _require_complete(path: PathLike) -> None:
+    def require_complete(path: PathLike) -> None:
+        """Refuse a path that is not a complete checkpoint directory.
+
+        Raises:
+            CheckpointError: It does not exist, is not a directory, or has no ``.metadata``.
+        """
         target = Path(path)
         if not target.is_dir():
             raise CheckpointError(

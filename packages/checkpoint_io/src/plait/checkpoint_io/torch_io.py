@@ -50,7 +50,7 @@ class FileSystem(Protocol):
     def copy(self, path1: str, path2: str) -> None: ...
 
 
-def _filesystem(path: PathLike, storage_options: Mapping[str, object]) -> tuple[FileSystem, str]:
+def filesystem(path: PathLike, storage_options: Mapping[str, object]) -> tuple[FileSystem, str]:
     # fsspec is imported on first use: plait.checkpoint_io imports fast without it.
     import fsspec.core  # noqa: PLC0415
 
@@ -122,6 +122,11 @@ class TorchCheckpointIO:
         self.weights_only = weights_only
         self.storage_options = dict(storage_options or {})
 
+    @property
+    def format(self) -> str:
+        """The checkpoint format it writes: ``"file"`` (`plait.core.SupportsFormat`)."""
+        return "file"
+
     def save_checkpoint(self, checkpoint: Mapping[str, object], path: PathLike) -> None:
         """Write ``checkpoint`` to ``path`` atomically, creating parent directories.
 
@@ -129,7 +134,7 @@ class TorchCheckpointIO:
             CheckpointError: It cannot be serialised or written; the file at ``path``,
                 if any, is left as it was.
         """
-        fs, resolved = _filesystem(path, self.storage_options)
+        fs, resolved = filesystem(path, self.storage_options)
         try:
             if _is_local(fs):
                 self._save_local(dict(checkpoint), Path(resolved))
@@ -171,7 +176,7 @@ class TorchCheckpointIO:
                 objects that ``weights_only=True`` refuses (the message says how to
                 load it anyway, and why that is unsafe).
         """
-        fs, resolved = _filesystem(path, self.storage_options)
+        fs, resolved = filesystem(path, self.storage_options)
         where = os.fspath(path)
         if not fs.isfile(resolved):
             if fs.exists(resolved):
@@ -241,7 +246,7 @@ class TorchCheckpointIO:
         Raises:
             CheckpointError: It does not exist.
         """
-        fs, resolved = _filesystem(path, self.storage_options)
+        fs, resolved = filesystem(path, self.storage_options)
         if not fs.isfile(resolved):
             raise CheckpointError(os.fspath(path), "cannot be removed: it does not exist")
         fs.rm(resolved)
@@ -256,8 +261,8 @@ class TorchCheckpointIO:
         Raises:
             CheckpointError: ``source`` does not exist, or the copy cannot be made.
         """
-        fs, resolved = _filesystem(source, self.storage_options)
-        target_fs, target = _filesystem(destination, self.storage_options)
+        fs, resolved = filesystem(source, self.storage_options)
+        target_fs, target = filesystem(destination, self.storage_options)
         if not fs.isfile(resolved):
             raise CheckpointError(os.fspath(source), "cannot be copied: it does not exist")
         try:
@@ -297,7 +302,7 @@ class TorchCheckpointIO:
         Call it where no save is in progress, as `ModelCheckpoint` does when a run
         starts.
         """
-        fs, resolved = _filesystem(directory, self.storage_options)
+        fs, resolved = filesystem(directory, self.storage_options)
         folder = Path(resolved)
         if not _is_local(fs) or not folder.is_dir():
             return []

@@ -24,6 +24,7 @@ from plait.core.layout import NodeLayout, ProcessLayout, RankInfo
 from plait.core.network import free_port
 from plait.core.protocols import (
     Accelerator,
+    CheckpointFormat,
     CheckpointIO,
     ClusterEnvironment,
     Collectives,
@@ -38,6 +39,7 @@ from plait.core.protocols import (
     SupportsCopyCheckpoint,
     SupportsDeviceMesh,
     SupportsDeviceStats,
+    SupportsFormat,
     SupportsLauncher,
     SupportsLoadInPlace,
     SupportsManualOptimization,
@@ -59,10 +61,12 @@ from plait.core.rank import (
 from plait.core.reduce_op import ReduceOp
 from plait.core.registries import (
     AcceleratorRegistry,
+    CheckpointFormatRegistry,
     CheckpointIORegistry,
     EnvironmentRegistry,
     PrecisionRegistry,
     StrategyRegistry,
+    detect_checkpoint_format,
 )
 from plait.core.registry import Registry, RegistryEntry
 from plait.core.seed import seed_everything, worker_init_fn
@@ -73,6 +77,8 @@ __all__ = [
     "Accelerator",
     "AcceleratorRegistry",
     "CheckpointError",
+    "CheckpointFormat",
+    "CheckpointFormatRegistry",
     "CheckpointIO",
     "CheckpointIORegistry",
     "ClusterEnvironment",
@@ -105,6 +111,7 @@ __all__ = [
     "SupportsCopyCheckpoint",
     "SupportsDeviceMesh",
     "SupportsDeviceStats",
+    "SupportsFormat",
     "SupportsLauncher",
     "SupportsLoadInPlace",
     "SupportsManualOptimization",
@@ -115,6 +122,7 @@ __all__ = [
     "SupportsReplace",
     "SupportsShardedModule",
     "TrainingStopped",
+    "detect_checkpoint_format",
     "free_port",
     "get_global_rank",
     "is_collective",

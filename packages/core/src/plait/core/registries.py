@@ -7,12 +7,14 @@ one that provides it.
 
 from __future__ import annotations
 
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 from typing_extensions import override
 
+from plait.core.errors import CheckpointError
 from plait.core.protocols import (
     Accelerator,
+    CheckpointFormat,
     CheckpointIO,
     ClusterEnvironment,
     Precision,
@@ -20,12 +22,17 @@ from plait.core.protocols import (
 )
 from plait.core.registry import Registry
 
+if TYPE_CHECKING:
+    from plait.core.typing import PathLike
+
 __all__ = [
     "AcceleratorRegistry",
+    "CheckpointFormatRegistry",
     "CheckpointIORegistry",
     "EnvironmentRegistry",
     "PrecisionRegistry",
     "StrategyRegistry",
+    "detect_checkpoint_format",
 ]
 
 
@@ -102,3 +109,39 @@ EnvironmentRegistry: Final = Registry[ClusterEnvironment](
     distribution="plait-environments",
 )
 """Cluster environments by name: ``"local"``, ``"slurm"``, ``"torchelastic"``, yours."""
+
+CheckpointFormatRegistry: Final = Registry[CheckpointFormat](
+    "checkpoint format",
+    protocol=CheckpointFormat,
+    entry_point_group="plait.checkpoint_formats",
+    distribution="plait-checkpoint-io",
+)
+"""Checkpoint formats by name: ``"file"``, ``"distributed"``, ``"deepspeed"``, yours.
+
+Factories take no arguments. A format registered here is read by every strategy
+(`plait.core.CheckpointFormat`), and `plait.strategies.consolidate_checkpoint`
+writes it as one file.
+"""
+
+
+def detect_checkpoint_format(path: PathLike) -> CheckpointFormat | None:
+    """The registered format whose checkpoint ``path`` holds; ``None`` if none recognises it.
+
+    Raises:
+        CheckpointError: Two formats recognise it (their ``recognizes`` overlap: one
+            of them must look closer).
+    """
+    found = [
+        built
+        for built in (CheckpointFormatRegistry.get(name) for name in CheckpointFormatRegistry)
+        if built.recognizes(path)
+    ]
+    if len(found) > 1:
+        raise CheckpointError(
+            str(path),
+            "is recognised by more than one checkpoint format: "
+            + ", ".join(repr(built.name) for built in found),
+            fix="make the recognizes() of one of those formats look closer (a marker file, "
+            "the leading bytes), so that each checkpoint has one format",
+        )
+    return found[0] if found else None

@@ -20,13 +20,15 @@ import torch
 
 from plait.core import (
     CheckpointError,
+    CheckpointFormat,
     CheckpointIO,
     CheckpointIORegistry,
+    SupportsFormat,
     SupportsLoadInPlace,
+    detect_checkpoint_format,
     is_collective,
 )
-from plait.strategies.export import checkpoint_format, read_whole
-from plait.strategies.state import NAMES_KEY, LiveState
+from plait.strategies.state import NAMES_KEY, Leftover, LiveState
 
 if TYPE_CHECKING:
     from plait.core.typing import Checkpoint, Group, PathLike, StateDict
@@ -103,6 +105,27 @@ class Checkpoints:
         """Whether every rank saves, loads and removes checkpoints, or rank 0 alone."""
         return is_collective(self._strategy.checkpoint_io)
 
+    @property
+    def native_format(self) -> str:
+        """The name of the format the checkpoint IO writes, and reads itself.
+
+        An IO that does not say (`plait.core.SupportsFormat`) is taken to write
+        ``"distributed"`` directories if it loads in place, one ``"file"`` otherwise.
+        """
+        io = self._strategy.checkpoint_io
+        if isinstance(io, SupportsFormat):
+            return io.format
+        return "distributed" if isinstance(io, SupportsLoadInPlace) else "file"
+
+    def foreign(self, path: PathLike) -> CheckpointFormat | None:
+        """The registered format of ``path`` if it is not `native_format`: read it whole.
+
+        ``None`` for a checkpoint of the IO's own format, or of none registered (a
+        URL the IO reads, say), which the checkpoint IO reads.
+        """
+        found = detect_checkpoint_format(path)
+        return found if found is not None and found.name != self.native_format else None
+
     def save(self, checkpoint: Mapping[str, object], path: PathLike) -> None:
         """Write ``checkpoint`` (live objects or plain entries) through the checkpoint IO."""
         strategy = self._strategy
@@ -140,29 +163,27 @@ class Checkpoints:
         live = LiveState.of(given)
         if weights_only:
             live.optimizers = {}
-        checkpoint = strategy.read_checkpoint(path, live.module, weights_only=weights_only)
+        # Without optimizers (the module alone, or weights_only) no optimizer's state
+        # is read or restored: each optimizer of the strategy's stays as it was.
+        alone = not live.optimizers
+        checkpoint = strategy.read_checkpoint(path, live.module, weights_only=alone)
         live.check_held(checkpoint, given, os.fspath(path))  # before anything is restored
         if live.module is not None:
             optimizers = live.order_optimizers(checkpoint, os.fspath(path))
             if optimizers and "optimizer_states" not in checkpoint:
-                deepspeed = checkpoint_format(path) == "deepspeed"
                 raise CheckpointError(
                     os.fspath(path),
-                    "holds no optimizer state"
-                    + (
-                        " (a DeepSpeed engine made without an optimizer, to evaluate, wrote it)"
-                        if deepspeed
-                        else ""
-                    ),
+                    "holds no optimizer state (the run that saved it had no optimizer, as "
+                    "an engine made to evaluate has none, or saved the weights alone)",
                     fix="pass weights_only=True to load the weights and the rest alone (the "
                     "optimizers start afresh), or leave the optimizers out of the state",
                 )
             strategy.set_state_dict(live.module, optimizers, checkpoint, source=os.fspath(path))
         left = live.restore(checkpoint, given, os.fspath(path))
-        if weights_only:
+        if alone:
             for key in ("optimizer_states", "precision", NAMES_KEY):
                 left.pop(key, None)
-        return left
+        return Leftover(left)
 
     def read(
         self, path: PathLike, module: torch.nn.Module | None = None, *, weights_only: bool = False
@@ -170,16 +191,11 @@ class Checkpoints:
         """Read the checkpoint at ``path`` without restoring it, its tensors on the CPU."""
         strategy = self._strategy
         io = strategy.checkpoint_io
-        kind = checkpoint_format(path)
-        shards = isinstance(io, SupportsLoadInPlace)
-        if (
-            kind == "deepspeed"
-            or (kind == "distributed" and not shards)
-            or (kind == "file" and shards)
-        ):
+        foreign = self.foreign(path)
+        if foreign is not None:
             # Another strategy's checkpoint (a DeepSpeed directory, a sharded one for a
             # strategy that writes files, a file for one that writes shards): whole.
-            return read_whole(path, optimizers=not weights_only)
+            return foreign.read_whole(path, optimizers=not weights_only)
         if module is not None and isinstance(io, SupportsLoadInPlace):
             return io.load_checkpoint_into(path, {"state_dict": strategy.module_state_dict(module)})
         # A checkpoint IO of the user's may take no map_location (as Lightning's

@@ -18,7 +18,6 @@ from typing_extensions import override
 
 from plait.core import ConfigurationError, SupportsLoadInPlace
 from plait.strategies.ddp import SelfLaunchingStrategy
-from plait.strategies.export import checkpoint_format
 from plait.strategies.fsdp import parallelize
 from plait.strategies.state import (
     check_state_fits,
@@ -290,7 +289,7 @@ class MeshStrategy(SelfLaunchingStrategy):
         if (
             module is None
             or not isinstance(io, SupportsLoadInPlace)
-            or checkpoint_format(path) not in {"distributed", "other"}
+            or self.checkpoints.foreign(path) is not None
         ):
             return super().read_checkpoint(path, module, weights_only=weights_only)
         from torch.distributed.checkpoint.state_dict import (  # noqa: PLC0415

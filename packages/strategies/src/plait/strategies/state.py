@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from plait.core.typing import Checkpoint, StateDict
 
 __all__ = [
+    "Leftover",
     "LiveState",
     "check_state_fits",
     "load_module_state",
@@ -233,13 +234,34 @@ def check_state_fits(
         )
 
 
+class Leftover(dict[str, object]):
+    """What `load_checkpoint` gave back: the checkpoint's entries nothing in the state took.
+
+    A plain dictionary, marked so that passing it on to `set_state_dict` (which
+    takes what `read_checkpoint` returns) is refused with the line to write.
+    """
+
+
 def module_state_of(state: Mapping[str, object], source: object) -> StateDict:
     """The module's entry of a strategy's state (``"state_dict"``).
 
     Raises:
-        CheckpointError: There is none.
+        CheckpointError: There is none; for what `load_checkpoint` gave back, saying
+            that the call restores the module itself, and the line to write.
     """
     module_state = state.get("state_dict")
+    if isinstance(state, Leftover) and not isinstance(module_state, Mapping):
+        raise CheckpointError(
+            str(source),
+            "is what load_checkpoint(path, model) gave back: that call restores the module "
+            "in place, leaves every optimizer as it was, and gives back only the run's "
+            f"entries ({', '.join(map(repr, state)) or 'none'}), never the module's or the "
+            "optimizers' states for set_state_dict",
+            fix="restore the module and its optimizers in one call: "
+            "strategy.load_checkpoint(path, {'model': model, 'optimizer': optimizer}); or read "
+            "first and restore after looking: checkpoint = strategy.read_checkpoint(path, "
+            "model), then strategy.set_state_dict(model, [optimizer], checkpoint)",
+        )
     if not isinstance(module_state, Mapping):
         raise CheckpointError(str(source), "holds no module state ('state_dict')")
     return dict(module_state)

@@ -16,19 +16,20 @@ from typing_extensions import override
 from plait.core import (
     Accelerator,
     CheckpointError,
+    CheckpointFormatRegistry,
     ConfigurationError,
     GradientClipAlgorithm,
     Precision,
     Strategy,
     SupportsLauncher,
     SupportsShardedModule,
+    detect_checkpoint_format,
     is_collective,
     rank_zero_info,
     rank_zero_warn,
     seed_everything,
 )
 from plait.core.seed import SEED_ENV_VAR
-from plait.strategies.export import checkpoint_format
 from plait.trainer.attach import Attached, Run, attach
 from plait.trainer.callbacks.base import Callback
 from plait.trainer.callbacks.checkpoint import ModelCheckpoint
@@ -738,8 +739,9 @@ class Trainer:
 
     def _is_checkpoint(self, path: str) -> bool:
         # A collective checkpoint IO writes each checkpoint as a directory of parts;
-        # every strategy reads another's directory (FSDP's shards, DeepSpeed's) whole.
-        if os.path.isfile(path) or checkpoint_format(path) in {"distributed", "deepspeed"}:
+        # every strategy reads a checkpoint of any registered format (FSDP's shards,
+        # DeepSpeed's directory, yours) whole.
+        if os.path.isfile(path) or detect_checkpoint_format(path) is not None:
             return True
         return os.path.isdir(path) and is_collective(self.strategy.checkpoint_io)
 
@@ -780,10 +782,11 @@ class Trainer:
             return None
         if "://" not in path and not self._is_checkpoint(path):
             if os.path.isdir(path):
+                formats = ", ".join(CheckpointFormatRegistry.available())
                 raise CheckpointError(
                     path,
-                    "is a directory that no strategy wrote (it holds neither a "
-                    "torch.distributed.checkpoint's .metadata nor DeepSpeed's 'latest'), and "
+                    "is a directory that no strategy wrote (no registered checkpoint format, "
+                    f"of {formats}, recognises it), and "
                     f"this strategy's checkpoint IO ({self.strategy.checkpoint_io!r}) reads files",
                     fix="pass a .ckpt file in it, or a checkpoint directory a strategy wrote "
                     "(an incomplete one, from a run stopped while saving, cannot be read: "

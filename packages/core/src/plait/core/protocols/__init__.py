@@ -5,6 +5,7 @@ are separate Protocols (``Supports*``), checked once where parts are composed.
 """
 
 from plait.core.protocols.accelerator import Accelerator, SupportsDeviceStats
+from plait.core.protocols.checkpoint_format import CheckpointFormat, SupportsFormat
 from plait.core.protocols.checkpoint_io import (
     CheckpointIO,
     SupportsAsyncCheckpoint,
@@ -34,6 +35,7 @@ from plait.core.protocols.strategy import (
 
 __all__ = [
     "Accelerator",
+    "CheckpointFormat",
     "CheckpointIO",
     "ClusterEnvironment",
     "Collectives",
@@ -48,6 +50,7 @@ __all__ = [
     "SupportsCopyCheckpoint",
     "SupportsDeviceMesh",
     "SupportsDeviceStats",
+    "SupportsFormat",
     "SupportsLauncher",
     "SupportsLoadInPlace",
     "SupportsManualOptimization",

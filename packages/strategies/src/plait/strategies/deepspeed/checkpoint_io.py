@@ -19,6 +19,7 @@ from typing_extensions import override
 
 from plait.core import CheckpointError
 from plait.strategies.deepspeed import library
+from plait.strategies.deepspeed.format import LATEST, DeepSpeedFormat
 
 if TYPE_CHECKING:
     from plait.core.typing import Checkpoint, PathLike
@@ -33,7 +34,6 @@ __all__ = [
     "latest_tag",
 ]
 
-LATEST: Final = "latest"
 _TAG_PREFIX: Final = "checkpoint-"
 # What the engine writes itself; the rest of a checkpoint is its "client state".
 _ENGINE_KEYS: Final = ("state_dict", "optimizer_states")
@@ -65,7 +65,7 @@ def client_entries(saved: Mapping[str, object]) -> Checkpoint:
 
 def is_deepspeed_checkpoint(path: PathLike) -> bool:
     """Whether ``path`` is a directory DeepSpeed's engine wrote (it has ``latest``)."""
-    return (Path(path) / LATEST).is_file()
+    return DeepSpeedFormat().recognizes(path)
 
 
 def latest_tag(path: PathLike) -> str:
@@ -99,6 +99,7 @@ class DeepSpeedCheckpointIO:
     """
 
     collective: Final = True
+    format: Final = "deepspeed"
 
     def __init__(self, strategy: DeepSpeedStrategy) -> None:
         self._strategy = strategy

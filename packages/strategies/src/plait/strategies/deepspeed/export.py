@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "checkpoint_layout",
-    "consolidate_checkpoint",
+    "consolidate",
     "fp32_state_dict",
     "optimizer_state_dict",
     "read_fp32_state",
@@ -373,12 +373,12 @@ def _stage0_optimizer_state(model_states: Mapping[str, object]) -> StateDict | N
     }
 
 
-def consolidate_checkpoint(
+def consolidate(
     checkpoint: PathLike,
     output: PathLike,
     *,
+    weights_only: bool = False,
     tag: str | None = None,
-    run_entries: bool = False,
 ) -> None:
     """Write a DeepSpeed checkpoint as one ``torch.save`` file, in fp32.
 
@@ -389,17 +389,18 @@ def consolidate_checkpoint(
     Args:
         checkpoint: A checkpoint directory `DeepSpeedStrategy` wrote.
         output: The file to write.
+        weights_only: Keep the weights alone; otherwise the optimizer's whole state
+            (``optimizer_states``, as the other strategies write it) and the run's
+            own entries (the step, a scheduler's state: what `save_checkpoint` was
+            given beside the module and optimizers) too: a file any strategy
+            resumes from.
         tag: The tag to read (``latest``'s by default).
-        run_entries: Keep the optimizer's whole state (``optimizer_states``, as the
-            other strategies write it) and the run's own entries too (the step, a
-            scheduler's state: what `save_checkpoint` was given beside the module
-            and optimizers): a file any strategy resumes from.
 
     Raises:
         CheckpointError: ``checkpoint`` is not a complete DeepSpeed checkpoint, or
             ``output`` cannot be written.
     """
-    if run_entries:
-        write_file(read_whole(checkpoint, tag=tag), output)
-    else:
+    if weights_only:
         write_file({"state_dict": fp32_state_dict(checkpoint, tag=tag)}, output)
+    else:
+        write_file(read_whole(checkpoint, tag=tag), output)

@@ -18,7 +18,7 @@ from plait.core import (
 )
 from plait.strategies.ddp import START_METHODS, SelfLaunchingStrategy
 from plait.strategies.deepspeed import library
-from plait.strategies.deepspeed.checkpoint_io import DeepSpeedCheckpointIO, is_deepspeed_checkpoint
+from plait.strategies.deepspeed.checkpoint_io import DeepSpeedCheckpointIO
 from plait.strategies.deepspeed.config import (
     KNOWN_KEYS,
     STAGES,
@@ -35,6 +35,7 @@ from plait.strategies.deepspeed.config import (
     sized_buckets,
 )
 from plait.strategies.deepspeed.export import checkpoint_layout
+from plait.strategies.deepspeed.format import DeepSpeedFormat
 from plait.strategies.deepspeed.whole_state import (
     is_partitioned,
     set_master_weights,
@@ -189,7 +190,7 @@ class DeepSpeedStrategy(SelfLaunchingStrategy):
                 "itself (each rank its partitions), through no other checkpoint IO",
                 value=checkpoint_io,
                 fix="leave checkpoint_io out; export one file with "
-                "plait.strategies.deepspeed.consolidate_checkpoint",
+                "plait.strategies.consolidate_checkpoint",
             )
         offload_optimizer = _check_flag("offload_optimizer", offload_optimizer)
         offload_parameters = _check_flag("offload_parameters", offload_parameters)
@@ -740,7 +741,7 @@ class DeepSpeedStrategy(SelfLaunchingStrategy):
             CheckpointError: A DeepSpeed checkpoint given before set-up, or one the
                 engine cannot read.
         """
-        if not is_deepspeed_checkpoint(path):
+        if not DeepSpeedFormat().recognizes(path):
             # Another strategy's checkpoint (a file, shards): read whole.
             return read_whole(path, optimizers=not weights_only)
         if self._engine is None:
@@ -748,7 +749,7 @@ class DeepSpeedStrategy(SelfLaunchingStrategy):
                 str(path),
                 "is a DeepSpeed checkpoint, which the engine loads after set-up",
                 fix="call setup_module_and_optimizers first, or consolidate it to one file "
-                "with plait.strategies.deepspeed.consolidate_checkpoint",
+                "with plait.strategies.consolidate_checkpoint",
             )
         if self.has_optimizer and checkpoint_layout(path) != (self.stage, self.world_size):
             # Another ZeRO stage or world size: ZeRO's partitions, rebuilt whole, are

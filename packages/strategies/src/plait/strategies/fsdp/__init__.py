@@ -3,10 +3,11 @@
 `FSDPStrategy` (also under the name ``DDPFullyShardedNativeStrategy``) shards
 parameters, gradients and optimizer state across ranks; `parallelize` holds the
 ordered functions it applies, usable in a loop of your own; `consolidate_checkpoint`
-turns a sharded checkpoint into one file plain PyTorch loads.
+(`plait.strategies.consolidate_checkpoint`, here too) turns a sharded checkpoint into
+one file plain PyTorch loads.
 """
 
-from plait.strategies.fsdp.export import consolidate_checkpoint
+from plait.strategies.export import consolidate_checkpoint
 from plait.strategies.fsdp.options import (
     SHARDING_STRATEGIES,
     STATE_DICT_TYPES,
