@@ -3,7 +3,9 @@
 Usage: python dcp_rank.py RANK WORLD_SIZE STORE_FILE CHECKPOINT_DIR
 
 Saves a state with a replicated tensor and one of its own, loads both back in place
-into zeroed tensors, and checks the values; exits non-zero on any mismatch.
+into zeroed tensors, and checks the values; then saves a tensor each rank holds with
+other values under one key, which every rank must refuse, naming the key and the
+ranks, writing nothing. Exits non-zero on any mismatch.
 """
 
 import os
@@ -14,6 +16,7 @@ import torch
 import torch.distributed as dist
 
 from plait.checkpoint_io import DistributedCheckpointIO
+from plait.core import CheckpointError
 
 
 def main(rank: int, world_size: int, store: str, directory: str) -> None:
@@ -32,6 +35,20 @@ def main(rank: int, world_size: int, store: str, directory: str) -> None:
         io.load_checkpoint_into(directory, restored)
         assert torch.equal(restored["shared"], torch.arange(6.0)), restored
         assert torch.equal(restored[f"rank{rank}"], torch.full((3,), float(rank))), restored
+        # One key, other values on each rank (an EMA of each rank's own): DCP would
+        # write one rank's, silently. Every rank refuses, before anything is written.
+        differing = {"shared": torch.arange(6.0), "extra": {"ema": torch.full((2,), rank)}}
+        refused: CheckpointError | None = None
+        try:
+            io.save_checkpoint(differing, directory + "-differing")
+        except CheckpointError as error:
+            refused = error
+        assert refused is not None, "ranks holding different values were saved as one"
+        assert "['extra']['ema'] (rank 0 / rank 1)" in str(refused), refused
+        assert "f'ema_rank{rank}'" in str(refused.fix), refused.fix
+        dist.barrier()
+        assert not os.path.exists(directory + "-differing")
+        assert not os.path.exists(directory + "-differing.partial")
         dist.barrier()
     finally:
         dist.destroy_process_group()

@@ -9,12 +9,19 @@ import tempfile
 import warnings
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import torch
 import torch.distributed as dist
 from typing_extensions import override
 
+from plait.checkpoint_io.structure import (
+    Digest,
+    decoded,
+    differing,
+    encoded,
+    plain_tensor_digests,
+)
 from plait.core import CheckpointError
 
 if TYPE_CHECKING:
@@ -50,6 +57,10 @@ def _single_process_notice_silenced() -> Iterator[None]:
 def _barrier() -> None:
     if _distributed():
         dist.barrier()
+
+
+def _ranks(group: list[int]) -> str:
+    return f"rank {group[0]}" if len(group) == 1 else f"ranks {', '.join(map(str, group))}"
 
 
 def _is_rank_zero() -> bool:
@@ -103,13 +114,14 @@ class DistributedCheckpointIO:
 
         target = Path(path)
         partial = target.with_name(target.name + ".partial")
+        writable = self._writable(checkpoint, path)
         try:
             if _is_rank_zero():
                 shutil.rmtree(partial, ignore_errors=True)
             _barrier()
             with _single_process_notice_silenced():
                 dcp_save(
-                    dict(checkpoint),
+                    writable,
                     checkpoint_id=partial,
                     no_dist=not _distributed(),
                     planner=None if self.save_planner is None else self.save_planner(),
@@ -124,6 +136,51 @@ class DistributedCheckpointIO:
                 f"cannot be written: {type(error).__name__}: {error}",
                 fix="check that every rank sees the directory and can write to it",
             ) from error
+
+    @staticmethod
+    def _writable(checkpoint: Mapping[str, object], path: PathLike) -> Checkpoint:
+        # Every rank learns every rank's verdict before any writes, so that a refusal
+        # is raised on all of them (none waits for the others in DCP's collectives).
+        refusal: CheckpointError | None = None
+        writable: Checkpoint = {}
+        try:
+            writable = encoded(checkpoint, path)
+        except CheckpointError as error:
+            refusal = error
+        if not _distributed() or dist.get_world_size() == 1:
+            if refusal is not None:
+                raise refusal
+            return writable
+        digests = plain_tensor_digests(writable) if refusal is None else {}
+        verdicts: list[tuple[str | None, dict[str, Digest]] | None] = [None] * dist.get_world_size()
+        dist.all_gather_object(verdicts, (None if refusal is None else str(refusal), digests))
+        if refusal is not None:
+            raise refusal
+        for rank, verdict in enumerate(verdicts):
+            assert verdict is not None
+            if verdict[0] is not None:
+                raise CheckpointError(
+                    os.fspath(path),
+                    f"cannot be written: rank {rank} refused its part ({verdict[0]})",
+                    fix=f"see rank {rank}'s error",
+                )
+        conflicts = differing([verdict[1] for verdict in verdicts if verdict is not None])
+        if conflicts:
+            shown = "; ".join(
+                f"{where} ({' / '.join(map(_ranks, groups))})"
+                for where, groups in sorted(conflicts.items())[:5]
+            )
+            raise CheckpointError(
+                os.fspath(path),
+                f"cannot be written: the ranks hold different values of tensors that are "
+                f"not sharded, which a torch.distributed.checkpoint writes once, from one "
+                f"rank: {shown}"
+                + (f", and {len(conflicts) - 5} more" if len(conflicts) > 5 else ""),
+                fix="make the ranks agree before saving (broadcast from rank 0, or average), "
+                "or keep per-rank values under a key of each rank's own (f'ema_rank{rank}'), "
+                "or as a DTensor sharded over the ranks",
+            )
+        return writable
 
     @staticmethod
     def _replace(partial: Path, target: Path) -> None:
@@ -176,7 +233,7 @@ class DistributedCheckpointIO:
                 f"cannot be loaded into the given state: {type(error).__name__}: {error}",
                 fix="load into a state dictionary with the keys and shapes that were saved",
             ) from error
-        return {**others, **state_dict}
+        return {**cast("Checkpoint", decoded(others)), **state_dict}
 
     def load_checkpoint(
         self, path: PathLike, map_location: torch.device | str | None = None
@@ -192,8 +249,8 @@ class DistributedCheckpointIO:
         with tempfile.TemporaryDirectory(prefix="plait-dcp-") as scratch:
             converted = Path(scratch) / "full.pt"
             dcp_to_torch_save(os.fspath(path), converted)
-            loaded: Checkpoint = torch.load(converted, map_location=map_location, weights_only=True)
-        return loaded
+            loaded = torch.load(converted, map_location=map_location, weights_only=True)
+        return cast("Checkpoint", decoded(loaded))
 
     def remove_checkpoint(self, path: PathLike) -> None:
         """Delete the checkpoint directory (on rank 0; the others wait for it).
