@@ -41,7 +41,8 @@ def format_of(path: PathLike) -> CheckpointFormat:
     raise CheckpointError(
         where,
         f"is a checkpoint of no registered format (the formats: {formats}); a directory "
-        "whose save did not complete has no format yet",
+        "whose save did not complete has no format yet"
+        + (", and a URL that names nothing has none" if "://" in where else ""),
         fix="pass a checkpoint a strategy wrote (an incomplete one, from a run stopped while "
         "saving, cannot be read: use an earlier one), or register the format that wrote it "
         "in plait.core.CheckpointFormatRegistry",
