@@ -23,6 +23,7 @@ from plait.core import (
 from plait.strategies.checkpoints import Checkpoints
 from plait.strategies.data import DistributedLoader, setup_dataloader
 from plait.strategies.parts import one_precision, resolve_parts
+from plait.strategies.rebind import rebind_optimizers, replaced_parameters
 from plait.strategies.remake import Remakeable
 from plait.strategies.state import (
     load_module_state,
@@ -38,42 +39,6 @@ if TYPE_CHECKING:
 __all__ = ["BaseStrategy"]
 
 T = TypeVar("T")
-
-
-def _replaced(
-    before: list[torch.nn.Parameter], after: list[torch.nn.Parameter]
-) -> dict[int, torch.nn.Parameter]:
-    # Moving a module to a device whose tensors cannot share the CPU's storage type
-    # (XLA) makes new Parameter objects, where CUDA keeps the old ones.
-    if len(before) != len(after):
-        return {}
-    return {id(old): new for old, new in zip(before, after, strict=True) if old is not new}
-
-
-def _rebind_optimizers(
-    optimizers: Sequence[torch.optim.Optimizer], moved: Mapping[int, torch.nn.Parameter]
-) -> None:
-    # Optimizers made before a move that replaced the parameters would step the
-    # abandoned CPU copies, and training would silently change nothing. Point them
-    # at the moved parameters, in place, so that schedulers bound to them stay bound.
-    if not moved:
-        return
-    for optimizer in optimizers:
-        for group in optimizer.param_groups:
-            group["params"] = [moved.get(id(parameter), parameter) for parameter in group["params"]]
-        for old_id, new in moved.items():
-            old = next((key for key in optimizer.state if id(key) == old_id), None)
-            if old is None:
-                continue
-            # Per-parameter buffers follow the parameter; scalars (a step count) stay
-            # on the CPU, where torch's optimizers keep them.
-            state = optimizer.state.pop(old)
-            optimizer.state[new] = {
-                key: value.to(new.device)
-                if isinstance(value, torch.Tensor) and value.dim() > 0
-                else value
-                for key, value in state.items()
-            }
 
 
 class BaseStrategy(Remakeable, abc.ABC):
@@ -259,7 +224,7 @@ class BaseStrategy(Remakeable, abc.ABC):
         before = list(module.parameters())
         module = self.precision.convert_module(module)
         module = self.model_to_device(module)
-        self._replaced_parameters = _replaced(before, list(module.parameters()))
+        self._replaced_parameters = replaced_parameters(before, list(module.parameters()))
         self._model = self.wrap_module(module)
         return self._model
 
@@ -275,7 +240,7 @@ class BaseStrategy(Remakeable, abc.ABC):
         Where moving the module made new parameter objects (on XLA devices), an
         optimizer made before `setup_module` is pointed at them, with its state.
         """
-        _rebind_optimizers(optimizers, self._replaced_parameters)
+        rebind_optimizers(optimizers, self._replaced_parameters)
         return list(optimizers)
 
     def setup_module_and_optimizers(
