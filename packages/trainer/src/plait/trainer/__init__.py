@@ -15,11 +15,12 @@ from plait.trainer.callbacks import (
     RichProgressBar,
 )
 from plait.trainer.connector import Connection, connect
+from plait.trainer.launch import Outcome
 from plait.trainer.loggers import CSVLogger, Logger, TensorBoardLogger
 from plait.trainer.module import DataModule, Module
 from plait.trainer.optim import SchedulerConfig
 from plait.trainer.stopping import TrainingStopped
-from plait.trainer.trainer import Outcome, Trainer
+from plait.trainer.trainer import Trainer
 
 __all__ = [
     "CSVLogger",

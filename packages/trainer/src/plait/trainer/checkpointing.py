@@ -2,10 +2,21 @@
 
 from __future__ import annotations
 
+import glob
+import os
+from collections.abc import Callable
 from datetime import timedelta
 from typing import TYPE_CHECKING, Final
 
-from plait.core import CheckpointError
+from plait.core import (
+    CheckpointError,
+    CheckpointFormatRegistry,
+    ConfigurationError,
+    detect_checkpoint_format,
+    is_collective,
+    rank_zero_warn,
+)
+from plait.trainer.callbacks.checkpoint import ModelCheckpoint
 from plait.trainer.gather import gather_objects
 from plait.trainer.hparams import class_path
 from plait.trainer.state import rng_state
@@ -15,10 +26,18 @@ if TYPE_CHECKING:
     from plait.core.typing import Checkpoint, PathLike
     from plait.trainer.attach import Attached
     from plait.trainer.callbacks.base import Callback
+    from plait.trainer.limits import Stage
     from plait.trainer.progress import Progress, Resume
     from plait.trainer.results import Results
 
-__all__ = ["CHECKPOINT_FORMAT", "Checkpointer", "check_checkpoint"]
+__all__ = [
+    "CHECKPOINT_FORMAT",
+    "Checkpointer",
+    "check_checkpoint",
+    "is_checkpoint",
+    "newest_checkpoint",
+    "resolve_checkpoint",
+]
 
 CHECKPOINT_FORMAT: Final = 1
 """The layout version of the checkpoints the trainer writes."""
@@ -117,3 +136,99 @@ class Checkpointer:
         return self.progress.load(
             checkpoint, global_rank=strategy.global_rank, world_size=strategy.world_size
         )
+
+
+def is_checkpoint(path: str, strategy: Strategy) -> bool:
+    """Whether ``path`` holds a checkpoint ``strategy`` can read (or its IO's directory)."""
+    # A collective checkpoint IO writes each checkpoint as a directory of parts;
+    # every strategy reads a checkpoint of any registered format (FSDP's shards,
+    # DeepSpeed's directory, yours) whole.
+    if os.path.isfile(path) or detect_checkpoint_format(path) is not None:
+        return True
+    return os.path.isdir(path) and is_collective(strategy.checkpoint_io)
+
+
+def resolve_checkpoint(
+    ckpt_path: PathLike | None,
+    stage: Stage,
+    *,
+    strategy: Strategy,
+    callback: ModelCheckpoint | None,
+    root: str,
+) -> str | None:
+    """The checkpoint a stage starts from: ``ckpt_path``, or the one ``"last"``/``"best"`` names.
+
+    ``"last"`` is the newest complete checkpoint in the callback's directory, when
+    ``last.ckpt``'s save did not complete; ``None`` when there is none and the stage is
+    ``fit`` (training starts afresh).
+
+    Raises:
+        ConfigurationError: ``"last"`` or ``"best"`` without a checkpoint callback, or
+            ``"best"`` before any is known.
+        CheckpointError: The path does not exist, or is a directory no strategy wrote.
+    """
+    if ckpt_path is None:
+        return None
+    path = os.fspath(ckpt_path)
+    if path in ("last", "best"):
+        if callback is None:
+            raise ConfigurationError(
+                f"ckpt_path={path!r} needs a ModelCheckpoint, and checkpointing is off",
+                value=path,
+                fix="pass the checkpoint's path, or enable_checkpointing=True",
+            )
+        directory = callback.dirpath or os.path.join(root, "checkpoints")
+        if path == "best":
+            if not callback.best_model_path:
+                raise ConfigurationError(
+                    "ckpt_path='best': no best checkpoint is known yet",
+                    value=path,
+                    fix="run fit first, or pass the checkpoint's path",
+                )
+            return callback.best_model_path
+        last = os.path.join(directory, "last" + ModelCheckpoint.FILE_EXTENSION)
+        if is_checkpoint(last, strategy):
+            return last
+        newest = newest_checkpoint(directory, lambda found: is_checkpoint(found, strategy))
+        if newest is not None:
+            rank_zero_warn(
+                f"ckpt_path='last': {last} does not exist (its save did not complete); "
+                f"resuming from the newest complete checkpoint, {newest}"
+            )
+            return newest
+        if stage != "fit":
+            raise CheckpointError(last, "does not exist", fix="run fit first")
+        rank_zero_warn(f"ckpt_path='last': {last} does not exist; training starts afresh")
+        return None
+    if "://" not in path and not is_checkpoint(path, strategy):
+        if os.path.isdir(path):
+            formats = ", ".join(CheckpointFormatRegistry.available())
+            raise CheckpointError(
+                path,
+                "is a directory that no strategy wrote (no registered checkpoint format, "
+                f"of {formats}, recognises it), and "
+                f"this strategy's checkpoint IO ({strategy.checkpoint_io!r}) reads files",
+                fix="pass a .ckpt file in it, or a checkpoint directory a strategy wrote "
+                "(an incomplete one, from a run stopped while saving, cannot be read: "
+                "use an earlier one)",
+            )
+        raise CheckpointError(
+            path,
+            "does not exist",
+            fix="pass the path of a .ckpt file, or ckpt_path='last' to resume from the "
+            "newest checkpoint",
+        )
+    return path
+
+
+def newest_checkpoint(directory: str, is_checkpoint: Callable[[str], bool]) -> str | None:
+    """The newest ``*.ckpt`` in ``directory`` that ``is_checkpoint``; ``None`` if none is."""
+    # Saves rename complete checkpoints into place: every *.ckpt here is whole.
+    found = [
+        path
+        for path in glob.glob(
+            os.path.join(glob.escape(directory), "*" + ModelCheckpoint.FILE_EXTENSION)
+        )
+        if is_checkpoint(path)
+    ]
+    return max(found, key=os.path.getmtime) if found else None

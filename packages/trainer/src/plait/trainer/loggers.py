@@ -6,7 +6,7 @@ import csv
 import json
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from typing_extensions import override
@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 
     from plait.trainer.metrics import Number
 
-__all__ = ["CSVLogger", "Logger", "TensorBoardLogger", "next_version"]
+__all__ = ["CSVLogger", "Logger", "TensorBoardLogger", "next_version", "resolve_loggers"]
 
 _VERSION = re.compile(r"version_(\d+)")
 
@@ -204,3 +204,33 @@ class TensorBoardLogger(_VersionedDirectory):
     @override
     def __repr__(self) -> str:
         return f"TensorBoardLogger(save_dir={self.save_dir!r}, name={self.name!r})"
+
+
+def resolve_loggers(logger: bool | Logger | Sequence[Logger], root: str) -> list[Logger]:
+    """The Trainer's ``logger=`` as a list: ``True`` is a `CSVLogger` in ``root``.
+
+    Raises:
+        ConfigurationError: It is none of ``True``, ``False``, a `Logger` or a list of them.
+    """
+    if logger is True:
+        return [CSVLogger(root)]
+    if logger is False:
+        return []
+    given: object = logger  # checked as given: users pass anything
+    if not isinstance(given, Logger | Sequence) or isinstance(given, str):
+        raise ConfigurationError(
+            f"logger={logger!r} is neither True, False, a Logger nor a list of them",
+            value=logger,
+            fix="pass True (a CSVLogger), False, CSVLogger(...), TensorBoardLogger(...), "
+            "or a list of them",
+        )
+    listed = [logger] if isinstance(logger, Logger) else list(logger)
+    for item in listed:
+        if not isinstance(item, Logger):
+            raise ConfigurationError(
+                f"logger={item!r} is a {type(item).__name__}, not a Logger",
+                value=item,
+                fix="pass True, False, CSVLogger(...), TensorBoardLogger(...) or an "
+                "object implementing plait.trainer.Logger",
+            )
+    return listed

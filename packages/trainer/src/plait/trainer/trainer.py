@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import contextlib
-import glob
 import os
-import tempfile
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Final, Literal
 
@@ -15,34 +13,43 @@ from typing_extensions import override
 
 from plait.core import (
     Accelerator,
-    CheckpointError,
-    CheckpointFormatRegistry,
     ConfigurationError,
     GradientClipAlgorithm,
     Precision,
     Strategy,
     SupportsLauncher,
     SupportsShardedModule,
-    detect_checkpoint_format,
-    is_collective,
     rank_zero_info,
     rank_zero_warn,
-    seed_everything,
 )
-from plait.core.seed import SEED_ENV_VAR
 from plait.trainer.attach import Attached, Run, attach
-from plait.trainer.callbacks.base import Callback
 from plait.trainer.callbacks.checkpoint import ModelCheckpoint
 from plait.trainer.callbacks.early_stopping import EarlyStopping
-from plait.trainer.callbacks.progress import RichProgressBar
-from plait.trainer.checkpointing import Checkpointer
-from plait.trainer.checks import check_count, check_number, check_timeout, compile_options
+from plait.trainer.callbacks.resolve import resolve_callbacks
+from plait.trainer.checkpointing import Checkpointer, resolve_checkpoint
+from plait.trainer.checks import (
+    check_count,
+    check_data,
+    check_manual_optimization,
+    check_module,
+    check_number,
+    check_root,
+    check_timeout,
+    compile_options,
+)
 from plait.trainer.connector import Connection, Plugin, connect
 from plait.trainer.evaluation_loop import EvaluationLoop, PredictionLoop
 from plait.trainer.fit_loop import FitLoop, datamodule_loader
+from plait.trainer.launch import (
+    TRAINED_CHECKPOINT,
+    Outcome,
+    gather_module_state,
+    identity,
+    origin,
+    run_in_rank,
+)
 from plait.trainer.limits import Limits, Stage
-from plait.trainer.loggers import CSVLogger, Logger
-from plait.trainer.module import DataModule, Module, overrides
+from plait.trainer.loggers import Logger, resolve_loggers
 from plait.trainer.optimization import (
     AutomaticOptimization,
     ManualOptimization,
@@ -59,61 +66,15 @@ if TYPE_CHECKING:
     import torch
 
     from plait.core.typing import Checkpoint, DeviceSpec, PathLike
+    from plait.trainer.callbacks.base import Callback
     from plait.trainer.metrics import Number
+    from plait.trainer.module import DataModule, Module
     from plait.trainer.optim import SchedulerConfig
 
 __all__ = ["Trainer"]
 
 _CLIP_ALGORITHMS: Final = ("norm", "value")
 _DEFAULT_CHECKPOINT_TIMEOUT: Final = 1800.0
-
-
-@attrs.frozen
-class Outcome:
-    """What a run sends back from rank 0 to the process that called the trainer.
-
-    Attributes:
-        trainer: The process and trainer object that ran it (`_identity`).
-        state_dict: The module's trained state, on the CPU, where a fit worked on a
-            copy of the caller's module that every rank holds whole; ``None`` where it
-            trained that module itself, or did not train.
-        trained_checkpoint: Where a fit on copies of a sharded module saved its final
-            state (never gathered whole); ``None`` otherwise.
-        callback_states: Each stateful callback's state, by `Callback.state_key`.
-        callback_metrics: The trainer's metrics at the end.
-        logged_metrics: The last values sent to the loggers.
-        progress_bar_metrics: The values shown in the progress bar.
-        current_epoch: The epoch the run stopped at.
-        global_step: Optimizer steps taken.
-        log_dir: The first logger's directory, if there is a logger.
-        world_size: The processes in the job.
-        results: What `Trainer.validate`/`Trainer.test` return, or predictions.
-    """
-
-    trainer: tuple[int, int]
-    state_dict: dict[str, torch.Tensor] | None
-    trained_checkpoint: str | None
-    callback_states: dict[str, dict[str, object]]
-    callback_metrics: dict[str, Number]
-    logged_metrics: dict[str, Number]
-    progress_bar_metrics: dict[str, Number]
-    current_epoch: int
-    global_step: int
-    log_dir: str | None
-    world_size: int
-    results: object
-
-
-TRAINED_CHECKPOINT: Final = "trained.ckpt"
-"""Where (in ``default_root_dir``) a fit on spawned copies of a sharded module saves it."""
-
-
-def _origin(module: Module) -> tuple[int, int]:
-    return os.getpid(), id(module)
-
-
-def _identity(trainer: Trainer) -> tuple[int, int]:
-    return os.getpid(), id(trainer)
 
 
 class Trainer:
@@ -271,7 +232,7 @@ class Trainer:
             )
         self.checkpoint_timeout = check_timeout("checkpoint_timeout", checkpoint_timeout)
         # Checked now, not at the first save, when logs or checkpoints will go there.
-        self.default_root_dir = _check_root(
+        self.default_root_dir = check_root(
             default_root_dir, writes=(logger is True or enable_checkpointing) and not debug
         )
         self.connection: Connection = connect(
@@ -291,8 +252,8 @@ class Trainer:
         self.detect_anomaly = bool(detect_anomaly)
         self.profiler = make_profiler(profiler)
         self.compile_options = compile_options(compile)
-        self.loggers = self._loggers(logger)
-        self.callbacks = self._callbacks(
+        self.loggers = resolve_loggers(logger, self.default_root_dir)
+        self.callbacks = resolve_callbacks(
             callbacks, enable_progress_bar, enable_checkpointing, debug=debug
         )
         # What outlives a run: the counters, and the values logged.
@@ -494,70 +455,6 @@ class Trainer:
         found = [c for c in self.callbacks if isinstance(c, EarlyStopping)]
         return found[0] if found else None
 
-    def _loggers(self, logger: bool | Logger | Sequence[Logger]) -> list[Logger]:
-        if logger is True:
-            return [CSVLogger(self.default_root_dir)]
-        if logger is False:
-            return []
-        given: object = logger  # checked as given: users pass anything
-        if not isinstance(given, Logger | Sequence) or isinstance(given, str):
-            raise ConfigurationError(
-                f"logger={logger!r} is neither True, False, a Logger nor a list of them",
-                value=logger,
-                fix="pass True (a CSVLogger), False, CSVLogger(...), TensorBoardLogger(...), "
-                "or a list of them",
-            )
-        listed = [logger] if isinstance(logger, Logger) else list(logger)
-        for item in listed:
-            if not isinstance(item, Logger):
-                raise ConfigurationError(
-                    f"logger={item!r} is a {type(item).__name__}, not a Logger",
-                    value=item,
-                    fix="pass True, False, CSVLogger(...), TensorBoardLogger(...) or an "
-                    "object implementing plait.trainer.Logger",
-                )
-        return listed
-
-    def _callbacks(
-        self,
-        callbacks: Sequence[Callback] | Callback | None,
-        progress: bool,
-        checkpointing: bool,
-        *,
-        debug: bool,
-    ) -> list[Callback]:
-        given = [callbacks] if isinstance(callbacks, Callback) else list(callbacks or ())
-        for callback in given:
-            if not isinstance(callback, Callback):
-                raise ConfigurationError(
-                    f"callbacks holds a {type(callback).__name__}, not a Callback",
-                    value=callback,
-                    fix="subclass plait.trainer.Callback",
-                )
-        keys = [c.state_key for c in given if type(c).state_dict is not Callback.state_dict]
-        duplicated = sorted({key for key in keys if keys.count(key) > 1})
-        if duplicated:
-            raise ConfigurationError(
-                f"callbacks with state share the state key(s) {duplicated}: their "
-                "checkpointed states would overwrite each other",
-                value=duplicated,
-                fix="give them different settings, or override state_key",
-            )
-        if progress and not any(isinstance(c, RichProgressBar) for c in given):
-            given.insert(0, RichProgressBar())
-        has_checkpoint = any(isinstance(c, ModelCheckpoint) for c in given)
-        if checkpointing and not has_checkpoint and not debug:
-            given.append(ModelCheckpoint())
-        if not checkpointing and has_checkpoint:
-            raise ConfigurationError(
-                "enable_checkpointing=False, and a ModelCheckpoint was given",
-                fix="drop the ModelCheckpoint, or set enable_checkpointing=True",
-            )
-        # Checkpoint callbacks last: they save the others' newest state.
-        return [c for c in given if not isinstance(c, ModelCheckpoint)] + [
-            c for c in given if isinstance(c, ModelCheckpoint)
-        ]
-
     # Logging.
 
     def log_to_loggers(self, metrics: Mapping[str, Number], step: int | None = None) -> None:
@@ -585,10 +482,14 @@ class Trainer:
             CheckpointError: ``ckpt_path`` is a path that does not exist.
             PeerFailedError: A rank failed; every rank was stopped.
         """
-        self._check_module(model, ("training_step", "configure_optimizers"))
-        self._check_manual_optimization(model)
-        self._check_data(train_dataloaders, datamodule, "train_dataloader", "fit")
-        resolved = self._resolve_checkpoint(ckpt_path, "fit")
+        check_module(model, ("training_step", "configure_optimizers"))
+        check_manual_optimization(
+            model,
+            gradient_clip_val=self.gradient_clip_val,
+            accumulate_grad_batches=self.accumulate_grad_batches,
+        )
+        check_data(train_dataloaders, datamodule, "train_dataloader", "fit")
+        resolved = self._starting_checkpoint(ckpt_path, "fit")
         self._launch(
             "fit",
             model,
@@ -626,9 +527,9 @@ class Trainer:
         ckpt_path: PathLike | None = None,
     ) -> list[object]:
         """Every batch's ``predict_step`` output, in the loader's order (all ranks' together)."""
-        self._check_module(model, ())
-        self._check_data(dataloaders, datamodule, "predict_dataloader", "predict")
-        resolved = self._resolve_checkpoint(ckpt_path, "predict")
+        check_module(model, ())
+        check_data(dataloaders, datamodule, "predict_dataloader", "predict")
+        resolved = self._starting_checkpoint(ckpt_path, "predict")
         result = self._launch(
             "predict",
             model,
@@ -650,9 +551,9 @@ class Trainer:
     ) -> list[dict[str, Number]]:
         step = "validation_step" if stage == "validate" else "test_step"
         loader = "val_dataloader" if stage == "validate" else "test_dataloader"
-        self._check_module(model, (step,))
-        self._check_data(dataloaders, datamodule, loader, stage)
-        resolved = self._resolve_checkpoint(ckpt_path, stage)
+        check_module(model, (step,))
+        check_data(dataloaders, datamodule, loader, stage)
+        resolved = self._starting_checkpoint(ckpt_path, stage)
         result = self._launch(
             stage,
             model,
@@ -666,139 +567,14 @@ class Trainer:
 
     # Checks before anything starts.
 
-    @staticmethod
-    def _check_module(model: object, needed: tuple[str, ...]) -> None:
-        inner = getattr(model, "_orig_mod", None)
-        if isinstance(inner, Module) and not isinstance(model, Module):
-            raise ConfigurationError(
-                f"the model is torch.compile's wrapper around {type(inner).__name__}, whose "
-                "parameter names (_orig_mod.*) no checkpoint of the module would match",
-                value=type(model).__name__,
-                fix="pass the module itself and Trainer(compile=True) (or "
-                "compile={'mode': ...}), or compile it in place with model.compile(...)",
-            )
-        if not isinstance(model, Module):
-            raise ConfigurationError(
-                f"the model is a {type(model).__name__}, not a plait.trainer.Module",
-                value=type(model).__name__,
-                fix="subclass plait.trainer.Module (a torch.nn.Module with training_step "
-                "and configure_optimizers)",
-            )
-        missing = [name for name in needed if not overrides(model, name)]
-        if missing:
-            raise ConfigurationError(
-                f"{type(model).__name__} does not define {', '.join(missing)}",
-                value=missing,
-                fix=f"define {', '.join(missing)} in {type(model).__name__}",
-            )
-
-    def _check_manual_optimization(self, model: Module) -> None:
-        if model.automatic_optimization:
-            return
-        if self.gradient_clip_val is not None:
-            raise ConfigurationError(
-                f"gradient_clip_val={self.gradient_clip_val} clips in automatic optimization "
-                f"only, and {type(model).__name__} steps its optimizers itself",
-                value=self.gradient_clip_val,
-                fix="clip in training_step before each step, with "
-                "self.clip_gradients(optimizer, gradient_clip_val=...), and drop the "
-                "Trainer's gradient_clip_val",
-            )
-        if self.accumulate_grad_batches > 1:
-            raise ConfigurationError(
-                f"accumulate_grad_batches={self.accumulate_grad_batches} accumulates in "
-                f"automatic optimization only, and {type(model).__name__} steps its "
-                "optimizers itself",
-                value=self.accumulate_grad_batches,
-                fix="accumulate by hand: run the backward passes before the last inside "
-                "optimizer.toggle_model(sync_grad=False), step every n batches, and drop "
-                "the Trainer's accumulate_grad_batches",
-            )
-
-    @staticmethod
-    def _check_data(
-        loaders: object, datamodule: DataModule | None, method: str, stage: str
-    ) -> None:
-        if loaders is not None and datamodule is not None:
-            raise ConfigurationError(
-                f"{stage} got both loaders and a datamodule",
-                fix="pass one of them",
-            )
-        if datamodule is not None and not isinstance(datamodule, DataModule):
-            raise ConfigurationError(
-                f"datamodule is a {type(datamodule).__name__}, not a plait.trainer.DataModule",
-                value=datamodule,
-                fix="subclass plait.trainer.DataModule",
-            )
-        if loaders is None and (datamodule is None or not datamodule.has(method)):
-            raise ConfigurationError(
-                f"{stage} has no data: no loader was given"
-                + ("" if datamodule is None else f" and the datamodule has no {method}()"),
-                fix=f"pass a DataLoader, or a DataModule that defines {method}()",
-            )
-
-    def _is_checkpoint(self, path: str) -> bool:
-        # A collective checkpoint IO writes each checkpoint as a directory of parts;
-        # every strategy reads a checkpoint of any registered format (FSDP's shards,
-        # DeepSpeed's directory, yours) whole.
-        if os.path.isfile(path) or detect_checkpoint_format(path) is not None:
-            return True
-        return os.path.isdir(path) and is_collective(self.strategy.checkpoint_io)
-
-    def _resolve_checkpoint(self, ckpt_path: PathLike | None, stage: Stage) -> str | None:
-        if ckpt_path is None:
-            return None
-        path = os.fspath(ckpt_path)
-        if path in ("last", "best"):
-            callback = self.checkpoint_callback
-            if callback is None:
-                raise ConfigurationError(
-                    f"ckpt_path={path!r} needs a ModelCheckpoint, and checkpointing is off",
-                    value=path,
-                    fix="pass the checkpoint's path, or enable_checkpointing=True",
-                )
-            directory = callback.dirpath or os.path.join(self.default_root_dir, "checkpoints")
-            if path == "best":
-                if not callback.best_model_path:
-                    raise ConfigurationError(
-                        "ckpt_path='best': no best checkpoint is known yet",
-                        value=path,
-                        fix="run fit first, or pass the checkpoint's path",
-                    )
-                return callback.best_model_path
-            last = os.path.join(directory, "last" + ModelCheckpoint.FILE_EXTENSION)
-            if self._is_checkpoint(last):
-                return last
-            newest = _newest_checkpoint(directory, self._is_checkpoint)
-            if newest is not None:
-                rank_zero_warn(
-                    f"ckpt_path='last': {last} does not exist (its save did not complete); "
-                    f"resuming from the newest complete checkpoint, {newest}"
-                )
-                return newest
-            if stage != "fit":
-                raise CheckpointError(last, "does not exist", fix="run fit first")
-            rank_zero_warn(f"ckpt_path='last': {last} does not exist; training starts afresh")
-            return None
-        if "://" not in path and not self._is_checkpoint(path):
-            if os.path.isdir(path):
-                formats = ", ".join(CheckpointFormatRegistry.available())
-                raise CheckpointError(
-                    path,
-                    "is a directory that no strategy wrote (no registered checkpoint format, "
-                    f"of {formats}, recognises it), and "
-                    f"this strategy's checkpoint IO ({self.strategy.checkpoint_io!r}) reads files",
-                    fix="pass a .ckpt file in it, or a checkpoint directory a strategy wrote "
-                    "(an incomplete one, from a run stopped while saving, cannot be read: "
-                    "use an earlier one)",
-                )
-            raise CheckpointError(
-                path,
-                "does not exist",
-                fix="pass the path of a .ckpt file, or ckpt_path='last' to resume from the "
-                "newest checkpoint",
-            )
-        return path
+    def _starting_checkpoint(self, ckpt_path: PathLike | None, stage: Stage) -> str | None:
+        return resolve_checkpoint(
+            ckpt_path,
+            stage,
+            strategy=self.strategy,
+            callback=self.checkpoint_callback,
+            root=self.default_root_dir,
+        )
 
     # Running, in this process or in every rank.
 
@@ -819,12 +595,12 @@ class Trainer:
             val_loaders=val_loaders,
             datamodule=datamodule,
             ckpt_path=ckpt_path,
-            origin=_origin(model),
+            origin=origin(model),
         )
         if isinstance(strategy, SupportsLauncher):
-            outcome = strategy.launcher.launch(_run_in_rank, self, model, run)
+            outcome = strategy.launcher.launch(run_in_rank, self, model, run)
         else:
-            outcome = _run_in_rank(self, model, run)
+            outcome = run_in_rank(self, model, run)
         return self._adopt(outcome, model)
 
     def _adopt(self, outcome: Outcome, model: Module) -> object:
@@ -844,7 +620,7 @@ class Trainer:
                 # Layers the ranks made in configure_model: made here too.
                 model.configure_model()
             model.load_state_dict(outcome.state_dict)
-        if outcome.trainer != _identity(self):
+        if outcome.trainer != identity(self):
             # A copy of this trainer ran (the module may still be this one).
             for callback in self.callbacks:
                 state = outcome.callback_states.get(callback.state_key)
@@ -864,7 +640,7 @@ class Trainer:
     def outcome(self, results: object) -> Outcome:
         """What rank 0 sends back at the end of a run."""
         return Outcome(
-            trainer=_identity(self),
+            trainer=identity(self),
             # Taken by `run_stage` where a fit worked on a copy.
             state_dict=self._final_state,
             trained_checkpoint=self._trained_checkpoint,
@@ -893,14 +669,14 @@ class Trainer:
             # is saved as its shards instead, never gathered whole. Every rank decides
             # alike (both are collective): a launcher runs every rank on the caller's
             # objects (in each rank's own program), or every rank on copies (spawned).
-            if run.stage == "fit" and _origin(module) != run.origin:
+            if run.stage == "fit" and origin(module) != run.origin:
                 self._hand_back(attached, module)
             return results
 
     def _hand_back(self, attached: Attached, module: Module) -> None:
         strategy = self.strategy
         if not (isinstance(strategy, SupportsShardedModule) and strategy.shards_module):
-            self._final_state = _gather_module_state(strategy, module)
+            self._final_state = gather_module_state(strategy, module)
         elif not self.limits.fast_dev_run:  # a debugging run leaves nothing behind
             path = os.path.join(self.default_root_dir, TRAINED_CHECKPOINT)
             self._checkpointer.save(attached, path)
@@ -990,53 +766,3 @@ class Trainer:
     @override
     def __repr__(self) -> str:
         return f"Trainer(strategy={self.strategy!r}, processes={self.num_processes})"
-
-
-def _check_root(root: PathLike | None, *, writes: bool) -> str:
-    """The root directory as a string; when ``writes``, made and found writable now."""
-    path = os.fspath(root) if root else os.getcwd()
-    if not writes or "://" in path:
-        return path  # a URL: its filesystem says what is allowed when it is written
-    try:
-        os.makedirs(path, exist_ok=True)
-        with tempfile.TemporaryFile(dir=path):
-            pass
-    except OSError as error:
-        raise ConfigurationError(
-            f"default_root_dir={path!r} cannot hold logs and checkpoints: "
-            f"{error.strerror or error}",
-            value=path,
-            fix="pass a directory you can write to, e.g. default_root_dir='runs'",
-        ) from None
-    return path
-
-
-def _newest_checkpoint(directory: str, is_checkpoint: Callable[[str], bool]) -> str | None:
-    # Saves rename complete checkpoints into place: every *.ckpt here is whole.
-    found = [
-        path
-        for path in glob.glob(
-            os.path.join(glob.escape(directory), "*" + ModelCheckpoint.FILE_EXTENSION)
-        )
-        if is_checkpoint(path)
-    ]
-    return max(found, key=os.path.getmtime) if found else None
-
-
-def _gather_module_state(strategy: Strategy, module: Module) -> dict[str, torch.Tensor]:
-    # A module every rank holds whole; a DTensor here is replicated (FSDP's NO_SHARD).
-    state = strategy.get_state_dict(module)["state_dict"]
-    gathered = {}
-    for key, value in state.items():
-        whole = getattr(value, "full_tensor", None)
-        gathered[key] = (whole() if callable(whole) else value).detach().cpu()
-    return gathered
-
-
-def _run_in_rank(trainer: Trainer, model: Module, run: Run) -> Outcome:
-    """The body of every rank: run the stage, and say how it ended."""
-    if os.getpid() != run.origin[0] and SEED_ENV_VAR in os.environ:
-        # A process a launcher started afresh: seeded as the caller was.
-        seed_everything()
-    results = trainer.run_stage(model, run)
-    return trainer.outcome(results)
