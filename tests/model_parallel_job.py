@@ -190,6 +190,29 @@ def plain(*, bf16: bool = False) -> dict[str, float]:
     return losses
 
 
+def optimizer_fingerprint(optimizer: torch.optim.Optimizer) -> list[float]:
+    """This rank's optimizer state as numbers: one per tensor (its shard)."""
+    numbers = []
+    for state in optimizer.state.values():
+        for key in sorted(state):
+            value = state[key]
+            if isinstance(value, torch.Tensor):
+                numbers.append(float(_local(value).double().abs().sum()))
+    return numbers
+
+
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    from torch.distributed.tensor import DTensor  # noqa: PLC0415
+
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+
+
+def _whole(tensor: torch.Tensor) -> torch.Tensor:
+    from torch.distributed.tensor import DTensor  # noqa: PLC0415
+
+    return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+
+
 def run(root: str, shape: str, precision: str = "32-true") -> dict[str, object]:
     """One run on the mesh ``shape`` (``DPxTP``); the first saves, the others resume.
 
@@ -213,9 +236,21 @@ def run(root: str, shape: str, precision: str = "32-true") -> dict[str, object]:
     wrapped, [optimizer] = strategy.setup_module_and_optimizers(model, [adamw])
     checkpoint = Path(root) / "checkpoint"
     first = 0
+    alone: dict[str, object] = {}
     if not saves and precision == "32-true":
+        # The module alone first: its shards restored in place, the optimizer left as
+        # it was, the run's entries given back; then the whole state.
+        before = optimizer_fingerprint(optimizer)
+        alone["left"] = sorted(strategy.load_checkpoint(checkpoint, wrapped))
+        alone["untouched"] = optimizer_fingerprint(optimizer) == before
+        probe, _ = samples(STEPS)  # the same on every rank
+        alone_output = strategy.validation_step(wrapped, probe)
         state = {"model": wrapped, "optimizer": optimizer, "step": 0}
         strategy.load_checkpoint(checkpoint, state)
+        output = strategy.validation_step(wrapped, probe)
+        assert isinstance(output, torch.Tensor)
+        assert isinstance(alone_output, torch.Tensor)
+        alone["module"] = torch.equal(_whole(output), _whole(alone_output))
         first = int(state["step"])  # type: ignore[call-overload]
     losses, seen = {}, {}
     per_rank = BATCH // layout.data_parallel_size
@@ -254,6 +289,7 @@ def run(root: str, shape: str, precision: str = "32-true") -> dict[str, object]:
         "batches": batches.flatten().tolist(),
         "refused": refused,
         "tp_sum": tp_sum,
+        "alone": alone,
     }
 
 

@@ -74,6 +74,9 @@ def test_a_checkpoint_saved_on_2x2_resumes_on_another_mesh_shape(
     # uninterrupted run's.
     uninterrupted = {step: v for step, v in _losses(runs["2x2"]).items() if int(step) >= 3}
     assert_losses_close(_losses(runs[shape]), uninterrupted, 1e-5)
+    # Before that, the module alone: its shards restored (the outputs the whole
+    # state then gives), the optimizer as it was, and only the run's entry back.
+    assert runs[shape]["alone"] == {"left": ["step"], "untouched": True, "module": True}
 
 
 @pytest.mark.slow

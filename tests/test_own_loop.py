@@ -31,7 +31,7 @@ from plait.strategies.deepspeed.export import optimizer_state_dict
 JOB = Path(__file__).resolve().with_name("own_loop_job.py")
 STEPS, SAVE_AT = 8, 4
 STRATEGIES = ("single_device", "ddp", "ddp_spawn", "fsdp")
-DEEPSPEED = ("deepspeed_stage_1", "deepspeed_stage_2", "deepspeed_stage_3")
+DEEPSPEED = ("deepspeed_stage_0", "deepspeed_stage_1", "deepspeed_stage_2", "deepspeed_stage_3")
 # With the optimizer state, in every direction between the kinds of checkpoint: one
 # file (DDP, one process), torch.distributed.checkpoint (FSDP), DeepSpeed's ZeRO
 # partitions (at another stage, and at another world size: one process).
