@@ -44,6 +44,13 @@ Sections:
                the store up to STORE_CROSSOVER ranks); and one checked collective's
                work in the job's store at 2 to 1024 ranks (requests and bytes per rank
                and in all, and the time one client takes to send them to a TCPStore)
+  checkpoints  a state of 1 GB sharded over two gloo ranks (64 MB with --quick): seconds
+               to save it and to load it in place through plait's DistributedCheckpointIO
+               against torch.distributed.checkpoint's own save and load; and, in one
+               process, what an AsyncCheckpointIO save costs the training steps that run
+               while it writes, against the time of a synchronous save: the default
+               beside steps on every core, and one that keeps its buffers beside steps
+               on one thread (a core left to the writer, as steps on a GPU leave it)
   conformance  the conformance suite's examples per second per property
 
 Lightning's Trainer and collectives join the comparison where lightning is
@@ -76,7 +83,7 @@ if TYPE_CHECKING:
 
 SECTIONS: Final = (
     "imports", "cli", "steps", "ddp", "fsdp", "deepspeed", "model_parallel", "collectives",
-    "scale", "conformance",
+    "scale", "checkpoints", "conformance",
 )  # fmt: skip
 IMPORTED: Final = ("plait.core", "plait.strategies", "plait.trainer", "lightning.pytorch")
 
@@ -797,6 +804,37 @@ def bench_scale(rounds: int, world_sizes: list[int], scratch: Path) -> list[Row]
 # Conformance.
 
 
+CHECKPOINTS_TOOL: Final = Path(__file__).resolve().with_name("bench_checkpoints.py")
+
+
+def bench_checkpoints(rounds: int, megabytes: int, scratch: Path) -> list[Row]:
+    """Sharded save and load against raw DCP; an asynchronous save's cost to the steps."""
+    figures = {}
+    for workload in ("sharded", "async"):
+        out = scratch / f"checkpoints-{workload}.json"
+        with tempfile.TemporaryDirectory(prefix="plait-bench-", dir=scratch) as directory:
+            _checked_run(
+                [sys.executable, str(CHECKPOINTS_TOOL), workload, "--megabytes", str(megabytes),
+                 "--rounds", str(rounds), "--dir", directory, "--out", str(out)],
+                f"bench_checkpoints {workload}",
+            )  # fmt: skip
+        figures[workload] = json.loads(out.read_text(encoding="utf-8"))
+    size = f"{megabytes} MB" if megabytes < 1024 else f"{megabytes / 1024:g} GB"
+    sharded, asynchronous = figures["sharded"], figures["async"]
+    raw = "torch.distributed.checkpoint"
+    return [
+        Row("checkpoints", f"save {size} sharded on 2 ranks", "s", sharded["save_plait"],
+            sharded["save_raw"], raw),
+        Row("checkpoints", f"load {size} sharded on 2 ranks, in place", "s",
+            sharded["load_plait"], sharded["load_raw"], raw),
+        Row("checkpoints", f"async save of {size}: its cost to steps on every core", "s",
+            asynchronous["cost"], asynchronous["synchronous"], "a synchronous save"),
+        Row("checkpoints", f"async save of {size}, kept buffers: cost to steps leaving a core",
+            "s", asynchronous["cost_kept_one_thread"], asynchronous["synchronous"],
+            "a synchronous save"),
+    ]  # fmt: skip
+
+
 def bench_conformance(examples: int, world_sizes: list[int]) -> list[Row]:
     """Hypothesis examples per second per property of the conformance suite, on ddp."""
     from plait.conformance import PROPERTIES, RankPool, prove  # noqa: PLC0415
@@ -908,6 +946,9 @@ def main(argv: list[str] | None = None) -> int:
         "collectives": lambda: bench_collectives(rounds, scratch),
         "scale": lambda: bench_scale(
             1 if quick else 3, [2, 4] if quick else [2, 4, 8, 16], scratch
+        ),
+        "checkpoints": lambda: bench_checkpoints(
+            1 if quick else min(rounds, 3), 64 if quick else 1024, scratch
         ),
         "conformance": lambda: bench_conformance(
             20 if quick else 200, [2] if quick else [1, 2, 3, 4]

@@ -7,6 +7,7 @@ import torch
 from typing_extensions import override
 
 from plait.checkpoint_io import AsyncCheckpointIO, TorchCheckpointIO, snapshot
+from plait.checkpoint_io.async_io import StagingBuffers
 from plait.core import CheckpointError, SupportsAsyncCheckpoint
 from plait.core.typing import PathLike
 
@@ -113,3 +114,42 @@ def test_a_snapshot_copies_containers_and_tensors() -> None:
     assert not copied["a"][0].requires_grad
     assert copied["b"] == {"c"}
     assert copied["b"] is not original["b"]
+
+
+def test_kept_buffers_are_copied_into_only_once_their_save_is_written(tmp_path: Path) -> None:
+    inner = GatedIO()
+    io = AsyncCheckpointIO(inner, keep_buffers=True)
+    weights = torch.zeros(4)
+
+    io.save_checkpoint({"weights": weights}, tmp_path / "first.pt")
+    weights.add_(1.0)
+    io.save_checkpoint({"weights": weights}, tmp_path / "second.pt")  # the first still waits
+    weights.add_(1.0)
+    inner.gate.set()
+    io.wait()
+    io.save_checkpoint({"weights": weights}, tmp_path / "third.pt")  # into kept buffers
+    weights.add_(1.0)
+    io.wait()
+    io.save_checkpoint({"weights": weights, "more": torch.ones(2, 2)}, tmp_path / "fourth.pt")
+    io.wait()
+
+    for name, value in (("first", 0.0), ("second", 1.0), ("third", 2.0), ("fourth", 3.0)):
+        restored = io.load_checkpoint(tmp_path / f"{name}.pt")
+        assert torch.equal(restored["weights"], torch.full((4,), value)), name
+    assert torch.equal(io.load_checkpoint(tmp_path / "fourth.pt")["more"], torch.ones(2, 2))
+    assert "keep_buffers=True" in repr(io)
+    io.teardown()
+
+
+def test_a_snapshot_into_kept_buffers_reuses_those_that_fit() -> None:
+    buffers = StagingBuffers()
+    first = snapshot({"a": torch.zeros(3), "b": torch.zeros(2)}, buffers)
+    buffers.start()
+    second = snapshot({"a": torch.ones(3), "b": torch.ones(5)}, buffers)
+
+    assert isinstance(first, dict)
+    assert isinstance(second, dict)
+    assert second["a"] is first["a"]  # the same shape: copied into
+    assert second["b"] is not first["b"]  # another shape: made anew
+    assert torch.equal(second["a"], torch.ones(3))
+    assert buffers.nbytes == 4 * (3 + 5)
