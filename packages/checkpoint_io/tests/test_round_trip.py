@@ -28,9 +28,11 @@ from plait.core import CheckpointError, CheckpointIO
 
 DTYPES = (
     torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
-    torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.complex64,
-    torch.complex128,
+    torch.uint16, torch.uint32, torch.uint64, torch.float16, torch.bfloat16, torch.float32,
+    torch.float64, torch.float8_e4m3fn, torch.float8_e5m2, torch.complex64, torch.complex128,
 )  # fmt: skip
+
+UNSIGNED = (torch.bool, torch.uint8, torch.uint16, torch.uint32, torch.uint64)
 
 IOS: dict[str, Callable[[], CheckpointIO]] = {
     "torch": TorchCheckpointIO,
@@ -48,7 +50,8 @@ def tensors(draw: st.DrawFn) -> torch.Tensor:
     count = 1
     for size in shape:
         count *= size
-    values = draw(st.lists(st.integers(-100, 100), min_size=count, max_size=count))
+    low = 0 if dtype in UNSIGNED else -100
+    values = draw(st.lists(st.integers(low, 100), min_size=count, max_size=count))
     return torch.tensor(values, dtype=torch.int64).reshape(shape).to(dtype)
 
 
@@ -113,7 +116,10 @@ def test_every_io_gives_back_what_torch_save_gives_back_or_names_what_it_refuses
     made = IOS[name]()
     count = iter(range(10**6))
 
-    @settings(max_examples=40, suppress_health_check=[HealthCheck.too_slow])
+    # The profile's examples (60; CI's 600), at most 150 for each of the five IOs.
+    @settings(
+        max_examples=min(settings().max_examples, 150), suppress_health_check=[HealthCheck.too_slow]
+    )
     @given(checkpoint=CHECKPOINTS)
     def round_trip(checkpoint: dict[str, object]) -> None:
         path = Path(root) / f"c{next(count)}"
