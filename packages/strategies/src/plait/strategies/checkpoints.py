@@ -12,8 +12,7 @@ from __future__ import annotations
 
 import inspect
 import os
-from collections.abc import Mapping, Sequence
-from datetime import timedelta
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Protocol
 
 import torch
@@ -21,8 +20,8 @@ import torch
 from plait.core import (
     CheckpointError,
     CheckpointFormat,
-    CheckpointIO,
     CheckpointIORegistry,
+    Strategy,
     SupportsFormat,
     SupportsLoadInPlace,
     detect_checkpoint_format,
@@ -31,32 +30,13 @@ from plait.core import (
 from plait.strategies.state import NAMES_KEY, Leftover, LiveState
 
 if TYPE_CHECKING:
-    from plait.core.typing import Checkpoint, Group, PathLike, StateDict
+    from plait.core.typing import Checkpoint, PathLike, StateDict
 
 __all__ = ["Checkpoints", "CheckpointsHost"]
 
 
-class CheckpointsHost(Protocol):
-    """What `Checkpoints` needs of its strategy: its IO, its rank, and its state functions."""
-
-    @property
-    def checkpoint_io(self) -> CheckpointIO:
-        """How checkpoints are written and read."""
-        ...
-
-    @property
-    def is_global_zero(self) -> bool:
-        """Whether this is the process of global rank 0."""
-        ...
-
-    def barrier(
-        self,
-        name: str | None = None,
-        timeout: timedelta | float | None = None,
-        group: Group | None = None,
-    ) -> None:
-        """Wait until every rank has entered."""
-        ...
+class CheckpointsHost(Strategy, Protocol):
+    """What `Checkpoints` needs of its strategy: a `Strategy` that also gives module states."""
 
     def module_state_dict(self, module: torch.nn.Module) -> StateDict:
         """The state of the user's module, without wrapper prefixes."""
@@ -64,29 +44,6 @@ class CheckpointsHost(Protocol):
 
     def full_module_state(self, module: torch.nn.Module) -> StateDict:
         """The module's whole state, on the CPU, with the user module's keys."""
-        ...
-
-    def get_state_dict(
-        self, module: torch.nn.Module, optimizers: Sequence[torch.optim.Optimizer] = ()
-    ) -> Checkpoint:
-        """This rank's share of the state of ``module`` and ``optimizers``."""
-        ...
-
-    def set_state_dict(
-        self,
-        module: torch.nn.Module,
-        optimizers: Sequence[torch.optim.Optimizer],
-        state: Mapping[str, object],
-        *,
-        source: object = "the state",
-    ) -> None:
-        """Load what `get_state_dict` returned into ``module`` and ``optimizers``."""
-        ...
-
-    def read_checkpoint(
-        self, path: PathLike, module: torch.nn.Module | None = None, *, weights_only: bool = False
-    ) -> Checkpoint:
-        """Read the checkpoint at ``path`` without restoring it."""
         ...
 
 
