@@ -38,8 +38,6 @@ from plait.trainer.checks import (
     compile_options,
 )
 from plait.trainer.connector import Connection, Plugin, connect
-from plait.trainer.evaluation_loop import EvaluationLoop, PredictionLoop
-from plait.trainer.fit_loop import FitLoop, datamodule_loader
 from plait.trainer.launch import (
     TRAINED_CHECKPOINT,
     Outcome,
@@ -51,15 +49,12 @@ from plait.trainer.launch import (
 from plait.trainer.limits import Limits, Stage
 from plait.trainer.loggers import Logger, resolve_loggers
 from plait.trainer.optimization import (
-    AutomaticOptimization,
-    ManualOptimization,
-    Optimization,
-    Schedulers,
     is_step_batch,
 )
 from plait.trainer.profiler import Profiler, make_profiler
 from plait.trainer.progress import Progress
 from plait.trainer.results import Results
+from plait.trainer.stages import LoopSettings, run_stage_loop
 from plait.trainer.stopping import parse_stop_signals
 
 if TYPE_CHECKING:
@@ -683,51 +678,25 @@ class Trainer:
             self._trained_checkpoint = path
 
     def _run_loop(self, attached: Attached, run: Run) -> object:
-        strategy, stage = self.strategy, run.stage
-        progress, results, limits = self.progress, self.results, self.limits
-        evaluation = EvaluationLoop(strategy, attached, results, limits, progress)
-        if stage == "fit":
-            # Under manual optimization the user's step steps the optimizers and the
-            # schedulers: the trainer steps neither, and every batch ends a step.
-            manual = not attached.module.automatic_optimization
-            schedulers = Schedulers([] if manual else attached.schedulers, progress, results)
-            optimization: Optimization = (
-                ManualOptimization(strategy, attached)
-                if manual
-                else AutomaticOptimization(
-                    strategy,
-                    attached,
-                    attached.hooks,
-                    progress,
-                    schedulers,
-                    accumulate=self.accumulate_grad_batches,
-                    clip_val=self.gradient_clip_val,
-                    clip_algorithm=self.gradient_clip_algorithm,
-                )
-            )
-            FitLoop(
-                strategy=strategy,
-                attached=attached,
-                optimization=optimization,
-                schedulers=schedulers,
-                evaluation=evaluation,
-                results=results,
-                limits=limits,
-                progress=progress,
-                checkpointer=self._checkpointer,
-                last_checkpoint=None if self.fast_dev_run else self.checkpoint_callback,
-                stop_signals=self.stop_signals,
-                accumulate=1 if manual else self.accumulate_grad_batches,
-                detect_anomaly=self.detect_anomaly,
-                sanity=self._sanity_check,
-            ).run(run.loaders, run.val_loaders, run.datamodule)
-            return None
-        loader = run.loaders
-        if loader is None:
-            loader = datamodule_loader(run.datamodule, stage)
-        if stage == "predict":
-            return PredictionLoop(strategy, attached, results, limits, progress).run(loader)
-        return [evaluation.run(stage, loader)]
+        settings = LoopSettings(
+            accumulate_grad_batches=self.accumulate_grad_batches,
+            gradient_clip_val=self.gradient_clip_val,
+            gradient_clip_algorithm=self.gradient_clip_algorithm,
+            stop_signals=self.stop_signals,
+            detect_anomaly=self.detect_anomaly,
+        )
+        return run_stage_loop(
+            run,
+            attached,
+            strategy=self.strategy,
+            progress=self.progress,
+            results=self.results,
+            limits=self.limits,
+            checkpointer=self._checkpointer,
+            last_checkpoint=None if self.fast_dev_run else self.checkpoint_callback,
+            settings=settings,
+            sanity=self._sanity_check,
+        )
 
     @contextlib.contextmanager
     def _sanity_check(self) -> Iterator[None]:
