@@ -161,12 +161,24 @@ def parameters(folder: Path) -> dict[str, torch.Tensor]:
     return state
 
 
-def interrupt(slurm: Cluster, job: str, folder: Path, command: list[str]) -> None:
-    """Run ``command JOB`` once the job has saved its first checkpoint."""
-    checkpoint = folder / "run" / "checkpoints" / "last.ckpt"
-    wait_for(checkpoint.exists, 240, "the first epoch's checkpoint")
-    interrupted = slurm.run(*command, job)
-    assert interrupted.returncode == 0, interrupted.stderr
+def interrupt(slurm: Cluster, interrupts: dict[Path, tuple[str, list[str]]]) -> None:
+    """Run each ``command JOB`` as soon as its job has saved its first checkpoint.
+
+    ``interrupts`` maps each job's folder to the job and the command. The jobs are
+    watched together: one interrupted after another had waited on the first would
+    be late, and under load could finish its training before its signal came.
+    """
+    waiting = dict(interrupts)
+
+    def send_those_ready() -> bool:
+        for folder, (job, command) in list(waiting.items()):
+            if (folder / "run" / "checkpoints" / "last.ckpt").exists():
+                interrupted = slurm.run(*command, job)
+                assert interrupted.returncode == 0, interrupted.stderr
+                del waiting[folder]
+        return not waiting
+
+    wait_for(send_those_ready, 240, "the first epoch's checkpoint of every interrupted job")
 
 
 def requeued_and_resumed(slurm: Cluster, job: str, folder: Path, signal_name: str) -> str:
@@ -202,8 +214,13 @@ def test_sbatch_runs_plait_fit_and_a_stopped_or_preempted_job_is_requeued_and_re
     for folder in (undisturbed, stopped, preempted):
         folder.mkdir()
         jobs[folder] = slurm.submit(folder, 8)
-    interrupt(slurm, jobs[stopped], stopped, ["scancel", "--signal=USR1"])
-    interrupt(slurm, jobs[preempted], preempted, ["scontrol", "requeue"])
+    interrupt(
+        slurm,
+        {
+            stopped: (jobs[stopped], ["scancel", "--signal=USR1"]),
+            preempted: (jobs[preempted], ["scontrol", "requeue"]),
+        },
+    )
 
     state = slurm.wait_until_ended(jobs[undisturbed], 300, "the undisturbed job to end")
     output = (undisturbed / "out.txt").read_text()
