@@ -654,16 +654,23 @@ class BaseStrategy(Remakeable, abc.ABC):
         Without ``state`` nothing is restored: the whole checkpoint is returned, its
         tensors on the CPU (`read_checkpoint`).
 
-        A checkpoint another strategy wrote loads too, the optimizers' states with
-        it: a file into FSDP's shards, FSDP's shards into DDP, DeepSpeed's ZeRO
-        partitions, rebuilt whole, anywhere (a DeepSpeed run of another stage or
-        world size too), and any of them into DeepSpeed's partitions.
-        ``weights_only=True`` loads the module (and the state's other entries) and
-        leaves the optimizers as they are: to fine-tune with a fresh optimizer, or
-        to start from a checkpoint of another kind of optimizer.
+        The module alone (or a state without optimizers) restores the module and
+        leaves every optimizer exactly as it was, its state not even read, on every
+        strategy; ``weights_only=True`` does the same for a state with optimizers:
+        to fine-tune with a fresh optimizer, or to start from a checkpoint of
+        another kind of optimizer.
+
+        A checkpoint of any registered format loads (`plait.core.CheckpointFormat`),
+        the optimizers' states with it: a file into FSDP's shards, FSDP's shards
+        into DDP, DeepSpeed's ZeRO partitions, rebuilt whole, anywhere (a DeepSpeed
+        run of another stage or world size too), any of them into DeepSpeed's
+        partitions, and a format a package of yours registers.
 
         Returns:
-            The checkpoint's entries that nothing in ``state`` took.
+            The checkpoint's entries that nothing in ``state`` took; where no
+            optimizer was restored, the run's entries alone (never the module's or
+            an optimizer's state). `set_state_dict` refuses it, naming the line to
+            write: `read_checkpoint` is what returns states to restore by hand.
 
         Raises:
             CheckpointError: The checkpoint holds no state for the module, or of

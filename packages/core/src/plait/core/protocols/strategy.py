@@ -226,8 +226,9 @@ class Strategy(Collectives, Protocol):
 
         ``state`` is the module, or a mapping of what `save_checkpoint` was given
         (module, optimizers, `Stateful` objects, plain values); without it, the whole
-        checkpoint is returned and nothing is restored. ``weights_only`` leaves the
-        optimizers as they are. Every rank calls it.
+        checkpoint is returned and nothing is restored. ``weights_only``, or a state
+        without optimizers, leaves every optimizer as it was and gives back the run's
+        entries alone. Every rank calls it.
         """
         ...
 
