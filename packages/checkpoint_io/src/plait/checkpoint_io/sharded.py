@@ -90,9 +90,9 @@ class DistributedCheckpointIO:
     """
 
     collective = True
+    """Every rank calls `save_checkpoint`, `load_checkpoint_into` and `remove_checkpoint`."""
     format = "distributed"
     """The checkpoint format it writes (`plait.core.SupportsFormat`)."""
-    """Every rank calls `save_checkpoint`, `load_checkpoint_into` and `remove_checkpoint`."""
 
     def __init__(
         self,
