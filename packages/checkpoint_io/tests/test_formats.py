@@ -111,3 +111,18 @@ def test_a_checkpoint_without_module_state_is_not_consolidated_silently(
         found.consolidate(tmp_path / "saved", tmp_path / "out.pt")
 
     assert not (tmp_path / "out.pt").exists()
+
+
+def test_a_sharded_checkpoint_consolidates_with_the_keys_it_was_given(tmp_path: Path) -> None:
+    saved = {
+        **_checkpoint(),
+        "extra": {"state": {0: {"momentum": torch.ones(2)}}, "empty": {}},
+    }
+    DistributedCheckpointIO().save_checkpoint(saved, tmp_path / "shards")
+
+    DistributedFormat().consolidate(tmp_path / "shards", tmp_path / "whole.pt")
+
+    extra = torch.load(tmp_path / "whole.pt", weights_only=True)["extra"]
+    assert list(extra["state"]) == [0]  # not "0", nor plait's record of the keys
+    assert torch.equal(extra["state"][0]["momentum"], torch.ones(2))
+    assert extra["empty"] == {}

@@ -10,15 +10,13 @@ its ``.metadata`` is written. Both are registered in
 from __future__ import annotations
 
 import os
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
-import torch
 from typing_extensions import override
 
-from plait.checkpoint_io.sharded import DistributedCheckpointIO
+from plait.checkpoint_io.sharded import DistributedCheckpointIO, read_whole
 from plait.checkpoint_io.torch_io import TorchCheckpointIO, filesystem
 from plait.core import CheckpointError
 
@@ -113,13 +111,7 @@ class DistributedFormat:
 
     def consolidate(self, path: PathLike, output: PathLike, *, weights_only: bool = False) -> None:
         """Gather every shard into one ``torch.save`` file at ``output``."""
-        from torch.distributed.checkpoint.format_utils import dcp_to_torch_save  # noqa: PLC0415
-
-        DistributedCheckpointIO.require_complete(path)
-        with tempfile.TemporaryDirectory(prefix="plait-consolidate-") as scratch:
-            whole_file = Path(scratch) / "whole.pt"
-            dcp_to_torch_save(os.fspath(path), whole_file)
-            whole = torch.load(whole_file, map_location="cpu", weights_only=False)
+        whole = read_whole(path, "cpu", weights_only=False)
         state = _module_state(whole, path)
         _write({"state_dict": state} if weights_only else whole, output)
 

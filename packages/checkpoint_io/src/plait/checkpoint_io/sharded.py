@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 
     from plait.core.typing import Checkpoint, PathLike, StateDict
 
-__all__ = ["DistributedCheckpointIO"]
+__all__ = ["DistributedCheckpointIO", "read_whole"]
 
 
 # torch.distributed.checkpoint is imported where it is used: it takes about a second
@@ -65,6 +65,27 @@ def _ranks(group: list[int]) -> str:
 
 def _is_rank_zero() -> bool:
     return not _distributed() or dist.get_rank() == 0
+
+
+def read_whole(
+    path: PathLike, map_location: torch.device | str | None, *, weights_only: bool
+) -> Checkpoint:
+    """The checkpoint directory ``path`` gathered whole in this process, as it was saved.
+
+    ``weights_only=False`` unpickles any object it holds (unsafe for directories you
+    did not write).
+
+    Raises:
+        CheckpointError: It is missing or incomplete.
+    """
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save  # noqa: PLC0415
+
+    DistributedCheckpointIO.require_complete(path)
+    with tempfile.TemporaryDirectory(prefix="plait-dcp-") as scratch:
+        converted = Path(scratch) / "full.pt"
+        dcp_to_torch_save(os.fspath(path), converted)
+        loaded = torch.load(converted, map_location=map_location, weights_only=weights_only)
+    return cast("Checkpoint", decoded(loaded))
 
 
 class DistributedCheckpointIO:
@@ -243,14 +264,7 @@ class DistributedCheckpointIO:
         Raises:
             CheckpointError: It is missing or incomplete.
         """
-        from torch.distributed.checkpoint.format_utils import dcp_to_torch_save  # noqa: PLC0415
-
-        self.require_complete(path)
-        with tempfile.TemporaryDirectory(prefix="plait-dcp-") as scratch:
-            converted = Path(scratch) / "full.pt"
-            dcp_to_torch_save(os.fspath(path), converted)
-            loaded = torch.load(converted, map_location=map_location, weights_only=True)
-        return cast("Checkpoint", decoded(loaded))
+        return read_whole(path, map_location, weights_only=True)
 
     def remove_checkpoint(self, path: PathLike) -> None:
         """Delete the checkpoint directory (on rank 0; the others wait for it).

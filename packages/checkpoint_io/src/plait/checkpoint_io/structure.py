@@ -51,7 +51,7 @@ def encoded(checkpoint: Mapping[str, object], where: PathLike) -> Checkpoint:
     made = _encoded(checkpoint, (), where)
     assert isinstance(made, dict)
     seen: dict[str, Path] = {}
-    for path in _leaf_paths(made, ()):
+    for path, _ in _leaves(made, ()):
         dotted = ".".join(str(key) for key in path)
         if dotted in seen and seen[dotted] != path:
             raise CheckpointError(
@@ -97,12 +97,13 @@ def _unkeepable(where: PathLike, why: str) -> CheckpointError:
     )
 
 
-def _leaf_paths(value: object, path: Path) -> list[Path]:
+def _leaves(value: object, path: Path) -> list[tuple[Path, object]]:
+    # What DCP stores at one path: a value that is not a container, or an empty list.
     if isinstance(value, Mapping):
-        return [p for key, item in value.items() for p in _leaf_paths(item, (*path, key))]
+        return [leaf for key, item in value.items() for leaf in _leaves(item, (*path, key))]
     if isinstance(value, list) and value:
-        return [p for index, item in enumerate(value) for p in _leaf_paths(item, (*path, index))]
-    return [path]
+        return [leaf for index, item in enumerate(value) for leaf in _leaves(item, (*path, index))]
+    return [(path, value)]
 
 
 def decoded(value: object) -> object:
@@ -135,24 +136,10 @@ def plain_tensor_digests(checkpoint: Mapping[str, object]) -> dict[str, Digest]:
     from torch.distributed.tensor import DTensor  # noqa: PLC0415
 
     digests: dict[str, Digest] = {}
-    for path, value in _tensor_leaves(checkpoint, ()):
-        if not isinstance(value, DTensor):
+    for path, value in _leaves(checkpoint, ()):
+        if isinstance(value, torch.Tensor) and not isinstance(value, DTensor):
             digests[_shown(path)] = _digest(value)
     return digests
-
-
-def _tensor_leaves(value: object, path: Path) -> list[tuple[Path, torch.Tensor]]:
-    if isinstance(value, torch.Tensor):
-        return [(path, value)]
-    if isinstance(value, Mapping):
-        return [leaf for key, item in value.items() for leaf in _tensor_leaves(item, (*path, key))]
-    if isinstance(value, list):
-        return [
-            leaf
-            for index, item in enumerate(value)
-            for leaf in _tensor_leaves(item, (*path, index))
-        ]
-    return []
 
 
 def differing(per_rank: Sequence[Mapping[str, Digest]]) -> dict[str, list[list[int]]]:
