@@ -17,10 +17,9 @@ import torch
 
 from plait.core import CheckpointError, ConfigurationError, StrategyRegistry
 from plait.strategies import DeepSpeedStrategy
-from plait.strategies.deepspeed import consolidate_checkpoint, library
+from plait.strategies.deepspeed import DeepSpeedFormat, consolidate_checkpoint, library
 from plait.strategies.deepspeed.checkpoint_io import (
     _next_tag,
-    is_deepspeed_checkpoint,
     latest_tag,
 )
 from plait.strategies.deepspeed.config import (
@@ -323,13 +322,13 @@ def test_deepspeed_imported_first_by_the_users_code_still_builds_no_shared_memor
 
 
 def test_checkpoint_directories_are_recognised_and_their_tags_checked(tmp_path: Path) -> None:
-    assert not is_deepspeed_checkpoint(tmp_path)
+    assert not DeepSpeedFormat().recognizes(tmp_path)
     assert _next_tag(tmp_path / "none") == "checkpoint-1"
     (tmp_path / "checkpoint-1").mkdir()
     (tmp_path / "checkpoint-7").mkdir()
     assert _next_tag(tmp_path) == "checkpoint-8"
     (tmp_path / "latest").write_text("checkpoint-9")
-    assert is_deepspeed_checkpoint(tmp_path)
+    assert DeepSpeedFormat().recognizes(tmp_path)
     with pytest.raises(CheckpointError, match=r"names the tag 'checkpoint-9'"):
         latest_tag(tmp_path)
     (tmp_path / "latest").write_text("checkpoint-7\n")

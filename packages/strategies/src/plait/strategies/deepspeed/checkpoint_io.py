@@ -19,7 +19,7 @@ from typing_extensions import override
 
 from plait.core import CheckpointError
 from plait.strategies.deepspeed import library
-from plait.strategies.deepspeed.format import LATEST, DeepSpeedFormat
+from plait.strategies.deepspeed.format import LATEST
 
 if TYPE_CHECKING:
     from plait.core.typing import Checkpoint, PathLike
@@ -30,7 +30,6 @@ __all__ = [
     "STAGE3_MODEL_STATES",
     "DeepSpeedCheckpointIO",
     "client_entries",
-    "is_deepspeed_checkpoint",
     "latest_tag",
 ]
 
@@ -61,11 +60,6 @@ def client_entries(saved: Mapping[str, object]) -> Checkpoint:
     if isinstance(keys, list):
         return {key: saved[key] for key in keys if key in saved}
     return {key: value for key, value in saved.items() if key not in _ENGINE_STATE}
-
-
-def is_deepspeed_checkpoint(path: PathLike) -> bool:
-    """Whether ``path`` is a directory DeepSpeed's engine wrote (it has ``latest``)."""
-    return DeepSpeedFormat().recognizes(path)
 
 
 def latest_tag(path: PathLike) -> str:
