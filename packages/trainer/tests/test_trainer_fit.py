@@ -397,21 +397,31 @@ def test_validation_leaves_the_training_randomness_alone(tmp_path: Path) -> None
     assert with_validation.losses == without.losses
 
 
-def _run_losses(tmp_path: Path, **settings: object) -> list[float]:
+def _run_losses(tmp_path: Path, schedule: str | None = None, **settings: object) -> list[float]:
     seed_everything(7)
     model = Regressor()
+    model.schedule = schedule
     _trainer(tmp_path, **settings).fit(model, _loader(), _loader(n=16, shuffle=False))
     return model.losses
 
 
+@pytest.mark.parametrize("schedule", [None, "step", "epoch", "plateau"])
 @pytest.mark.parametrize("stop_after", [5, 8, 13], ids=["mid-epoch", "epoch-end", "second-epoch"])
-def test_a_resumed_run_continues_exactly(tmp_path: Path, stop_after: int) -> None:
-    uninterrupted = _run_losses(tmp_path / "whole", max_epochs=3, enable_checkpointing=False)
+def test_a_resumed_run_continues_exactly(
+    tmp_path: Path, stop_after: int, schedule: str | None
+) -> None:
+    whole = _trainer(tmp_path / "whole", max_epochs=3, enable_checkpointing=False)
+    seed_everything(7)
+    whole_model = Regressor()
+    whole_model.schedule = schedule
+    whole.fit(whole_model, _loader(), _loader(n=16, shuffle=False))
+    uninterrupted = whole_model.losses
 
     checkpoint = ModelCheckpoint(tmp_path / "ckpt", every_n_train_steps=stop_after, save_top_k=0)
-    first = _run_losses(tmp_path / "part", max_steps=stop_after, callbacks=[checkpoint])
+    first = _run_losses(tmp_path / "part", schedule, max_steps=stop_after, callbacks=[checkpoint])
     seed_everything(123)  # a resumed run restores the random state; the seed here does not matter
     resumed_model = Regressor()
+    resumed_model.schedule = schedule
     resumed = _trainer(
         tmp_path / "part",
         max_epochs=3,
@@ -424,6 +434,10 @@ def test_a_resumed_run_continues_exactly(tmp_path: Path, stop_after: int) -> Non
     assert len(first) == stop_after
     assert first + resumed_model.losses == uninterrupted
     assert resumed.global_step == 24
+    # An epoch cut short by max_steps steps its schedulers once, when it really ends:
+    # a second step would change the next epoch's learning rate, so its losses.
+    for name, value in whole_model.state_dict().items():
+        assert torch.equal(resumed_model.state_dict()[name], value), name
 
 
 def test_model_checkpoint_keeps_the_best_k_by_a_metric(tmp_path: Path) -> None:

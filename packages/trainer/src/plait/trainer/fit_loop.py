@@ -196,6 +196,7 @@ class FitLoop:
         profiler = self.attached.hooks.profiler
         regions = regions_of(profiler)
         device = self.strategy.root_device
+        ran_out = True
         for batch_idx, batch in batch_iterator:
             if regions is None:  # no profiler: no context around the batch
                 self._batch(metrics, batch_idx, batch, device)
@@ -210,11 +211,12 @@ class FitLoop:
                 validated_at_end = last
             self._stop_if_asked(batch_idx)
             if limits.steps_reached(progress):
+                ran_out = False
                 break
         at_end = val_every is None and not validated_at_end
         if val_loader is not None and limits.validation_due(progress) and at_end:
             self._validate(val_loader)
-        self._end_epoch(metrics, complete=total is None)
+        self._end_epoch(metrics, ran_out=ran_out)
 
     def _batch(self, metrics: Metrics, batch_idx: int, batch: object, device: torch.device) -> None:
         # The hottest code of the trainer: attributes are read once, into locals.
@@ -245,15 +247,19 @@ class FitLoop:
         results.publish_step(metrics, stepping=stepping)
         hooks.on_train_batch_end(output, on_device, batch_idx)
 
-    def _end_epoch(self, metrics: Metrics, *, complete: bool) -> None:
+    def _end_epoch(self, metrics: Metrics, *, ran_out: bool) -> None:
         progress, results, hooks = self.progress, self.results, self.attached.hooks
         results.active = metrics
         metrics.epoch_end = True
         hooks.on_train_epoch_end_module()
         results.publish_epoch(metrics, training=True)
         results.active = None
-        self.schedulers.step("epoch")
-        progress.epoch_done = complete or progress.batches_done >= progress.training_batches
+        # An epoch cut short by max_steps is not over: its schedulers step when a
+        # resumed run finishes it, once (a checkpoint written now must not hold them
+        # stepped already).
+        progress.epoch_done = ran_out or progress.batches_done >= progress.training_batches > 0
+        if progress.epoch_done:
+            self.schedulers.step("epoch")
         hooks.on_train_epoch_end()
         # Any rank may have asked to stop: all stop together, or none does.
         progress.should_stop = self.strategy.reduce_boolean_decision(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Protocol
 
@@ -134,6 +135,9 @@ def training_loss(output: StepOutput, world_size: int) -> torch.Tensor | None:
     )
 
 
+_STEP_ORDER_WARNING = r"Detected call of `lr_scheduler\.step\(\)` before `optimizer\.step\(\)`"
+
+
 class Schedulers:
     """Steps the learning-rate schedulers at their interval and frequency.
 
@@ -150,6 +154,7 @@ class Schedulers:
         self.configs = configs
         self.progress = progress
         self.results = results
+        self._unstepped = list(configs)
 
     def step(self, interval: str) -> None:
         """Step the schedulers of ``interval`` (``"step"`` or ``"epoch"``) that are due.
@@ -162,19 +167,32 @@ class Schedulers:
         for config in self.configs:
             if config.interval != interval or count % config.frequency != 0:
                 continue
-            if isinstance(config.scheduler, ReduceLROnPlateau):
-                assert config.monitor is not None  # checked when configured
-                logged = self.results.callback_metrics
-                if config.monitor not in logged:
-                    raise ConfigurationError(
-                        f"ReduceLROnPlateau monitors {config.monitor!r}, which was not logged; "
-                        f"logged: {', '.join(sorted(logged)) or 'nothing'}",
-                        value=config.monitor,
-                        fix="log it with self.log, or monitor a logged metric",
-                    )
-                config.scheduler.step(float(logged[config.monitor]))
+            if progress.global_step > 0 and config in self._unstepped:
+                # A resumed run may end an epoch whose steps its checkpoint holds
+                # before this process steps an optimizer: torch's warning that the
+                # scheduler steps first is about this process, not the run.
+                with warnings.catch_warnings():
+                    warnings.filterwarnings("ignore", _STEP_ORDER_WARNING, UserWarning)
+                    self._step(config)
             else:
-                config.scheduler.step()
+                self._step(config)
+            if config in self._unstepped:
+                self._unstepped.remove(config)
+
+    def _step(self, config: SchedulerConfig) -> None:
+        if isinstance(config.scheduler, ReduceLROnPlateau):
+            assert config.monitor is not None  # checked when configured
+            logged = self.results.callback_metrics
+            if config.monitor not in logged:
+                raise ConfigurationError(
+                    f"ReduceLROnPlateau monitors {config.monitor!r}, which was not logged; "
+                    f"logged: {', '.join(sorted(logged)) or 'nothing'}",
+                    value=config.monitor,
+                    fix="log it with self.log, or monitor a logged metric",
+                )
+            config.scheduler.step(float(logged[config.monitor]))
+        else:
+            config.scheduler.step()
 
 
 class Optimization(Protocol):
