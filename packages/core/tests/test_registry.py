@@ -211,9 +211,25 @@ def test_a_factory_must_be_callable() -> None:
 
 def test_init_params_the_factory_does_not_take_are_rejected_at_registration() -> None:
     with pytest.raises(
-        ConfigurationError, match=r"does not accept the given init params \['spokes'\]"
+        ConfigurationError, match=r"registered with the option spokes=, which its factory does not"
     ):
         new_registry().register("gear", Gear, spokes=4)
+
+
+def test_a_misspelt_option_is_refused_with_the_closest_one_at_registration_and_at_get() -> None:
+    registry = new_registry()
+    with pytest.raises(ConfigurationError, match=r"registered with the option tooth=") as error:
+        registry.register("gear", Gear, tooth=4)
+    assert error.value.suggestion == "teeth"
+    registry.register("gear", Gear)
+
+    with pytest.raises(ConfigurationError, match=r"given the option tooth=") as error:
+        registry.get("gear", tooth=4)
+
+    assert error.value.suggestion == "teeth"
+    assert "teeth" in error.value.choices
+    assert "write teeth= for tooth=" in str(error.value)
+    assert registry.get("gear", teeth=4).spin(1) == 4
 
 
 def test_a_registry_without_a_protocol_checks_nothing_structural() -> None:

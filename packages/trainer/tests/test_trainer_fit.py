@@ -17,6 +17,7 @@ from typing_extensions import override
 from plait.core import (
     CheckpointError,
     ConfigurationError,
+    RunProgress,
     SupportsProcessDataloader,
     seed_everything,
 )
@@ -783,3 +784,71 @@ def test_the_strategy_wraps_each_pass_over_a_loader(tmp_path: Path) -> None:
     assert len(model.losses) == 16
     # Trained on the wrapper's batches: a zero target, far below the real one's losses.
     assert max(model.losses) < 1.0
+
+
+def test_the_trainer_calls_the_strategys_lifecycle_hooks_on_every_run(tmp_path: Path) -> None:
+    events: list[str] = []
+
+    class Told(SingleDeviceStrategy):
+        @override
+        def on_fit_start(self, run: RunProgress) -> None:
+            events.append(f"fit_start@{run.global_step}")
+
+        @override
+        def on_fit_end(self) -> None:
+            events.append("fit_end")
+
+        @override
+        def on_train_start(self) -> None:
+            events.append("train_start")
+
+        @override
+        def on_train_end(self) -> None:
+            events.append("train_end")
+
+        @override
+        def on_validation_start(self) -> None:
+            events.append("validation_start")
+
+        @override
+        def on_validation_end(self) -> None:
+            events.append("validation_end")
+
+        @override
+        def on_test_start(self) -> None:
+            events.append("test_start")
+
+        @override
+        def on_test_end(self) -> None:
+            events.append("test_end")
+
+        @override
+        def on_predict_start(self) -> None:
+            events.append("predict_start")
+
+        @override
+        def on_predict_end(self) -> None:
+            events.append("predict_end")
+
+        @override
+        def teardown(self) -> None:
+            events.append("teardown")
+            super().teardown()
+
+    trainer = _trainer(tmp_path, max_epochs=2, strategy=Told(device="cpu"))
+    model = Regressor()
+    trainer.fit(model, _loader(n=16), _loader(n=8, shuffle=False))
+    trainer.validate(model, _loader(n=8, shuffle=False))
+    trainer.test(model, _loader(n=8, shuffle=False))
+    trainer.predict(model, _loader(n=8, shuffle=False))
+
+    assert events == [
+        "fit_start@0",
+        "train_start",
+        "validation_start", "validation_end",
+        "validation_start", "validation_end",
+        "train_end", "fit_end", "teardown",
+        "validation_start", "validation_end", "teardown",
+        "test_start", "test_end", "teardown",
+        "predict_start", "predict_end", "teardown",
+    ]  # fmt: skip

@@ -31,6 +31,7 @@ from plait.core.protocols import (
     GradientClipAlgorithm,
     Launcher,
     Precision,
+    RunProgress,
     Stateful,
     Strategy,
     SupportsAsyncCheckpoint,
@@ -41,6 +42,7 @@ from plait.core.protocols import (
     SupportsDeviceStats,
     SupportsFormat,
     SupportsLauncher,
+    SupportsLifecycleHooks,
     SupportsLoadInPlace,
     SupportsManualOptimization,
     SupportsModelShardedContext,
@@ -71,6 +73,14 @@ from plait.core.registries import (
 from plait.core.registry import Registry, RegistryEntry
 from plait.core.seed import seed_everything, worker_init_fn
 from plait.core.stopping import STOP_SIGNALS, TrainingStopped, stopped_by
+from plait.core.training import (
+    DeclaresTrainingSemantics,
+    PeriodicAveraging,
+    Replicas,
+    Synchronous,
+    TrainingSemantics,
+    training_semantics_of,
+)
 
 __all__ = [
     "STOP_SIGNALS",
@@ -88,12 +98,14 @@ __all__ = [
     "CollectiveTimeoutError",
     "Collectives",
     "ConfigurationError",
+    "DeclaresTrainingSemantics",
     "EnvironmentRegistry",
     "GradientClipAlgorithm",
     "Launcher",
     "MissingDependencyError",
     "NodeLayout",
     "PeerFailedError",
+    "PeriodicAveraging",
     "PlaitError",
     "Precision",
     "PrecisionRegistry",
@@ -102,6 +114,8 @@ __all__ = [
     "ReduceOp",
     "Registry",
     "RegistryEntry",
+    "Replicas",
+    "RunProgress",
     "Stateful",
     "Strategy",
     "StrategyRegistry",
@@ -113,6 +127,7 @@ __all__ = [
     "SupportsDeviceStats",
     "SupportsFormat",
     "SupportsLauncher",
+    "SupportsLifecycleHooks",
     "SupportsLoadInPlace",
     "SupportsManualOptimization",
     "SupportsModelShardedContext",
@@ -121,6 +136,8 @@ __all__ = [
     "SupportsProcessDataloader",
     "SupportsReplace",
     "SupportsShardedModule",
+    "Synchronous",
+    "TrainingSemantics",
     "TrainingStopped",
     "detect_checkpoint_format",
     "free_port",
@@ -134,5 +151,6 @@ __all__ = [
     "require_module",
     "seed_everything",
     "stopped_by",
+    "training_semantics_of",
     "worker_init_fn",
 ]

@@ -10,6 +10,7 @@ first use of the registry, never at import.
 from __future__ import annotations
 
 import contextvars
+import difflib
 import inspect
 import re
 import threading
@@ -168,6 +169,8 @@ class Registry(Generic[T]):
                 provides the built-in ones is not installed.
         """
         entry = self.entry(name)
+        if overrides:
+            self._check_options(entry.name, entry.factory, overrides, given="given")
         built = entry.factory(**{**entry.init_params, **overrides})
         if self._members:
             missing = self._missing_members(set(dir(built)))
@@ -280,18 +283,48 @@ class Registry(Generic[T]):
                     value=factory,
                     fix=f"implement {', '.join(missing)} on {factory.__qualname__}",
                 )
+        self._check_options(key, factory, init_params, given="registered with")
+
+    def _check_options(
+        self, key: str, factory: Callable[..., object], options: Mapping[str, object], *, given: str
+    ) -> None:
+        """Refuse options ``factory`` does not take, naming the closest it does."""
         try:
             signature = inspect.signature(factory)
         except (TypeError, ValueError):
             return  # Some builtins have no signature to check against.
         try:
-            signature.bind_partial(**init_params)
+            signature.bind_partial(**options)
         except TypeError as error:
+            parameters = signature.parameters
+            takes = sorted(
+                name
+                for name, parameter in parameters.items()
+                if parameter.kind in (parameter.KEYWORD_ONLY, parameter.POSITIONAL_OR_KEYWORD)
+            )
+            unknown = sorted(name for name in options if name not in takes)
+            close = {
+                name: found[0]
+                for name in unknown
+                for found in [difflib.get_close_matches(name, takes, n=1)]
+                if found
+            }
+            first = unknown[0] if unknown else None
             raise ConfigurationError(
-                f"{self.kind} {key!r}: the factory does not accept the given "
-                f"init params {sorted(init_params)}: {error}",
-                value=dict(init_params),
-                fix="pass only keyword arguments the factory takes",
+                f"{self.kind} {key!r} was {given} "
+                + (
+                    f"the option{'s' if len(unknown) > 1 else ''} "
+                    f"{', '.join(f'{name}=' for name in unknown)}, which its factory does not take"
+                    if unknown
+                    else f"options its factory cannot take: {error}"
+                ),
+                value=dict(options),
+                choices=takes,
+                suggestion=close.get(first) if first is not None else None,
+                fix=(
+                    "; ".join(f"write {found}= for {name}=" for name, found in close.items())
+                    or "pass only keyword arguments the factory takes"
+                ),
             ) from None
 
     def _ensure_loaded(self) -> None:

@@ -22,6 +22,7 @@ from plait.core import (
 )
 from plait.strategies.checkpoints import Checkpoints
 from plait.strategies.data import DistributedLoader, setup_dataloader
+from plait.strategies.lifecycle import Lifecycle
 from plait.strategies.parts import one_precision, resolve_parts
 from plait.strategies.rebind import rebind_optimizers, replaced_parameters
 from plait.strategies.remake import Remakeable
@@ -41,7 +42,7 @@ __all__ = ["BaseStrategy"]
 T = TypeVar("T")
 
 
-class BaseStrategy(Remakeable, abc.ABC):
+class BaseStrategy(Lifecycle, Remakeable, abc.ABC):
     """A strategy built from an accelerator, a precision and a checkpoint IO.
 
     Each part is passed in, or made by name from the core registries: the

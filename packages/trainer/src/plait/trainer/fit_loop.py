@@ -161,6 +161,7 @@ class FitLoop:
         )
         with GracefulStop(self.stop_signals) as graceful, anomalies:
             self._graceful = graceful
+            attached.hooks.on_train_start()
             try:
                 while not self.limits.done(progress):
                     with attached.hooks.profiler.region("run_training_epoch"):
@@ -168,6 +169,7 @@ class FitLoop:
                     resume = Resume()
             finally:
                 self._graceful = None
+            attached.hooks.on_train_end()
         attached.hooks.on_fit_end()
 
     def _epoch(

@@ -1,4 +1,4 @@
-"""The one place the loops call callbacks and module hooks from: a typed method per event."""
+"""The one place the loops call callbacks, module and strategy hooks from: a method per event."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import functools
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Concatenate, ParamSpec, TypeVar
 
+from plait.core import SupportsLifecycleHooks
 from plait.trainer.callbacks.base import Callback
 from plait.trainer.module import Module
 from plait.trainer.profiler import PassThroughProfiler, Profiler
@@ -80,6 +81,9 @@ class Hooks:
     ) -> None:
         self.trainer = trainer
         self.module = module
+        strategy = trainer.strategy
+        self.strategy = strategy if isinstance(strategy, SupportsLifecycleHooks) else None
+        """The strategy, told where the run is (checked once: one without hooks is skipped)."""
         self.callbacks = callbacks
         self.profiler: Profiler = profiler if profiler is not None else PassThroughProfiler()
         if isinstance(self.profiler, PassThroughProfiler):
@@ -134,6 +138,8 @@ class Hooks:
     @_profiled
     def on_fit_start(self) -> None:
         """Training starts."""
+        if self.strategy is not None:
+            self.strategy.on_fit_start(self.trainer)
         self.module.on_fit_start()
         for callback in self.callbacks:
             callback.on_fit_start(self.trainer, self.module)
@@ -144,6 +150,20 @@ class Hooks:
         self.module.on_fit_end()
         for callback in self.callbacks:
             callback.on_fit_end(self.trainer, self.module)
+        if self.strategy is not None:
+            self.strategy.on_fit_end()
+
+    @_profiled
+    def on_train_start(self) -> None:
+        """The training loop starts (after the sanity check)."""
+        if self.strategy is not None:
+            self.strategy.on_train_start()
+
+    @_profiled
+    def on_train_end(self) -> None:
+        """The training loop reached its end (not when it failed or was stopped)."""
+        if self.strategy is not None:
+            self.strategy.on_train_end()
 
     @_profiled
     def on_train_epoch_start(self) -> None:
@@ -194,6 +214,9 @@ class Hooks:
     def on_evaluation_start(self, stage: Stage) -> None:
         """A validation or test loop starts."""
         validating = stage == "validate"
+        strategy = self.strategy
+        if strategy is not None:
+            (strategy.on_validation_start if validating else strategy.on_test_start)()
         for callback in self.callbacks:
             hook = callback.on_validation_start if validating else callback.on_test_start
             hook(self.trainer, self.module)
@@ -223,10 +246,15 @@ class Hooks:
         for callback in self.callbacks:
             hook = callback.on_validation_end if stage == "validate" else callback.on_test_end
             hook(self.trainer, self.module)
+        strategy = self.strategy
+        if strategy is not None:
+            (strategy.on_validation_end if stage == "validate" else strategy.on_test_end)()
 
     @_profiled
     def on_predict_start(self) -> None:
         """Prediction starts."""
+        if self.strategy is not None:
+            self.strategy.on_predict_start()
         for callback in self.callbacks:
             callback.on_predict_start(self.trainer, self.module)
 
@@ -241,3 +269,5 @@ class Hooks:
         """Prediction ended."""
         for callback in self.callbacks:
             callback.on_predict_end(self.trainer, self.module)
+        if self.strategy is not None:
+            self.strategy.on_predict_end()

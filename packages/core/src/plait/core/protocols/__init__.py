@@ -20,11 +20,13 @@ from plait.core.protocols.environment import ClusterEnvironment
 from plait.core.protocols.launcher import Launcher
 from plait.core.protocols.precision import GradientClipAlgorithm, Precision
 from plait.core.protocols.strategy import (
+    RunProgress,
     Stateful,
     Strategy,
     SupportsClosureOptimizers,
     SupportsDeviceMesh,
     SupportsLauncher,
+    SupportsLifecycleHooks,
     SupportsManualOptimization,
     SupportsModelShardedContext,
     SupportsNoSync,
@@ -42,6 +44,7 @@ __all__ = [
     "GradientClipAlgorithm",
     "Launcher",
     "Precision",
+    "RunProgress",
     "Stateful",
     "Strategy",
     "SupportsAsyncCheckpoint",
@@ -52,6 +55,7 @@ __all__ = [
     "SupportsDeviceStats",
     "SupportsFormat",
     "SupportsLauncher",
+    "SupportsLifecycleHooks",
     "SupportsLoadInPlace",
     "SupportsManualOptimization",
     "SupportsModelShardedContext",

@@ -25,10 +25,12 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 __all__ = [
+    "RunProgress",
     "Stateful",
     "Strategy",
     "SupportsClosureOptimizers",
     "SupportsLauncher",
+    "SupportsLifecycleHooks",
     "SupportsManualOptimization",
     "SupportsModelShardedContext",
     "SupportsNoSync",
@@ -395,4 +397,77 @@ class SupportsReplace(Protocol):
 
     def replace(self, **changes: object) -> Self:
         """A new strategy made with `arguments`, ``changes`` replacing or adding to them."""
+        ...
+
+
+@runtime_checkable
+class RunProgress(Protocol):
+    """What a strategy may read of the run that drives it (the Trainer is one)."""
+
+    @property
+    def global_step(self) -> int:
+        """Optimizer steps taken so far."""
+        ...
+
+    @property
+    def current_epoch(self) -> int:
+        """The epoch being run."""
+        ...
+
+
+@runtime_checkable
+class SupportsLifecycleHooks(Protocol):
+    """A strategy told where a run is: the Trainer calls each hook on every rank.
+
+    ``on_fit_start`` once ``fit`` has set up the module and optimizers (and
+    restored a checkpoint), ``on_fit_end`` after its last validation;
+    ``on_train_start``/``on_train_end`` around its training loop (a strategy that
+    lets replicas drift apart meets them at its end); ``on_validation_start`` and
+    ``on_validation_end`` around each validation run (inside ``fit`` and alone); the
+    same around ``test`` and ``predict``; then ``teardown``.
+    `plait.strategies.BaseStrategy` defines each as doing nothing; a loop of your
+    own calls the ones its strategy needs.
+
+    Lightning's ``Strategy.setup(trainer)`` is ``on_fit_start(run)`` here: ``setup``
+    is the one call that sets up a module and its optimizers.
+    """
+
+    def on_fit_start(self, run: RunProgress) -> None:
+        """``fit`` is about to train; ``run`` tells its steps and epochs as they go."""
+        ...
+
+    def on_fit_end(self) -> None:
+        """``fit`` has ended."""
+        ...
+
+    def on_train_start(self) -> None:
+        """Training is about to start (or go on, after a resume)."""
+        ...
+
+    def on_train_end(self) -> None:
+        """Training has ended: its last step is taken."""
+        ...
+
+    def on_validation_start(self) -> None:
+        """A validation run is about to start."""
+        ...
+
+    def on_validation_end(self) -> None:
+        """A validation run has ended."""
+        ...
+
+    def on_test_start(self) -> None:
+        """A test run is about to start."""
+        ...
+
+    def on_test_end(self) -> None:
+        """A test run has ended."""
+        ...
+
+    def on_predict_start(self) -> None:
+        """A predict run is about to start."""
+        ...
+
+    def on_predict_end(self) -> None:
+        """A predict run has ended."""
         ...

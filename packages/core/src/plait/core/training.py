@@ -1,0 +1,164 @@
+"""What a strategy promises about training, as a value the conformance kit reads.
+
+A strategy declares its `TrainingSemantics` (`DeclaresTrainingSemantics`), and
+``plait.conformance`` proves the declaration on small drawn models: that its
+replicas stay as the declaration says, that checkpoints round-trip and resume
+exactly, and that its checkpoints move to the strategies it names. A strategy that
+declares nothing is held to the default: `Synchronous` replicas.
+
+A value of this module is plain data (no torch), frozen and validated when made.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Protocol, TypeAlias, runtime_checkable
+
+import attrs
+
+from plait.core.errors import ConfigurationError
+
+__all__ = [
+    "DeclaresTrainingSemantics",
+    "PeriodicAveraging",
+    "Replicas",
+    "Synchronous",
+    "TrainingSemantics",
+    "training_semantics_of",
+]
+
+
+@attrs.frozen
+class Synchronous:
+    """Gradients are averaged over the data-parallel ranks at every optimizer step.
+
+    So ``N`` steps at world size ``W`` equal ``N`` steps of one process on the global
+    batch (every rank's micro-batches of the step, accumulation windows included),
+    within the rounding of the precision, with any optimizer, and the replicas are
+    identical after every step.
+    """
+
+
+def _positive(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigurationError(
+            f"{name}={value!r} must be a whole number of steps, 1 or more",
+            value=value,
+            fix=f"pass e.g. {name}=4",
+        )
+
+
+def _every(_: object, attribute: attrs.Attribute[int], value: int) -> None:
+    _positive(attribute.name, value)
+
+
+def _non_negative(_: object, attribute: attrs.Attribute[float], value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
+        raise ConfigurationError(
+            f"{attribute.name}={value!r} must be a number, 0 or more",
+            value=value,
+            fix=f"pass e.g. {attribute.name}=0.9",
+        )
+
+
+@attrs.frozen
+class PeriodicAveraging:
+    """Each replica steps its own optimizer on its own data; every ``every`` steps they meet.
+
+    Local SGD, and DiLoCo with an outer optimizer: between meetings a replica's
+    module and optimizer are its own (its rank's data, no synchronisation). At each
+    ``every``-th step, and at the end of training (`on_train_end`, over what is left
+    of a period), the replicas start again from one module: the last meeting's
+    module minus an outer SGD step whose gradient is the replicas' mean change since
+    it, ``anchor - outer_lr * update``, with ``momentum``/``nesterov`` as
+    `torch.optim.SGD` takes them. With the defaults (``outer_lr=1``, no momentum)
+    that is the mean of the replicas' modules.
+
+    Attributes:
+        every: The optimizer steps between meetings.
+        outer_lr: The outer optimizer's learning rate.
+        outer_momentum: Its momentum (0 for none).
+        nesterov: Whether its momentum is Nesterov's.
+    """
+
+    every: int = attrs.field(validator=_every)
+    outer_lr: float = attrs.field(default=1.0, validator=_non_negative)
+    outer_momentum: float = attrs.field(default=0.0, validator=_non_negative)
+    nesterov: bool = False
+
+
+Replicas: TypeAlias = Synchronous | PeriodicAveraging
+"""How a strategy's data-parallel replicas relate from step to step."""
+
+
+def _names(value: Iterable[str]) -> tuple[str, ...]:
+    names = (value,) if isinstance(value, str) else tuple(value)
+    if isinstance(value, str) or not all(isinstance(name, str) for name in names):
+        raise ConfigurationError(
+            f"{value!r} must be a sequence of names, not a string or other values",
+            value=value,
+            fix='pass a tuple of names, e.g. ("ddp", "fsdp") or ("32-true", "bf16-mixed")',
+        )
+    return names
+
+
+def _replicas(_: object, attribute: attrs.Attribute[Replicas], value: object) -> None:
+    if not isinstance(value, Synchronous | PeriodicAveraging):
+        raise ConfigurationError(
+            f"replicas={value!r} is not a way replicas can relate",
+            value=value,
+            choices=("Synchronous()", "PeriodicAveraging(every=...)"),
+            fix="pass Synchronous() or PeriodicAveraging(every=4)",
+        )
+
+
+@attrs.frozen
+class TrainingSemantics:
+    """A strategy's promises about training, each checked by ``plait.conformance``.
+
+    Attributes:
+        replicas: How the data-parallel replicas relate: `Synchronous` (the
+            default) or `PeriodicAveraging`.
+        compatible: Registered strategies that a checkpoint of this one moves to
+            at the same world size: loaded there, training goes on with this
+            strategy's losses (within the precision's rounding).
+        exact_resume: Whether a run stopped at any step and resumed from its
+            checkpoint gives the losses and weights of the run never stopped bit
+            for bit (otherwise within the precision's rounding).
+        precisions: The precision plugins (by name) the kit may build the
+            strategy with, through ``replace(precision=...)``.
+    """
+
+    replicas: Replicas = attrs.field(factory=Synchronous, validator=_replicas)
+    compatible: tuple[str, ...] = attrs.field(default=(), converter=_names)
+    exact_resume: bool = True
+    precisions: tuple[str, ...] = attrs.field(default=("32-true",), converter=_names)
+
+
+@runtime_checkable
+class DeclaresTrainingSemantics(Protocol):
+    """A strategy that says what it promises about training (see `TrainingSemantics`)."""
+
+    @property
+    def training_semantics(self) -> TrainingSemantics:
+        """Its promises."""
+        ...
+
+
+def training_semantics_of(strategy: object) -> TrainingSemantics:
+    """What ``strategy`` declares, or the default (`Synchronous`) where it declares nothing.
+
+    Raises:
+        ConfigurationError: It declares something other than a `TrainingSemantics`.
+    """
+    if not isinstance(strategy, DeclaresTrainingSemantics):
+        return TrainingSemantics()
+    declared = strategy.training_semantics
+    if not isinstance(declared, TrainingSemantics):
+        raise ConfigurationError(
+            f"{type(strategy).__name__}.training_semantics is {declared!r}, not a "
+            "plait.core.TrainingSemantics",
+            value=declared,
+            fix="return TrainingSemantics(replicas=...) from the property",
+        )
+    return declared
