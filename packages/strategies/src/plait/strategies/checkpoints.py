@@ -84,13 +84,22 @@ class Checkpoints:
         return found if found is not None and found.name != self.native_format else None
 
     def save(self, checkpoint: Mapping[str, object], path: PathLike) -> None:
-        """Write ``checkpoint`` (live objects or plain entries) through the checkpoint IO."""
+        """Write ``checkpoint`` (live objects or plain entries) through the checkpoint IO.
+
+        Every rank returns once it is written (an asynchronous IO's: once it is
+        handed over), so any rank may read it next.
+        """
         strategy = self._strategy
         live = LiveState.of(checkpoint)
         if live.is_live:
             checkpoint = self.of(live)
-        if strategy.is_global_zero or self.collective:
+        if self.collective:
             strategy.checkpoint_io.save_checkpoint(checkpoint, path)
+            return
+        if strategy.is_global_zero:
+            strategy.checkpoint_io.save_checkpoint(checkpoint, path)
+        # Rank 0 wrote alone: no rank goes on (to load it, say) before it is written.
+        strategy.barrier("save_checkpoint")
 
     def of(self, live: LiveState) -> Checkpoint:
         """The checkpoint of ``live``: plain values, `Stateful` states, the module's state."""

@@ -75,9 +75,15 @@ class DDPShardedStrategy(DDPStrategy):
     def optimizer_state_dict(self, optimizer: torch.optim.Optimizer) -> StateDict:
         """The whole optimizer state on rank 0 (gathered from every rank); empty elsewhere.
 
+        With a checkpoint IO that every rank writes through (``"distributed"``), every
+        rank holds the whole state: such an IO writes each value once, from one rank,
+        and a rank that held none would leave the state without its structure.
         Every rank must call it: gathering the shards is collective.
         """
         if not isinstance(optimizer, _zero_redundancy_optimizer()):
             return optimizer.state_dict()
         optimizer.consolidate_state_dict(to=0)
-        return optimizer.state_dict() if self.is_global_zero else {}
+        whole = optimizer.state_dict() if self.is_global_zero else {}
+        if self.writes_collectively:
+            return self.broadcast(whole, src=0)
+        return whole
