@@ -96,8 +96,9 @@ def test_the_shipped_suite_runs_a_registered_strategy_on_xdist_workers(tmp_path:
     )
 
     assert run.returncode == 0, run.stdout + run.stderr
-    assert "17 passed, 3 skipped" in run.stdout
-    assert "ddp-gloo-2: 10 passed" in run.stdout
+    # The contract's ten properties and the four training ones, on the same pools.
+    assert "25 passed, 3 skipped" in run.stdout
+    assert "ddp-gloo-2: 14 passed" in run.stdout
     reports = sorted(path.name for path in (tmp_path / "reports").iterdir())
     assert reports == ["ddp-gloo-1.json", "ddp-gloo-2.json"]
     # Each lane runs on one worker, so its ranks start once, counted across workers.
@@ -107,6 +108,11 @@ def test_the_shipped_suite_runs_a_registered_strategy_on_xdist_workers(tmp_path:
     one = json.loads((tmp_path / "reports" / "ddp-gloo-1.json").read_text())
     assert one["properties"]["mismatch"]["outcome"] == "skipped"
     assert "needs 2 ranks or more" in one["properties"]["mismatch"]["message"]
+    two = json.loads((tmp_path / "reports" / "ddp-gloo-2.json").read_text())
+    for name in ("declared_semantics", "checkpoint_round_trip", "resume_exactness"):
+        assert two["properties"][name]["outcome"] == "passed"
+    # DDP declares that its checkpoints move to FSDP and DeepSpeed: both were proven.
+    assert two["properties"]["checkpoint_moves"]["outcome"] == "passed"
 
 
 @pytest.mark.slow
@@ -299,7 +305,7 @@ def test_a_lane_without_its_hardware_is_skipped_with_the_reason(tmp_path: Path) 
     )
 
     assert run.returncode == 0, run.stdout + run.stderr
-    assert "10 skipped" in run.stdout
+    assert "14 skipped" in run.stdout
     assert "the xla lane needs torch_xla, which is not installed" in run.stdout
 
 

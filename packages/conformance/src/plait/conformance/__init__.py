@@ -7,6 +7,9 @@ multi-process rank pool against any strategy, ours or a third party's:
   pytest plugin runs every property at each world size and backend you choose.
 - `RankPool` and `prove`: the same, from Python; `RankPool.along` runs the
   properties over one dimension of a strategy's device mesh (`MeshDimension`).
+- `TrainingSuite`: what a strategy does to training (its declared
+  `plait.core.TrainingSemantics`, checkpoint round trips, exact resumes, moves), on
+  the same pools; `TRAINING_PROPERTIES` and `prove_moves` from Python.
 - `reproduce`: rerun one example, as a failure report prints it.
 """
 
@@ -23,6 +26,8 @@ from plait.conformance.cases import (
     MismatchCase,
     ReduceCase,
     TensorSpec,
+    TrainingCase,
+    TrainingRun,
 )
 from plait.conformance.mesh import MeshLayout
 from plait.conformance.pool import (
@@ -40,18 +45,28 @@ from plait.conformance.properties import (
     PROPERTIES,
     ContractViolation,
     Property,
+    Refusal,
     property_of,
     prove,
     reproduce,
     run_example,
 )
 from plait.conformance.spec import check
-from plait.conformance.suite import ConformanceSuite
+from plait.conformance.suite import ConformanceSuite, TrainingSuite
 from plait.conformance.target import StrategyFactory, StrategyTarget
+from plait.conformance.training.properties import (
+    MOVES,
+    TRAINING_PROPERTIES,
+    MoveViolation,
+    prove_moves,
+    reproduce_move,
+)
 
 __all__ = [
     "LANES",
+    "MOVES",
     "PROPERTIES",
+    "TRAINING_PROPERTIES",
     "AllGatherCase",
     "BadArgumentCase",
     "BarrierCase",
@@ -67,6 +82,7 @@ __all__ = [
     "MeshDimension",
     "MeshLayout",
     "MismatchCase",
+    "MoveViolation",
     "PoolError",
     "PoolStartError",
     "Property",
@@ -74,13 +90,19 @@ __all__ = [
     "RankHangError",
     "RankPool",
     "ReduceCase",
+    "Refusal",
     "StrategyFactory",
     "StrategyTarget",
     "TensorSpec",
+    "TrainingCase",
+    "TrainingRun",
+    "TrainingSuite",
     "backend_unavailable",
     "check",
     "property_of",
     "prove",
+    "prove_moves",
     "reproduce",
+    "reproduce_move",
     "run_example",
 ]

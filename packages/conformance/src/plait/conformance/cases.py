@@ -12,6 +12,8 @@ from typing import Final, Literal, TypeAlias
 import attrs
 from typing_extensions import override
 
+from plait.conformance.training.cases import TrainingCase, TrainingRun
+
 __all__ = [
     "COMPLEX_DTYPES",
     "DTYPES",
@@ -33,6 +35,8 @@ __all__ = [
     "Number",
     "ReduceCase",
     "TensorSpec",
+    "TrainingCase",
+    "TrainingRun",
     "Value",
     "op_of",
     "spellings_of",
@@ -273,5 +277,6 @@ Case: TypeAlias = (
     | MismatchCase
     | BadArgumentCase
     | GroupCase
+    | TrainingCase
 )
 """Any example the ranks can run."""

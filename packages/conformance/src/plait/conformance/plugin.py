@@ -37,12 +37,13 @@ from plait.conformance.pool import (
 from plait.conformance.target import StrategyTarget
 
 if TYPE_CHECKING:
-    from plait.conformance.suite import ConformanceSuite
+    from plait.conformance.suite import Suite
     from plait.conformance.target import StrategyFactory
 
 __all__ = [
     "PROFILES",
     "SEED_VARIABLE",
+    "TRAINING_PROFILES",
     "ExpectationWarning",
     "Lane",
     "LaneDown",
@@ -52,6 +53,10 @@ __all__ = [
 
 PROFILES: Final = {"quick": 25, "thorough": 200}
 """Examples per property of each ``--plait-profile``."""
+
+TRAINING_PROFILES: Final = {"quick": 6, "thorough": 30}
+"""Drawn runs per training property of each ``--plait-profile`` (each run trains a few
+times: a hundred collectives, not one)."""
 
 SEED_VARIABLE: Final = "PLAIT_CONFORMANCE_SEED"
 """Where a run's seed is kept, so that pytest-xdist's workers draw from the same one."""
@@ -221,7 +226,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )  # fmt: skip
     group.addoption(
         "--plait-profile", choices=tuple(PROFILES), default="quick",
-        help="drawn examples per property, after the grid: quick (25) or thorough (200)",
+        help="drawn examples per property, after the grid: quick (25) or thorough (200); "
+        "runs per training property: quick (6) or thorough (30)",
     )  # fmt: skip
     group.addoption(
         "--plait-examples", type=_whole(1), default=None, metavar="N",
@@ -380,7 +386,7 @@ def pytest_report_header(config: pytest.Config) -> str:
     return f"plait conformance: seed {seed} (--plait-seed={seed} draws the same examples)"
 
 
-def _targets(config: pytest.Config, cls: type[ConformanceSuite]) -> list[StrategyTarget]:
+def _targets(config: pytest.Config, cls: type[Suite]) -> list[StrategyTarget]:
     given: Sequence[str | StrategyFactory] = cls.strategies or config.getoption("--plait-strategy")
     if not given:
         raise pytest.UsageError(
@@ -423,7 +429,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     )
 
 
-def _declared_meshes(cls: type[ConformanceSuite]) -> dict[int, tuple[tuple[int, ...], ...]]:
+def _declared_meshes(cls: type[Suite]) -> dict[int, tuple[tuple[int, ...], ...]]:
     meshes = {size: tuple(map(tuple, shapes)) for size, shapes in cls.meshes.items()}
     for size, shapes in meshes.items():
         for shape in shapes:
@@ -584,6 +590,13 @@ def plait_examples(request: pytest.FixtureRequest) -> int:
     """Drawn examples per property: ``--plait-examples``, or the profile's number."""
     examples: int | None = request.config.getoption("--plait-examples")
     return examples or PROFILES[request.config.getoption("--plait-profile")]
+
+
+@pytest.fixture(scope="session")
+def plait_training_examples(request: pytest.FixtureRequest) -> int:
+    """Drawn runs per training property: ``--plait-examples``, or the profile's number."""
+    examples: int | None = request.config.getoption("--plait-examples")
+    return examples or TRAINING_PROFILES[request.config.getoption("--plait-profile")]
 
 
 @pytest.fixture(scope="session")

@@ -28,7 +28,7 @@ from plait.conformance.cases import BadArgumentCase
 from plait.conformance.mesh import mesh_text
 from plait.conformance.outcomes import Outcome, RaisedError, rank_list
 from plait.conformance.target import StrategyFactory, StrategyTarget
-from plait.core import ConfigurationError
+from plait.core import ConfigurationError, TrainingSemantics
 from plait.core.network import free_port
 
 if TYPE_CHECKING:
@@ -287,6 +287,8 @@ class RankPool:
         self.devices: tuple[str, ...] = ()
         self.layout: MeshLayout | None = None
         """The strategy's mesh, once the ranks are up (with ``mesh`` only)."""
+        self.semantics = TrainingSemantics()
+        """What the strategy declares about training, once the ranks are up."""
         self.starts = 0
         self._processes: list[BaseProcess] = []
         self._tasks: list[Connection] = []
@@ -365,10 +367,13 @@ class RankPool:
         """``case`` as the ranks run it: as it is (see `MeshDimension.prepare`)."""
         return case
 
-    def run_groups(self, case: Case) -> list[GroupOutcomes]:
-        """Run ``case`` over the world: one group, every rank (see `MeshDimension`)."""
+    def run_groups(self, case: Case, *, slower: float = 1.0) -> list[GroupOutcomes]:
+        """Run ``case`` over the world: one group, every rank (see `MeshDimension`).
+
+        ``slower`` times the pool's deadline is the example's (a training run's).
+        """
         ranks = tuple(range(self.world_size))
-        return [GroupOutcomes(ranks, self.run(case), self.devices)]
+        return [GroupOutcomes(ranks, self.run(case, deadline=self.deadline * slower), self.devices)]
 
     # Starting and stopping.
 
@@ -434,6 +439,7 @@ class RankPool:
             raise
         self.devices = tuple(info.root_device for info in infos)
         self.layout = infos[0].mesh
+        self.semantics = infos[0].semantics
 
     def _gather_start(self) -> list[worker.WorkerReport]:
         pending: dict[Connection, int] = dict(zip(self._tasks, range(self.world_size), strict=True))
@@ -736,7 +742,7 @@ class MeshDimension:
             return attrs.evolve(case, value=case.value + self.pool.world_size - self.world_size)
         return case
 
-    def run_groups(self, case: Case) -> list[GroupOutcomes]:
+    def run_groups(self, case: Case, *, slower: float = 1.0) -> list[GroupOutcomes]:
         """Run ``case`` (as `prepare` made it) in every group at once.
 
         Returns:
@@ -745,7 +751,9 @@ class MeshDimension:
         Raises:
             RankHangError, RankCrashError, PoolStartError: As `RankPool.run`.
         """
-        outcomes = self.pool.run(case, dimension=self.dimension)
+        outcomes = self.pool.run(
+            case, dimension=self.dimension, deadline=self.pool.deadline * slower
+        )
         devices = self.pool.devices
         return [
             GroupOutcomes(

@@ -7,9 +7,9 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Final
 
 import attrs
-from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import HealthCheck, Phase, given, reject, settings
 from hypothesis import seed as hypothesis_seed
-from hypothesis.errors import FlakyFailure
+from hypothesis.errors import FlakyFailure, Unsatisfiable
 
 from plait.conformance import generate, grid
 from plait.conformance.cases import (
@@ -24,6 +24,7 @@ from plait.conformance.cases import (
     MismatchCase,
     ReduceCase,
     TensorSpec,
+    TrainingCase,
 )
 from plait.conformance.outcomes import Outcome, rank_list
 from plait.conformance.pool import (
@@ -37,16 +38,22 @@ from plait.conformance.pool import (
 )
 from plait.conformance.spec import check, failing_parts
 from plait.conformance.target import StrategyFactory, StrategyTarget
+from plait.conformance.training.program import TrainingReport
 from plait.conformance.worker import THEN_REDUCE
 from plait.core import ConfigurationError
 
 if TYPE_CHECKING:
     from hypothesis.strategies import SearchStrategy
 
+    from plait.core import TrainingSemantics
+
 __all__ = [
     "PROPERTIES",
     "ContractViolation",
     "Property",
+    "Refusal",
+    "drawing",
+    "plain",
     "property_of",
     "prove",
     "reproduce",
@@ -70,16 +77,23 @@ class Property:
             `plait.conformance.grid`).
         over_groups: Whether it also runs over a mesh dimension's groups (a
             collective without a ``group`` cannot).
+        draws: Instead of ``cases``, the examples for a world size and what the
+            strategy declares about training (the training properties).
+        slower: How many times the pool's deadline an example may take.
     """
 
     name: str
     contract: str
-    cases: Callable[[int], SearchStrategy[Case]] = attrs.field(repr=False)
+    cases: Callable[[int], SearchStrategy[Case]] | None = attrs.field(default=None, repr=False)
     min_world_size: int = attrs.field(default=1, repr=False)
     restarts_pool: bool = attrs.field(default=False, repr=False)
     max_examples: int | None = attrs.field(default=None, repr=False)
     grid: Callable[[int], Sequence[Case]] = attrs.field(default=lambda _world_size: (), repr=False)
     over_groups: bool = attrs.field(default=True, repr=False)
+    draws: Callable[[int, TrainingSemantics], SearchStrategy[Case]] | None = attrs.field(
+        default=None, repr=False
+    )
+    slower: float = attrs.field(default=1.0, repr=False)
 
     def explicit(self, world_size: int, backend: str = "gloo") -> list[Case]:
         """The grid's examples at ``world_size`` that the ``backend`` lane can hold."""
@@ -192,6 +206,10 @@ _NAMES: Final[dict[type, str]] = {
 
 def property_of(case: Case) -> Property:
     """The property whose examples look like ``case``."""
+    if isinstance(case, TrainingCase):
+        from plait.conformance.training.properties import training_property  # noqa: PLC0415
+
+        return training_property(case)
     if isinstance(case, ReduceCase):
         tensors = isinstance(case.inputs[0], TensorSpec)
         return _BY_NAME["reduce_tensors" if tensors else "reduce_numbers"]
@@ -288,7 +306,10 @@ class ContractViolation(AssertionError):  # noqa: N818 - a failed property, as p
     @property
     def snippet(self) -> str:
         """A script that reruns this one example (save it as a file and run it)."""
-        names = sorted({type(self.case).__name__, "Call", "TensorSpec"})
+        if isinstance(self.case, TrainingCase):
+            names = ["TrainingCase", "TrainingRun"]
+        else:
+            names = sorted({type(self.case).__name__, "Call", "TensorSpec"})
         arguments = ", ".join(f"{key}={value!r}" for key, value in self.rerun.items())
         return "\n".join(
             [
@@ -391,6 +412,14 @@ def _labels_of(case: Case) -> dict[str, object]:
     return labels
 
 
+class Refusal(Exception):  # noqa: N818 - the strategy's answer, not an error of the kit
+    """Every rank refused a training example's settings with the same `ConfigurationError`.
+
+    A strategy may refuse what it cannot do (LBFGS on sharded parameters, a checkpoint
+    IO that writes on rank 0 for shards): `prove` draws another example instead.
+    """
+
+
 class _Hung(BaseException):
     """Carries a hang out of Hypothesis, which would shrink it at a deadline per try."""
 
@@ -419,11 +448,27 @@ def run_example(pool: RankPool | MeshDimension, prop: Property, case: Case) -> N
     __tracebackhide__ = True
     case = pool.prepare(case)
     try:
-        groups = pool.run_groups(case)
+        groups = pool.run_groups(case, slower=prop.slower)
     except RankHangError as error:
         raise _Hung(ContractViolation(prop, pool, case, [str(error)])) from None
     except (PoolError, PoolStartError) as error:
         raise ContractViolation(prop, pool, case, [str(error)]) from None
+    refusals = {
+        outcome.result.refused
+        for group in groups
+        for outcome in group.outcomes
+        if isinstance(outcome.result, TrainingReport) and outcome.result.refused is not None
+    }
+    if (
+        refusals
+        and len(refusals) == 1
+        and all(
+            isinstance(outcome.result, TrainingReport) and outcome.result.refused is not None
+            for group in groups
+            for outcome in group.outcomes
+        )
+    ):
+        raise Refusal(refusals.pop())
     judged = [_judge(prop, case, group) for group in groups]
     problems = [problem for found, _ in judged for problem in found]
     depends_on = next((parts for found, parts in judged if found), ())
@@ -490,23 +535,29 @@ def prove(
     """
     __tracebackhide__ = True
     count = 0
+    refused: list[tuple[Case, str]] = []
     limit = min(max_examples, prop.max_examples or max_examples)
     cases, explicit = _examples(pool, prop, grid=grid)
 
     def run(case: Case) -> None:
         __tracebackhide__ = True
         nonlocal count
-        count += 1
         try:
             run_example(pool, prop, case)
+        except Refusal as refusal:
+            refused.append((case, str(refusal)))
+            reject()  # the strategy does not take these settings: draw others
         except ContractViolation as violation:
+            count += 1
             violation.locate(seed=seed, explicit=case in explicit)
             violation.examples = count
             raise
         except _Hung as hung:
+            count += 1
             hung.violation.locate(seed=seed, explicit=case in explicit)
             hung.violation.examples = count
             raise
+        count += 1
 
     # The grid runs first, in a plain loop: as Hypothesis's explicit examples would
     # (once each, in order, never shrunk), without its cost per example, which is
@@ -515,30 +566,60 @@ def prove(
         for case in explicit:
             run(case)
     except _Hung as hung:
-        raise _plain(hung.violation) from None
+        raise plain(hung.violation) from None
     except ContractViolation as violation:
-        raise _plain(violation) from None
-    test = _drawing(run, cases, limit=limit, shrink=shrink, seed=seed)
+        raise plain(violation) from None
+    test = drawing(run, cases, limit=limit, shrink=shrink, seed=seed)
     try:
         test()
+    except Unsatisfiable:
+        raise _refused_everything(prop, pool, refused) from None
     except _Hung as hung:
-        raise _plain(hung.violation) from None
+        raise plain(hung.violation) from None
     except ContractViolation as violation:
-        raise _plain(violation) from None
+        raise plain(violation) from None
     except FlakyFailure as flaky:
-        found = _first_violation(flaky.exceptions)
-        if found is None:
-            raise
-        again = ContractViolation(
-            prop, pool, found.case, found.problems, intermittent=True, depends_on=found.depends_on
-        )
-        again.locate(seed=seed, explicit=found.explicit)
-        again.examples = count
-        raise again from None
+        raise _intermittent(prop, pool, flaky, seed, count) from None
     return count
 
 
-def _drawing(
+def _intermittent(
+    prop: Property,
+    pool: RankPool | MeshDimension,
+    flaky: FlakyFailure,
+    seed: int | None,
+    count: int,
+) -> BaseException:
+    """A violation found once and not again, as a violation marked intermittent."""
+    found = _first_violation(flaky.exceptions)
+    if found is None:
+        return flaky
+    again = ContractViolation(
+        prop, pool, found.case, found.problems, intermittent=True, depends_on=found.depends_on
+    )
+    again.locate(seed=seed, explicit=found.explicit)
+    again.examples = count
+    return again
+
+
+def _refused_everything(
+    prop: Property, pool: RankPool | MeshDimension, refused: list[tuple[Case, str]]
+) -> ContractViolation:
+    case, why = refused[-1]
+    return ContractViolation(
+        prop,
+        pool,
+        case,
+        [
+            (
+                f"the strategy refused every one of the {len(refused)} examples it was "
+                f"given with a ConfigurationError, so nothing was proved; the last: {why}"
+            )
+        ],
+    )
+
+
+def drawing(
     run: Callable[[Case], None],
     cases: SearchStrategy[Case],
     *,
@@ -551,7 +632,7 @@ def _drawing(
     test = given(case=cases)(run)
     if seed is not None:
         test = hypothesis_seed(seed)(test)
-    drawing: Callable[[], None] = settings(
+    drawn: Callable[[], None] = settings(
         max_examples=limit,
         deadline=None,
         database=None,
@@ -560,7 +641,7 @@ def _drawing(
         print_blob=False,
         report_multiple_bugs=False,
     )(test)
-    return drawing
+    return drawn
 
 
 def _examples(
@@ -574,7 +655,12 @@ def _examples(
             value=prop.name,
             fix="prove it on the pool itself (over the whole job)",
         )
-    cases = prop.cases(pool.world_size)
+    if prop.draws is not None:
+        semantics = pool.pool.semantics if isinstance(pool, MeshDimension) else pool.semantics
+        cases = prop.draws(pool.world_size, semantics)
+    else:
+        assert prop.cases is not None, f"{prop.name} has neither cases nor draws"
+        cases = prop.cases(pool.world_size)
     unheld = frozenset(UNHELD_DTYPES.get(pool.backend, {}))
     if unheld:  # the lane's devices cannot hold them: no example may use them
         cases = cases.filter(lambda case: not _dtypes_of(case) & unheld)
@@ -592,7 +678,7 @@ def _over_groups(case: Case) -> bool:
     return not isinstance(case, DecisionCase)
 
 
-def _plain(violation: ContractViolation) -> ContractViolation:
+def plain(violation: ContractViolation) -> ContractViolation:
     """The violation without the frames and notes of the machinery that found it.
 
     Hypothesis adds a note repeating the example, and its frames and the suite's

@@ -34,6 +34,7 @@ from plait.conformance.cases import (
     Number,
     ReduceCase,
     TensorSpec,
+    TrainingCase,
 )
 from plait.conformance.outcomes import Outcome, TensorData, shown
 
@@ -596,3 +597,13 @@ def check(case: Case, outcomes: Sequence[Outcome], devices: Sequence[str]) -> li
         if errors:
             return problems + errors
     return problems + _check_case(case, outcomes, devices)
+
+
+@_check_case.register
+def _check_training(
+    case: TrainingCase, outcomes: Sequence[Outcome], devices: Sequence[str]
+) -> list[str]:
+    from plait.conformance.training.reference import check_training  # noqa: PLC0415 - lazily
+
+    del devices  # every rank's run is on its own device; the reports say the rest
+    return check_training(case, outcomes)

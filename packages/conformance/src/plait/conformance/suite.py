@@ -42,18 +42,21 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, ClassVar
 
+import attrs
 import pytest
 
 from plait.conformance.properties import PROPERTIES, ContractViolation, Property, prove
+from plait.conformance.target import StrategyTarget
+from plait.conformance.training.properties import TRAINING_PROPERTIES, prove_moves
 
 if TYPE_CHECKING:
     from plait.conformance.plugin import Lane, PoolCache
     from plait.conformance.pool import MeshDimension, RankPool
     from plait.conformance.target import StrategyFactory
 
-__all__ = ["ConformanceSuite", "TestContract"]
+__all__ = ["ConformanceSuite", "Suite", "TestContract", "TestTraining", "TrainingSuite"]
 
-_PROPERTIES = {prop.name: prop for prop in PROPERTIES}
+_PROPERTIES = {prop.name: prop for prop in (*PROPERTIES, *TRAINING_PROPERTIES)}
 
 
 def _only_violations(excinfo: pytest.ExceptionInfo[BaseException]) -> bool:
@@ -61,7 +64,85 @@ def _only_violations(excinfo: pytest.ExceptionInfo[BaseException]) -> bool:
     return excinfo.errisinstance(ContractViolation)
 
 
-class ConformanceSuite:
+class Suite:
+    """What the suites share: the strategies, lanes, and how a property is proved on a lane."""
+
+    plait_conformance_suite: ClassVar[bool] = True
+    strategies: ClassVar[Sequence[str | StrategyFactory]] = ()
+    world_sizes: ClassVar[Sequence[int]] = (1, 2, 3)
+    meshes: ClassVar[Mapping[int, Sequence[tuple[int, ...]]]] = {}
+    backend: ClassVar[str] = "gloo"
+    deadline: ClassVar[float] = 30.0
+    start_timeout: ClassVar[float] = 120.0
+    max_examples: ClassVar[int | None] = None
+    training_examples: ClassVar[int | None] = None
+    training_world_sizes: ClassVar[Sequence[int] | None] = None
+    shrink: ClassVar[bool] = True
+
+    def _prove(self, name: str, request: pytest.FixtureRequest) -> None:
+        __tracebackhide__ = _only_violations
+        prop: Property = _PROPERTIES[name]
+        lane: Lane = request.getfixturevalue("plait_lane")
+        if lane.world_size < prop.min_world_size:
+            pytest.skip(f"{name} needs {prop.min_world_size} ranks or more")
+        training = prop.draws is not None
+        if training:
+            self._training_lane(lane)
+        pool: RankPool = request.getfixturevalue("plait_pool")
+        pools: PoolCache = request.getfixturevalue("plait_pools")
+        examples = self._examples(request, training=training)
+        seed: int = request.getfixturevalue("plait_seed")
+        labels = request.node.user_properties
+        started = time.perf_counter()
+        # Over the whole job; on a mesh, then over each dimension's groups.
+        lanes: list[RankPool | MeshDimension] = [pool]
+        if prop.over_groups:
+            lanes += [pool.along(dimension) for dimension in pool.dimensions]
+        count = 0
+        try:
+            for each in lanes:
+                if each.world_size < prop.min_world_size:
+                    continue  # a dimension of one rank (the job has more)
+                count += prove(
+                    each,
+                    prop,
+                    max_examples=examples,
+                    shrink=self.shrink,
+                    seed=seed,
+                )
+        except ContractViolation as violation:
+            # A failure through a collective whose own property failed before it on
+            # this lane is marked as that failure's likely consequence.
+            failed = pools.failed.setdefault(lane, [])
+            violation.follows(failed)
+            failed.append(name)
+            labels.append(("plait_examples", violation.examples))
+            labels.append(("plait_seconds", time.perf_counter() - started))
+            labels.append(("plait_violation", violation.describe()))
+            raise
+        labels.append(("plait_examples", count))
+        if pool.dimensions:
+            over = ", ".join(repr(dimension) for dimension in pool.dimensions)
+            labels.append(("plait_over", f"the job, {over}" if prop.over_groups else "the job"))
+        labels.append(("plait_seconds", time.perf_counter() - started))
+
+    def _examples(self, request: pytest.FixtureRequest, *, training: bool) -> int:
+        if training:
+            given: int = request.getfixturevalue("plait_training_examples")
+            return self.training_examples or given
+        drawn: int = request.getfixturevalue("plait_examples")
+        return self.max_examples or drawn
+
+    def _training_lane(self, lane: Lane) -> None:
+        sizes = self.training_world_sizes
+        if sizes is not None and lane.world_size not in sizes:
+            pytest.skip(
+                f"{type(self).__name__} runs the training properties at world sizes "
+                f"{', '.join(map(str, sizes))}"
+            )
+
+
+class ConformanceSuite(Suite):
     """Every property of the collective contract, for the strategies a subclass names.
 
     Attributes:
@@ -85,60 +166,6 @@ class ConformanceSuite:
         shrink: Shrink a failing example to a minimal one. Shrinking an example
             that hangs costs a deadline per attempt.
     """
-
-    plait_conformance_suite: ClassVar[bool] = True
-    strategies: ClassVar[Sequence[str | StrategyFactory]] = ()
-    world_sizes: ClassVar[Sequence[int]] = (1, 2, 3)
-    meshes: ClassVar[Mapping[int, Sequence[tuple[int, ...]]]] = {}
-    backend: ClassVar[str] = "gloo"
-    deadline: ClassVar[float] = 30.0
-    start_timeout: ClassVar[float] = 120.0
-    max_examples: ClassVar[int | None] = None
-    shrink: ClassVar[bool] = True
-
-    def _prove(self, name: str, request: pytest.FixtureRequest) -> None:
-        __tracebackhide__ = _only_violations
-        prop: Property = _PROPERTIES[name]
-        lane: Lane = request.getfixturevalue("plait_lane")
-        if lane.world_size < prop.min_world_size:
-            pytest.skip(f"{name} needs {prop.min_world_size} ranks or more")
-        pool: RankPool = request.getfixturevalue("plait_pool")
-        pools: PoolCache = request.getfixturevalue("plait_pools")
-        examples: int = request.getfixturevalue("plait_examples")
-        seed: int = request.getfixturevalue("plait_seed")
-        labels = request.node.user_properties
-        started = time.perf_counter()
-        # Over the whole job; on a mesh, then over each dimension's groups.
-        lanes: list[RankPool | MeshDimension] = [pool]
-        if prop.over_groups:
-            lanes += [pool.along(dimension) for dimension in pool.dimensions]
-        count = 0
-        try:
-            for each in lanes:
-                if each.world_size < prop.min_world_size:
-                    continue  # a dimension of one rank (the job has more)
-                count += prove(
-                    each,
-                    prop,
-                    max_examples=self.max_examples or examples,
-                    shrink=self.shrink,
-                    seed=seed,
-                )
-        except ContractViolation as violation:
-            # A failure through a collective whose own property failed before it on
-            # this lane is marked as that failure's likely consequence.
-            failed = pools.failed.setdefault(lane, [])
-            violation.follows(failed)
-            failed.append(name)
-            labels.append(("plait_examples", violation.examples))
-            labels.append(("plait_seconds", time.perf_counter() - started))
-            labels.append(("plait_violation", violation.describe()))
-            raise
-        labels.append(("plait_examples", count))
-        if pool.dimensions:
-            over = ", ".join(repr(dimension) for dimension in pool.dimensions)
-            labels.append(("plait_over", f"the job, {over}" if prop.over_groups else "the job"))
-        labels.append(("plait_seconds", time.perf_counter() - started))
 
     def test_reduce_tensors(self, plait_lane: Lane, request: pytest.FixtureRequest) -> None:
         """Reduce of tensors: every op, dtype, shape and layout; exact or within rounding."""
@@ -195,3 +222,67 @@ class ConformanceSuite:
 
 class TestContract(ConformanceSuite):
     """The suite for the strategies named with ``--plait-strategy``."""
+
+
+class TrainingSuite(Suite):
+    """What a strategy does to training, for the strategies a subclass names.
+
+    Subclass it beside (or with) `ConformanceSuite`; the strategy declares what it
+    promises in ``training_semantics`` (`plait.core.TrainingSemantics`; synchronous
+    replicas where it declares nothing)::
+
+        class TestMyStrategyTrains(TrainingSuite):
+            strategies = ("my_package.strategies:make_strategy",)
+
+    Each property runs on the lane's rank pool (the collective suite's, where both
+    run), on small runs Hypothesis draws: models (an MLP, a convolution, an
+    embedding, a transformer block), batch sizes, accumulation windows, optimizers
+    (SGD with momentum, Adam, LBFGS with a closure), schedulers (per step, per
+    epoch, on plateau), the declared precisions and every registered checkpoint IO.
+    What the strategy refuses with a `ConfigurationError` is drawn again.
+
+    Attributes:
+        training_examples: Drawn runs per property; by default the
+            ``--plait-profile``'s (6 for ``quick``, 30 for ``thorough``), or
+            ``--plait-examples``.
+        training_world_sizes: The world sizes of the lanes the training properties
+            run on, where a class that also runs the collective suite has more.
+    """
+
+    def test_declared_semantics(self, plait_lane: Lane, request: pytest.FixtureRequest) -> None:
+        """Training gives what the strategy declares, loss by loss and replica by replica."""
+        __tracebackhide__ = _only_violations
+        self._prove("declared_semantics", request)
+
+    def test_checkpoint_round_trip(self, plait_lane: Lane, request: pytest.FixtureRequest) -> None:
+        """A save and a load restore every state exactly, with every checkpoint IO."""
+        __tracebackhide__ = _only_violations
+        self._prove("checkpoint_round_trip", request)
+
+    def test_resume_exactness(self, plait_lane: Lane, request: pytest.FixtureRequest) -> None:
+        """A run stopped anywhere and resumed goes on as if never stopped."""
+        __tracebackhide__ = _only_violations
+        self._prove("resume_exactness", request)
+
+    def test_checkpoint_moves(self, plait_lane: Lane, request: pytest.FixtureRequest) -> None:
+        """A checkpoint goes on with the same losses on each strategy declared compatible."""
+        __tracebackhide__ = _only_violations
+        self._training_lane(plait_lane)
+        pool: RankPool = request.getfixturevalue("plait_pool")
+        pools: PoolCache = request.getfixturevalue("plait_pools")
+        examples = self._examples(request, training=True)
+        seed: int = request.getfixturevalue("plait_seed")
+        if not pool.semantics.compatible:
+            pytest.skip("the strategy declares no compatible strategy to move to")
+        started = time.perf_counter()
+
+        def target(name: str) -> RankPool:
+            return pools.get(attrs.evolve(plait_lane, target=StrategyTarget(name)))
+
+        count = prove_moves(pool, target, max_examples=examples, shrink=self.shrink, seed=seed)
+        request.node.user_properties.append(("plait_examples", count))
+        request.node.user_properties.append(("plait_seconds", time.perf_counter() - started))
+
+
+class TestTraining(TrainingSuite):
+    """The training properties for the strategies named with ``--plait-strategy``."""

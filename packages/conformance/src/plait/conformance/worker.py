@@ -38,6 +38,7 @@ from plait.conformance.cases import (
     MismatchCase,
     ReduceCase,
     TensorSpec,
+    TrainingCase,
 )
 from plait.conformance.mesh import MeshLayout
 from plait.conformance.outcomes import Outcome, RaisedError, TensorData
@@ -49,6 +50,8 @@ from plait.core import (
     PeerFailedError,
     PlaitError,
     ReduceOp,
+    TrainingSemantics,
+    training_semantics_of,
 )
 
 if TYPE_CHECKING:
@@ -94,6 +97,7 @@ class WorkerReport:
     root_device: str
     pid: int
     mesh: MeshLayout | None = None
+    semantics: TrainingSemantics = attrs.field(factory=TrainingSemantics)
 
 
 def materialize(spec: TensorSpec, device: torch.device) -> torch.Tensor:
@@ -152,6 +156,7 @@ class _Context:
     rank: int
     device: torch.device
     evidence: dist.Store
+    target: StrategyTarget | None = None
     world_size: int = 1
     sequence: int = 0
     groups: dict[tuple[int, ...], dist.ProcessGroup] = attrs.field(factory=dict)
@@ -332,6 +337,7 @@ def _invoke(  # noqa: PLR0911 - one return per kind of case
         return _call(context, case.calls[rank]), None
     if isinstance(case, GroupCase):
         return _in_group(context, case, argument), None
+    assert isinstance(case, BadArgumentCase)  # a training case never comes here
     return _bad_argument(context, case), None
 
 
@@ -438,6 +444,8 @@ def run_case(context: _Context, case: Case) -> Outcome:
     rank = context.rank
     if isinstance(case, BarrierTimeoutCase) and case.absent_rank == rank:
         return Outcome(rank)
+    if isinstance(case, TrainingCase):
+        return _train(context, case)
     argument: object = None
     if isinstance(case, ReduceCase | AllGatherCase | GroupCase):
         argument = _argument(case.inputs[rank], context.device)
@@ -464,6 +472,17 @@ def run_case(context: _Context, case: Case) -> Outcome:
     if isinstance(case, MismatchCase | BadArgumentCase) or outsiders:
         outcome = _then_reduce(context, outcome)
     return outcome
+
+
+def _train(context: _Context, case: TrainingCase) -> Outcome:
+    """Run this rank's part of a training example on fresh strategies of the pool's target."""
+    from plait.conformance.training.program import run_training  # noqa: PLC0415 - its lane only
+
+    assert context.target is not None
+    try:
+        return Outcome(context.rank, result=run_training(context.target, case))
+    except Exception as error:  # noqa: BLE001 - every error is reported, not raised
+        return Outcome(context.rank, error=raised(error))
 
 
 THEN_REDUCE: Final = (MismatchCase, BadArgumentCase, GroupCase)
@@ -538,6 +557,7 @@ def main(
                 root_device=str(strategy.root_device),
                 pid=os.getpid(),
                 mesh=layout,
+                semantics=training_semantics_of(strategy),
             )
         )
     except BaseException as error:  # noqa: BLE001 - reported to the pool, which fails
@@ -549,6 +569,7 @@ def main(
         rank,
         strategy.root_device,
         evidence,
+        target,
         global_rank=rank,
         global_size=strategy.world_size,
         layout=layout,

@@ -13,7 +13,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 from typing_extensions import override
 
-from plait.core import ConfigurationError
+from plait.core import ConfigurationError, TrainingSemantics
 from plait.core.errors import suggest
 from plait.strategies.launchers import (
     MULTIPROCESSING_METHODS,
@@ -293,6 +293,22 @@ class DDPStrategy(SelfLaunchingStrategy):
                 hook = self.ddp_comm_wrapper(hook)
             wrapped.register_comm_hook(self.ddp_comm_state, hook)
         return wrapped
+
+    @property
+    @override
+    def training_semantics(self) -> TrainingSemantics:
+        """Synchronous replicas; a checkpoint moves to FSDP and DeepSpeed and back.
+
+        A resumed run is the run never stopped bit for bit on one rank and on two;
+        from three ranks on, within float rounding: DDP adds the ranks' gradients in
+        an order that depends on its buckets, which it lays out again after its first
+        step, so a resumed run's first step adds them in another order.
+        """
+        return TrainingSemantics(
+            compatible=("fsdp", "deepspeed"),
+            exact_resume=self.world_size <= 2,
+            precisions=("32-true", "bf16-mixed"),
+        )
 
     def configure_ddp(self, module: torch.nn.Module) -> torch.nn.Module:
         """Wrap ``module`` in `DistributedDataParallel`; override to wrap it your way."""

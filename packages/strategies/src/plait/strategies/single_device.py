@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 import torch
 from typing_extensions import override
 
+from plait.core import TrainingSemantics
 from plait.strategies.base import BaseStrategy
 from plait.strategies.collectives import LocalCollectives
 
@@ -62,6 +63,12 @@ class SingleDeviceStrategy(OneProcessStrategy):
             checkpoint_io=checkpoint_io,
             precision_plugin=precision_plugin,
         )
+
+    @property
+    @override
+    def training_semantics(self) -> TrainingSemantics:
+        """One replica, bit-for-bit resumes; a checkpoint moves to DDP (of one process)."""
+        return TrainingSemantics(compatible=("ddp",), precisions=("32-true", "bf16-mixed"))
 
     @override
     def default_device_type(self) -> str:

@@ -15,6 +15,7 @@ from plait.core import (
     CheckpointError,
     ConfigurationError,
     GradientClipAlgorithm,
+    TrainingSemantics,
 )
 from plait.strategies.ddp import START_METHODS, SelfLaunchingStrategy
 from plait.strategies.deepspeed import library
@@ -274,6 +275,12 @@ class DeepSpeedStrategy(SelfLaunchingStrategy):
                 value=self.stage,
                 fix="pass stage=1, 2 or 3 with offload_optimizer=True",
             )
+
+    @property
+    @override
+    def training_semantics(self) -> TrainingSemantics:
+        """Synchronous replicas (at every ZeRO stage), bit-for-bit resumes; moves to DDP."""
+        return TrainingSemantics(compatible=("ddp",))
 
     @property
     def compute_dtype(self) -> torch.dtype:

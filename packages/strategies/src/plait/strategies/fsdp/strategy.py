@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 import torch
 from typing_extensions import override
 
-from plait.core import ConfigurationError
+from plait.core import ConfigurationError, TrainingSemantics
 from plait.strategies.ddp import START_METHODS
 from plait.strategies.fsdp import parallelize
 from plait.strategies.fsdp.options import (
@@ -407,6 +407,12 @@ class FSDPStrategy(MeshStrategy):
         self.blocks = []
         self.checkpointed = []
         super().teardown()
+
+    @property
+    @override
+    def training_semantics(self) -> TrainingSemantics:
+        """Synchronous replicas, bit-for-bit resumes; a checkpoint moves to DDP."""
+        return TrainingSemantics(compatible=("ddp",), precisions=("32-true", "bf16-mixed"))
 
     @override
     def __repr__(self) -> str:

@@ -1,0 +1,318 @@
+"""A strategy of your own: local SGD (and DiLoCo), declared and proven by plait's kit.
+
+Each rank trains its own replica of the module on its own data, with its own
+optimizer, and does not synchronise at every step: every ``sync_every`` optimizer
+steps the replicas meet. The last meeting's module (the anchor) takes an outer SGD
+step whose gradient is the replicas' mean change since then (``outer_lr=1`` and no
+momentum: the mean of the replicas; DiLoCo: ``outer_lr=0.7, outer_momentum=0.9,
+nesterov=True`` with an inner AdamW), and every replica starts again from it.
+
+It is plait's `DDPStrategy` (its launcher, process group and collectives) without
+the DDP wrapper, and four things of its own:
+
+- ``optimizer_step`` counts the steps and meets the replicas every ``sync_every``;
+- ``on_train_end`` meets them over what is left of a period, so that training ends
+  with one module (the Trainer calls it; a loop of your own calls it after its last
+  step), and ``on_validation_start``/``on_validation_end`` validate the replicas'
+  mean without changing training;
+- ``get_state_dict``/``set_state_dict`` carry every rank's replica and optimizer
+  state (they differ between meetings, and a checkpoint IO writes rank 0's state
+  alone, or refuses values the ranks do not agree on), the anchor, the outer
+  momentum and the step count: a resumed run goes on bit for bit;
+- ``training_semantics`` declares `PeriodicAveraging`, which
+  `plait.conformance.TrainingSuite` proves (``tests/test_training_kit.py``).
+
+Train with it like with any strategy::
+
+    python examples/local_sgd.py --processes 2 --steps 40
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Mapping, Sequence
+from datetime import timedelta
+from typing import TYPE_CHECKING
+
+import torch
+from typing_extensions import override
+
+from plait.core import (
+    CheckpointError,
+    ConfigurationError,
+    PeriodicAveraging,
+    TrainingSemantics,
+)
+from plait.strategies import DDPStrategy
+
+if TYPE_CHECKING:
+    from plait.core.typing import Checkpoint
+
+_KEY = "local_sgd"
+
+
+def _whole(name: str, value: object, least: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        raise ConfigurationError(
+            f"{name}={value!r} must be a whole number, {least} or more",
+            value=value,
+            fix=f"pass e.g. {name}=4",
+        )
+    return value
+
+
+class LocalSGDStrategy(DDPStrategy):
+    """Replicas on their own data, meeting every ``sync_every`` steps (local SGD, DiLoCo).
+
+    Args:
+        sync_every: Optimizer steps between meetings.
+        outer_lr: The outer SGD step's learning rate (1: the replicas' mean).
+        outer_momentum: Its momentum (0: none).
+        nesterov: Whether the momentum is Nesterov's.
+        accelerator: As `DDPStrategy`'s; so are the other arguments.
+        parallel_devices: The device of each local rank.
+        cluster_environment: Where this process sits, or its name.
+        precision: The precision plugin, or its name.
+        checkpoint_io: The checkpoint IO, or its name.
+        start_method: How the launcher starts the ranks (``"popen"``, ``"spawn"``, ...).
+        timeout: How long a collective waits for the other ranks.
+
+    Raises:
+        ConfigurationError: ``sync_every`` is not a whole number of 1 or more, or an
+            outer setting is negative.
+    """
+
+    def __init__(
+        self,
+        *,
+        sync_every: int = 4,
+        outer_lr: float = 1.0,
+        outer_momentum: float = 0.0,
+        nesterov: bool = False,
+        accelerator: str | None = None,
+        parallel_devices: Sequence[torch.device] | None = None,
+        cluster_environment: str | None = None,
+        precision: str | None = None,
+        checkpoint_io: str | None = None,
+        start_method: str = "popen",
+        timeout: timedelta = timedelta(minutes=30),
+    ) -> None:
+        self.sync_every = _whole("sync_every", sync_every, 1)
+        self.averaging = PeriodicAveraging(
+            every=self.sync_every,
+            outer_lr=outer_lr,
+            outer_momentum=outer_momentum,
+            nesterov=nesterov,
+        )
+        super().__init__(
+            accelerator=accelerator,
+            parallel_devices=parallel_devices,
+            cluster_environment=cluster_environment,
+            precision=precision,
+            checkpoint_io=checkpoint_io,
+            start_method=start_method,
+            timeout=timeout,
+        )
+        self.steps = 0
+        """Optimizer steps taken in the run (a checkpoint holds it)."""
+        self._parameters: list[torch.nn.Parameter] = []
+        self._anchor: list[torch.Tensor] = []
+        self._momentum: list[torch.Tensor] = []
+        self._validating: list[torch.Tensor] = []
+
+    @property
+    @override
+    def training_semantics(self) -> TrainingSemantics:
+        """Replicas meeting every ``sync_every`` steps; a resume is bit for bit."""
+        return TrainingSemantics(replicas=self.averaging, exact_resume=True)
+
+    # The replicas: no DDP wrapper, so backward never synchronises.
+
+    @override
+    def configure_ddp(self, module: torch.nn.Module) -> torch.nn.Module:
+        """The module itself: each rank's gradients stay its own."""
+        return module
+
+    @override
+    def setup_module_and_optimizers(
+        self, module: torch.nn.Module, optimizers: Sequence[torch.optim.Optimizer]
+    ) -> tuple[torch.nn.Module, list[torch.optim.Optimizer]]:
+        """Set up as DDP does, and take the replicas' starting point (the anchor)."""
+        module, prepared = super().setup_module_and_optimizers(module, optimizers)
+        self._parameters = list(self.unwrap_module(module).parameters())
+        self._anchor = [parameter.detach().clone() for parameter in self._parameters]
+        self._momentum = []
+        self.steps = 0
+        return module, prepared
+
+    @override
+    def optimizer_step(
+        self, optimizer: torch.optim.Optimizer, closure: object | None = None
+    ) -> object:
+        """Step this rank's optimizer; every ``sync_every``-th step, meet the replicas."""
+        result = super().optimizer_step(optimizer, closure)  # type: ignore[arg-type]
+        self.steps += 1
+        if self.steps % self.sync_every == 0:
+            self.meet()
+        return result
+
+    def _mean(self) -> list[torch.Tensor]:
+        flat = torch.cat([parameter.detach().reshape(-1) for parameter in self._parameters])
+        mean = self.reduce(flat, reduce_op="mean")
+        means, start = [], 0
+        for parameter in self._parameters:
+            means.append(mean[start : start + parameter.numel()].view_as(parameter))
+            start += parameter.numel()
+        return means
+
+    def meet(self) -> None:
+        """Every rank: the anchor takes the outer step, and every replica starts from it."""
+        averaging = self.averaging
+        with torch.no_grad():
+            means = self._mean()
+            momentum = []
+            for index, (anchor, mean) in enumerate(zip(self._anchor, means, strict=True)):
+                update = anchor - mean
+                if averaging.outer_momentum:
+                    buffer = update.clone()
+                    if self._momentum:
+                        buffer = self._momentum[index] * averaging.outer_momentum + update
+                    momentum.append(buffer)
+                    update = (
+                        update + averaging.outer_momentum * buffer if averaging.nesterov else buffer
+                    )
+                anchor.sub_(averaging.outer_lr * update)
+                self._parameters[index].copy_(anchor)
+            self._momentum = momentum
+
+    # Where a run is.
+
+    @override
+    def on_train_end(self) -> None:
+        """Training ends with one module: meet over what is left of a period."""
+        if self.steps % self.sync_every:
+            self.meet()
+
+    @override
+    def on_validation_start(self) -> None:
+        """Validate the replicas' mean; training's replicas are kept aside."""
+        if not self._parameters:
+            return
+        with torch.no_grad():
+            self._validating = [parameter.detach().clone() for parameter in self._parameters]
+            for parameter, mean in zip(self._parameters, self._mean(), strict=True):
+                parameter.copy_(mean)
+
+    @override
+    def on_validation_end(self) -> None:
+        """Put training's replicas back."""
+        with torch.no_grad():
+            for parameter, kept in zip(self._parameters, self._validating, strict=True):
+                parameter.copy_(kept)
+        self._validating = []
+
+    # State: every rank's replica travels, not rank 0's alone.
+
+    @override
+    def get_state_dict(
+        self, module: torch.nn.Module, optimizers: Sequence[torch.optim.Optimizer] = ()
+    ) -> Checkpoint:
+        """Rank 0's replica and optimizer state, with every rank's beside them.
+
+        ``"state_dict"`` and ``"optimizer_states"`` are rank 0's on every rank (what a
+        plain module loads; a checkpoint IO that writes once, from one rank, needs the
+        ranks to agree); the ``"local_sgd"`` entry holds each rank's (every rank
+        gathers them), the anchor, the outer momentum and the step count.
+        """
+        state = super().get_state_dict(module, optimizers)
+        mine = {"module": state["state_dict"], "optimizer_states": state["optimizer_states"]}
+        replicas = [self.broadcast(mine, src=rank) for rank in range(self.world_size)]
+        state["state_dict"] = replicas[0]["module"]
+        state["optimizer_states"] = replicas[0]["optimizer_states"]
+        state[_KEY] = {
+            "replicas": replicas,
+            "anchor": [anchor.clone() for anchor in self._anchor],
+            "momentum": [buffer.clone() for buffer in self._momentum],
+            "steps": self.steps,
+            "world_size": self.world_size,
+        }
+        return state
+
+    @override
+    def set_state_dict(
+        self,
+        module: torch.nn.Module,
+        optimizers: Sequence[torch.optim.Optimizer],
+        state: Mapping[str, object],
+        *,
+        source: object = "the state",
+    ) -> None:
+        """Load this rank's replica (and with optimizers, the rest of the run).
+
+        A checkpoint of another strategy (without ``"local_sgd"``) loads as DDP's, and
+        the replicas start from it.
+
+        Raises:
+            CheckpointError: The checkpoint holds the replicas of another world size.
+        """
+        extra = state.get(_KEY)
+        if not isinstance(extra, Mapping):
+            super().set_state_dict(module, optimizers, state, source=source)
+            self._anchor = [parameter.detach().clone() for parameter in self._parameters]
+            return
+        saved = extra["world_size"]
+        if saved != self.world_size:
+            raise CheckpointError(
+                str(source),
+                f"holds the replicas of {saved} ranks, and this run has {self.world_size}",
+                fix="resume at the same world size, or load the weights alone "
+                "(weights_only=True: rank 0's replica)",
+            )
+        mine = extra["replicas"][self.global_rank]
+        own = {**state, "state_dict": mine["module"], "optimizer_states": mine["optimizer_states"]}
+        super().set_state_dict(module, optimizers, own, source=source)
+        if optimizers:
+            self._anchor = [torch.as_tensor(anchor).clone() for anchor in extra["anchor"]]
+            self._momentum = [torch.as_tensor(buffer).clone() for buffer in extra["momentum"]]
+            self.steps = int(extra["steps"])
+
+
+def train(strategy: LocalSGDStrategy, steps: int) -> float:
+    """Fit a line on each rank's share of the data; the final loss, on every rank."""
+    torch.manual_seed(0)
+    line = torch.nn.Linear(4, 1)
+    sgd = torch.optim.SGD(line.parameters(), lr=0.05)
+    model, [optimizer] = strategy.setup_module_and_optimizers(line, [sgd])
+    generator = torch.Generator().manual_seed(1 + strategy.global_rank)
+    weights = torch.tensor([[1.0], [-2.0], [0.5], [3.0]])
+    loss = torch.zeros(())
+    for _ in range(steps):
+        inputs = torch.randn(16, 4, generator=generator)
+        output = strategy.training_step(model, inputs)
+        assert isinstance(output, torch.Tensor)
+        loss = torch.nn.functional.mse_loss(output, inputs @ weights)
+        strategy.backward(loss, model)
+        strategy.optimizer_step(optimizer)
+        strategy.zero_grad(optimizer)
+    strategy.on_train_end()
+    return float(strategy.reduce(loss.detach(), reduce_op="mean"))
+
+
+def _run(strategy: LocalSGDStrategy, steps: int) -> None:
+    strategy.setup_environment()
+    loss = train(strategy, steps)
+    if strategy.is_global_zero:
+        print(f"final loss {loss:.4f} on {strategy.world_size} processes")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--processes", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=40)
+    arguments = parser.parse_args()
+    local_sgd = LocalSGDStrategy(
+        sync_every=4,
+        accelerator="cpu",
+        parallel_devices=[torch.device("cpu")] * arguments.processes,
+    )
+    local_sgd.launcher.launch(_run, local_sgd, arguments.steps)

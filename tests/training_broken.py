@@ -1,0 +1,192 @@
+"""Strategies that each break what they declare about training, on purpose.
+
+The training kit must catch every one of them in every run (its grid runs first,
+whatever the seed), naming the property broken (``test_training_kit.py``). Each is
+DDP, or the local SGD strategy of ``examples/local_sgd.py``, with one decision
+changed the way a real implementation might get it wrong; every one of them keeps
+the collective contract.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING
+
+import torch
+import torch.distributed as dist
+from typing_extensions import override
+
+from plait.core import ConfigurationError, Stateful
+from plait.strategies import DDPStrategy
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from plait.core.typing import Checkpoint, PathLike, StateDict
+
+_EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "local_sgd.py"
+
+
+def _load_local_sgd() -> ModuleType:
+    # The example is a script, not an installed module: loaded from its file, once.
+    module = sys.modules.get("plait_example_local_sgd")
+    if module is None:
+        spec = importlib.util.spec_from_file_location("plait_example_local_sgd", _EXAMPLE)
+        assert spec is not None
+        assert spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["plait_example_local_sgd"] = module
+        spec.loader.exec_module(module)
+    return module
+
+
+if TYPE_CHECKING:
+    from examples.local_sgd import LocalSGDStrategy
+else:
+    LocalSGDStrategy = _load_local_sgd().LocalSGDStrategy
+
+
+class _Unwrapped(DDPStrategy):
+    """DDP without its wrapper: gradients are this class's to average (or not)."""
+
+    steps = 0
+
+    @override
+    def configure_ddp(self, module: torch.nn.Module) -> torch.nn.Module:
+        self._parameters = list(module.parameters())
+        return module
+
+    def average_gradients(self, group: dist.ProcessGroup | None = None) -> None:
+        """Average every gradient over ``group`` (the job's by default)."""
+        size = dist.get_world_size(group) if group is not None else self.world_size
+        for parameter in self._parameters:
+            if parameter.grad is not None:
+                dist.all_reduce(parameter.grad, group=group or self.process_group)
+                parameter.grad /= size
+
+    @override
+    def optimizer_step(
+        self, optimizer: torch.optim.Optimizer, closure: Callable[[], object] | None = None
+    ) -> object:
+        self.synchronise()
+        self.steps += 1
+        return super().optimizer_step(optimizer, closure)
+
+    def synchronise(self) -> None:
+        """Before each step: nothing here."""
+
+
+class NeverSynchronises(_Unwrapped):
+    """Each rank steps on its own gradients, and declares synchronous replicas."""
+
+
+class SynchronisesEveryOtherStep(_Unwrapped):
+    """Averages the gradients of every other step only."""
+
+    @override
+    def synchronise(self) -> None:
+        if self.steps % 2 == 0:
+            self.average_gradients()
+
+
+class AveragesOverTheWrongGroup(_Unwrapped):
+    """Averages over the first half of the ranks (the last rank keeps its own)."""
+
+    _group: dist.ProcessGroup | None = None
+
+    @override
+    def synchronise(self) -> None:
+        if self.world_size == 1:
+            return
+        if self._group is None:
+            # Every rank makes every group, in the same order.
+            self._group = dist.new_group(list(range(max(1, self.world_size // 2))))
+        if self.global_rank < max(1, self.world_size // 2):
+            self.average_gradients(self._group)
+
+
+class DropsOptimizerState(DDPStrategy):
+    """Saves the optimizer's parameter groups and leaves its state (momentum, moments) out."""
+
+    @override
+    def optimizer_state_dict(self, optimizer: torch.optim.Optimizer) -> StateDict:
+        return {"state": {}, "param_groups": optimizer.state_dict()["param_groups"]}
+
+
+def _strings(value: object) -> object:
+    if isinstance(value, Mapping):
+        return {str(key): _strings(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_strings(item) for item in value]
+    return value
+
+
+class TurnsKeysIntoStrings(DDPStrategy):
+    """Saves each `Stateful` object's state with its keys made strings, as a flat format would."""
+
+    @override
+    def save_checkpoint(self, checkpoint: Mapping[str, object], path: PathLike) -> None:
+        flattened = {
+            name: _strings(value.state_dict())
+            if isinstance(value, Stateful)
+            and not isinstance(value, torch.nn.Module | torch.optim.Optimizer)
+            else value
+            for name, value in checkpoint.items()
+        }
+        super().save_checkpoint(flattened, path)
+
+
+class StepsSchedulersAgainOnLoad(DDPStrategy):
+    """ "Catches up" each scheduler it restores by one step."""
+
+    @override
+    def load_checkpoint(
+        self,
+        path: PathLike,
+        state: torch.nn.Module | Mapping[str, object] | None = None,
+        *,
+        weights_only: bool = False,
+    ) -> Checkpoint:
+        rest = super().load_checkpoint(path, state, weights_only=weights_only)
+        if isinstance(state, Mapping):
+            for value in state.values():
+                if isinstance(value, torch.optim.lr_scheduler.LRScheduler):
+                    value.step()
+        return rest
+
+
+class KeepsRankZerosReplica(LocalSGDStrategy):
+    """Local SGD whose checkpoint holds rank 0's replica alone (DDP's state, unchanged)."""
+
+    @override
+    def get_state_dict(
+        self, module: torch.nn.Module, optimizers: Sequence[torch.optim.Optimizer] = ()
+    ) -> Checkpoint:
+        return DDPStrategy.get_state_dict(self, module, optimizers)
+
+    @override
+    def set_state_dict(
+        self,
+        module: torch.nn.Module,
+        optimizers: Sequence[torch.optim.Optimizer],
+        state: Mapping[str, object],
+        *,
+        source: object = "the state",
+    ) -> None:
+        DDPStrategy.set_state_dict(self, module, optimizers, state, source=source)
+
+
+class RefusesEverything(DDPStrategy):
+    """Refuses every module with a ConfigurationError: it proves nothing."""
+
+    @override
+    def setup_module_and_optimizers(
+        self, module: torch.nn.Module, optimizers: Sequence[torch.optim.Optimizer]
+    ) -> tuple[torch.nn.Module, list[torch.optim.Optimizer]]:
+        raise ConfigurationError(
+            "RefusesEverything takes no module", value=module, fix="use another strategy"
+        )
