@@ -309,10 +309,12 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--processes", type=int, default=2)
     parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--start-method", default="popen", help="how the ranks start")
     arguments = parser.parse_args()
     local_sgd = LocalSGDStrategy(
         sync_every=4,
         accelerator="cpu",
         parallel_devices=[torch.device("cpu")] * arguments.processes,
+        start_method=arguments.start_method,
     )
     local_sgd.launcher.launch(_run, local_sgd, arguments.steps)

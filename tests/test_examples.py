@@ -62,3 +62,12 @@ def test_the_standalone_fsdp_example_trains_sharded_and_exports_one_file(tmp_pat
         "1.linear.bias": (32,), "2.linear.weight": (32, 32), "2.linear.bias": (32,),
         "3.weight": (1, 32), "3.bias": (1,),
     }  # fmt: skip
+
+
+@pytest.mark.slow
+def test_the_local_sgd_example_trains_and_ends_with_one_module() -> None:
+    result = _run("local_sgd.py", "--steps", "22")
+
+    found = re.search(r"final loss (\d+\.\d+) on 2 processes", result.stdout)
+    assert found is not None, result.stdout
+    assert float(found.group(1)) < 0.5  # the line is learnt: the loss starts near 15

@@ -605,15 +605,16 @@ def _resume(
         f" and {case.stop_inside} micro-batches of the next window" if case.stop_inside else ""
     )
     exact = semantics.exact_resume
-    problems = _compare_losses(expected, before + after, stop, exact=exact)
+    close = None if exact else tolerance(run.precision, run.optimizer)
+    problems = _compare_losses(expected, before + after, stop, close=close)
     if expected_replica is not None and found_replica is not None:
         problems += _compare_vectors(
-            expected_replica, found_replica, f"{stop} and resumed, this rank's module", exact
+            expected_replica, found_replica, f"{stop} and resumed, this rank's module", close
         )
     if expected_export is not None and found_export is not None:
         problems += [
             f"{stop} and resumed, the exported module{problem.removeprefix('the value')}"
-            for problem in _close_states(expected_export, found_export, exact=exact)
+            for problem in _close_states(expected_export, found_export, close=close)
         ]
     return TrainingReport(semantics, losses=tuple(before + after), problems=tuple(problems))
 
@@ -699,46 +700,58 @@ def tolerance(precision: str, optimizer: str = "sgd") -> tuple[float, float]:
 
 
 def _compare_losses(
-    expected: Sequence[float], found: Sequence[float], stop: str, *, exact: bool
+    expected: Sequence[float],
+    found: Sequence[float],
+    stop: str,
+    *,
+    close: tuple[float, float] | None,
 ) -> list[str]:
+    """``close``: the relative and absolute tolerance, or None for bit for bit."""
     if len(expected) != len(found):
         return [f"{stop} and resumed, the run took {len(found)} steps, not {len(expected)}"]
     for step, (want, got) in enumerate(zip(expected, found, strict=True)):
-        close = want == got if exact else abs(want - got) <= 1e-4 * max(1.0, abs(want))
-        if not close:
+        same = want == got if close is None else abs(want - got) <= close[0] * max(1.0, abs(want))
+        if not same:
             return [
                 (
                     f"{stop} and resumed, the loss of step {step} is {got!r}, and {want!r} in "
-                    f"the run never stopped{' (bit for bit, as declared)' if exact else ''}"
+                    f"the run never stopped"
+                    + (" (bit for bit, as declared)" if close is None else "")
                 )
             ]
     return []
 
 
 def _compare_vectors(
-    expected: Sequence[float], found: Sequence[float], what: str, exact: bool
+    expected: Sequence[float], found: Sequence[float], what: str, close: tuple[float, float] | None
 ) -> list[str]:
     want = torch.tensor(expected, dtype=torch.float64)
     got = torch.tensor(found, dtype=torch.float64)
     if want.shape != got.shape:
         return [f"{what} has {got.numel()} parameters, not {want.numel()}"]
-    same = torch.equal(want, got) if exact else torch.allclose(want, got, rtol=1e-4, atol=1e-5)
+    if close is None:
+        same = torch.equal(want, got)
+    else:
+        same = torch.allclose(want, got, rtol=close[0], atol=close[1])
     if same:
         return []
     return [f"{what} differs from the run never stopped ({_first_difference(want, got)})"]
 
 
 def _close_states(
-    expected: Mapping[str, torch.Tensor], found: Mapping[str, torch.Tensor], *, exact: bool
+    expected: Mapping[str, torch.Tensor],
+    found: Mapping[str, torch.Tensor],
+    *,
+    close: tuple[float, float] | None,
 ) -> list[str]:
-    if exact:
+    if close is None:
         return differences(dict(expected), dict(found))
     problems = []
     for name, value in expected.items():
         other = found.get(name)
         if other is None or other.shape != value.shape:
             problems.append(f"[{name!r}]: missing or of another shape")
-        elif not torch.allclose(value.double(), other.double(), rtol=1e-4, atol=1e-5):
+        elif not torch.allclose(value.double(), other.double(), rtol=close[0], atol=close[1]):
             problems.append(f"[{name!r}]: {_first_difference(value, other)}")
     return problems
 
