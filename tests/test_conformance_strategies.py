@@ -124,39 +124,53 @@ class TestMultiProcessStrategies(ConformanceSuite, TrainingSuite):
     strategies = MULTI_PROCESS
     world_sizes = (1, 2, 3, 4)
     training_world_sizes = (1, 2, 3)
-    training_examples = 5
+    training_examples = 3  # after the grid: a run trains three times over
+    moves_world_sizes = (2,)  # each move starts the ranks of the strategy moved to
 
 
 # The variants' collectives are their family's, which runs the whole profile above:
 # the grid and a fourth of the drawn examples prove that the options change none.
 
 
-class TestDDPVariants(ConformanceSuite, TrainingSuite):
+class TestDDPVariants(ConformanceSuite):
     strategies = _proven(DDP_VARIANTS)
     world_sizes = (1, 2, 3, 4)
     max_examples = 50
-    training_world_sizes = (2,)
-    training_examples = 3
+
+
+DDP_OPTIONS: Final = ("ddp_find_unused_parameters_true", "ddp_sharded")
+"""The DDP variants whose options change training (the others change the launcher,
+which the conformance ranks do not use: they train as ``ddp``)."""
+
+
+class TestTrainingOfDDPOptions(TrainingSuite):
+    strategies = DDP_OPTIONS
+    world_sizes = (2,)
+    training_examples = 2
+    moves_world_sizes = ()
 
 
 class TestFSDPVariants(ConformanceSuite, TrainingSuite):
     strategies = _proven(FSDP_VARIANTS)
     world_sizes = (2,)
     max_examples = 50
-    training_examples = 3
+    training_examples = 2
+    moves_world_sizes = ()  # fsdp's own, at world size 2
 
 
 class TestDeepSpeedVariants(ConformanceSuite, TrainingSuite):
     strategies = _proven(DEEPSPEED_VARIANTS)
     world_sizes = (2,)
     max_examples = 50
-    training_examples = 3
+    training_examples = 2
+    moves_world_sizes = ()  # deepspeed's own, at world size 2
 
 
 class TestOwnCollectives(ConformanceSuite, TrainingSuite):
     strategies = _proven(OWN_COLLECTIVES)
     world_sizes = (1, 2, 3)
-    training_examples = 3
+    training_examples = 2
+    moves_world_sizes = (2,)
 
 
 BACKEND_AGREEMENT: Final = (
@@ -179,7 +193,7 @@ class TestMeshStrategiesOnTheirOwnMesh(ConformanceSuite):
 class TestOneProcessStrategies(ConformanceSuite, TrainingSuite):
     strategies = _proven(ONE_PROCESS)
     world_sizes = (1,)
-    training_examples = 5
+    training_examples = 3
 
 
 def test_every_registered_strategy_is_run_or_excused() -> None:
@@ -193,8 +207,10 @@ def test_every_registered_strategy_is_run_or_excused() -> None:
     assert set(DEEPSPEED_VARIANTS) <= registered
     assert set(OWN_COLLECTIVES) <= registered
     assert set(ON_A_MESH) <= registered
-    # Every strategy run on CPU is trained by the kit, or excused here.
+    # Every strategy run on CPU is trained by the kit (a launcher variant as ddp), or
+    # excused here.
     assert set(NOT_TRAINED) <= set(ON_A_MESH)
+    assert set(DDP_OPTIONS) <= set(DDP_VARIANTS)
     # An alias is proven under the name it repeats, which is proven itself.
     assert {"modelparallelstrategy": "model_parallel"}.items() <= ALIASES.items()
     assert set(ALIASES.values()) <= set(MULTI_PROCESS) | {

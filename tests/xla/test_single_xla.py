@@ -191,6 +191,8 @@ def run_conformance(strategy: str) -> subprocess.CompletedProcess[str]:
             sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q",
             "--pyargs", "plait.conformance.suite",
             f"--plait-strategy={strategy}", "--plait-backend=xla", "--plait-world-sizes=1",
+            # The collective contract; the training kit is not run on this lane yet.
+            "-k", "TestContract",
         ],
         capture_output=True, text=True, timeout=600, check=False,
     )  # fmt: skip

@@ -77,6 +77,7 @@ class Suite:
     max_examples: ClassVar[int | None] = None
     training_examples: ClassVar[int | None] = None
     training_world_sizes: ClassVar[Sequence[int] | None] = None
+    moves_world_sizes: ClassVar[Sequence[int] | None] = None
     shrink: ClassVar[bool] = True
 
     def _prove(self, name: str, request: pytest.FixtureRequest) -> None:
@@ -247,6 +248,9 @@ class TrainingSuite(Suite):
             ``--plait-examples``.
         training_world_sizes: The world sizes of the lanes the training properties
             run on, where a class that also runs the collective suite has more.
+        moves_world_sizes: The world sizes of the lanes the moves run on (each
+            starts the ranks of every compatible strategy); by default those of
+            the other training properties.
     """
 
     def test_declared_semantics(self, plait_lane: Lane, request: pytest.FixtureRequest) -> None:
@@ -268,6 +272,11 @@ class TrainingSuite(Suite):
         """A checkpoint goes on with the same losses on each strategy declared compatible."""
         __tracebackhide__ = _only_violations
         self._training_lane(plait_lane)
+        moves = self.moves_world_sizes
+        if moves is not None and plait_lane.world_size not in moves:
+            pytest.skip(
+                f"{type(self).__name__} runs the moves at world sizes {', '.join(map(str, moves))}"
+            )
         pool: RankPool = request.getfixturevalue("plait_pool")
         pools: PoolCache = request.getfixturevalue("plait_pools")
         examples = self._examples(request, training=True)

@@ -480,9 +480,17 @@ def _train(context: _Context, case: TrainingCase) -> Outcome:
 
     assert context.target is not None
     try:
-        return Outcome(context.rank, result=run_training(context.target, case))
+        outcome = Outcome(context.rank, result=run_training(context.target, case))
     except Exception as error:  # noqa: BLE001 - every error is reported, not raised
-        return Outcome(context.rank, error=raised(error))
+        outcome = Outcome(context.rank, error=raised(error))
+    if not dist.is_initialized():
+        # A strategy whose teardown leaves the process group (DeepSpeed's engine
+        # destroys its groups) ended the pool's too: the pool's strategy joins anew,
+        # as a later run of a program would, for the examples that follow.
+        context.strategy = context.target.build()
+        context.strategy.setup_environment()
+        context.groups.clear()
+    return outcome
 
 
 THEN_REDUCE: Final = (MismatchCase, BadArgumentCase, GroupCase)

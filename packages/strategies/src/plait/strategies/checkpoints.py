@@ -86,20 +86,17 @@ class Checkpoints:
     def save(self, checkpoint: Mapping[str, object], path: PathLike) -> None:
         """Write ``checkpoint`` (live objects or plain entries) through the checkpoint IO.
 
-        Every rank returns once it is written (an asynchronous IO's: once it is
-        handed over), so any rank may read it next.
+        Where rank 0 writes alone, the other ranks return before it has written: a
+        loop that reads it back on them waits first (``strategy.barrier()``; the
+        Trainer waits with its ``checkpoint_timeout``, a save may outlast the
+        collective timeout).
         """
         strategy = self._strategy
         live = LiveState.of(checkpoint)
         if live.is_live:
             checkpoint = self.of(live)
-        if self.collective:
+        if strategy.is_global_zero or self.collective:
             strategy.checkpoint_io.save_checkpoint(checkpoint, path)
-            return
-        if strategy.is_global_zero:
-            strategy.checkpoint_io.save_checkpoint(checkpoint, path)
-        # Rank 0 wrote alone: no rank goes on (to load it, say) before it is written.
-        strategy.barrier("save_checkpoint")
 
     def of(self, live: LiveState) -> Checkpoint:
         """The checkpoint of ``live``: plain values, `Stateful` states, the module's state."""

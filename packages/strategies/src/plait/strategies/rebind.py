@@ -34,7 +34,11 @@ def rebind_optimizers(
         return
     for optimizer in optimizers:
         for group in optimizer.param_groups:
-            group["params"] = [moved.get(id(parameter), parameter) for parameter in group["params"]]
+            # The list itself is kept, its items replaced: an optimizer may hold it
+            # (LBFGS keeps its group's list as its parameters).
+            group["params"][:] = [
+                moved.get(id(parameter), parameter) for parameter in group["params"]
+            ]
         for old_id, new in moved.items():
             old = next((key for key in optimizer.state if id(key) == old_id), None)
             if old is None:

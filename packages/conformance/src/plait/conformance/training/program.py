@@ -335,12 +335,14 @@ class _Loop:
 def _own_state(optimizer: torch.optim.Optimizer) -> object:
     """What ``optimizer`` itself holds, or None where it cannot say alone.
 
-    (A `ZeroRedundancyOptimizer` must gather its shards first, which the strategy's
-    `get_state_dict` does.)
+    A `ZeroRedundancyOptimizer` must gather its shards first, and an optimizer whose
+    parameters a library replaced (DeepSpeed's ZeRO-3 partitions, XLA's device
+    copies) may hold state under parameters its groups no longer name: what the
+    strategy's `get_state_dict` says of it is compared instead.
     """
     try:
         return _copied(optimizer.state_dict())
-    except RuntimeError:
+    except (RuntimeError, KeyError):
         return None
 
 
@@ -508,6 +510,7 @@ def _round_trip(
             path = str(Path(directory) / "checkpoint")
             saved_user = _copied(user.value)
             strategy.save_checkpoint(loop.state(user), path)
+            strategy.barrier()  # where rank 0 writes alone, it has written
             saved = loop.snapshot()
             # Disturb everything, then load it back into the same objects.
             loop.train(case.stop_at, case.stop_at + 1)
@@ -582,6 +585,7 @@ def _resume(
             if case.stop_inside and case.stop_at < run.steps:
                 stopped.window(case.stop_at, case.stop_inside)
             stopped_strategy.save_checkpoint(stopped.state(), path)
+            stopped_strategy.barrier()
         finally:
             _finish(stopped_strategy)
         # The same run resumed in a fresh strategy, from a model that starts elsewhere.
@@ -656,6 +660,7 @@ def _move_out(
         directory = strategy.broadcast(made, src=0)
         path = str(Path(directory) / "checkpoint")
         strategy.save_checkpoint(loop.state(), path)
+        strategy.barrier()
         after = loop.train(case.stop_at, run.steps)
         loop.end()
     finally:

@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING
 
 from typing_extensions import override
 
+from plait.core import TrainingSemantics
 from plait.strategies.base import BaseStrategy
 from plait.strategies.xla import library
 
@@ -26,6 +27,12 @@ class OnXLADevice(BaseStrategy):
     """
 
     _xla: library.TorchXLA
+
+    @property
+    @override
+    def training_semantics(self) -> TrainingSemantics:
+        """Synchronous replicas; no strategy of another device type to move to."""
+        return TrainingSemantics()
 
     def process_dataloader(self, loader: Iterable[object]) -> Iterable[object]:
         """``loader`` inside torch_xla's device loader.
