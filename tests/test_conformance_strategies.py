@@ -124,7 +124,7 @@ class TestMultiProcessStrategies(ConformanceSuite, TrainingSuite):
     strategies = MULTI_PROCESS
     world_sizes = (1, 2, 3, 4)
     training_world_sizes = (1, 2, 3)
-    training_examples = 2  # after the grid: a run trains three times over
+    training_examples = 3  # after the grid: a run trains three times over
     moves_world_sizes = (2,)  # each move starts the ranks of the strategy moved to
 
 
@@ -193,7 +193,7 @@ class TestMeshStrategiesOnTheirOwnMesh(ConformanceSuite):
 class TestOneProcessStrategies(ConformanceSuite, TrainingSuite):
     strategies = _proven(ONE_PROCESS)
     world_sizes = (1,)
-    training_examples = 2
+    training_examples = 3
 
 
 def test_every_registered_strategy_is_run_or_excused() -> None:

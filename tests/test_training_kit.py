@@ -37,7 +37,7 @@ class TestLocalSGDFromTheGuide(TrainingSuite):
 
     strategies = (LOCAL_SGD,)
     world_sizes = (1, 2, 3)
-    training_examples = 2
+    training_examples = 3
 
 
 CAUGHT: Final = [
