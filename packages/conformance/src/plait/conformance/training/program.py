@@ -45,7 +45,7 @@ if TYPE_CHECKING:
     from plait.conformance.training.cases import StateValue, TrainingCase, TrainingRun
     from plait.core import Strategy
 
-__all__ = ["Refused", "TrainingReport", "run_training", "semantics_of", "user_value"]
+__all__ = ["Refused", "TrainingReport", "run_training", "user_value"]
 
 _FRESH_SEED: Final = 10_007  # a resumed run's model starts elsewhere: the load must restore it
 
@@ -76,11 +76,6 @@ class TrainingReport:
     problems: tuple[str, ...] = ()
     refused: str | None = None
     checkpoint: str | None = None
-
-
-def semantics_of(strategy: Strategy) -> TrainingSemantics:
-    """What ``strategy`` declares (synchronous replicas where it declares nothing)."""
-    return training_semantics_of(strategy)
 
 
 @attrs.define
@@ -177,7 +172,7 @@ class _Loop:
         self.progress = _Progress()
         self.epoch_losses: list[float] = []
         self.sharded = isinstance(strategy, SupportsShardedModule) and strategy.shards_module
-        self.synchronous = isinstance(semantics_of(strategy).replicas, Synchronous)
+        self.synchronous = isinstance(training_semantics_of(strategy).replicas, Synchronous)
         self.hooks = strategy if isinstance(strategy, SupportsLifecycleHooks) else None
 
     # Steps.
@@ -432,11 +427,16 @@ def _first_difference(expected: torch.Tensor, found: torch.Tensor) -> str:
     return f"at flat index {index}: {wide[index].item()!r} became {other[index].item()!r}"
 
 
+def _shared_directory(strategy: Strategy, prefix: str) -> str:
+    """A new directory rank 0 makes, named alike on every rank (every rank calls it)."""
+    made = tempfile.mkdtemp(prefix=prefix) if strategy.global_rank == 0 else ""
+    return strategy.broadcast(made, src=0)
+
+
 @contextlib.contextmanager
 def _directory(strategy: Strategy) -> Iterator[str]:
     """A directory every rank names alike, removed by rank 0 once every rank is done."""
-    made = tempfile.mkdtemp(prefix="plait-kit-") if strategy.global_rank == 0 else ""
-    directory = strategy.broadcast(made, src=0)
+    directory = _shared_directory(strategy, "plait-kit-")
     try:
         yield directory
     finally:
@@ -461,7 +461,7 @@ def run_training(target: StrategyTarget, case: TrainingCase) -> TrainingReport:
         first = build_strategy(target, case.run, case.checkpoint_io)
     except Refused as refusal:
         return TrainingReport(TrainingSemantics(), refused=str(refusal))
-    semantics = semantics_of(first)
+    semantics = training_semantics_of(first)
     try:
         if case.kind == "resume":
             return _resume(first, target, case, semantics)
@@ -569,8 +569,7 @@ def _resume(
 ) -> TrainingReport:
     run = case.run
     rank = first.global_rank
-    made = tempfile.mkdtemp(prefix="plait-kit-") if rank == 0 else ""
-    directory = first.broadcast(made, src=0)
+    directory = _shared_directory(first, "plait-kit-")
     path = str(Path(directory) / "checkpoint")
     last: Strategy = first
     try:
@@ -656,8 +655,7 @@ def _move_out(
         loop = _Loop(strategy, run, model_seed=run.seed)
         loop.begin()
         loop.train(0, case.stop_at)
-        made = tempfile.mkdtemp(prefix="plait-kit-move-") if strategy.global_rank == 0 else ""
-        directory = strategy.broadcast(made, src=0)
+        directory = _shared_directory(strategy, "plait-kit-move-")
         path = str(Path(directory) / "checkpoint")
         strategy.save_checkpoint(loop.state(), path)
         strategy.barrier()
