@@ -363,6 +363,17 @@ class Placement:
         return "" if self.accelerator == "cpu" else f" (cuda, {self.ranks} nccl)"
 
 
+def _what_failed(stderr: str, limit: int = 4000) -> str:
+    """A failed side's standard error, less the library's warnings, which can fill it."""
+    lines = stderr.splitlines()
+    kept = [
+        line
+        for previous, line in zip(["", *lines], lines, strict=False)
+        if "Warning:" not in line and not ("Warning:" in previous and "return func" in line)
+    ]
+    return "\n".join(kept)[-limit:]
+
+
 def _sharding_figures(
     sides: dict[str, str],
     kinds: tuple[str, ...],
@@ -396,7 +407,7 @@ def _sharding_figures(
                        "--ranks", str(placement.ranks)]  # fmt: skip
             done = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
             if done.returncode != 0:
-                raise RuntimeError(f"{side} failed:\n{done.stderr[-3000:]}")
+                raise RuntimeError(f"{side} failed:\n{_what_failed(done.stderr)}")
             result = json.loads(out.read_text(encoding="utf-8"))
             for kind, values in figures.items():
                 values[side].append(float(result[kind]))

@@ -64,6 +64,7 @@ from typing_extensions import override
 
 from plait.strategies import DeepSpeedStrategy, FSDPStrategy, ModelParallelStrategy
 from plait.strategies.deepspeed.config import sized_buckets
+from plait.strategies.job import leave
 from plait.trainer import Callback, Module, Trainer
 
 if TYPE_CHECKING:
@@ -568,6 +569,20 @@ def plait_trainer(  # noqa: PLR0917
     trainer.fit(Regression(model(width)), data)
 
 
+def rank_main(rank: int, job: Job) -> None:
+    """One spawned rank of a hand-written side: its loop, then the end of the process.
+
+    After a loop that finished and destroyed its group, the rank leaves without tearing
+    the interpreter down (`plait.strategies.job.leave`): gloo's worker threads can abort
+    a finalizing interpreter (``terminate called without an active exception``), about
+    one ZeRO-3 run in three on 2 cores, which spawn reports as the side failing. An
+    error in the loop propagates as usual and fails the side.
+    """
+    loop = deepspeed_loop if job.side in DEEPSPEED_SIDES else hand_written
+    loop(rank, job)
+    leave(0)
+
+
 def _free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -604,9 +619,8 @@ def main(argv: list[str] | None = None) -> int:
     else:
         from torch.multiprocessing.spawn import spawn  # noqa: PLC0415
 
-        loop = deepspeed_loop if args.side in DEEPSPEED_SIDES else hand_written
         job = Job(args.side, _free_port(), args.width, args.steps, args.out, *where)
-        spawn(loop, (job,), nprocs=args.ranks)  # type: ignore[no-untyped-call]
+        spawn(rank_main, (job,), nprocs=args.ranks)  # type: ignore[no-untyped-call]
     return 0
 
 
