@@ -1,12 +1,15 @@
-"""Ranks restarted by torchrun agree on a round of their own, whatever an earlier one left."""
+"""The job's stores: ranks restarted by torchrun agree on a round of their own, whatever an
+earlier one left; rank 0 serves the group's store on a port no one can take from it."""
 
+import socket
 import threading
 from datetime import timedelta
 
 import pytest
 import torch.distributed as dist
 
-from plait.core import CollectiveTimeoutError, free_port
+from plait.core import CollectiveTimeoutError, free_port, listening_socket
+from plait.environments import LocalEnvironment
 from plait.strategies import process_group
 
 
@@ -61,3 +64,51 @@ def test_a_rank_that_never_asks_is_named() -> None:
 
     with pytest.raises(CollectiveTimeoutError, match="ranks 1 did not arrive"):
         process_group._agree_on_round(store, 0, 2, timedelta(seconds=1))
+
+
+def test_rank_0_serves_the_group_store_on_the_socket_it_bound_before_naming_the_port(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A port probed, closed and bound again later could be taken in between: rank 0
+    # must never probe for it.
+    def probed(host: str = "127.0.0.1") -> int:
+        raise AssertionError("the group store's port was probed, not bound")
+
+    monkeypatch.setattr(process_group, "free_port", probed, raising=False)
+    environment = LocalEnvironment(
+        main_address="127.0.0.1",
+        main_port=1,
+        world_size=2,
+        global_rank=0,
+        local_rank=0,
+        node_rank=0,
+    )
+    job_store = dist.HashStore()
+
+    group_store = process_group._group_store(environment, job_store, timedelta(seconds=10))
+
+    port = int(job_store.get(process_group._GROUP_STORE_KEY))
+    assert group_store.port == port
+    with socket.socket() as intruder, pytest.raises(OSError, match="in use"):
+        intruder.bind(("127.0.0.1", port))  # the port was the store's from the start
+    client = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=10))
+    client.set("from rank 1", "hello")
+    assert group_store.get("from rank 1") == b"hello"
+
+
+def test_a_listening_socket_holds_its_port_until_handed_over() -> None:
+    listener = listening_socket("127.0.0.1")
+    port = int(listener.getsockname()[1])
+
+    with socket.socket() as intruder, pytest.raises(OSError, match="in use"):
+        intruder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        intruder.bind(("127.0.0.1", port))
+    store = dist.TCPStore(
+        "127.0.0.1",
+        port,
+        is_master=True,
+        wait_for_workers=False,
+        master_listen_fd=listener.detach(),
+    )
+    store.set("key", "value")
+    assert dist.TCPStore("127.0.0.1", port, is_master=False).get("key") == b"value"

@@ -21,7 +21,7 @@ from plait.core.errors import (
 from plait.core.fingerprint import CollectiveCall
 from plait.core.imports import is_module_available, require_module
 from plait.core.layout import NodeLayout, ProcessLayout, RankInfo
-from plait.core.network import free_port
+from plait.core.network import free_port, listening_socket
 from plait.core.protocols import (
     Accelerator,
     CheckpointFormat,
@@ -144,6 +144,7 @@ __all__ = [
     "get_global_rank",
     "is_collective",
     "is_module_available",
+    "listening_socket",
     "rank_zero_debug",
     "rank_zero_info",
     "rank_zero_only",

@@ -18,7 +18,7 @@ import torch.distributed as dist
 import torch.multiprocessing  # registers the reductions that share tensors
 from typing_extensions import override
 
-from plait.core import ConfigurationError, TrainingStopped
+from plait.core import ConfigurationError, TrainingStopped, listening_socket
 from plait.strategies.job import end_job, leave
 from plait.strategies.launchers.children import (
     GRACE_PERIOD,
@@ -158,32 +158,23 @@ def _run_rank(
 
 def _listen(address: str, port: int | None) -> socket.socket:
     # The job store's socket, bound before any rank starts: the port is the job's
-    # from the first moment (no other program can take it between choosing and
-    # serving), and ranks that connect before the store serves wait in its backlog.
+    # from the first moment, and ranks that connect before the store serves wait in
+    # its backlog.
     try:
-        family, kind, protocol, _, where = socket.getaddrinfo(
-            address, port or 0, type=socket.SOCK_STREAM
-        )[0]
-        listener = socket.socket(family, kind, protocol)
-    except OSError as error:
+        return listening_socket(address, port)
+    except socket.gaierror as error:
         raise ConfigurationError(
             f"main_address={address!r} cannot be served here: {error}",
             value=address,
             fix="use an address of this machine, e.g. the default '127.0.0.1'",
         ) from error
-    try:
-        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        listener.bind(where)
-        listener.listen(socket.SOMAXCONN)
     except OSError as error:
-        listener.close()
         raise ConfigurationError(
             f"the job's store cannot listen on {address}:{port or 0}: {error}",
             value=port,
             fix="leave main_port unset, so that a free port is chosen, or stop the "
             "program that holds it",
         ) from error
-    return listener
 
 
 def _send_work(connection: Connection, payload: bytes) -> None:
