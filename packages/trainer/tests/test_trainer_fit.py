@@ -34,6 +34,7 @@ from plait.trainer import (
     TensorBoardLogger,
     Trainer,
 )
+from plait.trainer.checkpointing import newest_checkpoint
 
 
 def _xy(batch: object) -> tuple[torch.Tensor, torch.Tensor]:
@@ -439,6 +440,47 @@ def test_a_resumed_run_continues_exactly(
     # a second step would change the next epoch's learning rate, so its losses.
     for name, value in whole_model.state_dict().items():
         assert torch.equal(resumed_model.state_dict()[name], value), name
+
+
+def test_last_resumes_from_a_checkpoint_newer_than_last_ckpt(tmp_path: Path) -> None:
+    # A run stopped after writing step 8's checkpoint, before last.ckpt followed it.
+    saving = ModelCheckpoint(tmp_path / "ckpt", every_n_train_steps=4, save_top_k=-1)
+    _trainer(tmp_path, max_steps=8, callbacks=[saving]).fit(Regressor(), _loader())
+    folder = tmp_path / "ckpt"
+    os.remove(folder / "last.ckpt")
+    os.link(folder / "epoch=0-step=4.ckpt", folder / "last.ckpt")
+    stamp = os.path.getmtime(folder / "epoch=0-step=8.ckpt") - 10
+    os.utime(folder / "epoch=0-step=4.ckpt", (stamp, stamp))
+
+    model = Regressor()
+    resumed = _trainer(
+        tmp_path,
+        max_steps=12,
+        callbacks=[ModelCheckpoint(folder, every_n_train_steps=4, save_top_k=-1)],
+    )
+    with pytest.warns(UserWarning, match=r"step=8.ckpt is newer than .*last.ckpt"):
+        resumed.fit(model, _loader(), ckpt_path="last")
+
+    assert len(model.losses) == 4  # steps 9 to 12: nothing done twice
+    assert resumed.global_step == 12
+
+
+def test_the_newest_checkpoint_is_the_last_completed_and_last_ckpt_wins_a_tie(
+    tmp_path: Path,
+) -> None:
+    # A directory of parts completes with the last entry written in it.
+    older, sharded = tmp_path / "epoch=0.ckpt", tmp_path / "epoch=1.ckpt"
+    older.write_bytes(b"0")
+    sharded.mkdir()
+    (sharded / ".metadata").write_bytes(b"1")
+    os.utime(sharded, (1, 1))  # the directory itself, made long ago
+    os.utime(older, (100, 100))
+
+    assert newest_checkpoint(str(tmp_path), lambda path: True) == str(sharded)
+    os.link(older, tmp_path / "last.ckpt")
+    os.utime(sharded / ".metadata", (100, 100))
+    os.utime(sharded, (100, 100))
+    assert newest_checkpoint(str(tmp_path), lambda path: True) == str(tmp_path / "last.ckpt")
 
 
 def test_model_checkpoint_keeps_the_best_k_by_a_metric(tmp_path: Path) -> None:

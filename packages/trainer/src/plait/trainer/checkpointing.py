@@ -158,9 +158,10 @@ def resolve_checkpoint(
 ) -> str | None:
     """The checkpoint a stage starts from: ``ckpt_path``, or the one ``"last"``/``"best"`` names.
 
-    ``"last"`` is the newest complete checkpoint in the callback's directory, when
-    ``last.ckpt``'s save did not complete; ``None`` when there is none and the stage is
-    ``fit`` (training starts afresh).
+    ``"last"`` is the newest complete checkpoint in the callback's directory: ``last.ckpt``,
+    unless a run stopped after writing a newer one and before ``last.ckpt``'s save
+    completed; ``None`` when there is none and the stage is ``fit`` (training starts
+    afresh).
 
     Raises:
         ConfigurationError: ``"last"`` or ``"best"`` without a checkpoint callback, or
@@ -187,14 +188,20 @@ def resolve_checkpoint(
                 )
             return callback.best_model_path
         last = os.path.join(directory, "last" + ModelCheckpoint.FILE_EXTENSION)
-        if is_checkpoint(last, strategy):
-            return last
         newest = newest_checkpoint(directory, lambda found: is_checkpoint(found, strategy))
+        if newest is not None and os.path.samefile(newest, last):
+            return last
         if newest is not None:
-            rank_zero_warn(
-                f"ckpt_path='last': {last} does not exist (its save did not complete); "
-                f"resuming from the newest complete checkpoint, {newest}"
-            )
+            if is_checkpoint(last, strategy):
+                rank_zero_warn(
+                    f"ckpt_path='last': {newest} is newer than {last} (the run stopped "
+                    "between the two saves); resuming from the newest complete checkpoint"
+                )
+            else:
+                rank_zero_warn(
+                    f"ckpt_path='last': {last} does not exist (its save did not complete); "
+                    f"resuming from the newest complete checkpoint, {newest}"
+                )
             return newest
         if stage != "fit":
             raise CheckpointError(last, "does not exist", fix="run fit first")
@@ -222,8 +229,13 @@ def resolve_checkpoint(
 
 
 def newest_checkpoint(directory: str, is_checkpoint: Callable[[str], bool]) -> str | None:
-    """The newest ``*.ckpt`` in ``directory`` that ``is_checkpoint``; ``None`` if none is."""
-    # Saves rename complete checkpoints into place: every *.ckpt here is whole.
+    """The newest ``*.ckpt`` in ``directory`` that ``is_checkpoint``; ``None`` if none is.
+
+    Saves rename complete checkpoints into place, so every ``*.ckpt`` here is whole,
+    and the newest modification time of a file (of a directory or an entry in it) is
+    when its save completed. Of equally new ones (``last.ckpt`` is a hard link to the
+    epoch's file), ``last.ckpt`` is preferred.
+    """
     found = [
         path
         for path in glob.glob(
@@ -231,4 +243,17 @@ def newest_checkpoint(directory: str, is_checkpoint: Callable[[str], bool]) -> s
         )
         if is_checkpoint(path)
     ]
-    return max(found, key=os.path.getmtime) if found else None
+    last = "last" + ModelCheckpoint.FILE_EXTENSION
+    return (
+        max(found, key=lambda path: (_completed(path), os.path.basename(path) == last))
+        if found
+        else None
+    )
+
+
+def _completed(path: str) -> float:
+    """When the save of the checkpoint at ``path`` (a file, or a directory of parts) ended."""
+    if not os.path.isdir(path):
+        return os.path.getmtime(path)
+    with os.scandir(path) as entries:
+        return max([os.path.getmtime(path), *(entry.stat().st_mtime for entry in entries)])
