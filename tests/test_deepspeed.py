@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -23,6 +24,10 @@ from tests.sharded_jobs import (
     rank_result,
     run_job,
 )
+
+from plait.core import CheckpointError
+from plait.core.checkpoint_dirs import MANIFEST, files_of
+from plait.strategies import consolidate_checkpoint
 
 REPO = Path(__file__).resolve().parent.parent
 JOB = REPO / "tests" / "deepspeed_job.py"
@@ -220,3 +225,23 @@ def test_the_standalone_example_trains_at_stage_3_and_exports(tmp_path: Path) ->
         "0.weight": (32, 8), "0.bias": (32,), "2.weight": (1, 32), "2.bias": (1,),
     }  # fmt: skip
     assert all(value.dtype == torch.float32 for value in state.values())
+
+
+def test_every_checkpoint_is_put_in_place_whole_and_a_damaged_file_is_refused_naming_it(
+    tmp_path: Path, stages: dict[int, tuple[Path, dict[str, object]]]
+) -> None:
+    for stage, (folder, _) in stages.items():
+        checkpoints = folder / "checkpoints"
+        # Written aside and put in place once every rank had written: nothing else.
+        assert not [p.name for p in checkpoints.iterdir() if not p.name.endswith(".ckpt")], stage
+        for checkpoint in checkpoints.iterdir():
+            listed = json.loads((checkpoint / MANIFEST).read_text())["files"]
+            assert set(listed) == set(files_of(checkpoint)), (stage, checkpoint)
+    damaged = tmp_path / "epoch=0-step=4.ckpt"
+    shutil.copytree(stages[3][0] / "checkpoints" / "epoch=0-step=4.ckpt", damaged)
+    [partition] = damaged.glob("*/*zero_pp_rank_1_*optim_states.pt")
+    partition.write_bytes(partition.read_bytes()[:-7])
+
+    with pytest.raises(CheckpointError, match=rf"is damaged: .*{partition.name} has .* bytes"):
+        consolidate_checkpoint(damaged, tmp_path / "whole.ckpt")
+    assert not (tmp_path / "whole.ckpt").exists()

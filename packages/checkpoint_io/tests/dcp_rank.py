@@ -3,7 +3,8 @@
 Usage: python dcp_rank.py RANK WORLD_SIZE STORE_FILE CHECKPOINT_DIR
 
 Saves a state with a replicated tensor and one of its own, loads both back in place
-into zeroed tensors, and checks the values; then saves a tensor each rank holds with
+into zeroed tensors, and checks the values; changes a byte of rank 1's shard, which
+every rank must refuse to load, naming the file; then saves a tensor each rank holds with
 other values under one key, which every rank must refuse, naming the key and the
 ranks, writing nothing. Exits non-zero on any mismatch.
 """
@@ -11,6 +12,7 @@ ranks, writing nothing. Exits non-zero on any mismatch.
 import os
 import sys
 from datetime import timedelta
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -35,6 +37,28 @@ def main(rank: int, world_size: int, store: str, directory: str) -> None:
         io.load_checkpoint_into(directory, restored)
         assert torch.equal(restored["shared"], torch.arange(6.0)), restored
         assert torch.equal(restored[f"rank{rank}"], torch.full((3,), float(rank))), restored
+        # A byte of rank 1's shard changed on disk: the ranks share the checking, and
+        # every rank refuses the checkpoint, naming the file, whichever rank read it.
+        dist.barrier()
+        shard = Path(directory) / "__1_0.distcp"
+        data = bytearray(shard.read_bytes())
+        if rank == 0:
+            data[-1] ^= 0x01
+            shard.write_bytes(bytes(data))
+        dist.barrier()
+        damaged: CheckpointError | None = None
+        try:
+            io.load_checkpoint_into(
+                directory, {"shared": torch.zeros(6), f"rank{rank}": torch.zeros(3)}
+            )
+        except CheckpointError as error:
+            damaged = error
+        assert damaged is not None, "a changed shard was loaded"
+        assert "__1_0.distcp does not match its CRC-32" in str(damaged), damaged
+        dist.barrier()
+        if rank == 0:
+            data[-1] ^= 0x01  # as it was written, for the test to read it whole
+            shard.write_bytes(bytes(data))
         # One key, other values on each rank (an EMA of each rank's own): DCP would
         # write one rank's, silently. Every rank refuses, before anything is written.
         differing = {"shared": torch.arange(6.0), "extra": {"ema": torch.full((2,), rank)}}

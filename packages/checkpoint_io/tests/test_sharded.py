@@ -1,4 +1,6 @@
+import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -9,6 +11,7 @@ from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner, Def
 
 from plait.checkpoint_io import DistributedCheckpointIO
 from plait.core import CheckpointError, SupportsCollectiveIO, SupportsLoadInPlace
+from plait.core.checkpoint_dirs import MANIFEST, files_of, verify_manifest
 
 HERE = Path(__file__).resolve().parent
 
@@ -96,6 +99,100 @@ def test_remove_deletes_the_directory(tmp_path: Path) -> None:
     assert not (tmp_path / "ckpt").exists()
     with pytest.raises(CheckpointError, match="does not exist"):
         io.remove_checkpoint(tmp_path / "ckpt")
+
+
+def _saved(tmp_path: Path) -> tuple[DistributedCheckpointIO, Path]:
+    io = DistributedCheckpointIO()
+    path = tmp_path / "epoch=1.ckpt"
+    io.save_checkpoint({"weight": torch.arange(64.0), "step": 3}, path)
+    return io, path
+
+
+def test_every_file_of_a_sharded_checkpoint_has_its_size_and_checksum_kept(
+    tmp_path: Path,
+) -> None:
+    _, path = _saved(tmp_path)
+
+    manifest = json.loads((path / MANIFEST).read_text())["files"]
+
+    assert set(manifest) == set(files_of(path))
+    assert ".metadata" in manifest
+    assert all(entry["size"] > 0 for entry in manifest.values())
+
+
+@pytest.mark.parametrize("damage", ["flipped", "truncated", "missing"])
+@pytest.mark.parametrize("which", ["shard", ".metadata"])
+def test_a_damaged_file_is_refused_naming_it_by_every_reader(
+    tmp_path: Path, damage: str, which: str
+) -> None:
+    io, path = _saved(tmp_path)
+    name = (
+        ".metadata"
+        if which == ".metadata"
+        else next(name for name in files_of(path) if name.endswith(".distcp"))
+    )
+    file = path / name
+    data = bytearray(file.read_bytes())
+    if damage == "flipped":
+        data[len(data) // 2] ^= 0x01
+        file.write_bytes(bytes(data))
+    elif damage == "truncated":
+        file.write_bytes(bytes(data[:-1]))
+    else:
+        file.unlink()
+    said = {"flipped": "does not match its CRC-32", "truncated": "truncated", "missing": "missing"}
+    expected = rf"is damaged: {re.escape(name)} .*{said[damage]}"
+    if which == ".metadata" and damage == "missing":
+        expected = r"is incomplete: it has no \.metadata"  # refused before the checksums
+
+    with pytest.raises(CheckpointError, match=expected):
+        io.load_checkpoint_into(path, {"weight": torch.zeros(64), "step": 0})
+    with pytest.raises(CheckpointError, match=expected):
+        io.load_checkpoint(path)
+
+
+def test_a_checkpoint_without_checksums_from_another_program_still_loads(
+    tmp_path: Path,
+) -> None:
+    io, path = _saved(tmp_path)
+    (path / MANIFEST).unlink()
+
+    assert io.load_checkpoint(path)["step"] == 3
+
+
+def test_what_interrupted_saves_left_is_cleaned_and_a_replaced_checkpoint_put_back(
+    tmp_path: Path,
+) -> None:
+    io, path = _saved(tmp_path)
+    # Killed while writing: a partial directory. Killed between the two renames of
+    # a save replacing last.ckpt: the complete previous one, aside.
+    (tmp_path / "epoch=2.ckpt.partial").mkdir()
+    (tmp_path / "epoch=2.ckpt.partial" / "__0_0.distcp").write_bytes(b"half")
+    path.rename(tmp_path / "last.ckpt.previous")
+    _, kept = _saved(tmp_path / "other")
+    (tmp_path / "other" / "epoch=1.ckpt.previous").mkdir()
+
+    with pytest.warns(UserWarning, match=r"put .*last\.ckpt back from last\.ckpt\.previous"):
+        removed = io.remove_partial(tmp_path)
+
+    assert removed == [str(tmp_path / "epoch=2.ckpt.partial")]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["last.ckpt", "other"]
+    assert io.load_checkpoint(tmp_path / "last.ckpt")["step"] == 3
+    assert io.remove_partial(tmp_path / "other") == [
+        str(tmp_path / "other" / "epoch=1.ckpt.previous")
+    ]
+    assert io.load_checkpoint(kept)["step"] == 3
+
+
+def test_a_save_over_a_checkpoint_replaces_it_whole_in_one_step(tmp_path: Path) -> None:
+    io, path = _saved(tmp_path)
+    before = {p.name for p in tmp_path.iterdir()}
+
+    io.save_checkpoint({"weight": torch.ones(64), "step": 4}, path)
+
+    assert {p.name for p in tmp_path.iterdir()} == before
+    assert io.load_checkpoint(path)["step"] == 4
+    assert verify_manifest(path) == []
 
 
 @pytest.mark.slow

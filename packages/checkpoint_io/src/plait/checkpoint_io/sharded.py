@@ -23,6 +23,18 @@ from plait.checkpoint_io.structure import (
     plain_tensor_digests,
 )
 from plait.core import CheckpointError
+from plait.core.checkpoint_dirs import (
+    Digests,
+    clean_interrupted,
+    damaged,
+    digest_files,
+    files_of,
+    partial_of,
+    replace_directory,
+    share_of,
+    verify_manifest,
+    write_manifest,
+)
 
 if TYPE_CHECKING:
     from torch.distributed.checkpoint.planner import LoadPlanner, SavePlanner
@@ -67,6 +79,29 @@ def _is_rank_zero() -> bool:
     return not _distributed() or dist.get_rank() == 0
 
 
+def _place() -> tuple[int, int]:
+    # This rank and the world size: whose share of the files this process reads.
+    return (dist.get_rank(), dist.get_world_size()) if _distributed() else (0, 1)
+
+
+def _gathered(digests: Digests) -> Digests:
+    # Every rank's digests, on every rank.
+    if not _distributed() or dist.get_world_size() == 1:
+        return digests
+    shares: list[Digests | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(shares, digests)
+    return {name: value for share in shares if share for name, value in share.items()}
+
+
+def _gathered_problems(problems: list[str]) -> list[str]:
+    # Every rank's findings, on every rank: all of them refuse the checkpoint, or none.
+    if not _distributed() or dist.get_world_size() == 1:
+        return problems
+    shares: list[list[str] | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(shares, problems)
+    return sorted({problem for share in shares if share for problem in share})
+
+
 def read_whole(
     path: PathLike, map_location: torch.device | str | None, *, weights_only: bool
 ) -> Checkpoint:
@@ -81,6 +116,9 @@ def read_whole(
     from torch.distributed.checkpoint.format_utils import dcp_to_torch_save  # noqa: PLC0415
 
     DistributedCheckpointIO.require_complete(path)
+    problems = verify_manifest(Path(path))
+    if problems:
+        raise damaged(path, problems)
     with tempfile.TemporaryDirectory(prefix="plait-dcp-") as scratch:
         converted = Path(scratch) / "full.pt"
         dcp_to_torch_save(os.fspath(path), converted)
@@ -96,9 +134,12 @@ class DistributedCheckpointIO:
     written once). Without a process group, one process does all of it.
 
     A checkpoint is a directory on a filesystem every rank sees. It is written under
-    ``<path>.partial`` and renamed into place by rank 0 once every rank has written
-    (DCP writes its ``.metadata`` last), so an interrupted save leaves the previous
-    checkpoint intact.
+    ``<path>.partial`` and put in place by rank 0 once every rank has written (DCP
+    writes its ``.metadata`` last), so an interrupted save leaves the previous
+    checkpoint intact; `remove_partial` cleans what it left. The size and CRC-32 of
+    every file, ``.metadata`` included, are kept beside them
+    (`plait.core.checkpoint_dirs.MANIFEST`) and checked before every load: a changed,
+    truncated or missing file is refused, naming it. The ranks share the reading.
 
     Strategies load in place with `load_checkpoint_into` (each rank reads only
     what its tensors hold); `load_checkpoint` reads a full, unsharded copy, for
@@ -134,7 +175,7 @@ class DistributedCheckpointIO:
         from torch.distributed.checkpoint.state_dict_saver import save as dcp_save  # noqa: PLC0415
 
         target = Path(path)
-        partial = target.with_name(target.name + ".partial")
+        partial = partial_of(target)
         writable = self._writable(checkpoint, path)
         try:
             if _is_rank_zero():
@@ -147,8 +188,12 @@ class DistributedCheckpointIO:
                     no_dist=not _distributed(),
                     planner=None if self.save_planner is None else self.save_planner(),
                 )
+            # Every rank has written (DCP's .metadata last): the ranks digest a share
+            # of the files each, and rank 0 writes the manifest, then puts it in place.
+            digests = _gathered(digest_files(partial, share_of(files_of(partial), *_place())))
             if _is_rank_zero():
-                self._replace(partial, target)
+                write_manifest(partial, digests)
+                replace_directory(partial, target)
             _barrier()
         # DCP gathers the ranks' failures into a CheckpointException, a BaseException.
         except (OSError, RuntimeError, ValueError, CheckpointException) as error:
@@ -203,15 +248,6 @@ class DistributedCheckpointIO:
             )
         return writable
 
-    @staticmethod
-    def _replace(partial: Path, target: Path) -> None:
-        previous = target.with_name(target.name + ".previous")
-        shutil.rmtree(previous, ignore_errors=True)
-        if target.exists():
-            target.rename(previous)
-        partial.rename(target)
-        shutil.rmtree(previous, ignore_errors=True)
-
     def load_checkpoint_into(self, path: PathLike, state_dict: StateDict) -> Checkpoint:
         """Fill the tensors of ``state_dict`` in place (collectively) from ``path``.
 
@@ -230,6 +266,9 @@ class DistributedCheckpointIO:
         from torch.distributed.checkpoint.state_dict_loader import load as dcp_load  # noqa: PLC0415
 
         self.require_complete(path)
+        problems = _gathered_problems(verify_manifest(Path(path), *_place()))
+        if problems:
+            raise damaged(path, problems)
         try:
             with _single_process_notice_silenced():
                 dcp_load(
@@ -279,6 +318,14 @@ class DistributedCheckpointIO:
         if _is_rank_zero():
             shutil.rmtree(target)
         _barrier()
+
+    def remove_partial(self, directory: PathLike) -> list[str]:
+        """Remove what saves killed midway left in ``directory`` (see `clean_interrupted`).
+
+        Call it where no save is in progress, as `ModelCheckpoint` does when a run
+        starts (on rank 0).
+        """
+        return clean_interrupted(directory)
 
     def teardown(self) -> None:
         """Nothing to release: every save completes before it returns."""

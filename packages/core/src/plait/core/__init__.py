@@ -72,7 +72,13 @@ from plait.core.registries import (
 )
 from plait.core.registry import Registry, RegistryEntry
 from plait.core.seed import seed_everything, worker_init_fn
-from plait.core.stopping import STOP_SIGNALS, TrainingStopped, stopped_by
+from plait.core.stopping import (
+    STOP_SIGNALS,
+    STOP_TIMEOUT,
+    SupportsStopTimeout,
+    TrainingStopped,
+    stopped_by,
+)
 from plait.core.training import (
     DeclaresTrainingSemantics,
     PeriodicAveraging,
@@ -84,6 +90,7 @@ from plait.core.training import (
 
 __all__ = [
     "STOP_SIGNALS",
+    "STOP_TIMEOUT",
     "Accelerator",
     "AcceleratorRegistry",
     "CheckpointError",
@@ -136,6 +143,7 @@ __all__ = [
     "SupportsProcessDataloader",
     "SupportsReplace",
     "SupportsShardedModule",
+    "SupportsStopTimeout",
     "Synchronous",
     "TrainingSemantics",
     "TrainingStopped",

@@ -9,14 +9,35 @@ by the signal has a negative exit code in Python, or no chance to save).
 from __future__ import annotations
 
 import signal
-from typing import Final
+from typing import Final, Protocol, runtime_checkable
 
 from typing_extensions import override
 
-__all__ = ["STOP_SIGNALS", "TrainingStopped", "stopped_by"]
+__all__ = ["STOP_SIGNALS", "STOP_TIMEOUT", "SupportsStopTimeout", "TrainingStopped", "stopped_by"]
 
 STOP_SIGNALS: Final = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2, signal.SIGINT)
 """The signals a graceful stop may answer: termination, SLURM's requeue signals, Ctrl-C."""
+
+STOP_TIMEOUT: Final = 25.0
+"""Seconds a graceful stop may take, from the signal to the end of its save, by default.
+
+Within the 30 s that torchrun's agent and SLURM's default ``KillWait`` leave between
+SIGTERM and SIGKILL, with room for the process to end."""
+
+
+@runtime_checkable
+class SupportsStopTimeout(Protocol):
+    """A launcher that kills the ranks it started when a graceful stop outlasts its bound.
+
+    Having passed a stop signal on to its ranks, it waits ``stop_timeout`` seconds
+    and its grace period for them to end, then kills those still running (ranks
+    stuck in native code, which never run Python's signal handlers). The `Trainer`
+    gives it the bound its ranks keep (``Trainer(stop_timeout=...)``).
+    """
+
+    stop_timeout: float | None
+    """Seconds a graceful stop may take; ``None``: no bound."""
+
 
 _BASE: Final = 128
 

@@ -2,8 +2,11 @@
 
 A checkpoint at ``path`` is a directory holding one tag directory (the engine's files:
 the module's state, each rank's optimizer partitions) and a file ``latest`` naming it.
-Saving again to the same path writes a new tag, points ``latest`` at it, then removes
-the old one: a save that dies half-way leaves the previous checkpoint whole.
+The engine writes it under ``<path>.partial``; once every rank has written, the size
+and CRC-32 of every file are kept beside them and the directory is put in place whole
+(`plait.core.checkpoint_dirs`): a save that dies half-way leaves the previous
+checkpoint whole and nothing incomplete under a checkpoint's name, and a changed,
+truncated or missing file is refused at load, naming it.
 """
 
 from __future__ import annotations
@@ -12,12 +15,24 @@ import os
 import shutil
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Final, TypeVar, cast
 
 import torch
+import torch.distributed as dist
 from typing_extensions import override
 
 from plait.core import CheckpointError
+from plait.core.checkpoint_dirs import (
+    clean_interrupted,
+    damaged,
+    digest_files,
+    files_of,
+    partial_of,
+    replace_directory,
+    share_of,
+    verify_manifest,
+    write_manifest,
+)
 from plait.strategies.deepspeed import library
 from plait.strategies.deepspeed.format import LATEST
 
@@ -33,6 +48,7 @@ __all__ = [
     "latest_tag",
 ]
 
+_T = TypeVar("_T")
 _TAG_PREFIX: Final = "checkpoint-"
 # What the engine writes itself; the rest of a checkpoint is its "client state".
 _ENGINE_KEYS: Final = ("state_dict", "optimizer_states")
@@ -112,18 +128,28 @@ class DeepSpeedCheckpointIO:
                 "is a file, and a DeepSpeed checkpoint is a directory",
                 fix="save to another path, or remove the file",
             )
-        # The ranks agree on the new tag: one more than rank 0 sees.
+        partial = partial_of(directory)
+        # The ranks agree on the new tag (one more than rank 0 sees: a tool reading
+        # the tags sees them grow), once rank 0 cleared what an earlier save left.
+        if strategy.is_global_zero:
+            shutil.rmtree(partial, ignore_errors=True)
         tag = strategy.broadcast(_next_tag(directory) if strategy.is_global_zero else "")
         client_state = {key: value for key, value in checkpoint.items() if key not in _ENGINE_KEYS}
         client_state[_CLIENT_KEYS] = sorted(client_state)
         client_state[PARAMETER_NAMES] = strategy.optimizer_parameter_names
         with library.quiet():
-            strategy.engine.save_checkpoint(os.fspath(path), tag=tag, client_state=client_state)
+            strategy.engine.save_checkpoint(os.fspath(partial), tag=tag, client_state=client_state)
         strategy.barrier("deepspeed save_checkpoint")
+        # Every rank has written: each digests a share of the files, rank 0 keeps
+        # the digests beside them and puts the directory in place.
+        share = share_of(files_of(partial), strategy.global_rank, strategy.world_size)
+        shares = _everyones(digest_files(partial, share))
         if strategy.is_global_zero:
-            for old in directory.glob(f"{_TAG_PREFIX}*"):
-                if old.name != tag and old.is_dir():
-                    shutil.rmtree(old, ignore_errors=True)
+            write_manifest(
+                partial, {name: value for part in shares for name, value in part.items()}
+            )
+            replace_directory(partial, directory)
+        strategy.barrier("deepspeed save_checkpoint in place")
 
     def load_checkpoint(self, path: PathLike, map_location: object = None) -> Checkpoint:
         """Load ``path`` into the engine (see `load_into_engine`)."""
@@ -142,6 +168,10 @@ class DeepSpeedCheckpointIO:
         """
         tag = latest_tag(path)
         strategy = self._strategy
+        found = verify_manifest(Path(path), strategy.global_rank, strategy.world_size)
+        problems = sorted({problem for part in _everyones(found) for problem in part})
+        if problems:
+            raise damaged(path, problems)
         engine = strategy.engine
         if strategy.stage == 3 and not strategy.has_optimizer:
             # An engine without an optimizer (to evaluate) has no partitions of fp32
@@ -192,12 +222,29 @@ class DeepSpeedCheckpointIO:
         if strategy.is_global_zero:
             shutil.rmtree(os.fspath(path), ignore_errors=True)
 
+    def remove_partial(self, directory: PathLike) -> list[str]:
+        """Remove what saves killed midway left in ``directory`` (see `clean_interrupted`).
+
+        Call it where no save is in progress, as `ModelCheckpoint` does when a run
+        starts (on rank 0).
+        """
+        return clean_interrupted(directory)
+
     def teardown(self) -> None:
         """Nothing pending: the engine's saves are synchronous."""
 
     @override
     def __repr__(self) -> str:
         return "DeepSpeedCheckpointIO()"
+
+
+def _everyones(value: _T) -> list[_T]:
+    """Every rank's ``value``, in rank order, on every rank."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return [value]
+    gathered: list[_T | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, value)
+    return [cast("_T", each) for each in gathered]
 
 
 def _next_tag(directory: Path) -> str:

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Final, cast
 import torch
 
 from plait.core import CheckpointError
+from plait.core.checkpoint_dirs import damaged, verify_manifest
 from plait.strategies.deepspeed import library
 from plait.strategies.deepspeed.checkpoint_io import (
     PARAMETER_NAMES,
@@ -83,7 +84,7 @@ def read_fp32_state(checkpoint: PathLike, *, tag: str | None = None) -> StateDic
         zero_to_fp32.get_fp32_state_dict_from_zero_checkpoint
     )
 
-    chosen = tag if tag is not None else latest_tag(checkpoint)
+    chosen = tag if tag is not None else verified_latest_tag(checkpoint)
     whole = Path(checkpoint) / chosen / _WHOLE_MODULE
     try:
         if whole.is_file():
@@ -225,13 +226,30 @@ def _optimizer_state(
         ) from error
 
 
+def verified_latest_tag(checkpoint: PathLike) -> str:
+    """The tag ``latest`` names, once every file of the checkpoint matches its checksum.
+
+    Read in one process: all the files are read once (a tag given by the caller is
+    read as it is, unchecked).
+
+    Raises:
+        CheckpointError: The checkpoint is incomplete, or a file is changed, truncated
+            or missing (named).
+    """
+    tag = latest_tag(checkpoint)
+    problems = verify_manifest(Path(checkpoint))
+    if problems:
+        raise damaged(checkpoint, problems)
+    return tag
+
+
 def _rank_of(file: Path) -> int:
     # zero_pp_rank_{rank}_mp_rank_00_optim_states.pt (bf16_ in front at stage 0).
     return int(file.name.split("zero_pp_rank_")[1].split("_")[0])
 
 
 def _tag_folder(checkpoint: PathLike, tag: str | None) -> Path:
-    return Path(checkpoint) / (tag if tag is not None else latest_tag(checkpoint))
+    return Path(checkpoint) / (tag if tag is not None else verified_latest_tag(checkpoint))
 
 
 def _model_states(checkpoint: PathLike, folder: Path) -> dict[str, object]:
