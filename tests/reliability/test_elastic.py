@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -56,3 +57,26 @@ def test_workers_die_with_a_killed_torchrun_within_30s(tmp_path: Path) -> None:
     # Its workers run in sessions of their own; they must not outlive it.
     wait_for(lambda: not processes_mentioning(str(tmp_path)), 30, "the workers to exit")
     job.finish(10)
+
+
+def test_a_rank_asleep_when_another_fails_ends_within_its_stop_timeout_under_torchrun(
+    tmp_path: Path,
+) -> None:
+    # torchrun answers rank 1's failure with SIGTERM to rank 0, asleep in the user's
+    # code: a graceful stop that no batch will act on. Unbounded, torchrun waited its
+    # 30 s before SIGKILL; rank 0 now ends itself after stop_timeout (3 s here).
+    job = Job(
+        torchrun_command(tmp_path, "max_epochs=2", "stop_timeout=3"),
+        tmp_path,
+        {"FAIL_RANK": "1", "FAIL_STEP": "5", "STALL_RANK": "0", "STALL_STEP": "5"},
+    )
+    wait_for((tmp_path / "stalling-0").exists, 90, "rank 0 to fall asleep")
+    asleep = time.monotonic()
+
+    done = job.finish(60)
+
+    assert done.returncode != 0
+    assert "did not end within 3 s (stop_timeout)" in done.stderr, done.stderr[-3000:]
+    assert "in _inject" in done.stderr  # where rank 0's main thread was
+    assert "injected failure on rank 1" in done.stderr
+    assert time.monotonic() - asleep < 25, "torchrun waited for its own SIGKILL"

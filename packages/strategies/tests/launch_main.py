@@ -10,6 +10,9 @@ import multiprocessing
 import os
 import signal
 import sys
+import tempfile
+import threading
+import time
 from datetime import timedelta
 
 import torch
@@ -64,6 +67,24 @@ def rank_one_is_killed() -> None:
     if strategy.global_rank == 1:
         os.kill(os.getpid(), signal.SIGKILL)
     strategy.barrier("never complete")
+
+
+def deaf_to_sigterm(ready: str) -> None:
+    # As a rank stuck in native code is (a deadlock in OpenMP after a fork): it never
+    # runs a Python signal handler, so no stop signal reaches it.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    with open(os.path.join(ready, os.environ["RANK"]), "w"):
+        pass
+    time.sleep(600)
+
+
+def signal_once_ranks_are_ready(ready: str, num_processes: int) -> None:
+    def wait_then_signal() -> None:
+        while len(os.listdir(ready)) < num_processes:
+            time.sleep(0.05)  # polls what the ranks wrote: no stand-in for a wait
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=wait_then_signal, daemon=True).start()
 
 
 def abort_in_native_code() -> None:
@@ -126,6 +147,17 @@ def main(scenario: str, start_method: str, num_processes: int) -> None:
             launcher.launch(rank_one_fails)
         elif scenario == "kill":
             launcher.launch(rank_one_is_killed)
+        elif scenario == "deaf":
+            launcher = MultiprocessingLauncher(
+                num_processes, start_method=start_method, grace_period=1, stop_timeout=1
+            )
+            ready = tempfile.mkdtemp()
+            signal_once_ranks_are_ready(ready, num_processes)
+            started = time.monotonic()
+            try:
+                launcher.launch(deaf_to_sigterm, ready)
+            finally:
+                print(f"ended after {time.monotonic() - started:.0f} s")
     except PeerFailedError as error:
         print(f"failed rank={error.rank} exit={error.exit_code}")
         print(f"tail={error.traceback_tail.splitlines()[-1] if error.traceback_tail else ''}")

@@ -100,6 +100,17 @@ def test_a_rank_killed_by_a_signal_is_named_with_the_signal() -> None:
     assert "children left=0" in output
 
 
+@pytest.mark.slow
+def test_ranks_deaf_to_a_stop_signal_are_killed_after_the_stop_timeout_and_grace() -> None:
+    # A job waited 50 minutes on ranks deadlocked in native code after SIGTERM.
+    done = launched("deaf", "fork", 2)
+
+    assert re.search(r"failed rank=[01] exit=-9", done.stdout), done.stdout
+    assert "children left=0" in done.stdout
+    assert "did not end within 2 s of SIGTERM" in done.stderr, done.stderr
+    assert "killed with SIGKILL" in done.stderr
+
+
 @pytest.mark.parametrize(
     ("num_processes", "start_method", "message"),
     [

@@ -1,7 +1,11 @@
-"""Stop signals during fit: which ones, and how a single process catches them."""
+"""Stop signals during fit: which ones, how a single process catches them, and the bound
+on a stop that no batch acts on."""
 
 import os
 import signal
+import subprocess
+import sys
+import time
 
 import pytest
 import torch
@@ -46,3 +50,51 @@ def test_a_signal_raises_the_flag_and_the_previous_handler_comes_back() -> None:
         assert calls == [signal.SIGUSR2, signal.SIGUSR2]  # and is back in place
     finally:
         signal.signal(signal.SIGUSR2, previous)
+
+
+_STUCK = """
+import os, signal, sys, time
+from plait.trainer.stopping import GracefulStop
+
+def asleep_in_user_code():
+    time.sleep(120)
+
+with GracefulStop([signal.SIGTERM], timeout=float(sys.argv[1])) as stop:
+    os.kill(os.getpid(), signal.SIGTERM)  # a batch never comes to act on it
+    if sys.argv[2] == "twice":
+        os.kill(os.getpid(), signal.SIGTERM)
+    asleep_in_user_code()
+print("not reached")
+"""
+
+
+@pytest.mark.parametrize("signals", ["once", "twice"])
+def test_a_stop_no_batch_acts_on_ends_the_process_within_its_bound(signals: str) -> None:
+    # A rank asleep in the user's code when the stop comes: it ends itself, killed by
+    # the signal (not a graceful stop's status: it saved nothing), saying where it was;
+    # a second signal ends it at once.
+    started = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-c", _STUCK, "0.5" if signals == "once" else "600", signals],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+    assert done.returncode == -signal.SIGTERM, done.stderr
+    assert "not reached" not in done.stdout
+    assert time.monotonic() - started < 60
+    if signals == "once":
+        assert "did not end within 0.5 s (stop_timeout)" in done.stderr
+        assert "in asleep_in_user_code" in done.stderr  # where the main thread was
+    else:
+        assert "did not end within" not in done.stderr
+
+
+def test_a_stop_that_ends_in_time_is_not_cut_short() -> None:
+    with GracefulStop([signal.SIGUSR2], timeout=0.2) as stop:
+        os.kill(os.getpid(), signal.SIGUSR2)
+        assert stop.received is signal.SIGUSR2
+    time.sleep(0.5)  # past the bound: the process is still here, the timer cancelled
+    assert signal.getsignal(signal.SIGUSR2) is signal.SIG_DFL

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from plait.core import TrainingStopped, rank_zero_warn
+from plait.core import STOP_TIMEOUT, TrainingStopped, rank_zero_warn
 from plait.trainer.batches import agreed_total, batches
 from plait.trainer.data import length, prepare_loader, sampler_seed, set_epoch
 from plait.trainer.metrics import Metrics, metric_group
@@ -68,6 +68,7 @@ class FitLoop:
         checkpointer: Writes ``last.ckpt`` when a stop signal comes.
         last_checkpoint: The `ModelCheckpoint` that names ``last.ckpt``, if any.
         stop_signals: The signals that stop training gracefully.
+        stop_timeout: Seconds a graceful stop may take (see `GracefulStop`).
         accumulate: Batches per optimizer step.
         detect_anomaly: Train under ``torch.autograd.detect_anomaly``.
         sanity: The context a sanity check runs in (the trainer says it checks).
@@ -88,6 +89,7 @@ class FitLoop:
         last_checkpoint: ModelCheckpoint | None,
         stop_signals: tuple[signal.Signals, ...],
         accumulate: int,
+        stop_timeout: float | None = STOP_TIMEOUT,
         detect_anomaly: bool = False,
         sanity: Callable[[], contextlib.AbstractContextManager[None]] = contextlib.nullcontext,
     ) -> None:
@@ -102,6 +104,7 @@ class FitLoop:
         self.checkpointer = checkpointer
         self.last_checkpoint = last_checkpoint
         self.stop_signals = stop_signals
+        self.stop_timeout = stop_timeout
         self.accumulate = accumulate
         self.detect_anomaly = detect_anomaly
         self.sanity = sanity
@@ -159,7 +162,7 @@ class FitLoop:
         anomalies = (
             torch.autograd.detect_anomaly() if self.detect_anomaly else contextlib.nullcontext()
         )
-        with GracefulStop(self.stop_signals) as graceful, anomalies:
+        with GracefulStop(self.stop_signals, self.stop_timeout) as graceful, anomalies:
             self._graceful = graceful
             attached.hooks.on_train_start()
             try:

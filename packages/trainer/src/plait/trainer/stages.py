@@ -44,6 +44,7 @@ class LoopSettings:
     gradient_clip_val: float | None
     gradient_clip_algorithm: GradientClipAlgorithm
     stop_signals: tuple[signal.Signals, ...]
+    stop_timeout: float | None
     detect_anomaly: bool
 
 
@@ -94,6 +95,7 @@ def run_stage_loop(
             checkpointer=checkpointer,
             last_checkpoint=last_checkpoint,
             stop_signals=settings.stop_signals,
+            stop_timeout=settings.stop_timeout,
             accumulate=1 if manual else settings.accumulate_grad_batches,
             detect_anomaly=settings.detect_anomaly,
             sanity=sanity,

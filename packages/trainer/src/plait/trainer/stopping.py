@@ -15,15 +15,17 @@ from __future__ import annotations
 import math
 import os
 import signal
+import sys
 import threading
 import time
+import traceback
 from collections.abc import Sequence
 from types import FrameType
 from typing import TYPE_CHECKING, Final, Literal
 
 import torch
 
-from plait.core import STOP_SIGNALS, ConfigurationError, TrainingStopped
+from plait.core import STOP_SIGNALS, STOP_TIMEOUT, ConfigurationError, TrainingStopped
 
 if TYPE_CHECKING:
     from plait.core import Collectives
@@ -90,15 +92,30 @@ class GracefulStop:
     back on exit. A handler installed before (a launcher's, which passes the signal
     on to the ranks it started) is still called. Signals can only be caught in the
     main thread; elsewhere nothing is installed and no signal stops training.
+
+    The stop is bounded: if the context has not exited ``timeout`` seconds after the
+    first signal (no batch ended on every rank: one is busy in the user's code, or
+    gone), the process says where its main thread is and ends, killed by that
+    signal, as if it had never been caught. A save still in progress then is never
+    put in place, so the newest complete checkpoint stays the newest. A second
+    signal meanwhile ends the process at once, the same way.
+
+    Args:
+        signals: The signals that ask for a stop.
+        timeout: Seconds from the first signal to the end of the stop; ``None``: no bound.
     """
 
-    def __init__(self, signals: Sequence[signal.Signals]) -> None:
+    def __init__(
+        self, signals: Sequence[signal.Signals], timeout: float | None = STOP_TIMEOUT
+    ) -> None:
         self.signals = tuple(signals)
+        self.timeout = timeout
         self.received: signal.Signals | None = None
         self._previous: dict[signal.Signals, SignalHandler] = {}
         self._countdown = 1
         self._since = time.monotonic()
         self._batches = 0
+        self._deadline: threading.Timer | None = None
 
     def __enter__(self) -> GracefulStop:
         if threading.current_thread() is not threading.main_thread():
@@ -108,16 +125,42 @@ class GracefulStop:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
         for signum, handler in self._previous.items():
             signal.signal(signum, handler)
         self._previous.clear()
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
+        received = signal.Signals(signum)
         if self.received is None:
-            self.received = signal.Signals(signum)
-        previous = self._previous.get(signal.Signals(signum))
+            self.received = received
+            if self.timeout is not None:
+                self._deadline = threading.Timer(self.timeout, self._expire, (received,))
+                self._deadline.daemon = True
+                self._deadline.start()
+        previous = self._previous.get(received)
         if callable(previous):
             previous(signum, frame)  # a launcher passing the signal on to its ranks
+        # A second signal is not waited for: it ends the process (see _expire).
+        signal.signal(received, signal.SIG_DFL)
+
+    def _expire(self, received: signal.Signals) -> None:
+        # On the timer's thread: the main thread is stuck (a sleep, a wait for a
+        # rank that is gone). Ended by the signal's own default action, the process
+        # reports what it is: not a graceful stop, which saved.
+        main = threading.main_thread()
+        frame = sys._current_frames().get(main.ident or 0)
+        where = "".join(traceback.format_stack(frame)) if frame is not None else ""
+        sys.stderr.write(
+            f"plait: the graceful stop on {received.name} did not end within "
+            f"{self.timeout:g} s (stop_timeout): no training batch ended on every rank. "
+            "Ending without saving; the newest complete checkpoint is kept. The main "
+            f"thread was at:\n{where}"
+        )
+        sys.stderr.flush()
+        os.kill(os.getpid(), received)
 
     def after_batch(self, collectives: Collectives, world_size: int) -> signal.Signals | None:
         """Call after every training batch on every rank: the signal to stop on, if any.

@@ -12,6 +12,7 @@ import attrs
 from typing_extensions import override
 
 from plait.core import (
+    STOP_TIMEOUT,
     Accelerator,
     ConfigurationError,
     GradientClipAlgorithm,
@@ -19,6 +20,7 @@ from plait.core import (
     Strategy,
     SupportsLauncher,
     SupportsShardedModule,
+    SupportsStopTimeout,
     rank_zero_info,
     rank_zero_warn,
 )
@@ -146,6 +148,14 @@ class Trainer:
             `TrainingStopped` (a `SystemExit` with status ``128 + signal``).
             ``"auto"``: SIGTERM, and SIGUSR1 under SLURM (its requeue signal);
             names, numbers, or ``()`` to leave every signal alone.
+        stop_timeout: Seconds (or a `timedelta`) a graceful stop may take, from the
+            signal to the end of its save; 25 by default, within the 30 s that
+            torchrun and SLURM leave before SIGKILL. A rank that has not stopped by
+            then (asleep in your code, or waiting for a rank that is gone) says
+            where it was and ends, killed by the signal; an unfinished save is never
+            put in place, so the newest complete checkpoint stays the newest.
+            Launchers kill the ranks they started that are still running this long
+            (and their grace period) after passing a signal on. ``None``: no bound.
 
     Raises:
         ConfigurationError: A setting is invalid, or parts cannot work together;
@@ -187,6 +197,7 @@ class Trainer:
         compile: bool | Mapping[str, object] = False,  # noqa: A002 - torch.compile's, by name
         checkpoint_timeout: float | timedelta = _DEFAULT_CHECKPOINT_TIMEOUT,
         stop_signals: Literal["auto"] | Sequence[str | int] = "auto",
+        stop_timeout: float | timedelta | None = STOP_TIMEOUT,
     ) -> None:
         self.limits = Limits.resolve(
             max_epochs=max_epochs,
@@ -243,6 +254,11 @@ class Trainer:
         self.gradient_clip_val = None if gradient_clip_val is None else float(gradient_clip_val)
         self.gradient_clip_algorithm: GradientClipAlgorithm = gradient_clip_algorithm
         self.stop_signals = parse_stop_signals(stop_signals)
+        self.stop_timeout = (
+            None
+            if stop_timeout is None
+            else check_timeout("stop_timeout", stop_timeout).total_seconds()
+        )
         self.deterministic = deterministic
         self.detect_anomaly = bool(detect_anomaly)
         self.profiler = make_profiler(profiler)
@@ -593,7 +609,10 @@ class Trainer:
             origin=origin(model),
         )
         if isinstance(strategy, SupportsLauncher):
-            outcome = strategy.launcher.launch(run_in_rank, self, model, run)
+            launcher = strategy.launcher
+            if isinstance(launcher, SupportsStopTimeout):
+                launcher.stop_timeout = self.stop_timeout  # the ranks' bound, and its own
+            outcome = launcher.launch(run_in_rank, self, model, run)
         else:
             outcome = run_in_rank(self, model, run)
         return self._adopt(outcome, model)
@@ -683,6 +702,7 @@ class Trainer:
             gradient_clip_val=self.gradient_clip_val,
             gradient_clip_algorithm=self.gradient_clip_algorithm,
             stop_signals=self.stop_signals,
+            stop_timeout=self.stop_timeout,
             detect_anomaly=self.detect_anomaly,
         )
         return run_stage_loop(

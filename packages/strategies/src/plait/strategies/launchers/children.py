@@ -404,18 +404,33 @@ class SignalForwarder:
     nothing else in this process handles the signal (``exit_after``), the process
     then ends as the signal's default action would have ended it.
 
+    A rank must end within ``kill_after`` seconds of the first signal passed on: the
+    ranks bound their own graceful stop, but one stuck in native code (a deadlock
+    in OpenMP after a fork, a hung driver call) never runs Python's signal handlers.
+    Those still running then are killed (SIGKILL), saying so.
+
     Args:
         children: Returns the ranks to pass signals on to.
         exit_after: Whether to end this process after passing a signal on, when no
             handler was installed over this one.
+        kill_after: Returns the seconds to wait before killing the ranks still
+            running (read when the signal comes); ``None``: never.
     """
 
     SIGNALS: Final = (signal.SIGTERM, signal.SIGUSR1)
 
-    def __init__(self, children: Callable[[], Sequence[Child]], *, exit_after: bool) -> None:
+    def __init__(
+        self,
+        children: Callable[[], Sequence[Child]],
+        *,
+        exit_after: bool,
+        kill_after: Callable[[], float | None] = lambda: None,
+    ) -> None:
         self._children = children
         self._exit_after = exit_after
+        self._kill_after = kill_after
         self._previous: dict[int, SignalHandler] = {}
+        self._deadline: threading.Timer | None = None
 
     def install(self) -> None:
         """Take over the signals (nothing happens outside the main thread)."""
@@ -425,7 +440,10 @@ class SignalForwarder:
             self._previous[signum] = signal.signal(signum, self)
 
     def uninstall(self) -> None:
-        """Give the signals back to the handlers they had."""
+        """Give the signals back to the handlers they had (and kill no rank later)."""
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
         for signum, handler in self._previous.items():
             signal.signal(signum, handler)
         self._previous.clear()
@@ -435,6 +453,11 @@ class SignalForwarder:
         for child in self._children():
             if child.handle.exitcode is None and child.handle.pid is not None:
                 _signal(child.handle.pid, signum)
+        bound = self._kill_after()
+        if self._deadline is None and bound is not None:
+            self._deadline = threading.Timer(bound, self._kill_stuck, (signum, bound))
+            self._deadline.daemon = True
+            self._deadline.start()
         previous = self._previous.get(signum)
         if callable(previous):
             previous(signum, frame)
@@ -442,3 +465,22 @@ class SignalForwarder:
             # Nothing in this process asked for the signal: it ends the process.
             signal.signal(signum, signal.SIG_DFL)
             os.kill(os.getpid(), signum)
+
+    def _kill_stuck(self, signum: int, bound: float) -> None:
+        stuck = [
+            child
+            for child in self._children()
+            if child.handle.exitcode is None and child.handle.pid is not None
+        ]
+        if not stuck:
+            return
+        ranks = ", ".join(str(child.rank) for child in stuck)
+        sys.stderr.write(
+            f"plait: rank{'s' if len(stuck) > 1 else ''} {ranks} did not end within "
+            f"{bound:g} s of {signal.Signals(signum).name} (the stop timeout and the "
+            "grace period; stuck outside Python?): killed with SIGKILL\n"
+        )
+        sys.stderr.flush()
+        for child in stuck:
+            if child.handle.pid is not None:
+                _signal(child.handle.pid, signal.SIGKILL)

@@ -18,7 +18,7 @@ import torch.distributed as dist
 import torch.multiprocessing  # registers the reductions that share tensors
 from typing_extensions import override
 
-from plait.core import ConfigurationError, TrainingStopped, listening_socket
+from plait.core import STOP_TIMEOUT, ConfigurationError, TrainingStopped, listening_socket
 from plait.strategies.job import end_job, leave
 from plait.strategies.launchers.children import (
     GRACE_PERIOD,
@@ -252,6 +252,9 @@ class MultiprocessingLauncher:
         main_port: The rendezvous port; by default, one the operating system picks
             when the job's store starts listening, before any rank starts.
         grace_period: Seconds between SIGTERM and SIGKILL when ranks are stopped.
+        stop_timeout: Seconds a graceful stop may take: the ranks still running this
+            long (and ``grace_period``) after a stop signal was passed on are killed.
+            The `Trainer` sets it to its own ``stop_timeout``; ``None``: no bound.
 
     Raises:
         ConfigurationError: Fewer than one process, or a start method this platform
@@ -266,6 +269,7 @@ class MultiprocessingLauncher:
         main_address: str = "127.0.0.1",
         main_port: int | None = None,
         grace_period: float = GRACE_PERIOD,
+        stop_timeout: float | None = STOP_TIMEOUT,
     ) -> None:
         available = [
             method
@@ -279,6 +283,10 @@ class MultiprocessingLauncher:
         self.main_address = main_address
         self.main_port = main_port
         self.grace_period = grace_period
+        self.stop_timeout = stop_timeout
+
+    def _kill_after(self) -> float | None:
+        return None if self.stop_timeout is None else self.stop_timeout + self.grace_period
 
     @property
     def is_interactive_compatible(self) -> bool:
@@ -299,7 +307,7 @@ class MultiprocessingLauncher:
         listener = _listen(self.main_address, self.main_port)
         warn_if_oversubscribed(self.num_processes)
         children: list[Child] = []
-        forwarder = SignalForwarder(lambda: children, exit_after=False)
+        forwarder = SignalForwarder(lambda: children, exit_after=False, kill_after=self._kill_after)
         forwarder.install()
         try:
             result = self._run(context, listener=listener, payload=payload, children=children)

@@ -18,7 +18,14 @@ from typing import Final, ParamSpec, TypeVar, cast
 
 from typing_extensions import override
 
-from plait.core import ConfigurationError, PeerFailedError, TrainingStopped, free_port, stopped_by
+from plait.core import (
+    STOP_TIMEOUT,
+    ConfigurationError,
+    PeerFailedError,
+    TrainingStopped,
+    free_port,
+    stopped_by,
+)
 from plait.strategies.launchers.children import (
     GRACE_PERIOD,
     Child,
@@ -151,6 +158,7 @@ class _Job:
         port: int,
         grace: float,
         errors: tempfile.TemporaryDirectory[str],
+        kill_after: Callable[[], float | None],
     ) -> None:
         self.children = children
         self.num_processes = num_processes
@@ -165,7 +173,9 @@ class _Job:
         self._idle = threading.Event()  # set while rank 0 runs no work
         self._idle.set()
         self._verdict = threading.Event()  # set once a failure of another rank is judged
-        self._forwarder = SignalForwarder(lambda: self.children, exit_after=True)
+        self._forwarder = SignalForwarder(
+            lambda: self.children, exit_after=True, kill_after=kill_after
+        )
         self._forwarder.install()
         self._watcher = threading.Thread(
             target=self._watch, args=(main_address, port), name="plait-rank-watcher", daemon=True
@@ -352,6 +362,9 @@ class SubprocessScriptLauncher:
         main_address: The rendezvous host; loopback by default.
         main_port: The rendezvous port; a free one by default.
         grace_period: Seconds between SIGTERM and SIGKILL when ranks are stopped.
+        stop_timeout: Seconds a graceful stop may take: the ranks still running this
+            long (and ``grace_period``) after a stop signal was passed on are killed.
+            The `Trainer` sets it to its own ``stop_timeout``; ``None``: no bound.
 
     Raises:
         ConfigurationError: Fewer than one process.
@@ -364,11 +377,17 @@ class SubprocessScriptLauncher:
         main_address: str = "127.0.0.1",
         main_port: int | None = None,
         grace_period: float = GRACE_PERIOD,
+        stop_timeout: float | None = STOP_TIMEOUT,
     ) -> None:
         self.num_processes = check_num_processes(num_processes)
         self.main_address = main_address
         self.main_port = main_port
         self.grace_period = grace_period
+        self.stop_timeout = stop_timeout
+
+    def _kill_after(self) -> float | None:
+        # Read when a signal comes: the Trainer sets stop_timeout before each launch.
+        return None if self.stop_timeout is None else self.stop_timeout + self.grace_period
 
     @property
     def is_interactive_compatible(self) -> bool:
@@ -469,6 +488,7 @@ class SubprocessScriptLauncher:
             port=port,
             grace=self.grace_period,
             errors=errors,
+            kill_after=self._kill_after,
         )
 
     @override
