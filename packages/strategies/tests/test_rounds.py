@@ -8,7 +8,13 @@ from datetime import timedelta
 import pytest
 import torch.distributed as dist
 
-from plait.core import CollectiveTimeoutError, free_port, listening_socket
+from plait.core import (
+    CollectiveTimeoutError,
+    free_port,
+    listening_socket,
+    reserve_port,
+    take_reserved,
+)
 from plait.environments import LocalEnvironment
 from plait.strategies import process_group
 
@@ -113,3 +119,26 @@ def test_a_listening_socket_holds_its_port_until_handed_over() -> None:
     )
     store.set("key", "value")
     assert dist.TCPStore("127.0.0.1", port, is_master=False).get("key") == b"value"
+
+
+def test_the_port_a_launcher_reserved_is_served_by_rank_0_from_the_socket_it_held() -> None:
+    port = reserve_port("127.0.0.1")  # as the ddp launcher does before starting ranks
+    with socket.socket() as intruder:
+        intruder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        with pytest.raises(OSError, match="in use"):
+            intruder.bind(("127.0.0.1", port))  # held from the moment it was chosen
+    environment = LocalEnvironment(
+        main_address="127.0.0.1",
+        main_port=port,
+        world_size=1,
+        global_rank=0,
+        local_rank=0,
+        node_rank=0,
+    )
+
+    store = process_group._tcp_store(environment, port, timedelta(seconds=10))
+
+    assert take_reserved(port) is None  # handed over, once
+    store.set("key", "value")
+    client = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=10))
+    assert client.get("key") == b"value"

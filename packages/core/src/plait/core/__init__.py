@@ -21,7 +21,7 @@ from plait.core.errors import (
 from plait.core.fingerprint import CollectiveCall
 from plait.core.imports import is_module_available, require_module
 from plait.core.layout import NodeLayout, ProcessLayout, RankInfo
-from plait.core.network import free_port, listening_socket
+from plait.core.network import free_port, listening_socket, reserve_port, take_reserved
 from plait.core.protocols import (
     Accelerator,
     CheckpointFormat,
@@ -158,8 +158,10 @@ __all__ = [
     "rank_zero_only",
     "rank_zero_warn",
     "require_module",
+    "reserve_port",
     "seed_everything",
     "stopped_by",
+    "take_reserved",
     "training_semantics_of",
     "worker_init_fn",
 ]

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import socket
 
-__all__ = ["free_port", "listening_socket"]
+__all__ = ["free_port", "listening_socket", "reserve_port", "take_reserved"]
+
+_reserved: dict[int, socket.socket] = {}
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -51,3 +53,24 @@ def listening_socket(
         listener.close()
         raise
     return listener
+
+
+def reserve_port(address: str = "127.0.0.1") -> int:
+    """A free port on ``address``, held by this process until `take_reserved` hands it over.
+
+    For a port this process will serve later (rank 0's store, which the launcher
+    names to the other ranks before rank 0 starts it): between choosing and serving,
+    no other program can take it, and clients that connect early wait in its backlog.
+
+    Raises:
+        OSError: ``address`` is not an address of this machine.
+    """
+    listener = listening_socket(address)
+    port = int(listener.getsockname()[1])
+    _reserved[port] = listener
+    return port
+
+
+def take_reserved(port: int) -> socket.socket | None:
+    """The listening socket `reserve_port` holds for ``port``, now the caller's; else ``None``."""
+    return _reserved.pop(port, None)

@@ -27,6 +27,7 @@ from plait.core import (
     CollectiveTimeoutError,
     ConfigurationError,
     listening_socket,
+    take_reserved,
 )
 from plait.strategies.collectives import DistributedCollectives, Rendezvous, agreement_path
 from plait.strategies.launchers.children import HOSTED_STORE_VARIABLE, die_with_parent
@@ -268,13 +269,17 @@ def _group_store(
 def _tcp_store(
     environment: ClusterEnvironment, port: int, start_timeout: timedelta, *, hosted: bool = False
 ) -> dist.TCPStore:
+    serves = environment.global_rank == 0 and not hosted
+    # A launcher in this process that chose the port holds it until now (`reserve_port`).
+    reserved = take_reserved(port) if serves else None
     return dist.TCPStore(
         environment.main_address,
         port,
         environment.world_size,
-        is_master=environment.global_rank == 0 and not hosted,
+        is_master=serves,
         timeout=start_timeout,
         wait_for_workers=False,
+        master_listen_fd=None if reserved is None else reserved.detach(),
     )
 
 

@@ -23,7 +23,7 @@ from plait.core import (
     ConfigurationError,
     PeerFailedError,
     TrainingStopped,
-    free_port,
+    reserve_port,
     stopped_by,
 )
 from plait.strategies.launchers.children import (
@@ -441,7 +441,7 @@ class SubprocessScriptLauncher:
         global _alone_port  # noqa: PLW0603 (one job per program)
         port = self.main_port or _alone_port
         if port is None:
-            port = _alone_port = free_port(self.main_address)
+            port = _alone_port = reserve_port(self.main_address)
         mine = launch_variables(
             rank=0, world_size=1, main_address=self.main_address, main_port=port
         )
@@ -450,7 +450,8 @@ class SubprocessScriptLauncher:
             return work(*work_args, **work_kwargs)
 
     def _start(self) -> _Job:
-        port = self.main_port or free_port(self.main_address)
+        # Held from now until rank 0 (this process) serves the job's store on it.
+        port = self.main_port or reserve_port(self.main_address)
         warn_if_oversubscribed(self.num_processes)
         errors = tempfile.TemporaryDirectory(prefix="plait-ranks-")
 
