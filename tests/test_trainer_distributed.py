@@ -28,28 +28,38 @@ def _run(
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("strategy", ["ddp", "ddp_spawn"])
-def test_fit_on_two_ranks_syncs_metrics_without_truncating(tmp_path: Path, strategy: str) -> None:
-    completed, result = _run(tmp_path, "fit", strategy)
+def test_fit_on_two_ranks_syncs_metrics_without_truncating_and_every_launcher_runs_alike(
+    tmp_path: Path,
+) -> None:
+    runs = {}
+    for strategy in ("ddp", "ddp_spawn"):
+        root = tmp_path / strategy
+        root.mkdir()
+        completed, result = _run(root, "fit", strategy)
 
-    assert completed.returncode == 0, completed.stderr
-    metrics = result["metrics"]
-    assert isinstance(metrics, dict)
-    assert result["global_step"] == 2 * 5  # 40 samples, 2 ranks, batches of 4
-    assert metrics["train_seen"] == 40  # each sample once per epoch, counted over ranks
-    assert metrics["val_seen"] == 21  # every validation sample exactly once, none repeated
-    assert metrics["rank_mean"] == 0.5  # the mean of ints 0 and 1
-    assert metrics["weights_max"] == metrics["weights_min"]  # the replicas agree
-    # After fit, each process still answers for the job it ran: size, nodes and rank.
-    jobs = {path.name: json.loads(path.read_text()) for path in tmp_path.glob("job-*.json")}
-    expected = {"job-0.json": [2, 1, 0]}
-    if strategy == "ddp":  # rank 1 runs the script too
-        expected["job-1.json"] = [2, 1, 1]
-    assert jobs == expected
-    # Each rank profiled its own steps.
-    for rank in (0, 1):
-        report = (tmp_path / "profiles" / f"fit-rank{rank}-simple.txt").read_text()
-        assert "training_step" in report
+        assert completed.returncode == 0, completed.stderr
+        metrics = result["metrics"]
+        assert isinstance(metrics, dict)
+        assert result["global_step"] == 2 * 5  # 40 samples, 2 ranks, batches of 4
+        assert metrics["train_seen"] == 40  # each sample once per epoch, counted over ranks
+        assert metrics["val_seen"] == 21  # every validation sample exactly once, none repeated
+        assert metrics["rank_mean"] == 0.5  # the mean of ints 0 and 1
+        assert metrics["weights_max"] == metrics["weights_min"]  # the replicas agree
+        # After fit, each process still answers for the job it ran: size, nodes and rank.
+        jobs = {path.name: json.loads(path.read_text()) for path in root.glob("job-*.json")}
+        expected = {"job-0.json": [2, 1, 0]}
+        if strategy == "ddp":  # rank 1 runs the script too
+            expected["job-1.json"] = [2, 1, 1]
+        assert jobs == expected
+        # Each rank profiled its own steps.
+        for rank in (0, 1):
+            report = (root / "profiles" / f"fit-rank{rank}-simple.txt").read_text()
+            assert "training_step" in report
+        runs[strategy] = result
+    # The same seed, the same run: the model has dropout, so the ranks' random states
+    # count, and spawned ranks start where the caller's program stood.
+    assert runs["ddp"]["weights"] == runs["ddp_spawn"]["weights"]
+    assert runs["ddp"]["metrics"] == runs["ddp_spawn"]["metrics"]
 
 
 def _same_as_one_process(

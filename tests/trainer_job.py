@@ -516,11 +516,14 @@ def _fit(
     arguments: argparse.Namespace, train: DataLoader[object], val: DataLoader[object]
 ) -> dict[str, object]:
     trainer = _trainer(arguments, max_epochs=2, profiler="simple")
-    trainer.fit(Toy(), train, val)
+    model = Toy()
+    trainer.fit(model, train, val)
     # Every process that ran fit (or waited for it) says which job it was part of.
     job = [trainer.world_size, trainer.num_nodes, trainer.global_rank]
     Path(arguments.root, f"job-{os.environ.get('RANK', '0')}.json").write_text(json.dumps(job))
-    return {"metrics": trainer.callback_metrics, "global_step": trainer.global_step}
+    weights = {k: v.flatten().tolist() for k, v in model.state_dict().items()}
+    return {"metrics": trainer.callback_metrics, "global_step": trainer.global_step,
+            "weights": weights}  # fmt: skip
 
 
 def _same_steps(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Final
 
 import attrs
@@ -45,6 +45,9 @@ class Run:
         datamodule: The data module, when the loaders come from one.
         ckpt_path: The checkpoint to start from, resolved to a path.
         origin: The calling process and module, to tell a run on copies.
+        random_state: The caller's random states (Python's, torch's on the CPU,
+            NumPy's) when it seeded them: a rank started afresh takes them up, so
+            that it draws what a rank that ran the caller's program would.
     """
 
     stage: Stage
@@ -53,6 +56,7 @@ class Run:
     datamodule: DataModule | None
     ckpt_path: str | None
     origin: tuple[int, int]
+    random_state: Mapping[str, object] | None = None
 
 
 class Steps(torch.nn.Module):

@@ -15,6 +15,7 @@ import attrs
 
 from plait.core import seed_everything
 from plait.core.seed import SEED_ENV_VAR
+from plait.trainer.state import set_rng_state
 
 if TYPE_CHECKING:
     import torch
@@ -99,7 +100,11 @@ def gather_module_state(strategy: Strategy, module: Module) -> dict[str, torch.T
 def run_in_rank(trainer: Trainer, model: Module, run: Run) -> Outcome:
     """The body of every rank: run the stage, and say how it ended."""
     if os.getpid() != run.origin[0] and SEED_ENV_VAR in os.environ:
-        # A process a launcher started afresh: seeded as the caller was.
+        # A process a launcher started afresh: seeded as the caller was, and then
+        # at the caller's random states, as a rank that ran the caller's program up
+        # to this call would be (ddp and ddp_spawn give the same run).
         seed_everything()
+        if run.random_state is not None:
+            set_rng_state(run.random_state)
     results = trainer.run_stage(model, run)
     return trainer.outcome(results)

@@ -31,18 +31,19 @@ def to_device(data: T, device: torch.device) -> T:
     return map_tensors(data, move)
 
 
-def rng_state() -> dict[str, object]:
+def rng_state(*, cuda: bool = True) -> dict[str, object]:
     """This process's random states: Python's, torch's (CPU and CUDA) and NumPy's.
 
     Made only of tensors, numbers, strings and tuples, so that checkpoints holding
-    it load with ``weights_only=True``.
+    it load with ``weights_only=True``. ``cuda=False`` leaves CUDA's out, and CUDA
+    uninitialised (a process that forks ranks later must not initialise it).
     """
     version, internal, gauss = random.getstate()
     state: dict[str, object] = {
         "python": (version, tuple(internal), gauss),
         "torch": torch.get_rng_state(),
     }
-    if torch.cuda.is_available():
+    if cuda and torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     if is_module_available("numpy"):
         import numpy  # noqa: PLC0415 (optional)

@@ -24,6 +24,7 @@ from plait.core import (
     rank_zero_info,
     rank_zero_warn,
 )
+from plait.core.seed import SEED_ENV_VAR
 from plait.trainer.attach import Attached, Run, attach
 from plait.trainer.callbacks.checkpoint import ModelCheckpoint
 from plait.trainer.callbacks.early_stopping import EarlyStopping
@@ -57,6 +58,7 @@ from plait.trainer.profiler import Profiler, make_profiler
 from plait.trainer.progress import Progress
 from plait.trainer.results import Results
 from plait.trainer.stages import LoopSettings, run_stage_loop
+from plait.trainer.state import rng_state
 from plait.trainer.stopping import parse_stop_signals
 
 if TYPE_CHECKING:
@@ -607,6 +609,12 @@ class Trainer:
             datamodule=datamodule,
             ckpt_path=ckpt_path,
             origin=origin(model),
+            # Taken up by ranks a launcher starts afresh, where the caller seeded.
+            random_state=(
+                rng_state(cuda=False)
+                if isinstance(strategy, SupportsLauncher) and SEED_ENV_VAR in os.environ
+                else None
+            ),
         )
         if isinstance(strategy, SupportsLauncher):
             launcher = strategy.launcher
