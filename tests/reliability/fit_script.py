@@ -21,6 +21,12 @@ accelerator="cpu", **settings)``. Settings are Python literals (``max_epochs=2``
   ``saving`` is written into the root directory when one starts.
 - ``VALIDATE_FIRST``: ``trainer.validate`` runs before ``fit``, so the faults meet a
   job whose process group outlived a call.
+- ``KILL_IN_SAVE``: ``RANK:KIND``: that rank kills itself (SIGKILL) in the middle of the
+  run's first sharded save of an epoch's checkpoint (``epoch``) or of ``last.ckpt``
+  (``last``), once the save's partial directory holds a file (under ``ddp``, rank 0 is
+  the launcher).
+- ``KEEP_EVERY_EPOCH``: keep every epoch's checkpoint (``save_top_k=-1``).
+- ``STRATEGY_OPTIONS``: JSON, the strategy's options (``StrategyRegistry.get``).
 
 Rank 0 writes ``result.json`` (its final step and epoch) into ``default_root_dir``;
 every rank writes ``seen-RANK.json`` with what it saw: its losses by step, where it
@@ -34,6 +40,7 @@ import json
 import os
 import signal
 import sys
+import threading
 import time
 from collections.abc import Mapping
 from datetime import timedelta
@@ -41,12 +48,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 from torch.utils.data import DataLoader, TensorDataset
 from typing_extensions import override
 
 from plait.checkpoint_io import TorchCheckpointIO
 from plait.core import Strategy, StrategyRegistry, seed_everything
-from plait.trainer import Callback, Module, Trainer
+from plait.trainer import Callback, ModelCheckpoint, Module, Trainer
 
 if TYPE_CHECKING:
     from plait.core.typing import PathLike
@@ -64,6 +73,7 @@ class Tiny(Module):
             torch.nn.Linear(8, width), torch.nn.ReLU(), torch.nn.Linear(width, 1)
         )
         self.losses: dict[int, float] = {}
+        self._parallel = False
 
     @override
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -89,6 +99,17 @@ class Tiny(Module):
             signum = signal.Signals[os.environ.get("SIGNAL", "SIGTERM")]
             target = os.getppid() if os.environ.get("SIGNAL_TO") == "parent" else os.getpid()
             os.kill(target, signum)
+
+    @override
+    def configure_model(self) -> None:
+        # Under model_parallel: the hidden layer split over the tensor-parallel ranks,
+        # then the whole sharded over the data-parallel ones (done once).
+        mesh = self.device_mesh
+        if mesh is None or "tp" not in (mesh.mesh_dim_names or ()) or self._parallel:
+            return
+        parallelize_module(self.net, mesh["tp"], {"0": ColwiseParallel(), "2": RowwiseParallel()})
+        fully_shard(self.net, mesh=mesh["dp_shard"])
+        self._parallel = True
 
     @override
     def training_step(self, batch: object, batch_idx: int) -> torch.Tensor:
@@ -131,6 +152,37 @@ class SlowCheckpointIO(TorchCheckpointIO):
         super().save_checkpoint(checkpoint, path)
 
 
+class KillInSave(Callback):
+    """Kills this rank (SIGKILL) in the middle of the run's first sharded save of ``kind``."""
+
+    def __init__(self, rank: int, kind: str) -> None:
+        self.rank, self.kind = rank, kind
+        self.watching = False
+
+    @override
+    def on_train_epoch_start(self, trainer: Trainer, module: Module) -> None:
+        # Once the run started (what earlier saves left is cleaned by then).
+        callback = trainer.checkpoint_callback
+        if trainer.global_rank != self.rank or callback is None or callback.dirpath is None:
+            return
+        if self.watching:
+            return
+        self.watching = True
+        # A save is under way once its partial directory holds a file; it is put in
+        # place only after every rank has written, so the kill lands in the middle.
+        pattern = "last.ckpt.partial/**/*" if self.kind == "last" else "epoch=*.partial/**/*"
+        folder = Path(callback.dirpath)
+
+        def kill_in_the_save() -> None:
+            while not any(part.is_file() for part in folder.glob(pattern)):
+                time.sleep(0.002)
+            sys.stderr.write(f"rank {self.rank} kills itself in a save of {self.kind}\n")
+            sys.stderr.flush()
+            os.kill(os.getpid(), signal.SIGKILL)
+
+        threading.Thread(target=kill_in_the_save, daemon=True).start()
+
+
 class Seen(Callback):
     """Writes what this rank saw: every loss, and where the run ended."""
 
@@ -170,9 +222,19 @@ def main() -> None:
     y = x.sum(dim=1, keepdim=True)
     loader = DataLoader(TensorDataset(x, y), batch_size=4, shuffle=True)
     chosen: Strategy | str = strategy
+    options: dict[str, object] = json.loads(os.environ.get("STRATEGY_OPTIONS", "{}"))
     timeout = os.environ.get("TIMEOUT")
     if timeout:
-        chosen = StrategyRegistry.get(strategy, timeout=timedelta(seconds=float(timeout)))
+        options["timeout"] = timedelta(seconds=float(timeout))
+    if options:
+        chosen = StrategyRegistry.get(strategy, **options)
+    callbacks: list[Callback] = [Seen(root)]
+    kill = os.environ.get("KILL_IN_SAVE")
+    if kill:
+        rank, kind = kill.split(":")
+        callbacks.append(KillInSave(int(rank), kind))
+    if os.environ.get("KEEP_EVERY_EPOCH"):
+        callbacks.append(ModelCheckpoint(save_top_k=-1))
     slow = os.environ.get("SLOW_SAVE")
     if slow:
         settings["plugins"] = [SlowCheckpointIO(float(slow), root)]
@@ -183,7 +245,7 @@ def main() -> None:
         default_root_dir=root,
         enable_progress_bar=False,
         logger=False,
-        callbacks=[Seen(root)],
+        callbacks=callbacks,
         **settings,  # type: ignore[arg-type]
     )
     model = Tiny(_env_int("WIDTH") or 16)

@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 from tests.reliability.jobs import Job, fit_command, run, torchrun_command, wait_for
+
+from plait.core.checkpoint_dirs import verify_manifest
 
 pytestmark = pytest.mark.slow
 
@@ -102,3 +107,28 @@ def test_sigusr1_stops_when_asked_for(tmp_path: Path) -> None:
 
     assert done.returncode == 128 + signal.SIGUSR1, done.stderr
     assert "training stopped on SIGUSR1" in done.stderr
+
+
+@pytest.mark.timeout(300)
+def test_a_stop_on_a_loaded_machine_saves_within_slurms_kill_wait(tmp_path: Path) -> None:
+    # SLURM sends SIGTERM, then SIGKILL after KillWait (30 s by default): the stop,
+    # every rank's part of a sharded save included, must end within it while two
+    # busy processes hold both cores.
+    job = Job(fit_command("fsdp", 2, tmp_path, *SETTINGS), tmp_path, {"WIDTH": "1024"})
+    wait_for((tmp_path / "checkpoints" / "last.ckpt" / ".metadata").exists, 120, "a first save")
+    load = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
+    try:
+        signalled = time.monotonic()
+        job.signal(signal.SIGTERM)
+        stopped = job.finish(60)
+        took = time.monotonic() - signalled
+    finally:
+        for busy in load:
+            busy.kill()
+            busy.wait()
+
+    assert stopped.returncode == STOPPED, stopped.stderr[-3000:]
+    assert took < 30, f"the stop took {took:.1f} s, past SLURM's KillWait"
+    assert verify_manifest(tmp_path / "checkpoints" / "last.ckpt") == []
+    steps = {int(stopped.seen(rank)["global_step"]) for rank in range(2)}  # type: ignore[call-overload]
+    assert len(steps) == 1  # every rank stopped at the same step
