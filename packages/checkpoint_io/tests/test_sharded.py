@@ -10,7 +10,7 @@ import torch
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner, DefaultSavePlanner
 
 from plait.checkpoint_io import DistributedCheckpointIO
-from plait.core import CheckpointError, SupportsCollectiveIO, SupportsLoadInPlace
+from plait.core import CheckpointError, SupportsCollectiveIO, SupportsLoadInPlace, checkpoint_dirs
 from plait.core.checkpoint_dirs import MANIFEST, files_of, verify_manifest
 
 HERE = Path(__file__).resolve().parent
@@ -258,3 +258,15 @@ def test_planners_given_are_made_afresh_for_each_save_and_load(tmp_path: Path) -
         "load_planner=CountingLoadPlanner)"
     )
     assert repr(DistributedCheckpointIO()) == "DistributedCheckpointIO()"
+
+
+def test_where_directories_cannot_be_exchanged_the_old_one_is_set_aside_then_removed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(checkpoint_dirs, "_renameat2", lambda: None)
+    io, path = _saved(tmp_path)
+
+    io.save_checkpoint({"weight": torch.ones(64), "step": 5}, path)
+
+    assert sorted(p.name for p in tmp_path.iterdir()) == [path.name]
+    assert io.load_checkpoint(path)["step"] == 5

@@ -18,14 +18,14 @@ helpers, so that every such checkpoint keeps the same promises:
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
+import functools
 import json
 import os
 import shutil
 import zlib
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Final
+from typing import Final, cast
 
 from plait.core.errors import CheckpointError
 from plait.core.rank import rank_zero_warn
@@ -209,25 +209,25 @@ def clean_interrupted(directory: str | os.PathLike[str]) -> list[str]:
 def _exchange(first: Path, second: Path) -> bool:
     # renameat2(RENAME_EXCHANGE): both names stay valid throughout. Linux 3.15 and
     # glibc 2.28 or later, on most local filesystems; False where it is not there.
-    name = ctypes.util.find_library("c")
-    if name is None:
+    renameat2 = _renameat2()
+    if renameat2 is None:
         return False
-    try:
-        libc = ctypes.CDLL(name, use_errno=True)
-        renameat2 = libc.renameat2
-    except (OSError, AttributeError):
-        return False
-    renameat2.argtypes = [
-        ctypes.c_int,
-        ctypes.c_char_p,
-        ctypes.c_int,
-        ctypes.c_char_p,
-        ctypes.c_uint,
-    ]
     done = renameat2(
         _AT_FDCWD, os.fsencode(first), _AT_FDCWD, os.fsencode(second), _RENAME_EXCHANGE
     )
     return bool(done == 0)
+
+
+@functools.cache
+def _renameat2() -> Callable[..., int] | None:
+    try:
+        function = ctypes.CDLL(None, use_errno=True).renameat2  # the C library loaded already
+    except (OSError, AttributeError):
+        return None
+    text, number = ctypes.c_char_p, ctypes.c_int
+    function.argtypes = [number, text, number, text, ctypes.c_uint]
+    function.restype = number
+    return cast("Callable[..., int]", function)
 
 
 def _fsync_tree(directory: Path) -> None:
