@@ -33,6 +33,16 @@ class Finished:
     stderr: str
     seconds: float
     root: Path
+    ended: float = attrs.field(factory=time.time)
+    """When the job's last process ended (the clock's time)."""
+
+    def since_fault(self) -> float:
+        """Seconds from the injected fault (``fault``, written by the rank) to the job's end.
+
+        A bound on this counts what the test waits for (the timeout, the grace period,
+        the report), not the job's start-up, which a loaded machine draws out.
+        """
+        return self.ended - float((self.root / "fault").read_text())
 
     @property
     def headline(self) -> str:
@@ -173,6 +183,7 @@ class Job:
                 f"the job did not end within {timeout:g} s:\n{stderr[-4000:]}"
             ) from None
         seconds = time.monotonic() - self.started
+        ended = time.time()
         session = self.process.pid  # the session's leader: its id is the session's
         try:
             wait_for(
@@ -188,7 +199,7 @@ class Job:
             raise AssertionError(
                 f"the job left processes behind: {left}\n{stderr[-4000:]}"
             ) from None
-        return Finished(self.process.returncode, stdout, stderr, seconds, self.root)
+        return Finished(self.process.returncode, stdout, stderr, seconds, self.root, ended)
 
 
 def run(

@@ -1,8 +1,10 @@
 """A rank that raises, stalls or is killed: every launcher names the true cause, promptly.
 
-Each test bounds the whole job (its name says by how much, and `jobs.run` enforces
-a hard limit on top) and checks that no process of the job is left. Start-up of two
-ranks takes several seconds on a small machine: the bounds leave room for it.
+Each test bounds the time from the injected fault to the job's end (its name says by
+how much; `jobs.run` enforces a hard limit on the whole job on top), and checks that no
+process of the job is left. The bound counts what the job waits for after the fault
+(the collective timeout, the grace period, the report), not its start-up, which a
+loaded machine draws out.
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ def test_a_rank_that_raises_is_the_headline_within_60s(
     )
 
     assert done.returncode == 1
-    assert done.seconds < 60
+    assert done.since_fault() < 60
     cause = f"RuntimeError: injected failure on rank {rank} at step 3"
     if strategy == "ddp" and rank == 0:
         # Rank 0 is the calling process: its own error, as raised.
@@ -61,7 +63,7 @@ def test_a_rank_that_raises_under_torchrun_ends_the_job_within_60s(tmp_path: Pat
     )
 
     assert done.returncode != 0
-    assert done.seconds < 60
+    assert done.since_fault() < 60
     assert "RuntimeError: injected failure on rank 1 at step 3" in done.stderr
 
 
@@ -86,7 +88,7 @@ def test_a_stalled_rank_is_named_and_the_job_ends_within_60s(
     )
 
     assert done.returncode == 1
-    assert done.seconds < 60
+    assert done.since_fault() < 60
     other = 1 - rank
     assert (
         f"rank {rank} stalled: rank {other} timed out after 5 s waiting for it in a collective"
@@ -107,7 +109,7 @@ def test_a_rank_stalling_after_a_first_call_of_the_job_is_named_within_60s(
     )
 
     assert done.returncode == 1
-    assert done.seconds < 60
+    assert done.since_fault() < 60
     assert (
         f"rank {rank} stalled: rank {1 - rank} timed out after 5 s waiting for it in a collective"
         in done.headline
@@ -124,7 +126,7 @@ def test_a_stalled_rank_under_torchrun_is_named_by_the_rank_that_waited_within_6
     )
 
     assert done.returncode != 0
-    assert done.seconds < 60
+    assert done.since_fault() < 60
     assert "collective timed out after 5 s: ranks 1 did not arrive (arrived: 0)" in done.stderr
 
 
@@ -174,7 +176,7 @@ def test_a_stalled_rank_0_under_popen_is_named_every_time_within_60s_each(
         )
     for attempt, done in enumerate(finish_all(jobs)):
         assert done.returncode == 1
-        assert done.seconds < 60, f"attempt {attempt} took {done.seconds:.1f} s"
+        assert done.since_fault() < 60, f"attempt {attempt} took {done.since_fault():.1f} s"
         assert "rank 0 stalled: rank 1 timed out after 5 s" in done.headline, done.stderr[-3000:]
 
 
@@ -191,7 +193,7 @@ def test_a_stalled_rank_0_that_no_signal_reaches_is_shown_where_it_was_then_name
     )
 
     assert done.returncode == 1, done.stderr[-3000:]
-    assert done.seconds < 60
+    assert done.since_fault() < 60
     assert "rank 0 stalled: rank 1 timed out after 5 s" in done.headline, done.stderr[-3000:]
     _, _, cause = done.stderr.partition("plait: rank 0 did not stop within 5 s")
     assert cause, done.stderr[-3000:]
@@ -216,5 +218,5 @@ def test_spawn_failures_of_rank_0_blame_rank_0_every_time_within_45s_each(tmp_pa
             )
         for attempt, done in zip(pair, finish_all(jobs), strict=True):
             assert done.returncode == 1
-            assert done.seconds < 45, f"attempt {attempt} took {done.seconds:.1f} s"
+            assert done.since_fault() < 45, f"attempt {attempt}: {done.since_fault():.1f} s"
             assert "rank 0 failed (exit code 1): RuntimeError: injected failure" in done.stderr

@@ -6,6 +6,12 @@ Every rank runs the whole program (the ``popen`` launcher). Rank 0 prints one JS
 line per run it saw, then ``end`` and how the job ended.
 """
 
+import gc
+
+# Until the imports are done, no cycle collection: torch's import makes a million
+# objects, and every full collection over them costs this process most of a second.
+gc.disable()
+
 import json
 import os
 import sys
@@ -17,6 +23,10 @@ import torch.distributed as dist
 from plait.core import PeerFailedError
 from plait.strategies import DDPStrategy
 from plait.strategies.job import current_job, end_job
+
+# What the imports made lives as long as the process: the collector never scans it again.
+gc.freeze()
+gc.enable()
 
 
 def ddp(processes: int, seconds: int = 15) -> DDPStrategy:

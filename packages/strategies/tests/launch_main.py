@@ -6,6 +6,12 @@ Usage: python launch_main.py SCENARIO START_METHOD NUM_PROCESSES
 Prints what the launcher returned or raised, and how many child processes are left.
 """
 
+import gc
+
+# Until the imports are done, no cycle collection: torch's import makes a million
+# objects, and every full collection over them costs this process most of a second.
+gc.disable()
+
 import multiprocessing
 import os
 import signal
@@ -20,6 +26,10 @@ import torch
 from plait.core import PeerFailedError, StrategyRegistry
 from plait.strategies import DDPStrategy
 from plait.strategies.launchers import MultiprocessingLauncher
+
+# What the imports made lives as long as the process: the collector never scans it again.
+gc.freeze()
+gc.enable()
 
 
 def joined() -> DDPStrategy:

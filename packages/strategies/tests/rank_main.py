@@ -8,6 +8,12 @@ Each scenario checks its own results and raises on any difference; the test that
 started the ranks checks that every rank exited 0 and reads what they printed.
 """
 
+import gc
+
+# Until the imports are done, no cycle collection: torch's import makes a million
+# objects, and every full collection over them costs this process most of a second.
+gc.disable()
+
 import sys
 from collections.abc import Callable
 from datetime import timedelta
@@ -22,6 +28,10 @@ from torch.distributed.algorithms.ddp_comm_hooks.post_localSGD_hook import (
 
 from plait.core import CollectiveMismatchError, CollectiveTimeoutError, ConfigurationError
 from plait.strategies import DDPShardedStrategy, DDPStrategy
+
+# What the imports made lives as long as the process: the collector never scans it again.
+gc.freeze()
+gc.enable()
 
 
 def expect(error: type[BaseException], action: Callable[[], object]) -> BaseException:

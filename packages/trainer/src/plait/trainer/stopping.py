@@ -95,10 +95,11 @@ class GracefulStop:
 
     The stop is bounded: if the context has not exited ``timeout`` seconds after the
     first signal (no batch ended on every rank: one is busy in the user's code, or
-    gone), the process says where its main thread is and ends, killed by that
-    signal, as if it had never been caught. A save still in progress then is never
-    put in place, so the newest complete checkpoint stays the newest. A second
-    signal meanwhile ends the process at once, the same way.
+    gone), the process says where its main thread is and kills itself (SIGKILL: its
+    exit status says it did not stop gracefully). A save still in progress then is
+    never put in place, so the newest complete checkpoint stays the newest. Further
+    signals change nothing: a scheduler that signals every process of a job and a
+    launcher that passes the signal on send each rank two.
 
     Args:
         signals: The signals that ask for a stop.
@@ -143,24 +144,22 @@ class GracefulStop:
         previous = self._previous.get(received)
         if callable(previous):
             previous(signum, frame)  # a launcher passing the signal on to its ranks
-        # A second signal is not waited for: it ends the process (see _expire).
-        signal.signal(received, signal.SIG_DFL)
 
     def _expire(self, received: signal.Signals) -> None:
         # On the timer's thread: the main thread is stuck (a sleep, a wait for a
-        # rank that is gone). Ended by the signal's own default action, the process
-        # reports what it is: not a graceful stop, which saved.
+        # rank that is gone). Killed, the process reports what it is: not a
+        # graceful stop, which exits with 128 + signal after saving.
         main = threading.main_thread()
         frame = sys._current_frames().get(main.ident or 0)
         where = "".join(traceback.format_stack(frame)) if frame is not None else ""
         sys.stderr.write(
             f"plait: the graceful stop on {received.name} did not end within "
             f"{self.timeout:g} s (stop_timeout): no training batch ended on every rank. "
-            "Ending without saving; the newest complete checkpoint is kept. The main "
-            f"thread was at:\n{where}"
+            "Ending without saving (SIGKILL); the newest complete checkpoint is kept. The "
+            f"main thread was at:\n{where}"
         )
         sys.stderr.flush()
-        os.kill(os.getpid(), received)
+        os.kill(os.getpid(), signal.SIGKILL)
 
     def after_batch(self, collectives: Collectives, world_size: int) -> signal.Signals | None:
         """Call after every training batch on every rank: the signal to stop on, if any.

@@ -154,7 +154,7 @@ class Trainer:
             signal to the end of its save; 25 by default, within the 30 s that
             torchrun and SLURM leave before SIGKILL. A rank that has not stopped by
             then (asleep in your code, or waiting for a rank that is gone) says
-            where it was and ends, killed by the signal; an unfinished save is never
+            where it was and kills itself (SIGKILL); an unfinished save is never
             put in place, so the newest complete checkpoint stays the newest.
             Launchers kill the ranks they started that are still running this long
             (and their grace period) after passing a signal on. ``None``: no bound.
