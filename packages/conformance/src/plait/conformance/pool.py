@@ -405,8 +405,11 @@ class RankPool:
             )  # fmt: skip
         context = multiprocessing.get_context("forkserver")
         # Ranks fork from a server that has imported these once; it starts with the
-        # first pool of the process, whose strategy's modules it keeps.
-        context.set_forkserver_preload(["plait.conformance.worker", *self.target.modules()])
+        # first pool of the process, whose strategy's modules it keeps. The last one
+        # freezes what the others made (`plait.conformance.frozen`).
+        context.set_forkserver_preload(
+            ["plait.conformance.worker", *self.target.modules(), "plait.conformance.frozen"]
+        )
         port = free_port()
         run_id = f"plait-conformance-{uuid.uuid4().hex[:8]}"
         for rank in range(self.world_size):
