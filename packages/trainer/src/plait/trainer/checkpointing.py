@@ -189,10 +189,11 @@ def resolve_checkpoint(
             return callback.best_model_path
         last = os.path.join(directory, "last" + ModelCheckpoint.FILE_EXTENSION)
         newest = newest_checkpoint(directory, lambda found: is_checkpoint(found, strategy))
-        if newest is not None and os.path.samefile(newest, last):
+        last_exists = is_checkpoint(last, strategy)
+        if newest is not None and last_exists and os.path.samefile(newest, last):
             return last
         if newest is not None:
-            if is_checkpoint(last, strategy):
+            if last_exists:
                 rank_zero_warn(
                     f"ckpt_path='last': {newest} is newer than {last} (the run stopped "
                     "between the two saves); resuming from the newest complete checkpoint"
