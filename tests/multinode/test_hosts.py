@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import torch
 from tests.multinode.hosts import Host, hosts, unavailable
-from tests.reliability.jobs import SCRIPT, Finished, Job, finish_all
+from tests.reliability.jobs import SCRIPT, TORCHRUN, Finished, Job, finish_all
 
 # One worker runs the module, so that the undisturbed run its tests share runs once.
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("multinode_hosts")]
@@ -54,7 +54,7 @@ def torchrun(
     first = every[0]
     return host.command(
         [
-            sys.executable, "-m", "torch.distributed.run",
+            sys.executable, str(TORCHRUN),
             f"--nnodes={len(every)}", "--nproc-per-node=2",
             "--rdzv-backend=c10d", f"--rdzv-endpoint={first.address}:{RENDEZVOUS_PORT}",
             "--rdzv-id=plait-test", f"--local-addr={host.address}",

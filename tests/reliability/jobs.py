@@ -20,6 +20,8 @@ from pathlib import Path
 import attrs
 
 SCRIPT = Path(__file__).resolve().parent / "fit_script.py"
+TORCHRUN = Path(__file__).resolve().parent.parent / "torchrun.py"
+"""torchrun's command, its import paused for the cycle collector (see the script)."""
 LAUNCH_TIMEOUT = 150.0
 """No job of these tests may take longer, whatever it does: a hang fails, it never blocks."""
 
@@ -86,8 +88,7 @@ def torchrun_command(root: Path, *settings: str, restarts: int = 0) -> list[str]
     """The user's script under torchrun, two processes on this machine."""
     return [
         sys.executable,
-        "-m",
-        "torch.distributed.run",
+        str(TORCHRUN),
         "--standalone",
         "--nproc-per-node=2",
         f"--max-restarts={restarts}",

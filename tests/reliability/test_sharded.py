@@ -18,7 +18,13 @@ from tests.reliability.jobs import Finished, fit_command, run
 
 from plait.core.checkpoint_dirs import PARTIAL_SUFFIX, verify_manifest
 
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("reliability_sharded")]
+pytestmark = pytest.mark.slow
+
+
+def _on(name: str) -> pytest.MarkDecorator:
+    """Each strategy's tests on one worker, which runs its reference once."""
+    return pytest.mark.xdist_group(f"reliability_sharded_{name}")
+
 
 STRATEGIES = {
     "fsdp": (2, {}),
@@ -86,9 +92,13 @@ def _stop_step(stopped: Finished) -> int:
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize(
     ("name", "killed"),
-    [("fsdp", "1:epoch"), ("deepspeed_stage_3", "0:last"), ("model_parallel", "1:last")],
-    ids=["fsdp-rank 1 in an epoch's save", "deepspeed_stage_3-the launcher in last's save",
-         "model_parallel-rank 1 in last's save"],
+    [
+        pytest.param("fsdp", "1:epoch", id="fsdp-rank 1 in an epoch's save", marks=_on("fsdp")),
+        pytest.param("deepspeed_stage_3", "0:last", marks=_on("deepspeed_stage_3"),
+                     id="deepspeed_stage_3-the launcher in last's save"),
+        pytest.param("model_parallel", "1:last", marks=_on("model_parallel"),
+                     id="model_parallel-rank 1 in last's save"),
+    ],
 )  # fmt: skip
 def test_a_stop_then_a_kill_mid_save_then_last_ends_as_the_uninterrupted_run(
     tmp_path: Path, tmp_path_factory: pytest.TempPathFactory, name: str, killed: str
@@ -130,7 +140,11 @@ def test_a_stop_then_a_kill_mid_save_then_last_ends_as_the_uninterrupted_run(
 
 
 @pytest.mark.parametrize(
-    ("name", "damage"), [("fsdp", "missing"), ("deepspeed_stage_3", "flipped")]
+    ("name", "damage"),
+    [
+        pytest.param("fsdp", "missing", marks=_on("fsdp")),
+        pytest.param("deepspeed_stage_3", "flipped", marks=_on("deepspeed_stage_3")),
+    ],
 )
 def test_a_damaged_shard_is_refused_naming_the_file(
     tmp_path: Path, tmp_path_factory: pytest.TempPathFactory, name: str, damage: str
@@ -157,9 +171,12 @@ def test_a_damaged_shard_is_refused_naming_the_file(
 
 @pytest.mark.parametrize(
     ("name", "devices", "options"),
-    [("fsdp", 3, {}), ("model_parallel", 4, {"data_parallel_size": 4, "tensor_parallel_size": 1})],
-    ids=["fsdp 2 to 3 ranks", "model_parallel 2x2 to 4x1"],
-)
+    [
+        pytest.param("fsdp", 3, {}, id="fsdp 2 to 3 ranks", marks=_on("fsdp")),
+        pytest.param("model_parallel", 4, {"data_parallel_size": 4, "tensor_parallel_size": 1},
+                     id="model_parallel 2x2 to 4x1", marks=_on("model_parallel")),
+    ],
+)  # fmt: skip
 def test_a_checkpoint_goes_on_in_another_layout(
     tmp_path: Path,
     tmp_path_factory: pytest.TempPathFactory,
