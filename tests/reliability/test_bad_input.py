@@ -319,6 +319,18 @@ CASES = [
         ("checkpoint_timeout", "fix:"),
     ),
     Case(
+        "stop_timeout=-5",
+        _trainer(stop_timeout=-5),
+        ConfigurationError,
+        ("stop_timeout=-5", "fix:"),
+    ),
+    Case(
+        "stop_timeout='soon'",
+        _trainer(stop_timeout="soon"),
+        ConfigurationError,
+        ("stop_timeout", "'soon'"),
+    ),
+    Case(
         "stop_signals=['SIGKILL']",
         _trainer(stop_signals=["SIGKILL"]),
         ConfigurationError,
