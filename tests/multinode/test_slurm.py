@@ -196,7 +196,7 @@ def requeued_and_resumed(slurm: Cluster, job: str, folder: Path, signal_name: st
         output[-3000:] + "\n" + slurm.diagnosis(job)
     )
     assert output.count("UserWarning: ckpt_path='last'") == 1  # the second run resumed
-    assert "trained digits with ddp on 2 process(es) (cpu) for 8 epoch(s)" in output
+    assert "trained digits with ddp on 2 process(es) (cpu) for 16 epoch(s)" in output
     return output
 
 
@@ -213,7 +213,9 @@ def test_sbatch_runs_plait_fit_and_a_stopped_or_preempted_job_is_requeued_and_re
     jobs = {}
     for folder in (undisturbed, stopped, preempted):
         folder.mkdir()
-        jobs[folder] = slurm.submit(folder, 8)
+        # 16 epochs: the signal, sent once the first epoch's checkpoint exists, must
+        # come while the job still trains, however slow SLURM and the machine are.
+        jobs[folder] = slurm.submit(folder, 16)
     interrupt(
         slurm,
         {
@@ -225,7 +227,7 @@ def test_sbatch_runs_plait_fit_and_a_stopped_or_preempted_job_is_requeued_and_re
     state = slurm.wait_until_ended(jobs[undisturbed], 300, "the undisturbed job to end")
     output = (undisturbed / "out.txt").read_text()
     assert state == "COMPLETED", output[-3000:]
-    assert "trained digits with ddp on 2 process(es) (cpu) for 8 epoch(s)" in output
+    assert "trained digits with ddp on 2 process(es) (cpu) for 16 epoch(s)" in output
     assert "plait: the job step ended with exit status 0" in output
     expected = parameters(undisturbed)
 
