@@ -7,7 +7,8 @@ written on. This starts ``--busy`` processes that spin on the CPU for as long as
 suites run (two of them take a two-core machine's every core), runs pytest on the
 given paths ``--runs`` times (with ``-n 2``, as ``tools/check`` does), and prints, per
 run, its status, its time and the tests that failed; then each failing test's count.
-It exits non-zero if any run failed.
+It exits non-zero if any run failed. ``--reports DIR`` keeps each run's JUnit XML
+report (``run-N.xml``), which holds each failure's output.
 """
 
 from __future__ import annotations
@@ -41,6 +42,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=5, help="times to run the suites")
     parser.add_argument("--busy", type=int, default=2, help="processes that spin beside them")
     parser.add_argument("--workers", default="2", help="pytest-xdist workers (-n)")
+    parser.add_argument(
+        "--reports", type=Path, default=None, help="keep each run's JUnit XML report here"
+    )
     parser.add_argument("paths", nargs="+", help="test paths, as pytest takes them")
     options = parser.parse_args(argv)
     if options.runs < 1 or options.busy < 0:
@@ -52,8 +56,10 @@ def main(argv: list[str] | None = None) -> int:
     bad_runs = 0
     try:
         with tempfile.TemporaryDirectory(prefix="plait-under-load-") as scratch:
+            folder = options.reports or Path(scratch)
+            folder.mkdir(parents=True, exist_ok=True)
             for run in range(1, options.runs + 1):
-                report = Path(scratch) / f"run-{run}.xml"
+                report = folder / f"run-{run}.xml"
                 started = time.monotonic()
                 done = subprocess.run(
                     [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
