@@ -16,6 +16,7 @@ import re
 import subprocess
 import sys
 from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import attrs
@@ -161,24 +162,17 @@ def parameters(folder: Path) -> dict[str, torch.Tensor]:
     return state
 
 
-def interrupt(slurm: Cluster, interrupts: dict[Path, tuple[str, list[str]]]) -> None:
-    """Run each ``command JOB`` as soon as its job has saved its first checkpoint.
+def interrupt_once_saved(slurm: Cluster, folder: Path, job: str, command: list[str]) -> None:
+    """Run ``command JOB`` as soon as the job under ``folder`` has saved its first checkpoint.
 
-    ``interrupts`` maps each job's folder to the job and the command. The jobs are
-    watched together: one interrupted after another had waited on the first would
-    be late, and under load could finish its training before its signal came.
+    Called on a thread of its own right after the job is submitted: a watch that
+    began only once every job was submitted (each ``sbatch`` takes seconds on a
+    loaded machine) found a job that had already finished its training.
     """
-    waiting = dict(interrupts)
-
-    def send_those_ready() -> bool:
-        for folder, (job, command) in list(waiting.items()):
-            if (folder / "run" / "checkpoints" / "last.ckpt").exists():
-                interrupted = slurm.run(*command, job)
-                assert interrupted.returncode == 0, interrupted.stderr
-                del waiting[folder]
-        return not waiting
-
-    wait_for(send_those_ready, 240, "the first epoch's checkpoint of every interrupted job")
+    saved = folder / "run" / "checkpoints" / "last.ckpt"
+    wait_for(saved.exists, 240, f"the first epoch's checkpoint of job {job}")
+    interrupted = slurm.run(*command, job)
+    assert interrupted.returncode == 0, interrupted.stderr
 
 
 def requeued_and_resumed(slurm: Cluster, job: str, folder: Path, signal_name: str) -> str:
@@ -210,19 +204,25 @@ def test_sbatch_runs_plait_fit_and_a_stopped_or_preempted_job_is_requeued_and_re
     # process of the job, SIGKILL KillWait later (120 s here, 30 s by default), then
     # the job is requeued without the script's help).
     undisturbed, stopped, preempted = (tmp_path / name for name in ("calm", "stopped", "preempted"))
+    interrupts = {
+        stopped: ["scancel", "--signal=USR1"],
+        preempted: ["scontrol", "requeue"],
+        undisturbed: None,
+    }
     jobs = {}
-    for folder in (undisturbed, stopped, preempted):
-        folder.mkdir()
-        # 16 epochs: the signal, sent once the first epoch's checkpoint exists, must
-        # come while the job still trains, however slow SLURM and the machine are.
-        jobs[folder] = slurm.submit(folder, 16)
-    interrupt(
-        slurm,
-        {
-            stopped: (jobs[stopped], ["scancel", "--signal=USR1"]),
-            preempted: (jobs[preempted], ["scontrol", "requeue"]),
-        },
-    )
+    with ThreadPoolExecutor(max_workers=2) as watchers:
+        watched = []
+        for folder, command in interrupts.items():
+            folder.mkdir()
+            # 16 epochs: the signal, sent once the first epoch's checkpoint exists,
+            # must come while the job still trains, however slow the machine is.
+            jobs[folder] = slurm.submit(folder, 16)
+            if command is not None:
+                watched.append(
+                    watchers.submit(interrupt_once_saved, slurm, folder, jobs[folder], command)
+                )
+        for watch in watched:
+            watch.result(timeout=300)
 
     state = slurm.wait_until_ended(jobs[undisturbed], 300, "the undisturbed job to end")
     output = (undisturbed / "out.txt").read_text()
