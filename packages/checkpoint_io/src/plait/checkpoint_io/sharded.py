@@ -23,18 +23,7 @@ from plait.checkpoint_io.structure import (
     plain_tensor_digests,
 )
 from plait.core import CheckpointError
-from plait.core.checkpoint_dirs import (
-    Digests,
-    clean_interrupted,
-    damaged,
-    digest_files,
-    files_of,
-    partial_of,
-    replace_directory,
-    share_of,
-    verify_manifest,
-    write_manifest,
-)
+from plait.core.checkpoint_dirs import check, clean_interrupted, partial_of, seal
 
 if TYPE_CHECKING:
     from torch.distributed.checkpoint.planner import LoadPlanner, SavePlanner
@@ -79,29 +68,6 @@ def _is_rank_zero() -> bool:
     return not _distributed() or dist.get_rank() == 0
 
 
-def _place() -> tuple[int, int]:
-    # This rank and the world size: whose share of the files this process reads.
-    return (dist.get_rank(), dist.get_world_size()) if _distributed() else (0, 1)
-
-
-def _gathered(digests: Digests) -> Digests:
-    # Every rank's digests, on every rank.
-    if not _distributed() or dist.get_world_size() == 1:
-        return digests
-    shares: list[Digests | None] = [None] * dist.get_world_size()
-    dist.all_gather_object(shares, digests)
-    return {name: value for share in shares if share for name, value in share.items()}
-
-
-def _gathered_problems(problems: list[str]) -> list[str]:
-    # Every rank's findings, on every rank: all of them refuse the checkpoint, or none.
-    if not _distributed() or dist.get_world_size() == 1:
-        return problems
-    shares: list[list[str] | None] = [None] * dist.get_world_size()
-    dist.all_gather_object(shares, problems)
-    return sorted({problem for share in shares if share for problem in share})
-
-
 def read_whole(
     path: PathLike, map_location: torch.device | str | None, *, weights_only: bool
 ) -> Checkpoint:
@@ -116,9 +82,7 @@ def read_whole(
     from torch.distributed.checkpoint.format_utils import dcp_to_torch_save  # noqa: PLC0415
 
     DistributedCheckpointIO.require_complete(path)
-    problems = verify_manifest(Path(path))
-    if problems:
-        raise damaged(path, problems)
+    check(path, collective=False)  # this process reads every file
     with tempfile.TemporaryDirectory(prefix="plait-dcp-") as scratch:
         converted = Path(scratch) / "full.pt"
         dcp_to_torch_save(os.fspath(path), converted)
@@ -188,12 +152,8 @@ class DistributedCheckpointIO:
                     no_dist=not _distributed(),
                     planner=None if self.save_planner is None else self.save_planner(),
                 )
-            # Every rank has written (DCP's .metadata last): the ranks digest a share
-            # of the files each, and rank 0 writes the manifest, then puts it in place.
-            digests = _gathered(digest_files(partial, share_of(files_of(partial), *_place())))
-            if _is_rank_zero():
-                write_manifest(partial, digests)
-                replace_directory(partial, target)
+            # Every rank has written (DCP's .metadata last): digested and put in place.
+            seal(partial, target)
             _barrier()
         # DCP gathers the ranks' failures into a CheckpointException, a BaseException.
         except (OSError, RuntimeError, ValueError, CheckpointException) as error:
@@ -266,9 +226,7 @@ class DistributedCheckpointIO:
         from torch.distributed.checkpoint.state_dict_loader import load as dcp_load  # noqa: PLC0415
 
         self.require_complete(path)
-        problems = _gathered_problems(verify_manifest(Path(path), *_place()))
-        if problems:
-            raise damaged(path, problems)
+        check(path)
         try:
             with _single_process_notice_silenced():
                 dcp_load(

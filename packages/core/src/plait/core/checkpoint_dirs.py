@@ -13,6 +13,9 @@ helpers, so that every such checkpoint keeps the same promises:
   flipped byte, a truncated or a missing file is refused, naming the file, and never
   loaded. The ranks share the reading: each digests and checks the files of its own
   share (`share_of`), so the whole directory is read once, not once per rank.
+
+`seal` (once every rank has written) and `check` (before a load) do each of those for
+every rank of the default process group, or for the one process without one.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ import shutil
 import zlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Final, cast
+from typing import Final, TypeVar, cast
 
 from plait.core.errors import CheckpointError
 from plait.core.rank import rank_zero_warn
@@ -35,12 +38,14 @@ __all__ = [
     "PARTIAL_SUFFIX",
     "PREVIOUS_SUFFIX",
     "Digests",
+    "check",
     "clean_interrupted",
     "damaged",
     "digest_files",
     "files_of",
     "partial_of",
     "replace_directory",
+    "seal",
     "share_of",
     "verify_manifest",
     "write_manifest",
@@ -59,6 +64,8 @@ _AT_FDCWD: Final = -100
 
 Digests = dict[str, tuple[int, int]]
 """Each file's path relative to the checkpoint directory: its size and CRC-32."""
+
+_T = TypeVar("_T")
 
 
 def partial_of(target: Path) -> Path:
@@ -146,6 +153,59 @@ def damaged(path: str | os.PathLike[str], problems: Sequence[str]) -> Checkpoint
         fix="resume from an earlier checkpoint (pass its path as ckpt_path), or restore "
         "the file from a copy",
     )
+
+
+def seal(partial: Path, target: Path) -> None:
+    """Keep the digests of the complete ``partial`` beside its files, then put it in place.
+
+    Collective where a process group is up: every rank calls it once every rank has
+    written. Each digests its share of the files; rank 0 writes `MANIFEST` and puts
+    the directory in place as ``target`` (`replace_directory`). Callers that load
+    right after wait for rank 0 (a barrier).
+    """
+    rank, world_size = _group()
+    shares = _everyones(digest_files(partial, share_of(files_of(partial), rank, world_size)))
+    if rank == 0:
+        write_manifest(partial, {name: kept for share in shares for name, kept in share.items()})
+        replace_directory(partial, target)
+
+
+def check(path: str | os.PathLike[str], *, collective: bool = True) -> None:
+    """Refuse the checkpoint directory ``path`` if a file does not match `MANIFEST`.
+
+    With ``collective`` and a process group up, every rank calls it, checks its share
+    of the files, and every rank raises the same error for what any rank found;
+    otherwise this process checks every file.
+
+    Raises:
+        CheckpointError: A file is changed, truncated or missing (each named).
+    """
+    rank, world_size = _group() if collective else (0, 1)
+    found = verify_manifest(Path(path), rank, world_size)
+    shares = _everyones(found) if collective else [found]
+    problems = sorted({problem for share in shares for problem in share})
+    if problems:
+        raise damaged(path, problems)
+
+
+def _group() -> tuple[int, int]:
+    # This rank and the world size of the default process group; one process without.
+    import torch.distributed as dist  # noqa: PLC0415 (plait.core does not import torch)
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def _everyones(value: _T) -> list[_T]:
+    # Every rank's ``value``, in rank order, on every rank.
+    import torch.distributed as dist  # noqa: PLC0415 (plait.core does not import torch)
+
+    if not dist.is_available() or not dist.is_initialized() or dist.get_world_size() == 1:
+        return [value]
+    gathered: list[_T | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, value)
+    return [cast("_T", each) for each in gathered]
 
 
 def replace_directory(partial: Path, target: Path) -> None:

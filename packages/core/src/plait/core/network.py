@@ -55,17 +55,18 @@ def listening_socket(
     return listener
 
 
-def reserve_port(address: str = "127.0.0.1") -> int:
+def reserve_port(address: str = "127.0.0.1", *, every_interface: bool = False) -> int:
     """A free port on ``address``, held by this process until `take_reserved` hands it over.
 
     For a port this process will serve later (rank 0's store, which the launcher
     names to the other ranks before rank 0 starts it): between choosing and serving,
     no other program can take it, and clients that connect early wait in its backlog.
+    ``every_interface`` is `listening_socket`'s.
 
     Raises:
         OSError: ``address`` is not an address of this machine.
     """
-    listener = listening_socket(address)
+    listener = listening_socket(address, every_interface=every_interface)
     port = int(listener.getsockname()[1])
     _reserved[port] = listener
     return port

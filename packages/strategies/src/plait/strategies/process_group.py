@@ -26,7 +26,7 @@ from plait.core import (
     CollectiveCall,
     CollectiveTimeoutError,
     ConfigurationError,
-    listening_socket,
+    reserve_port,
     take_reserved,
 )
 from plait.strategies.collectives import DistributedCollectives, Rendezvous, agreement_path
@@ -243,23 +243,14 @@ def _group_store(
     # a DDP wrapper keeps its group, and the group's store, alive for the life of
     # the process, and the job's port must be free for the next run in the same
     # program (a test after a fit).
-    # Rank 0 binds the port before it names it, and the store serves that very socket:
-    # no other program can take the port in between.
+    # Rank 0 binds the port before it names it, and the store serves that very socket
+    # (`_tcp_store` takes it): no other program can take the port in between.
     if environment.global_rank == 0:
         try:
-            listener = listening_socket(environment.main_address, every_interface=True)
+            port = reserve_port(environment.main_address, every_interface=True)
         except OSError as error:
             raise _start_up_failed(environment, start_timeout) from error
-        port = int(listener.getsockname()[1])
-        group_store = dist.TCPStore(
-            environment.main_address,
-            port,
-            environment.world_size,
-            is_master=True,
-            timeout=start_timeout,
-            wait_for_workers=False,
-            master_listen_fd=listener.detach(),
-        )
+        group_store = _tcp_store(environment, port, start_timeout)
         store.set(_GROUP_STORE_KEY, str(port))
         return group_store
     store.wait([_GROUP_STORE_KEY], start_timeout)

@@ -15,24 +15,13 @@ import os
 import shutil
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Final, TypeVar, cast
+from typing import TYPE_CHECKING, Final
 
 import torch
-import torch.distributed as dist
 from typing_extensions import override
 
 from plait.core import CheckpointError
-from plait.core.checkpoint_dirs import (
-    clean_interrupted,
-    damaged,
-    digest_files,
-    files_of,
-    partial_of,
-    replace_directory,
-    share_of,
-    verify_manifest,
-    write_manifest,
-)
+from plait.core.checkpoint_dirs import check, clean_interrupted, partial_of, seal
 from plait.strategies.deepspeed import library
 from plait.strategies.deepspeed.format import LATEST
 
@@ -48,7 +37,6 @@ __all__ = [
     "latest_tag",
 ]
 
-_T = TypeVar("_T")
 _TAG_PREFIX: Final = "checkpoint-"
 # What the engine writes itself; the rest of a checkpoint is its "client state".
 _ENGINE_KEYS: Final = ("state_dict", "optimizer_states")
@@ -140,15 +128,8 @@ class DeepSpeedCheckpointIO:
         with library.quiet():
             strategy.engine.save_checkpoint(os.fspath(partial), tag=tag, client_state=client_state)
         strategy.barrier("deepspeed save_checkpoint")
-        # Every rank has written: each digests a share of the files, rank 0 keeps
-        # the digests beside them and puts the directory in place.
-        share = share_of(files_of(partial), strategy.global_rank, strategy.world_size)
-        shares = _everyones(digest_files(partial, share))
-        if strategy.is_global_zero:
-            write_manifest(
-                partial, {name: value for part in shares for name, value in part.items()}
-            )
-            replace_directory(partial, directory)
+        # Every rank has written: digested and put in place.
+        seal(partial, directory)
         strategy.barrier("deepspeed save_checkpoint in place")
 
     def load_checkpoint(self, path: PathLike, map_location: object = None) -> Checkpoint:
@@ -168,10 +149,7 @@ class DeepSpeedCheckpointIO:
         """
         tag = latest_tag(path)
         strategy = self._strategy
-        found = verify_manifest(Path(path), strategy.global_rank, strategy.world_size)
-        problems = sorted({problem for part in _everyones(found) for problem in part})
-        if problems:
-            raise damaged(path, problems)
+        check(path)
         engine = strategy.engine
         if strategy.stage == 3 and not strategy.has_optimizer:
             # An engine without an optimizer (to evaluate) has no partitions of fp32
@@ -236,15 +214,6 @@ class DeepSpeedCheckpointIO:
     @override
     def __repr__(self) -> str:
         return "DeepSpeedCheckpointIO()"
-
-
-def _everyones(value: _T) -> list[_T]:
-    """Every rank's ``value``, in rank order, on every rank."""
-    if not dist.is_initialized() or dist.get_world_size() == 1:
-        return [value]
-    gathered: list[_T | None] = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, value)
-    return [cast("_T", each) for each in gathered]
 
 
 def _next_tag(directory: Path) -> str:

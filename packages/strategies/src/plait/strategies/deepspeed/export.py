@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Final, cast
 import torch
 
 from plait.core import CheckpointError
-from plait.core.checkpoint_dirs import damaged, verify_manifest
+from plait.core.checkpoint_dirs import check
 from plait.strategies.deepspeed import library
 from plait.strategies.deepspeed.checkpoint_io import (
     PARAMETER_NAMES,
@@ -237,9 +237,7 @@ def verified_latest_tag(checkpoint: PathLike) -> str:
             or missing (named).
     """
     tag = latest_tag(checkpoint)
-    problems = verify_manifest(Path(checkpoint))
-    if problems:
-        raise damaged(checkpoint, problems)
+    check(checkpoint, collective=False)
     return tag
 
 

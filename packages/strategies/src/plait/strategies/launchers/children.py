@@ -404,17 +404,18 @@ class SignalForwarder:
     nothing else in this process handles the signal (``exit_after``), the process
     then ends as the signal's default action would have ended it.
 
-    A rank must end within ``kill_after`` seconds of the first signal passed on: the
-    ranks bound their own graceful stop, but one stuck in native code (a deadlock
-    in OpenMP after a fork, a hung driver call) never runs Python's signal handlers.
-    Those still running then are killed (SIGKILL), saying so.
+    A rank must end within ``stop_timeout`` and ``grace`` seconds of the first signal
+    passed on: the ranks bound their own graceful stop, but one stuck in native code
+    (a deadlock in OpenMP after a fork, a hung driver call) never runs Python's signal
+    handlers. Those still running then are killed (SIGKILL), saying so.
 
     Args:
         children: Returns the ranks to pass signals on to.
         exit_after: Whether to end this process after passing a signal on, when no
             handler was installed over this one.
-        kill_after: Returns the seconds to wait before killing the ranks still
-            running (read when the signal comes); ``None``: never.
+        stop_timeout: Returns the seconds a graceful stop may take (read when the
+            signal comes); ``None``: the ranks are never killed for taking longer.
+        grace: Seconds more before the ranks still running are killed.
     """
 
     SIGNALS: Final = (signal.SIGTERM, signal.SIGUSR1)
@@ -424,11 +425,13 @@ class SignalForwarder:
         children: Callable[[], Sequence[Child]],
         *,
         exit_after: bool,
-        kill_after: Callable[[], float | None] = lambda: None,
+        stop_timeout: Callable[[], float | None] = lambda: None,
+        grace: float = GRACE_PERIOD,
     ) -> None:
         self._children = children
         self._exit_after = exit_after
-        self._kill_after = kill_after
+        self._stop_timeout = stop_timeout
+        self._grace = grace
         self._previous: dict[int, SignalHandler] = {}
         self._deadline: threading.Timer | None = None
 
@@ -453,8 +456,9 @@ class SignalForwarder:
         for child in self._children():
             if child.handle.exitcode is None and child.handle.pid is not None:
                 _signal(child.handle.pid, signum)
-        bound = self._kill_after()
-        if self._deadline is None and bound is not None:
+        stop_timeout = self._stop_timeout()
+        if self._deadline is None and stop_timeout is not None:
+            bound = stop_timeout + self._grace
             self._deadline = threading.Timer(bound, self._kill_stuck, (signum, bound))
             self._deadline.daemon = True
             self._deadline.start()

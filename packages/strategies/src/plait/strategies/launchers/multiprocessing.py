@@ -285,9 +285,6 @@ class MultiprocessingLauncher:
         self.grace_period = grace_period
         self.stop_timeout = stop_timeout
 
-    def _kill_after(self) -> float | None:
-        return None if self.stop_timeout is None else self.stop_timeout + self.grace_period
-
     @property
     def is_interactive_compatible(self) -> bool:
         """Only ``fork`` works where ``__main__`` cannot be re-imported (notebooks)."""
@@ -307,7 +304,12 @@ class MultiprocessingLauncher:
         listener = _listen(self.main_address, self.main_port)
         warn_if_oversubscribed(self.num_processes)
         children: list[Child] = []
-        forwarder = SignalForwarder(lambda: children, exit_after=False, kill_after=self._kill_after)
+        forwarder = SignalForwarder(
+            lambda: children,
+            exit_after=False,
+            stop_timeout=lambda: self.stop_timeout,
+            grace=self.grace_period,
+        )
         forwarder.install()
         try:
             result = self._run(context, listener=listener, payload=payload, children=children)

@@ -158,7 +158,7 @@ class _Job:
         port: int,
         grace: float,
         errors: tempfile.TemporaryDirectory[str],
-        kill_after: Callable[[], float | None],
+        stop_timeout: Callable[[], float | None],
     ) -> None:
         self.children = children
         self.num_processes = num_processes
@@ -174,7 +174,7 @@ class _Job:
         self._idle.set()
         self._verdict = threading.Event()  # set once a failure of another rank is judged
         self._forwarder = SignalForwarder(
-            lambda: self.children, exit_after=True, kill_after=kill_after
+            lambda: self.children, exit_after=True, stop_timeout=stop_timeout, grace=grace
         )
         self._forwarder.install()
         self._watcher = threading.Thread(
@@ -385,10 +385,6 @@ class SubprocessScriptLauncher:
         self.grace_period = grace_period
         self.stop_timeout = stop_timeout
 
-    def _kill_after(self) -> float | None:
-        # Read when a signal comes: the Trainer sets stop_timeout before each launch.
-        return None if self.stop_timeout is None else self.stop_timeout + self.grace_period
-
     @property
     def is_interactive_compatible(self) -> bool:
         """Never: a notebook has no program to run again."""
@@ -489,7 +485,8 @@ class SubprocessScriptLauncher:
             port=port,
             grace=self.grace_period,
             errors=errors,
-            kill_after=self._kill_after,
+            # Read when a signal comes: the Trainer sets it before each launch.
+            stop_timeout=lambda: self.stop_timeout,
         )
 
     @override
