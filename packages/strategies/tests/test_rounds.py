@@ -12,6 +12,7 @@ from plait.core import (
     CollectiveTimeoutError,
     free_port,
     listening_socket,
+    release_reserved,
     reserve_port,
     take_reserved,
 )
@@ -142,3 +143,14 @@ def test_the_port_a_launcher_reserved_is_served_by_rank_0_from_the_socket_it_hel
     store.set("key", "value")
     client = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=10))
     assert client.get("key") == b"value"
+
+
+def test_a_reservation_no_store_took_is_released() -> None:
+    port = reserve_port("127.0.0.1")
+
+    release_reserved(port)
+
+    assert take_reserved(port) is None
+    with socket.socket() as other:
+        other.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        other.bind(("127.0.0.1", port))  # free again

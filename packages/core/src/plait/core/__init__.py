@@ -21,7 +21,13 @@ from plait.core.errors import (
 from plait.core.fingerprint import CollectiveCall
 from plait.core.imports import is_module_available, require_module
 from plait.core.layout import NodeLayout, ProcessLayout, RankInfo
-from plait.core.network import free_port, listening_socket, reserve_port, take_reserved
+from plait.core.network import (
+    free_port,
+    listening_socket,
+    release_reserved,
+    reserve_port,
+    take_reserved,
+)
 from plait.core.protocols import (
     Accelerator,
     CheckpointFormat,
@@ -157,6 +163,7 @@ __all__ = [
     "rank_zero_info",
     "rank_zero_only",
     "rank_zero_warn",
+    "release_reserved",
     "require_module",
     "reserve_port",
     "seed_everything",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import socket
 
-__all__ = ["free_port", "listening_socket", "reserve_port", "take_reserved"]
+__all__ = ["free_port", "listening_socket", "release_reserved", "reserve_port", "take_reserved"]
 
 _reserved: dict[int, socket.socket] = {}
 
@@ -75,3 +75,10 @@ def reserve_port(address: str = "127.0.0.1", *, every_interface: bool = False) -
 def take_reserved(port: int) -> socket.socket | None:
     """The listening socket `reserve_port` holds for ``port``, now the caller's; else ``None``."""
     return _reserved.pop(port, None)
+
+
+def release_reserved(port: int) -> None:
+    """Close the socket `reserve_port` still holds for ``port``: no store came to serve it."""
+    listener = _reserved.pop(port, None)
+    if listener is not None:
+        listener.close()

@@ -23,6 +23,7 @@ from plait.core import (
     ConfigurationError,
     PeerFailedError,
     TrainingStopped,
+    release_reserved,
     reserve_port,
     stopped_by,
 )
@@ -293,6 +294,7 @@ class _Job:
         """At exit: wait for the ranks to end the program; report a failure not yet raised."""
         self._watcher.join()
         self._forwarder.uninstall()
+        release_reserved(self._port)  # held still if rank 0 started no process group
         self._errors.cleanup()
         if self.failures and not self._delivered:
             sys.stderr.write(f"plait: {self.failures[0]}\n")
@@ -441,9 +443,12 @@ class SubprocessScriptLauncher:
         mine = launch_variables(
             rank=0, world_size=1, main_address=self.main_address, main_port=port
         )
-        with setting_variables(mine):
-            work, work_args, work_kwargs = unpickled_work(payload, kept)
-            return work(*work_args, **work_kwargs)
+        try:
+            with setting_variables(mine):
+                work, work_args, work_kwargs = unpickled_work(payload, kept)
+                return work(*work_args, **work_kwargs)
+        finally:
+            release_reserved(port)  # held still if the work started no process group
 
     def _start(self) -> _Job:
         # Held from now until rank 0 (this process) serves the job's store on it.
