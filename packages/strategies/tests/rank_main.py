@@ -15,8 +15,11 @@ import gc
 gc.disable()
 
 import sys
-from collections.abc import Callable
+import tempfile
+import time
+from collections.abc import Callable, Mapping
 from datetime import timedelta
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -25,8 +28,11 @@ from torch.distributed.algorithms.ddp_comm_hooks.post_localSGD_hook import (
     PostLocalSGDState,
     post_localSGD_hook,
 )
+from typing_extensions import override
 
+from plait.checkpoint_io import AsyncCheckpointIO, TorchCheckpointIO
 from plait.core import CollectiveMismatchError, CollectiveTimeoutError, ConfigurationError
+from plait.core.typing import PathLike
 from plait.strategies import DDPShardedStrategy, DDPStrategy
 
 # What the imports made lives as long as the process: the collector never scans it again.
@@ -333,6 +339,38 @@ def groups(strategy: DDPStrategy) -> None:
     print(f"rank {rank}: groups ok")
 
 
+class SlowTorchCheckpointIO(TorchCheckpointIO):
+    """torch's files, each save started a second late: the others reach their load first."""
+
+    @override
+    def save_checkpoint(self, checkpoint: Mapping[str, object], path: PathLike) -> None:
+        time.sleep(1.0)  # widens the window a load could fall in; no rank waits on it
+        super().save_checkpoint(checkpoint, path)
+
+
+def background_save_then_load(strategy: DDPStrategy) -> None:
+    # Rank 0 alone writes, in a background thread; every rank loads at once after
+    # the save: load_checkpoint must see the whole checkpoint on every rank.
+    rank = strategy.global_rank
+    made = tempfile.mkdtemp(prefix="plait-async-") if rank == 0 else ""
+    directory = Path(strategy.broadcast(made, src=0))
+    model = strategy.setup_module(nn.Linear(3, 2))
+    for step in range(3):
+        with torch.no_grad():
+            for parameter in model.parameters():
+                parameter.fill_(float(step))
+        path = directory / f"step={step}.ckpt"
+        strategy.save_checkpoint({"model": model, "step": step}, path)
+        with torch.no_grad():
+            for parameter in model.parameters():
+                parameter.fill_(-1.0)
+        rest = strategy.load_checkpoint(path, {"model": model, "step": -1})
+        assert all(bool((p == float(step)).all()) for p in model.parameters()), step
+        assert dict(rest) == {}, rest
+    strategy.barrier("background saves read")
+    print(f"rank {rank}: background saves ok")
+
+
 SCENARIOS: dict[str, tuple[Callable[[DDPStrategy], None], dict[str, object]]] = {
     "collectives": (collectives, {}),
     "collectives_unchecked": (collectives, {"checked_collectives": False}),
@@ -341,6 +379,10 @@ SCENARIOS: dict[str, tuple[Callable[[DDPStrategy], None], dict[str, object]]] = 
     "groups": (groups, {}),
     "groups_unchecked": (groups, {"checked_collectives": False}),
     "mismatch": (mismatch, {}),
+    "background_save_then_load": (
+        background_save_then_load,
+        {"checkpoint_io": AsyncCheckpointIO(SlowTorchCheckpointIO())},
+    ),
     "barrier_timeout": (barrier_timeout, {}),
     "waiting_elsewhere": (waiting_elsewhere, {}),
     "ddp_equivalence": (ddp_equivalence, {}),

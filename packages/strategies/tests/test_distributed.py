@@ -48,7 +48,7 @@ def run_ranks(start_ranks: StartRanks) -> RunRanks:
 CONTRACT = ("collectives", "collectives_unchecked", "broadcasts", "broadcasts_unchecked")
 SHARED_JOBS = {
     1: CONTRACT,
-    2: (*CONTRACT, "mismatch"),
+    2: (*CONTRACT, "mismatch", "background_save_then_load"),
     3: (*CONTRACT, "groups", "groups_unchecked", "mismatch"),
 }
 """The scenarios one job runs in turn, by world size: those that leave the ranks in
@@ -155,6 +155,16 @@ def test_mismatched_calls_raise_on_every_rank_and_leave_the_ranks_in_step(
             assert "disagreeing [0]" in output
         else:  # a tie goes to the call of the lowest rank
             assert "disagreeing [1]" in output
+
+
+@pytest.mark.slow
+@SHARED
+def test_a_checkpoint_saved_in_the_background_by_rank_0_is_whole_when_any_rank_loads_it(
+    scenario_outputs: RunRanks,
+) -> None:
+    outputs = scenario_outputs("background_save_then_load", 2, "auto")
+
+    assert all("background saves ok" in output for output in outputs)
 
 
 @pytest.mark.slow

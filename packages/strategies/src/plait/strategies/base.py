@@ -655,6 +655,10 @@ class BaseStrategy(Lifecycle, Remakeable, abc.ABC):
         Without ``state`` nothing is restored: the whole checkpoint is returned, its
         tensors on the CPU (`read_checkpoint`).
 
+        Where rank 0 alone writes through an IO that saves in the background
+        (``checkpoint_io="async"``), every rank first waits until rank 0's saves are
+        written: a checkpoint saved just before is read whole on every rank.
+
         The module alone (or a state without optimizers) restores the module and
         leaves every optimizer exactly as it was, its state not even read, on every
         strategy; ``weights_only=True`` does the same for a state with optimizers:

@@ -22,6 +22,7 @@ from plait.core import (
     CheckpointFormat,
     CheckpointIORegistry,
     Strategy,
+    SupportsAsyncCheckpoint,
     SupportsFormat,
     SupportsLoadInPlace,
     detect_checkpoint_format,
@@ -89,7 +90,9 @@ class Checkpoints:
         Where rank 0 writes alone, the other ranks return before it has written: a
         loop that reads it back on them waits first (``strategy.barrier()``; the
         Trainer waits with its ``checkpoint_timeout``, a save may outlast the
-        collective timeout).
+        collective timeout). An IO that saves in the background
+        (`plait.core.SupportsAsyncCheckpoint`) returns before writing on rank 0 too;
+        `load` waits for such a save on every rank.
         """
         strategy = self._strategy
         live = LiveState.of(checkpoint)
@@ -118,6 +121,7 @@ class Checkpoints:
     ) -> Checkpoint:
         """Restore the checkpoint at ``path`` into ``state``, in place; what it did not take."""
         strategy = self._strategy
+        self.settle()
         if state is None:
             return strategy.read_checkpoint(path)
         given: Mapping[str, object] = (
@@ -147,6 +151,24 @@ class Checkpoints:
             for key in ("optimizer_states", "precision", NAMES_KEY):
                 left.pop(key, None)
         return Leftover(left)
+
+    def settle(self) -> None:
+        """Wait until rank 0's background saves are written, on every rank (every rank calls it).
+
+        Where rank 0 alone writes through an IO that saves in the background, the
+        other ranks cannot tell whether a checkpoint they are about to read is
+        complete: rank 0 waits for its saves, then every rank meets it. Nothing to
+        do for a collective IO (each rank waits for its own part) or for one process.
+        """
+        strategy = self._strategy
+        io = strategy.checkpoint_io
+        if self.collective or strategy.world_size == 1:
+            return
+        if not isinstance(io, SupportsAsyncCheckpoint):
+            return
+        if strategy.is_global_zero:
+            io.wait()
+        strategy.barrier("load_checkpoint")
 
     def read(
         self, path: PathLike, module: torch.nn.Module | None = None, *, weights_only: bool = False

@@ -435,14 +435,21 @@ def _shared_directory(strategy: Strategy, prefix: str) -> str:
 
 @contextlib.contextmanager
 def _directory(strategy: Strategy) -> Iterator[str]:
-    """A directory every rank names alike, removed by rank 0 once every rank is done."""
+    """A directory every rank names alike, removed by rank 0 once every rank is done.
+
+    A rank whose work in it raised does not wait for the others: its error is the
+    example's report, where a barrier the others never reach would hide it.
+    """
     directory = _shared_directory(strategy, "plait-kit-")
     try:
         yield directory
-    finally:
-        strategy.barrier()
+    except BaseException:
         if strategy.global_rank == 0:
             shutil.rmtree(directory, ignore_errors=True)
+        raise
+    strategy.barrier()
+    if strategy.global_rank == 0:
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 def _seed_streams(run: TrainingRun, rank: int) -> None:
