@@ -28,6 +28,18 @@ def _run(
 
 
 @pytest.mark.slow
+def test_a_cluster_environment_and_accelerator_written_as_in_lightning_train_on_spawned_ranks(
+    tmp_path: Path,
+) -> None:
+    # Methods where plait has properties, counts where plait has indices: adapted, and
+    # each spawned rank's environment told its place, as Lightning tells it.
+    completed, result = _run(tmp_path, "lightning_parts", "ddp_spawn")
+
+    assert completed.returncode == 0, completed.stderr
+    assert result["places"] == [[2, 0, "cpus_by_count"], [2, 1, "cpus_by_count"]]
+
+
+@pytest.mark.slow
 def test_fit_on_two_ranks_syncs_metrics_without_truncating_and_every_launcher_runs_alike(
     tmp_path: Path,
 ) -> None:

@@ -22,19 +22,27 @@ import os
 import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import torch
 from torch.utils.data import DataLoader, Sampler, TensorDataset
 from typing_extensions import override
 
-from plait.core import ConfigurationError, PeerFailedError, seed_everything
+from plait.core import (
+    ConfigurationError,
+    MethodEnvironment,
+    PeerFailedError,
+    free_port,
+    seed_everything,
+)
 from plait.strategies import DDPStrategy, FSDPStrategy, end_job
 from plait.strategies.mesh import is_dtensor
 from plait.trainer import Callback, CSVLogger, ModelCheckpoint, Module, Trainer
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
+
+    from plait.core import Accelerator, ClusterEnvironment
 
 # The sharded strategies' saves import it: here it comes under the pause.
 import torch.distributed.checkpoint
@@ -615,6 +623,110 @@ def _gan(arguments: argparse.Namespace) -> dict[str, object]:
     return _same_steps(arguments, Gan(), **settings)
 
 
+class ClusterByMethods:
+    """A cluster environment as Lightning code writes one: methods, told its place.
+
+    plait starts the processes (``creates_processes_externally`` is false), so each
+    rank's copy is told its place through ``set_world_size``/``set_global_rank``.
+    """
+
+    def __init__(self) -> None:
+        self.size = 1
+        self.rank = 0
+        self.port = int(os.environ.get("MASTER_PORT", "0")) or free_port()
+
+    @property
+    def creates_processes_externally(self) -> bool:
+        return False
+
+    @property
+    def main_address(self) -> str:
+        return os.environ.get("MASTER_ADDR", "127.0.0.1")
+
+    @property
+    def main_port(self) -> int:
+        return self.port
+
+    @staticmethod
+    def detect() -> bool:
+        return True
+
+    def world_size(self) -> int:
+        return self.size
+
+    def set_world_size(self, size: int) -> None:
+        self.size = size
+
+    def global_rank(self) -> int:
+        return self.rank
+
+    def set_global_rank(self, rank: int) -> None:
+        self.rank = rank
+
+    def local_rank(self) -> int:
+        return int(os.environ.get("LOCAL_RANK", "0"))
+
+    def node_rank(self) -> int:
+        return 0
+
+
+class CpusByCount:
+    """An accelerator as Lightning code writes one: static methods, a count of CPUs."""
+
+    def setup_device(self, device: torch.device) -> None:
+        assert device.type == "cpu"
+
+    def teardown(self) -> None:
+        pass
+
+    @staticmethod
+    def parse_devices(devices: object) -> int:
+        return int(str(devices))
+
+    @staticmethod
+    def get_parallel_devices(devices: int) -> list[torch.device]:
+        return [torch.device("cpu")] * devices
+
+    @staticmethod
+    def auto_device_count() -> int:
+        return 1
+
+    @staticmethod
+    def is_available() -> bool:
+        return True
+
+
+class ReportPlace(Callback):
+    """Each rank writes where its environment says it is."""
+
+    def __init__(self, root: str) -> None:
+        self.root = root
+
+    @override
+    def on_fit_start(self, trainer: Trainer, module: Module) -> None:
+        strategy = trainer.strategy
+        assert isinstance(strategy, DDPStrategy)
+        environment = strategy.cluster_environment
+        assert isinstance(environment, MethodEnvironment)
+        cluster = environment.environment
+        assert isinstance(cluster, ClusterByMethods)
+        seen = [cluster.world_size(), cluster.global_rank(), strategy.accelerator.name]
+        Path(self.root, f"place-{trainer.global_rank}.json").write_text(json.dumps(seen))
+
+
+def _lightning_parts(arguments: argparse.Namespace, train: DataLoader[object]) -> dict[str, object]:
+    trainer = _trainer(
+        arguments,
+        max_epochs=1,
+        accelerator=cast("Accelerator", CpusByCount()),
+        plugins=[cast("ClusterEnvironment", ClusterByMethods())],
+        callbacks=[ReportPlace(arguments.root)],
+    )
+    trainer.fit(Toy(), train)
+    places = sorted(Path(arguments.root).glob("place-*.json"))
+    return {"places": [json.loads(path.read_text()) for path in places]}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--strategy", default="ddp")
@@ -644,6 +756,7 @@ def main() -> None:
         "goes_on": lambda: _goes_on(arguments, train, val),
         "after_the_job": lambda: _after_the_job(arguments, train, val),
         "spawned": lambda: _spawned(arguments),
+        "lightning_parts": lambda: _lightning_parts(arguments, train),
     }
     if arguments.scenario in by_function:
         result = by_function[arguments.scenario]()

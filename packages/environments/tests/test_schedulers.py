@@ -78,6 +78,18 @@ def test_slurm(slurm: dict[str, str]) -> None:
     env.validate_settings(num_devices=2, num_nodes=2)
 
 
+@pytest.mark.parametrize(
+    ("nodelist", "host"),
+    [("alpha beta gamma", "alpha"), ("1.2.3.[089, 100-110]", "1.2.3.089")],
+)
+def test_slurm_rendezvous_is_the_first_host_of_a_list_with_spaces(
+    slurm: dict[str, str], nodelist: str, host: str
+) -> None:
+    env = SLURMEnvironment.from_environ({**slurm, "SLURM_NODELIST": nodelist})
+
+    assert env.main_address == host
+
+
 def test_slurm_prefers_master_addr_and_port(slurm: dict[str, str]) -> None:
     env = SLURMEnvironment.from_environ(
         {**slurm, "MASTER_ADDR": "10.0.0.5", "MASTER_PORT": "31000"}
@@ -146,8 +158,22 @@ def test_slurm_interactive_allocation_is_left_to_plait(slurm: dict[str, str]) ->
 def test_lsf(lsf: dict[str, str]) -> None:
     env = LSFEnvironment.from_environ(lsf, hostname="nodeB")
 
-    assert ranks(env) == ("nodeA", 15000 + 7001, 4, 3, 1, 1)
+    # The port Lightning derives for job 7001: 10000 + 7001 % 1000.
+    assert ranks(env) == ("nodeA", 10001, 4, 3, 1, 1)
     env.validate_settings(num_devices=2, num_nodes=2)
+    assert LSFEnvironment.from_environ(
+        {**lsf, "LSB_JOBID": "1234"}, hostname="nodeB"
+    ).main_port == (10234)
+
+
+def test_lsf_is_detected_by_the_variables_lightning_reads(lsf: dict[str, str]) -> None:
+    # JSM_NAMESPACE_LOCAL_RANK, not JSM_NAMESPACE_RANK, shows jsrun's processes.
+    without_local = {k: v for k, v in lsf.items() if k != "JSM_NAMESPACE_LOCAL_RANK"}
+    assert LSFEnvironment.matches(without_local) is None
+    without_global = {k: v for k, v in lsf.items() if k != "JSM_NAMESPACE_RANK"}
+    assert LSFEnvironment.matches(without_global) is not None
+    with pytest.raises(ConfigurationError, match="JSM_NAMESPACE_RANK"):
+        LSFEnvironment.from_environ(without_global, hostname="nodeB")
 
 
 def test_lsf_on_a_host_outside_the_job(lsf: dict[str, str]) -> None:

@@ -17,6 +17,10 @@ from plait.environments import expand_hostlist
         ("node[01-02,7],gpu5", ["node01", "node02", "node7", "gpu5"]),
         ("a[1-2]-ib", ["a1-ib", "a2-ib"]),
         ("x,y", ["x", "y"]),
+        # Spaces between hosts and inside a range list, as SLURM accepts them.
+        ("alpha beta gamma", ["alpha", "beta", "gamma"]),
+        ("1.2.3.[089, 100-102]", ["1.2.3.089", "1.2.3.100", "1.2.3.101", "1.2.3.102"]),
+        ("a[1-2] b , c", ["a1", "a2", "b", "c"]),
     ],
 )
 def test_slurm_host_lists_expand(hostlist: str, hosts: list[str]) -> None:

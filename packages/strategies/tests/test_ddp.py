@@ -151,6 +151,19 @@ def test_configure_ddp_can_be_overridden(monkeypatch: pytest.MonkeyPatch) -> Non
         strategy.teardown()
 
 
+def test_no_sync_on_a_module_never_set_up_is_refused_not_a_block_that_does_nothing() -> None:
+    strategy = DDPStrategy(accelerator="cpu")
+    plain = nn.Linear(2, 2)
+
+    refused = pytest.raises(ConfigurationError, match="Linear this strategy never set up")
+    with refused as caught, strategy.no_sync(plain):
+        pass  # pragma: no cover - the block is refused before it starts
+
+    assert "pass the module setup_module" in str(caught.value)
+    with strategy.no_sync(plain, enabled=False):  # no block at all: nothing to refuse
+        pass
+
+
 def test_a_second_setup_environment_is_harmless(monkeypatch: pytest.MonkeyPatch) -> None:
     as_rank(monkeypatch, 0, 1, free_port())
     strategy = DDPStrategy(accelerator="cpu")

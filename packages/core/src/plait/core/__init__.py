@@ -8,6 +8,14 @@ of named parts, rank-aware helpers and seeding.
 Importing it does not import torch.
 """
 
+from plait.core.adapted import (
+    MethodAccelerator,
+    MethodEnvironment,
+    as_accelerator,
+    as_cluster_environment,
+    is_method_accelerator,
+    is_method_environment,
+)
 from plait.core.errors import (
     CheckpointError,
     CollectiveError,
@@ -115,6 +123,8 @@ __all__ = [
     "EnvironmentRegistry",
     "GradientClipAlgorithm",
     "Launcher",
+    "MethodAccelerator",
+    "MethodEnvironment",
     "MissingDependencyError",
     "NodeLayout",
     "PeerFailedError",
@@ -153,10 +163,14 @@ __all__ = [
     "Synchronous",
     "TrainingSemantics",
     "TrainingStopped",
+    "as_accelerator",
+    "as_cluster_environment",
     "detect_checkpoint_format",
     "free_port",
     "get_global_rank",
     "is_collective",
+    "is_method_accelerator",
+    "is_method_environment",
     "is_module_available",
     "listening_socket",
     "rank_zero_debug",

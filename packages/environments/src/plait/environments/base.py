@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import ClassVar
 
 import attrs
-from typing_extensions import Self
+from typing_extensions import Self, override
 
 from plait.core import ConfigurationError
 from plait.environments.variables import all_present
@@ -44,6 +44,19 @@ class BaseEnvironment:
     global_rank: int
     local_rank: int
     node_rank: int
+
+    @override
+    def __init_subclass__(cls, **kwargs: object) -> None:
+        """Let a subclass override a field with a property, as Lightning's subclasses do.
+
+        The value the constructor is given for such a field is kept aside (the
+        property answers); without this, the constructor fails setting it.
+        """
+        super().__init_subclass__(**kwargs)
+        for field in attrs.fields(BaseEnvironment):
+            found = cls.__dict__.get(field.name)
+            if isinstance(found, property) and found.fset is None:
+                setattr(cls, field.name, found.setter(_keeper(field.name)))
 
     def __attrs_post_init__(self) -> None:
         if self.world_size < 1:
@@ -115,3 +128,12 @@ class BaseEnvironment:
             fix="check the scheduler's variables; a rank counts from 0 and stays below "
             "the world size",
         )
+
+
+def _keeper(name: str) -> Callable[[BaseEnvironment, object], None]:
+    """A setter that keeps the value given for ``name`` beside the property that answers."""
+
+    def keep(environment: BaseEnvironment, value: object) -> None:
+        vars(environment)[f"_given_{name}"] = value
+
+    return keep

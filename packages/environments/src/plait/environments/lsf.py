@@ -46,12 +46,19 @@ class LSFEnvironment(BaseEnvironment):
     Ranks come from ``JSM_NAMESPACE_SIZE``, ``JSM_NAMESPACE_RANK`` and
     ``JSM_NAMESPACE_LOCAL_RANK``; the nodes from the job's rank file
     (``LSB_DJOB_RANKFILE``): the first compute host is the rendezvous, and this
-    host's position among them is the node rank.
+    host's position among them is the node rank. The rendezvous port is
+    ``MASTER_PORT``, else ``10000 + LSB_JOBID % 1000``, as Lightning derives it.
     """
 
     name = "lsf"
-    detected_by = ("LSB_JOBID", "LSB_DJOB_RANKFILE", "JSM_NAMESPACE_SIZE", "JSM_NAMESPACE_RANK")
-    """``LSB_JOBID``, ``LSB_DJOB_RANKFILE`` and jsrun's ``JSM_NAMESPACE_*``."""
+    detected_by = (
+        "LSB_JOBID",
+        "LSB_DJOB_RANKFILE",
+        "JSM_NAMESPACE_LOCAL_RANK",
+        "JSM_NAMESPACE_SIZE",
+    )
+    """``LSB_JOBID``, ``LSB_DJOB_RANKFILE`` and jsrun's ``JSM_NAMESPACE_LOCAL_RANK``
+    and ``JSM_NAMESPACE_SIZE``, the variables Lightning detects LSF by."""
     variables: ClassVar[Mapping[str, str]] = {
         "main_address": "LSB_DJOB_RANKFILE",
         "main_port": "LSB_JOBID",
@@ -90,7 +97,7 @@ class LSFEnvironment(BaseEnvironment):
         job_id = read_int(environ, "LSB_JOBID", environment=env)
         return cls(
             main_address=environ.get("MASTER_ADDR", hosts[0]),
-            main_port=job_port(environ, job_id, environment=env),
+            main_port=job_port(environ, job_id, environment=env, base=10000, spread=1000),
             world_size=read_int(environ, "JSM_NAMESPACE_SIZE", environment=env, minimum=1),
             global_rank=read_int(environ, "JSM_NAMESPACE_RANK", environment=env),
             local_rank=read_int(environ, "JSM_NAMESPACE_LOCAL_RANK", environment=env),

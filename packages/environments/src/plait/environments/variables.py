@@ -91,11 +91,22 @@ def read_port(environ: Mapping[str, str], variable: str, *, environment: str) ->
     return port
 
 
-def job_port(environ: Mapping[str, str], job_id: int, *, environment: str) -> int:
-    """``MASTER_PORT`` if set, else a port every task of job ``job_id`` derives alike."""
+def job_port(
+    environ: Mapping[str, str],
+    job_id: int,
+    *,
+    environment: str,
+    base: int = 15000,
+    spread: int = 10000,
+) -> int:
+    """``MASTER_PORT`` if set, else ``base + job_id % spread``: every task derives it alike.
+
+    SLURM's default (``15000 + id % 10000``) and LSF's (``10000 + id % 1000``) are
+    the ports Lightning derives for them.
+    """
     if "MASTER_PORT" in environ:
         return read_port(environ, "MASTER_PORT", environment=environment)
-    return 15000 + job_id % 10000
+    return base + job_id % spread
 
 
 _GROUP = re.compile(r"([^,\[]*)(?:\[([^\]]*)\])?([^,]*)")
@@ -104,11 +115,14 @@ _GROUP = re.compile(r"([^,\[]*)(?:\[([^\]]*)\])?([^,]*)")
 def expand_hostlist(hostlist: str) -> list[str]:
     """Expand a SLURM host list: ``"node[01-03,7],gpu1"`` is node01, node02, node03, node7, gpu1.
 
+    Hosts may be separated by spaces too (``"alpha beta"``), and a range list may
+    hold spaces (``"1.2.3.[089, 100-110]"``), as SLURM accepts them.
+
     Raises:
         ConfigurationError: It is malformed (unbalanced brackets, an empty list).
     """
     hosts: list[str] = []
-    text = hostlist.strip()
+    text = _commas_between_hosts(hostlist)
     position = 0
     while position < len(text):
         match = _GROUP.match(text, position)
@@ -131,6 +145,25 @@ def expand_hostlist(hostlist: str) -> list[str]:
     if not hosts or any(not host for host in hosts) or text.count("[") != text.count("]"):
         raise _bad_hostlist(hostlist)
     return hosts
+
+
+def _commas_between_hosts(hostlist: str) -> str:
+    """``hostlist`` with spaces between hosts made commas and spaces in brackets dropped."""
+    out: list[str] = []
+    depth = 0
+    for character in hostlist.strip():
+        if character == "[":
+            depth += 1
+        elif character == "]":
+            depth -= 1
+        if character.isspace():
+            if depth == 0 and out and out[-1] != ",":
+                out.append(",")
+            continue
+        if character == "," and depth == 0 and out and out[-1] == ",":
+            continue  # "a , b": one separator
+        out.append(character)
+    return "".join(out)
 
 
 def _bad_hostlist(hostlist: str) -> ConfigurationError:

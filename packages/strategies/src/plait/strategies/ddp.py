@@ -381,11 +381,20 @@ class DDPStrategy(SelfLaunchingStrategy):
         """`DistributedDataParallel.no_sync`: backward accumulates locally (no all-reduce).
 
         Raises:
-            ConfigurationError: ``module`` is not the wrapper `setup_module` returned.
+            ConfigurationError: ``module`` is not the wrapper `setup_module` returned
+                (the module inside it, or one never set up).
         """
         if isinstance(module, DistributedDataParallel):
             return module.no_sync()
-        if self.model is None or self.model is module:  # not wrapped: nothing reduces
+        if self.model is None:
+            raise ConfigurationError(
+                f"no_sync was given a {type(module).__name__} this strategy never set up: "
+                "without the DistributedDataParallel wrapper setup_module puts around it "
+                "there is no gradient synchronisation to skip, and the block would do nothing",
+                value=module,
+                fix="pass the module setup_module (or setup_module_and_optimizers) returned",
+            )
+        if self.model is module:  # configure_ddp left it unwrapped: nothing reduces
             return contextlib.nullcontext()
         raise ConfigurationError(
             f"no_sync was given the {type(module).__name__} inside the strategy's "

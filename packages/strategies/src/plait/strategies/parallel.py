@@ -19,7 +19,9 @@ from plait.core import (
     CollectiveTimeoutError,
     ConfigurationError,
     EnvironmentRegistry,
+    MethodEnvironment,
     ProcessLayout,
+    as_cluster_environment,
 )
 from plait.strategies.base import BaseStrategy
 from plait.strategies.collectives.distributed import AGREEMENT_VARIABLE, AGREEMENTS
@@ -119,15 +121,17 @@ class ParallelStrategy(BaseStrategy):
         environment = (
             EnvironmentRegistry.get(cluster_environment or "auto")
             if cluster_environment is None or isinstance(cluster_environment, str)
-            else cluster_environment
+            else as_cluster_environment(cluster_environment)
         )
         if not isinstance(environment, ClusterEnvironment):
             raise ConfigurationError(
-                f"cluster_environment={environment!r} is not a ClusterEnvironment",
-                value=environment,
+                f"cluster_environment={cluster_environment!r} is not a ClusterEnvironment",
+                value=cluster_environment,
                 fix="pass an object that implements plait.core.ClusterEnvironment, or a name",
             )
-        self.cluster_environment = environment
+        if isinstance(environment, MethodEnvironment):
+            _place(environment)
+        self.cluster_environment: ClusterEnvironment = environment
         self._root_device = self._choose_device()
         backend = process_group_backend or ("nccl" if self._root_device.type == "cuda" else "gloo")
         if backend not in PROCESS_GROUP_BACKENDS:
@@ -416,3 +420,16 @@ class ParallelStrategy(BaseStrategy):
         """
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def _place(environment: MethodEnvironment) -> None:
+    """Tell an environment of Lightning's kind this process's place, as Lightning does.
+
+    Where the environment does not start the processes, plait's launchers do: a
+    rank they started has its place in the variables they set (``WORLD_SIZE``,
+    ``RANK``), the process that launches is rank 0 of 1 until then.
+    """
+    if environment.creates_processes_externally:
+        return
+    local = EnvironmentRegistry.get("local")
+    environment.place(local.world_size, local.global_rank)

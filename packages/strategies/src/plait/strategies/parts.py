@@ -18,6 +18,7 @@ from plait.core import (
     MissingDependencyError,
     Precision,
     PrecisionRegistry,
+    as_accelerator,
 )
 
 __all__ = ["Parts", "one_precision", "require_parts", "resolve_parts"]
@@ -137,7 +138,8 @@ def resolve_parts(
     built_accelerator = (
         AcceleratorRegistry.get(accelerator or device_type)
         if accelerator is None or isinstance(accelerator, str)
-        else accelerator
+        # One written as Lightning's are (static methods, counts) is adapted.
+        else as_accelerator(accelerator) or accelerator
     )
     _require(built_accelerator, Accelerator, "accelerator")
     built_precision = (

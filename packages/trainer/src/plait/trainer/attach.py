@@ -143,8 +143,7 @@ def attach(trainer: Trainer, module: Module, run: Run) -> Iterator[Attached]:
         trainer.profiler.start(
             stage, os.path.join(trainer.default_root_dir, "profiles"), strategy.global_rank
         )
-        if trainer.deterministic:
-            torch.use_deterministic_algorithms(mode=True)
+        trainer.torch_flags.apply()
         if datamodule is not None:
             if strategy.is_global_zero:
                 datamodule.prepare_data()
@@ -190,6 +189,9 @@ def _set_up(trainer: Trainer, module: Module, run: Run, hooks: Hooks) -> Attache
     )
     with context:
         module.configure_model()
+    # In place (the root is the user's module): each BatchNorm becomes a SyncBatchNorm
+    # holding the same parameters, before the strategy wraps the module.
+    trainer.torch_flags.prepare(module, strategy.world_size)
     if trainer.compile_options is not None:
         # In place (the module keeps its parameters' names), once its layers exist,
         # before the strategy wraps or shards it (as torchtitan compiles, then shards).

@@ -22,12 +22,15 @@ from plait.core import (
     CheckpointIORegistry,
     ClusterEnvironment,
     ConfigurationError,
+    MethodAccelerator,
     Precision,
     PrecisionRegistry,
     Strategy,
     StrategyRegistry,
     SupportsLauncher,
     SupportsReplace,
+    as_accelerator,
+    as_cluster_environment,
 )
 from plait.environments import detect_environment
 from plait.strategies.remake import accepts
@@ -78,7 +81,7 @@ def _kind_of(plugin: object) -> str | None:
     ):
         if isinstance(plugin, protocol):
             return kind
-    return None
+    return "cluster_environment" if as_cluster_environment(plugin) is not None else None
 
 
 def _named_kind(name: str) -> str:
@@ -124,7 +127,9 @@ def _sort_plugins(plugins: Sequence[Plugin] | Plugin | None) -> dict[str, object
                 value=plugin,
                 fix=f"pass one {kind} plugin",
             )
-        found[kind] = plugin
+        # An environment written as Lightning's are (methods) is read through plait's
+        # properties from here on.
+        found[kind] = as_cluster_environment(plugin) if kind == "cluster_environment" else plugin
     return found
 
 
@@ -157,14 +162,15 @@ def _accelerator(
         built = AcceleratorRegistry.get(value)
         why = "the best available here" if value.strip().lower() == "auto" else "by name"
     else:
-        if not isinstance(value, Accelerator):
+        adapted = as_accelerator(value)
+        if adapted is None:
             raise ConfigurationError(
                 f"accelerator={value!r} is a {type(value).__name__}, not an Accelerator",
                 value=value,
                 choices=AcceleratorRegistry.available(),
                 fix="pass a registered name or an object implementing plait.core.Accelerator",
             )
-        built, why = value, "given as an instance"
+        built, why = adapted, "given as an instance"
     if not built.is_available():
         raise ConfigurationError(
             f"the accelerator {built.name!r} is not available on this machine",
@@ -178,6 +184,8 @@ def _accelerator(
 def _same_accelerator(value: Accelerator | str, accelerator: Accelerator) -> bool:
     if isinstance(value, str):
         return value.strip().lower() == accelerator.name
+    if isinstance(accelerator, MethodAccelerator):  # one of Lightning's kind, adapted
+        return value is accelerator.accelerator or value is accelerator
     return value is accelerator
 
 

@@ -60,6 +60,7 @@ from plait.trainer.results import Results
 from plait.trainer.stages import LoopSettings, run_stage_loop
 from plait.trainer.state import rng_state
 from plait.trainer.stopping import parse_stop_signals
+from plait.trainer.torch_flags import Deterministic, TorchFlags
 
 if TYPE_CHECKING:
     import torch
@@ -122,7 +123,15 @@ class Trainer:
             default.
         enable_progress_bar: Draw a progress bar on global rank 0.
         enable_checkpointing: Add a `ModelCheckpoint` when none is given.
-        deterministic: Make torch use deterministic algorithms only.
+        deterministic: ``True``: torch uses deterministic algorithms only (others
+            raise), and ``CUBLAS_WORKSPACE_CONFIG`` is set to ``:4096:8`` unless set
+            already, as cuBLAS needs; ``"warn"``: the same, others warn; ``False``:
+            torch's default; ``None`` (the default): torch's setting is left alone.
+        benchmark: ``torch.backends.cudnn.benchmark`` for the run; ``None`` leaves it
+            (off for a deterministic run).
+        sync_batchnorm: Turn each ``BatchNorm`` layer into ``SyncBatchNorm`` before
+            the strategy wraps the module, on several processes (GPUs: torch
+            synchronises batch norms on no other device).
         fast_dev_run: A debugging run: ``True`` (or n) runs one (n) batch of
             training, validation, test and prediction, in one epoch, writing no
             logs and no checkpoints.
@@ -190,7 +199,9 @@ class Trainer:
         default_root_dir: PathLike | None = None,
         enable_progress_bar: bool = True,
         enable_checkpointing: bool = True,
-        deterministic: bool = False,
+        deterministic: Deterministic = None,
+        benchmark: bool | None = None,
+        sync_batchnorm: bool = False,
         fast_dev_run: bool | int = False,
         overfit_batches: int | float = 0.0,
         num_sanity_val_steps: int = 0,
@@ -261,7 +272,8 @@ class Trainer:
             if stop_timeout is None
             else check_timeout("stop_timeout", stop_timeout).total_seconds()
         )
-        self.deterministic = deterministic
+        self.torch_flags = TorchFlags.resolve(deterministic, benchmark, sync_batchnorm)
+        self.torch_flags.check_device(self.strategy, self.num_processes)
         self.detect_anomaly = bool(detect_anomaly)
         self.profiler = make_profiler(profiler)
         self.compile_options = compile_options(compile)

@@ -1,0 +1,329 @@
+"""What existing Lightning code touches: its custom plugins and switches, as Lightning runs them."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import cast
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+from typing_extensions import override
+
+from plait.core import (
+    Accelerator,
+    ClusterEnvironment,
+    ConfigurationError,
+    MethodAccelerator,
+    MethodEnvironment,
+)
+from plait.environments import LocalEnvironment
+from plait.strategies import DDPStrategy
+from plait.trainer import Module, Trainer, connect
+from plait.trainer.torch_flags import CUBLAS_WORKSPACE, TorchFlags
+
+# Parts written as Lightning's documentation writes them, with only the imports changed.
+
+
+def environment_part(part: object) -> ClusterEnvironment:
+    """``part`` where plait's typed API takes an environment: plait adapts it."""
+    return cast("ClusterEnvironment", part)
+
+
+def accelerator_part(part: object) -> Accelerator:
+    """``part`` where plait's typed API takes an accelerator: plait adapts it."""
+    return cast("Accelerator", part)
+
+
+class LightningStyleCluster:
+    """A cluster environment whose place is given by methods, as Lightning's are.
+
+    Lightning's subclass its ``ClusterEnvironment`` base class; plait has a Protocol
+    there, which these methods do not meet as types: they are passed with a cast.
+    """
+
+    def __init__(self, *, external: bool = True) -> None:
+        self.external = external
+        self.placed: list[tuple[str, int]] = []
+
+    @property
+    def creates_processes_externally(self) -> bool:
+        return self.external
+
+    @property
+    def main_address(self) -> str:
+        return os.environ.get("MASTER_ADDR", "127.0.0.1")
+
+    @property
+    def main_port(self) -> int:
+        return int(os.environ.get("MASTER_PORT", "12910"))
+
+    @staticmethod
+    def detect() -> bool:
+        return True
+
+    def world_size(self) -> int:
+        return int(os.environ.get("WORLD_SIZE", "1"))
+
+    def set_world_size(self, size: int) -> None:
+        self.placed.append(("world_size", size))
+
+    def global_rank(self) -> int:
+        return int(os.environ.get("RANK", "0"))
+
+    def set_global_rank(self, rank: int) -> None:
+        self.placed.append(("global_rank", rank))
+
+    def local_rank(self) -> int:
+        return int(os.environ.get("LOCAL_RANK", "0"))
+
+    def node_rank(self) -> int:
+        return int(os.environ.get("NODE_RANK", "0"))
+
+
+class LightningStyleAccelerator:
+    """An accelerator with Lightning's static methods: counts in, lists out, no name."""
+
+    def setup_device(self, device: torch.device) -> None:
+        pass
+
+    def teardown(self) -> None:
+        pass
+
+    @staticmethod
+    def parse_devices(devices: object) -> int:
+        return int(str(devices))
+
+    @staticmethod
+    def get_parallel_devices(devices: int) -> list[torch.device]:
+        return [torch.device("cpu")] * devices
+
+    @staticmethod
+    def auto_device_count() -> int:
+        return 1
+
+    @staticmethod
+    def is_available() -> bool:
+        return True
+
+
+@pytest.fixture
+def torchrun_rank_1(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The variables of rank 1 of 2 that a launcher started."""
+    for name, value in {
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": "23456",
+        "WORLD_SIZE": "2",
+        "RANK": "1",
+        "LOCAL_RANK": "1",
+    }.items():
+        monkeypatch.setenv(name, value)
+
+
+def test_an_environment_with_lightnings_methods_is_read_through_plaits_properties(
+    torchrun_rank_1: None,
+) -> None:
+    cluster = LightningStyleCluster()
+
+    connection = connect(
+        accelerator="cpu",
+        strategy="ddp",
+        devices=2,
+        plugins=[environment_part(cluster)],
+    )
+
+    strategy = connection.strategy
+    assert isinstance(strategy, DDPStrategy)
+    assert isinstance(strategy.cluster_environment, MethodEnvironment)
+    assert strategy.cluster_environment.environment is cluster
+    assert (strategy.world_size, strategy.global_rank, strategy.local_rank) == (2, 1, 1)
+    assert strategy.cluster_environment.main_port == 23456
+    assert connection.devices == (0, 1)
+
+
+def test_an_environment_plait_starts_processes_for_is_told_its_place(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # As Lightning's strategies call set_world_size and set_global_rank: in the
+    # launching process (rank 0 of 1 until it launches), then in a rank it started.
+    cluster = LightningStyleCluster(external=False)
+    DDPStrategy(accelerator="cpu", cluster_environment=environment_part(cluster))
+    assert cluster.placed == [("world_size", 1), ("global_rank", 0)]
+
+    for name, value in {"WORLD_SIZE": "3", "RANK": "2", "LOCAL_RANK": "2"}.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("MASTER_PORT", "23456")
+    cluster.placed.clear()
+    three = [torch.device("cpu")] * 3
+    environment = environment_part(cluster)
+    DDPStrategy(accelerator="cpu", cluster_environment=environment, parallel_devices=three)
+    assert cluster.placed == [("world_size", 3), ("global_rank", 2)]
+
+
+def test_an_environment_method_that_gives_no_int_is_named() -> None:
+    class Broken(LightningStyleCluster):
+        @override
+        def world_size(self) -> int:
+            return "two"  # type: ignore[return-value]  # the mistake the test makes
+
+    with pytest.raises(ConfigurationError, match=r"Broken's world_size gave 'two', not an int"):
+        DDPStrategy(accelerator="cpu", cluster_environment=environment_part(Broken()))
+
+
+def test_an_accelerator_with_lightnings_static_methods_gives_plait_its_devices() -> None:
+    accelerator = accelerator_part(LightningStyleAccelerator())
+
+    connection = connect(accelerator=accelerator, strategy="ddp", devices=2)
+
+    assert connection.devices == (0, 1)
+    strategy = connection.strategy
+    assert isinstance(strategy.accelerator, MethodAccelerator)
+    assert strategy.accelerator.accelerator is accelerator
+    assert strategy.accelerator.name == "lightning_style"
+    assert strategy.root_device == torch.device("cpu")
+    # The same object given to the strategy and to the Trainer is one accelerator.
+    given = DDPStrategy(accelerator=accelerator)
+    assert connect(accelerator=accelerator, strategy=given, devices=2).devices == (0, 1)
+
+
+def test_an_accelerator_whose_parse_devices_gives_nonsense_is_named() -> None:
+    class Broken(LightningStyleAccelerator):
+        @staticmethod
+        @override
+        def parse_devices(devices: object) -> int:
+            return {"devices": devices}  # type: ignore[return-value]  # the mistake
+
+    with pytest.raises(ConfigurationError, match=r"Broken's parse_devices gave \{'devices': 2\}"):
+        connect(accelerator=accelerator_part(Broken()), strategy="ddp", devices=2)
+
+
+def test_a_subclass_overriding_a_field_with_a_property_is_built() -> None:
+    class FixedPort(LocalEnvironment):
+        @property
+        @override
+        def main_port(self) -> int:
+            return 12910
+
+    environment = FixedPort.from_environ({"MASTER_PORT": "23456"})
+
+    assert environment.main_port == 12910
+    assert environment.world_size == 1
+    strategy = DDPStrategy(accelerator="cpu", cluster_environment=environment)
+    assert strategy.cluster_environment.main_port == 12910
+
+
+# torch's switches.
+
+
+@pytest.fixture
+def torch_switches(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """torch's global switches and CUBLAS_WORKSPACE_CONFIG, put back after the test."""
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    deterministic = torch.are_deterministic_algorithms_enabled()
+    warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
+    benchmark = torch.backends.cudnn.benchmark
+    yield
+    torch.use_deterministic_algorithms(deterministic, warn_only=warn_only)
+    torch.backends.cudnn.benchmark = benchmark
+
+
+class Tiny(Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = torch.nn.Linear(2, 1)
+
+    @override
+    def training_step(self, batch: object, batch_idx: int) -> torch.Tensor:
+        assert isinstance(batch, list)
+        x, y = batch
+        return torch.nn.functional.mse_loss(self.layer(x), y)
+
+    @override
+    def configure_optimizers(self) -> object:
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def _fit(tmp_path: Path, **settings: object) -> None:
+    data = TensorDataset(torch.randn(8, 2), torch.randn(8, 1))
+    trainer = Trainer(
+        accelerator="cpu",
+        max_epochs=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        default_root_dir=tmp_path,
+        **settings,  # type: ignore[arg-type]
+    )
+    trainer.fit(Tiny(), DataLoader(data, batch_size=4))
+
+
+@pytest.mark.usefixtures("torch_switches")
+def test_deterministic_warn_warns_instead_of_raising_and_sets_cublas_workspace(
+    tmp_path: Path,
+) -> None:
+    _fit(tmp_path, deterministic="warn")
+
+    assert torch.are_deterministic_algorithms_enabled()
+    assert torch.is_deterministic_algorithms_warn_only_enabled()
+    assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == CUBLAS_WORKSPACE
+    assert torch.backends.cudnn.benchmark is False  # a deterministic run leaves it off
+
+
+@pytest.mark.usefixtures("torch_switches")
+def test_deterministic_true_raises_on_nondeterminism_and_keeps_a_workspace_already_set(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":16:8")
+
+    _fit(tmp_path, deterministic=True)
+
+    assert torch.are_deterministic_algorithms_enabled()
+    assert not torch.is_deterministic_algorithms_warn_only_enabled()
+    assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":16:8"
+
+
+@pytest.mark.usefixtures("torch_switches")
+def test_benchmark_is_set_for_the_run_and_left_alone_by_default(tmp_path: Path) -> None:
+    _fit(tmp_path, benchmark=True)
+    assert torch.backends.cudnn.benchmark is True
+
+    _fit(tmp_path)
+    assert torch.backends.cudnn.benchmark is True  # None: left as it was
+
+    with pytest.warns(UserWarning, match="deterministic and benchmark=True"):
+        TorchFlags.resolve(deterministic=True, benchmark=True, sync_batchnorm=False)
+
+
+@pytest.mark.parametrize(
+    ("settings", "named"),
+    [
+        ({"deterministic": "yes"}, "deterministic"),
+        ({"benchmark": "on"}, "benchmark"),
+        ({"sync_batchnorm": 1}, "sync_batchnorm"),
+    ],
+)
+def test_a_switch_out_of_its_choices_is_refused(settings: dict[str, object], named: str) -> None:
+    with pytest.raises(ConfigurationError, match=named):
+        Trainer(accelerator="cpu", logger=False, **settings)  # type: ignore[arg-type]
+
+
+def test_sync_batchnorm_on_the_cpu_with_several_processes_is_refused() -> None:
+    with pytest.raises(
+        ConfigurationError, match="SyncBatchNorm synchronises only on cuda"
+    ) as caught:
+        Trainer(accelerator="cpu", strategy="ddp", devices=2, sync_batchnorm=True, logger=False)
+    assert caught.value.fix is not None
+
+
+def test_sync_batchnorm_turns_every_batch_norm_into_a_sync_one_on_several_processes() -> None:
+    module = torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.BatchNorm1d(3))
+    weight = module[1].weight
+    flags = TorchFlags(sync_batchnorm=True)
+
+    assert flags.prepare(module, processes=1) is module
+    assert type(module[1]).__name__ == "BatchNorm1d"
+    assert flags.prepare(module, processes=2) is module
+    assert type(module[1]).__name__ == "SyncBatchNorm"
+    assert module[1].weight is weight  # the optimizers' parameters stay
