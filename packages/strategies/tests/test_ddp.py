@@ -151,6 +151,25 @@ def test_configure_ddp_can_be_overridden(monkeypatch: pytest.MonkeyPatch) -> Non
         strategy.teardown()
 
 
+def test_backends_torch_knows_are_accepted_and_one_it_does_not_is_named() -> None:
+    # Lightning passes any name on to torch: so does plait, for every name torch
+    # knows, a package's registered backend included (hccl from torch_npu).
+    def never_made(*arguments: object) -> None:
+        raise AssertionError("no group is made in this test")
+
+    if "plaittestbackend" not in torch.distributed.Backend.backend_list:
+        torch.distributed.Backend.register_backend("plaittestbackend", never_made, devices=["cpu"])
+    for backend in ("xccl", "plaittestbackend", "cpu:gloo,cuda:nccl"):
+        strategy = DDPStrategy(accelerator="cpu", process_group_backend=backend)
+        assert strategy.process_group_backend == backend
+
+    with pytest.raises(ConfigurationError, match="invalid process_group_backend: 'hccl'") as caught:
+        DDPStrategy(accelerator="cpu", process_group_backend="hccl")
+    assert caught.value.fix is not None
+    assert "torch_npu" in caught.value.fix
+    assert "plaittestbackend" in str(caught.value)
+
+
 def test_no_sync_on_a_module_never_set_up_is_refused_not_a_block_that_does_nothing() -> None:
     strategy = DDPStrategy(accelerator="cpu")
     plain = nn.Linear(2, 2)

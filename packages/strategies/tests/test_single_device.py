@@ -1,3 +1,5 @@
+import multiprocessing
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 
@@ -180,6 +182,56 @@ def test_bad_ddp_settings_are_refused_before_anything_starts(
 ) -> None:
     with pytest.raises(ConfigurationError, match=message):
         DDPStrategy(accelerator="cpu", **options)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("make", "message", "fix"),
+    [
+        # Where Lightning refuses, plait does too, by name, before anything starts.
+        (
+            lambda: DDPStrategy(parallel_devices=[torch.device("mps")]),
+            "DDPStrategy on MPS: torch.distributed has no backend",
+            "strategy='single_device'",
+        ),
+        (
+            lambda: StrategyRegistry.get("deepspeed", parallel_devices=[torch.device("mps")]),
+            "DeepSpeedStrategy on MPS",
+            "strategy='single_device'",
+        ),
+        (
+            lambda: DDPStrategy(accelerator="cpu", parallel_devices=[torch.device("cuda", 0)]),
+            "parallel_devices are cuda devices, and the accelerator 'cpu' runs on cpu",
+            "give cpu devices",
+        ),
+        (
+            lambda: StrategyRegistry.get("model_parallel", precision="16-mixed"),
+            r"ModelParallelStrategy with MixedPrecision\('16-mixed'",
+            "precision='bf16-mixed'",
+        ),
+    ],
+)
+def test_what_lightning_refuses_is_refused_with_the_fix(
+    make: Callable[[], object], message: str, fix: str
+) -> None:
+    with pytest.raises(ConfigurationError, match=message) as caught:
+        make()
+    assert caught.value.fix is not None
+    assert fix in caught.value.fix
+
+
+def test_fork_where_the_platform_cannot_fork_is_refused_even_for_one_process(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(multiprocessing, "get_all_start_methods", lambda: ["spawn"])
+
+    for name in ("ddp_fork", "ddp_notebook"):
+        with pytest.raises(
+            ConfigurationError, match="start_method='fork' is not available"
+        ) as caught:
+            StrategyRegistry.get(name, accelerator="cpu")
+        assert caught.value.fix is not None
+        assert "ddp_spawn" in caught.value.fix
+    assert StrategyRegistry.get("ddp_spawn", accelerator="cpu").world_size == 1
 
 
 def test_collectives_before_setup_say_what_to_do() -> None:

@@ -20,6 +20,7 @@ from plait.core import (
     MethodEnvironment,
 )
 from plait.environments import LocalEnvironment
+from plait.precision import MixedPrecision
 from plait.strategies import DDPStrategy
 from plait.trainer import Module, Trainer, connect
 from plait.trainer.torch_flags import CUBLAS_WORKSPACE, TorchFlags
@@ -327,3 +328,25 @@ def test_sync_batchnorm_turns_every_batch_norm_into_a_sync_one_on_several_proces
     assert flags.prepare(module, processes=2) is module
     assert type(module[1]).__name__ == "SyncBatchNorm"
     assert module[1].weight is weight  # the optimizers' parameters stay
+
+
+# Precision.
+
+
+def test_16_mixed_by_name_on_the_cpu_is_bf16_mixed_with_a_warning_as_in_lightning() -> None:
+    with pytest.warns(UserWarning, match="'bf16-mixed' is used instead"):
+        trainer = Trainer(accelerator="cpu", precision="16-mixed", logger=False)
+
+    precision = trainer.strategy.precision
+    assert precision.compute_dtype == torch.bfloat16
+    assert not precision.needs_scaler
+    assert any("bf16-mixed" in line for line in trainer.reasons)
+
+
+def test_16_mixed_given_as_a_plugin_on_the_cpu_stays_float16() -> None:
+    fp16 = MixedPrecision("16-mixed", device_type="cpu")
+
+    trainer = Trainer(accelerator="cpu", plugins=[fp16], logger=False)
+
+    assert trainer.strategy.precision is fp16
+    assert trainer.strategy.precision.compute_dtype == torch.float16

@@ -11,6 +11,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from typing_extensions import override
 
 from plait.core import ConfigurationError, seed_everything
+from plait.precision import MixedPrecision
 from plait.trainer import Callback, Module, Trainer
 from plait.trainer.optimization import TrainerOptimizer
 
@@ -228,7 +229,9 @@ def test_manual_backward_and_step_go_through_the_gradient_scaler(tmp_path: Path)
     seed_everything(0)
     scaled = OneOptimizer()
     start = scaled.net.weight.detach().clone()
-    _trainer(tmp_path, precision="16-mixed", max_epochs=1).fit(scaled, _loader())
+    # float16 on the CPU by instance: by name the CPU's "16-mixed" is bf16-mixed.
+    fp16 = MixedPrecision("16-mixed", device_type="cpu")
+    _trainer(tmp_path, plugins=[fp16], max_epochs=1).fit(scaled, _loader())
 
     # The loss was scaled (by 2**16 to start with), and each step went through the
     # scaler: skipped while the scaled gradients overflowed float16, the scale halving

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import multiprocessing
 import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import timedelta
@@ -79,6 +80,24 @@ def process_launcher(
         return SubprocessScriptLauncher(num_processes, main_address=address, main_port=port)
     return MultiprocessingLauncher(
         num_processes, start_method=start_method, main_address=address, main_port=port
+    )
+
+
+def _check_start_method_here(start_method: str) -> None:
+    """Refuse a start method this platform lacks, whatever the number of processes.
+
+    Raises:
+        ConfigurationError: ``fork`` or ``forkserver`` where the platform has no
+            such start method (Windows; macOS has fork, unsafe with its frameworks).
+    """
+    if start_method == "popen" or start_method in multiprocessing.get_all_start_methods():
+        return
+    raise ConfigurationError(
+        f"start_method={start_method!r} is not available on this platform (it has "
+        f"{', '.join(multiprocessing.get_all_start_methods())}); ddp_fork and ddp_notebook "
+        "start ranks by forking",
+        value=start_method,
+        fix="use strategy='ddp' (start_method='popen') or 'ddp_spawn'",
     )
 
 
@@ -211,6 +230,7 @@ class DDPStrategy(SelfLaunchingStrategy):
             _check_model_averaging(model_averaging_period, ddp_comm_state)
         if start_method not in START_METHODS:
             raise ConfigurationError.invalid_choice("start_method", start_method, START_METHODS)
+        _check_start_method_here(start_method)
         self._check_ddp_kwargs(ddp_kwargs)
         if ddp_comm_hook is not None and not callable(ddp_comm_hook):
             raise ConfigurationError(

@@ -185,6 +185,14 @@ class ModelParallelStrategy(MeshStrategy):
             start_timeout=start_timeout,
             checked_collectives=checked_collectives,
         )
+        if self.precision.needs_scaler:
+            raise ConfigurationError(
+                f"ModelParallelStrategy with {self.precision!r}: a gradient scaler cannot "
+                "unscale the DTensor gradients of a parallelized module, so float16 "
+                "mixed precision is not supported (Lightning refuses it too)",
+                value=self.precision,
+                fix="use precision='bf16-mixed' (no scaler needed) or '32-true'",
+            )
         if not self.writes_collectively:
             raise ConfigurationError(
                 f"ModelParallelStrategy has every rank write its shards, and "

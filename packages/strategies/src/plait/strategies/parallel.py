@@ -34,13 +34,54 @@ if TYPE_CHECKING:
     from plait.core import Accelerator, CheckpointIO, Precision
     from plait.strategies.collectives import DistributedCollectives
 
-__all__ = ["PROCESS_GROUP_BACKENDS", "ParallelStrategy"]
+__all__ = [
+    "PROCESS_GROUP_BACKENDS",
+    "ParallelStrategy",
+    "check_backend",
+    "default_backend",
+    "process_group_backends",
+]
 
 T = TypeVar("T")
 
 
-PROCESS_GROUP_BACKENDS: Final = ("gloo", "nccl", "mpi", "ucc")
-"""The torch.distributed backends a parallel strategy can join with."""
+PROCESS_GROUP_BACKENDS: Final = ("gloo", "nccl", "mpi", "ucc", "xccl")
+"""The torch.distributed backends every torch build names; any backend a package
+registers with torch (``torch.distributed.Backend.register_backend``, as Ascend's
+``torch_npu`` registers ``hccl``) is accepted too, once that package is imported."""
+
+
+def process_group_backends() -> tuple[str, ...]:
+    """The backends this process's torch knows: the built-in ones and those registered."""
+    known = [name for name in dist.Backend.backend_list if name not in ("undefined", "fake")]
+    return tuple(dict.fromkeys([*PROCESS_GROUP_BACKENDS, *known]))
+
+
+def default_backend(device: torch.device) -> str:
+    """The backend torch pairs with ``device``'s type: NCCL for CUDA, gloo for the CPU..."""
+    return dist.Backend.default_device_backend_map.get(device.type, "gloo")
+
+
+def check_backend(backend: str) -> str:
+    """``backend`` if torch knows it (``"gloo"``, or ``"cpu:gloo,cuda:nccl"`` per device).
+
+    Raises:
+        ConfigurationError: A backend no torch build or imported package registers.
+    """
+    known = process_group_backends()
+    names = [part.partition(":")[2] if ":" in part else part for part in backend.split(",")]
+    for name in names:
+        if name.strip().lower() not in known:
+            raise ConfigurationError.invalid_choice(
+                "process_group_backend",
+                backend,
+                known,
+                fix="name a backend torch knows, or 'device:backend' pairs such as "
+                "'cpu:gloo,cuda:nccl'; a backend a package registers with torch (hccl "
+                "from torch_npu) is known once that package is imported",
+            )
+    return backend
+
 
 DEFAULT_START_TIMEOUT: Final = timedelta(minutes=10)
 DEFAULT_TIMEOUT: Final = timedelta(minutes=5)
@@ -75,7 +116,9 @@ class ParallelStrategy(BaseStrategy):
         precision: The precision plugin, or its name; ``"32-true"`` by default.
         precision_plugin: The same, under the name Lightning's strategies take it by.
         checkpoint_io: The checkpoint IO, or its name; ``"torch"`` by default.
-        process_group_backend: ``"gloo"``, ``"nccl"``, ...; NCCL on CUDA, gloo otherwise.
+        process_group_backend: ``"gloo"``, ``"nccl"``, ``"xccl"``, a backend a package
+            registered with torch, or ``"cpu:gloo,cuda:nccl"``; by default the one torch
+            pairs with the device (NCCL on CUDA, gloo on the CPU).
         timeout: How long a collective waits for the other ranks.
         start_timeout: How long start-up waits for the other ranks.
         checked_collectives: Compare every rank's call before each control collective,
@@ -133,12 +176,10 @@ class ParallelStrategy(BaseStrategy):
             _place(environment)
         self.cluster_environment: ClusterEnvironment = environment
         self._root_device = self._choose_device()
-        backend = process_group_backend or ("nccl" if self._root_device.type == "cuda" else "gloo")
-        if backend not in PROCESS_GROUP_BACKENDS:
-            raise ConfigurationError.invalid_choice(
-                "process_group_backend", backend, PROCESS_GROUP_BACKENDS
-            )
-        self.process_group_backend = backend
+        self._check_devices()
+        self.process_group_backend = check_backend(
+            process_group_backend or default_backend(self._root_device)
+        )
         given: tuple[tuple[str, object], ...] = (
             ("timeout", timeout),
             ("start_timeout", start_timeout),
@@ -186,6 +227,34 @@ class ParallelStrategy(BaseStrategy):
         if self.default_device_type() == "cuda":
             return torch.device("cuda", local_rank)
         return torch.device(self.default_device_type())
+
+    def _check_devices(self) -> None:
+        """Refuse devices no process group moves tensors of, or another accelerator's.
+
+        Raises:
+            ConfigurationError: The device is Apple's MPS, which torch.distributed
+                has no backend for (Lightning refuses it too); or ``parallel_devices``
+                are of another type than the accelerator given.
+        """
+        device = self._root_device
+        if device.type == "mps":
+            raise ConfigurationError(
+                f"{type(self).__name__} on MPS: torch.distributed has no backend that moves "
+                "MPS tensors, so ranks cannot synchronise on Apple GPUs",
+                value=device,
+                fix="train on one MPS device with strategy='single_device' (or 'auto'), "
+                "or on several CPU processes with accelerator='cpu'",
+            )
+        own = getattr(self.accelerator, "device_type", None)
+        if isinstance(own, str) and own != device.type:
+            raise ConfigurationError(
+                f"parallel_devices are {device.type} devices, and the accelerator "
+                f"{self.accelerator.name!r} runs on {own}: the strategy would run on one "
+                "and the job be set up for the other",
+                value=self._parallel_devices,
+                fix=f"give {own} devices (or leave parallel_devices out: the accelerator "
+                "chooses them), or the accelerator of those devices",
+            )
 
     @property
     @override

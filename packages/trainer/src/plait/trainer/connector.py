@@ -10,10 +10,12 @@ treated exactly as a built-in one. Anything that cannot work together raises
 from __future__ import annotations
 
 import logging
+import warnings
 from collections.abc import Callable, Mapping, Sequence, Sized
 from typing import TYPE_CHECKING, Final
 
 import attrs
+import torch
 
 from plait.core import (
     Accelerator,
@@ -37,8 +39,6 @@ from plait.strategies.remake import accepts
 from plait.trainer.checks import check_count
 
 if TYPE_CHECKING:
-    import torch
-
     from plait.core.typing import DeviceSpec
 
 __all__ = ["Connection", "Plugin", "connect"]
@@ -246,6 +246,7 @@ def connect(
         devices = max(1, environment.world_size // num_nodes)
         reasons.append(f"devices={devices}: the processes launched per node")
     indices, parallel_devices = _devices(built_accelerator, devices, environment, reasons)
+    _no_float16_autocast_on_the_cpu(parts, parallel_devices, reasons)
     environment.validate_settings(len(indices), num_nodes)
     if "cluster_environment" in parts:
         reasons.append(f"cluster environment {environment!r}: given as a plugin")
@@ -285,6 +286,35 @@ def connect(
     for line in reasons:
         log.info("plait: %s", line)
     return Connection(strategy=built, devices=indices, num_nodes=num_nodes, reasons=tuple(reasons))
+
+
+def _no_float16_autocast_on_the_cpu(
+    parts: dict[str, object], parallel_devices: list[torch.device], reasons: list[str]
+) -> None:
+    """``"16-mixed"`` by name on the CPU is ``"bf16-mixed"``, with a warning, as in Lightning.
+
+    The CPU's autocast to float16 is slow and loses range; bfloat16 needs no scaler.
+    A plugin given as an instance is used as it is.
+    """
+    name = parts.get("precision")
+    if not isinstance(name, str) or not parallel_devices or parallel_devices[0].type != "cpu":
+        return
+    precision = PrecisionRegistry.get(name, device_type="cpu")
+    if not (
+        precision.needs_scaler
+        and precision.compute_dtype == torch.float16
+        and precision.param_dtype == torch.float32
+    ):
+        return
+    warnings.warn(
+        f"precision={name!r} on the CPU: float16 autocast is not what CPUs compute "
+        "well, so 'bf16-mixed' is used instead (as Lightning does); pass "
+        "MixedPrecision('16-mixed', device_type='cpu') to insist on float16",
+        UserWarning,
+        stacklevel=4,
+    )
+    parts["precision"] = "bf16-mixed"
+    reasons.append(f"precision 'bf16-mixed': {name!r} asked for on the CPU")
 
 
 def _devices(

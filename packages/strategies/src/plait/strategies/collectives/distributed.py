@@ -166,9 +166,11 @@ class DistributedCollectives:
         self.timeout = timeout
         self.dimensions = dict(dimensions or {"data_parallel": None})
         self._subgroups: dict[tuple[int, ...], DistributedCollectives] = {}
-        # gloo moves CPU tensors; NCCL moves tensors of this process's GPU.
-        backend = dist.get_backend(group)
-        self.comm_device = device if backend == "nccl" else torch.device("cpu")
+        # gloo (and MPI) move CPU tensors; NCCL, XCCL and the accelerators' own
+        # backends move tensors of this process's device.
+        backend = str(dist.get_backend(group))
+        on_host = backend in ("gloo", "mpi") or device.type == "cpu"
+        self.comm_device = torch.device("cpu") if on_host else device
         self._agreement: Agreement | None = None
         on = group if _moves_cpu_tensors(group) else agreement_group
         if on is not None and agreement_path(agreement, self.world_size) == "backend":
