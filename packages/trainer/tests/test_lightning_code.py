@@ -350,3 +350,70 @@ def test_16_mixed_given_as_a_plugin_on_the_cpu_stays_float16() -> None:
 
     assert trainer.strategy.precision is fp16
     assert trainer.strategy.precision.compute_dtype == torch.float16
+
+
+# Data a module defines itself.
+
+
+class OwnData(Tiny):
+    """A Lightning module with its own data: hooks and loader methods."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[str] = []
+        self.data: TensorDataset | None = None
+
+    @override
+    def prepare_data(self) -> None:
+        self.calls.append("prepare_data")
+
+    @override
+    def setup(self, stage: str) -> None:
+        self.calls.append(f"setup {stage}")
+        self.data = TensorDataset(torch.randn(8, 2), torch.randn(8, 1))
+
+    @override
+    def teardown(self, stage: str) -> None:
+        self.calls.append(f"teardown {stage}")
+
+    def train_dataloader(self) -> DataLoader[tuple[torch.Tensor, ...]]:
+        assert self.data is not None, "setup runs before the loaders are asked for"
+        self.calls.append("train_dataloader")
+        return DataLoader(self.data, batch_size=4)
+
+    def val_dataloader(self) -> DataLoader[tuple[torch.Tensor, ...]]:
+        assert self.data is not None
+        self.calls.append("val_dataloader")
+        return DataLoader(self.data, batch_size=4)
+
+    @override
+    def validation_step(self, batch: object, batch_idx: int) -> None:
+        assert isinstance(batch, list)
+        x, y = batch
+        self.log("val_loss", torch.nn.functional.mse_loss(self.layer(x), y))
+
+
+def test_fit_reads_the_loaders_a_module_defines_after_its_own_setup(tmp_path: Path) -> None:
+    model = OwnData()
+    trainer = Trainer(
+        accelerator="cpu",
+        max_epochs=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        default_root_dir=tmp_path,
+    )
+
+    trainer.fit(model)
+
+    assert model.calls[:2] == ["prepare_data", "setup fit"]
+    assert {"train_dataloader", "val_dataloader"} <= set(model.calls)
+    assert model.calls[-1] == "teardown fit"
+    assert trainer.global_step == 2  # 8 samples in batches of 4
+    assert "val_loss" in trainer.callback_metrics
+
+    [metrics] = trainer.validate(model)
+    assert "val_loss" in metrics
+    assert model.calls[-1] == "teardown validate"
+    with pytest.raises(ConfigurationError, match="predict has no data: no loader was given"):
+        trainer.predict(model)  # no predict_dataloader: still no data

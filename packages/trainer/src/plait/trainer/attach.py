@@ -14,6 +14,7 @@ from typing_extensions import override
 from plait.core import SupportsModelShardedContext, rank_zero_info
 from plait.trainer.checkpointing import check_checkpoint
 from plait.trainer.hooks import Hooks
+from plait.trainer.module import ModuleData, overrides
 from plait.trainer.optim import parse_optimizers
 from plait.trainer.optimization import TrainerOptimizer, check_closure_optimizers
 
@@ -144,11 +145,17 @@ def attach(trainer: Trainer, module: Module, run: Run) -> Iterator[Attached]:
             stage, os.path.join(trainer.default_root_dir, "profiles"), strategy.global_rank
         )
         trainer.torch_flags.apply()
-        if datamodule is not None:
+        if datamodule is not None and not isinstance(datamodule, ModuleData):
             if strategy.is_global_zero:
                 datamodule.prepare_data()
             strategy.barrier("prepare_data")
             datamodule.setup(stage)
+        # The module's own hooks, whatever supplies the data (Lightning's order).
+        if overrides(module, "prepare_data"):
+            if strategy.is_global_zero:
+                module.prepare_data()
+            strategy.barrier("module prepare_data")
+        module.setup(stage)
         hooks.setup(stage)
         if module.logs_hyperparameters and strategy.is_global_zero:
             for logger in trainer.loggers:
@@ -163,6 +170,7 @@ def attach(trainer: Trainer, module: Module, run: Run) -> Iterator[Attached]:
         raise
     finally:
         hooks.teardown(stage)
+        module.teardown(stage)
         report = trainer.profiler.stop()
         if report is not None:
             rank_zero_info(f"profile of {stage}: {report} (one per rank)")

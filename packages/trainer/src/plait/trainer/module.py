@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Literal, TypeAlias
+from typing import TYPE_CHECKING, Any, Final, Literal, TypeAlias
 
 import torch
 from typing_extensions import Self, override
@@ -23,12 +23,15 @@ if TYPE_CHECKING:
     from plait.trainer.trainer import Trainer
 
 __all__ = [
+    "LOADER_METHODS",
     "DataModule",
     "HyperParameters",
     "LogValue",
     "Module",
+    "ModuleData",
     "ReduceFx",
     "StepOutput",
+    "defines",
     "overrides",
 ]
 
@@ -461,6 +464,18 @@ class Module(torch.nn.Module):
 
     # Hooks, each a no-op by default.
 
+    def prepare_data(self) -> None:
+        """Fetch or write data once per job, on global rank 0, before ``setup`` (a hook)."""
+
+    def setup(self, stage: str) -> None:
+        """At the start of every run, on every rank, before the module is set up (a hook).
+
+        ``stage`` is ``"fit"``, ``"validate"``, ``"test"`` or ``"predict"``.
+        """
+
+    def teardown(self, stage: str) -> None:
+        """At the end of every run, however it ends, on every rank (a hook)."""
+
     def on_fit_start(self) -> None:
         """Once, before the first epoch, on every rank."""
 
@@ -562,3 +577,56 @@ class DataModule:
     def has(self, stage_loader: str) -> bool:
         """Whether this data module overrides the loader method ``stage_loader``."""
         return getattr(type(self), stage_loader) is not getattr(DataModule, stage_loader)
+
+
+LOADER_METHODS: Final = (
+    "train_dataloader",
+    "val_dataloader",
+    "test_dataloader",
+    "predict_dataloader",
+)
+"""The loader methods a `DataModule`, or a module that holds its own data, defines."""
+
+
+def defines(module: Module, method: str) -> bool:
+    """Whether ``module``'s class defines ``method`` (a hook Lightning modules may have)."""
+    return callable(getattr(type(module), method, None))
+
+
+class ModuleData(DataModule):
+    """The data a module defines itself, as Lightning modules may: its loader methods.
+
+    ``trainer.fit(model)`` with neither loaders nor a data module reads the model's
+    ``train_dataloader()`` (and ``val_dataloader()``); the module's own
+    ``prepare_data`` and ``setup`` run as its hooks, whatever supplies the data.
+
+    Args:
+        module: The module with ``*_dataloader`` methods.
+    """
+
+    def __init__(self, module: Module) -> None:
+        self.module = module
+
+    @override
+    def has(self, stage_loader: str) -> bool:
+        return defines(self.module, stage_loader)
+
+    def _loader(self, method: str) -> Iterable[object]:
+        loader: Iterable[object] = getattr(self.module, method)()
+        return loader
+
+    @override
+    def train_dataloader(self) -> Iterable[object]:
+        return self._loader("train_dataloader")
+
+    @override
+    def val_dataloader(self) -> Iterable[object]:
+        return self._loader("val_dataloader")
+
+    @override
+    def test_dataloader(self) -> Iterable[object]:
+        return self._loader("test_dataloader")
+
+    @override
+    def predict_dataloader(self) -> Iterable[object]:
+        return self._loader("predict_dataloader")

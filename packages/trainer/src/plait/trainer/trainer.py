@@ -51,6 +51,7 @@ from plait.trainer.launch import (
 )
 from plait.trainer.limits import Limits, Stage
 from plait.trainer.loggers import Logger, resolve_loggers
+from plait.trainer.module import DataModule, Module, ModuleData, defines
 from plait.trainer.optimization import (
     is_step_batch,
 )
@@ -68,7 +69,6 @@ if TYPE_CHECKING:
     from plait.core.typing import Checkpoint, DeviceSpec, PathLike
     from plait.trainer.callbacks.base import Callback
     from plait.trainer.metrics import Number
-    from plait.trainer.module import DataModule, Module
     from plait.trainer.optim import SchedulerConfig
 
 __all__ = ["Trainer"]
@@ -513,6 +513,7 @@ class Trainer:
             gradient_clip_val=self.gradient_clip_val,
             accumulate_grad_batches=self.accumulate_grad_batches,
         )
+        datamodule = _own_data(model, train_dataloaders, datamodule, "train_dataloader")
         check_data(train_dataloaders, datamodule, "train_dataloader", "fit")
         resolved = self._starting_checkpoint(ckpt_path, "fit")
         self._launch(
@@ -553,6 +554,7 @@ class Trainer:
     ) -> list[object]:
         """Every batch's ``predict_step`` output, in the loader's order (all ranks' together)."""
         check_module(model, ())
+        datamodule = _own_data(model, dataloaders, datamodule, "predict_dataloader")
         check_data(dataloaders, datamodule, "predict_dataloader", "predict")
         resolved = self._starting_checkpoint(ckpt_path, "predict")
         result = self._launch(
@@ -577,6 +579,7 @@ class Trainer:
         step = "validation_step" if stage == "validate" else "test_step"
         loader = "val_dataloader" if stage == "validate" else "test_dataloader"
         check_module(model, (step,))
+        datamodule = _own_data(model, dataloaders, datamodule, loader)
         check_data(dataloaders, datamodule, loader, stage)
         resolved = self._starting_checkpoint(ckpt_path, stage)
         result = self._launch(
@@ -775,3 +778,16 @@ class Trainer:
     @override
     def __repr__(self) -> str:
         return f"Trainer(strategy={self.strategy!r}, processes={self.num_processes})"
+
+
+def _own_data(
+    model: Module, loaders: object, datamodule: DataModule | None, method: str
+) -> DataModule | None:
+    """The data module to read: the one given, or the model's own loader methods.
+
+    A Lightning module may define ``train_dataloader()`` and the others itself:
+    without loaders or a data module, the model supplies them (`ModuleData`).
+    """
+    if loaders is None and datamodule is None and defines(model, method):
+        return ModuleData(model)
+    return datamodule
