@@ -442,7 +442,7 @@ CASES = [
     ),
     Case(
         "StrategyRegistry.register of a non-strategy",
-        lambda: StrategyRegistry.register("not_a_strategy", object),  # type: ignore[arg-type]
+        lambda: StrategyRegistry.register("not_a_strategy", object),
         ConfigurationError,
         ("object", "missing: all_gather", "fix:"),
     ),

@@ -88,7 +88,7 @@ def test_a_format_without_the_protocols_methods_is_refused_naming_them() -> None
             return False
 
     with pytest.raises(ConfigurationError) as raised:
-        CheckpointFormatRegistry.register("half", Half)  # type: ignore[arg-type]
+        CheckpointFormatRegistry.register("half", Half)
 
     assert "consolidate" in str(raised.value)
     assert "read_whole" in str(raised.value)

@@ -148,7 +148,7 @@ def test_an_unknown_name_lists_the_names_and_suggests_the_closest() -> None:
 def test_a_name_must_be_a_non_empty_ascii_word(name: object) -> None:
     registry = new_registry()
     with pytest.raises(ConfigurationError, match="non-empty string of ASCII letters"):
-        registry.register(name, Gear)  # type: ignore[arg-type]
+        registry.register(name, Gear)  # type: ignore[call-overload]
     assert name not in registry
 
 
@@ -177,12 +177,12 @@ def test_a_class_missing_protocol_methods_is_rejected_at_registration_naming_the
     with pytest.raises(
         ConfigurationError, match=r"does not implement the Widget protocol \(missing: spin\)"
     ):
-        new_registry().register("nameplate", Nameplate)  # type: ignore[arg-type]
+        new_registry().register("nameplate", Nameplate)
 
 
 def test_a_class_missing_a_data_member_is_rejected_when_it_builds() -> None:
     registry = new_registry()
-    registry.register("wheel", Wheel)  # type: ignore[arg-type]
+    registry.register("wheel", Wheel)
 
     with pytest.raises(
         ConfigurationError, match=r"built a Wheel, which is not a Widget: it lacks name"
@@ -196,7 +196,7 @@ def test_a_function_factory_is_checked_when_it_builds() -> None:
     def make_wheel() -> Wheel:
         return Wheel()
 
-    registry.register("wheel", make_wheel)  # type: ignore[arg-type]
+    registry.register("wheel", make_wheel)
 
     with pytest.raises(
         ConfigurationError, match=r"built a Wheel, which is not a Widget: it lacks name"
@@ -206,7 +206,7 @@ def test_a_function_factory_is_checked_when_it_builds() -> None:
 
 def test_a_factory_must_be_callable() -> None:
     with pytest.raises(ConfigurationError, match="must be callable, got int"):
-        new_registry().register("seven", 7)  # type: ignore[arg-type]
+        new_registry().register("seven", 7)  # type: ignore[call-overload]
 
 
 def test_init_params_the_factory_does_not_take_are_rejected_at_registration() -> None:

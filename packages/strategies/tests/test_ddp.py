@@ -254,6 +254,30 @@ def test_every_ddp_name_is_registered() -> None:
     unused = StrategyRegistry.get("ddp_find_unused_parameters_true", accelerator="cpu")
     assert isinstance(unused, DDPStrategy)
     assert unused.ddp_kwargs == {"find_unused_parameters": True}
+    # Lightning's names for DDP's default, each launcher's.
+    for name, start_method in (
+        ("ddp_find_unused_parameters_false", "popen"),
+        ("ddp_spawn_find_unused_parameters_false", "spawn"),
+        ("ddp_fork_find_unused_parameters_false", "fork"),
+        ("ddp_notebook_find_unused_parameters_false", "fork"),
+    ):
+        default = StrategyRegistry.get(name, accelerator="cpu")
+        assert isinstance(default, DDPStrategy)
+        assert (default.start_method, default.ddp_kwargs) == (start_method, {})
+
+
+def test_a_strategy_registers_with_a_decorator_as_in_lightning() -> None:
+    @StrategyRegistry.register("ddp_decorated", description="DDP, registered by decorator")
+    class Decorated(DDPStrategy):
+        pass
+
+    try:
+        assert isinstance(Decorated, type)  # the decorator gives the class back
+        assert isinstance(StrategyRegistry.get("ddp_decorated", accelerator="cpu"), Decorated)
+        assert StrategyRegistry.register("ddp_returned", Decorated) is Decorated
+    finally:
+        StrategyRegistry.remove("ddp_decorated")
+        StrategyRegistry.remove("ddp_returned")
 
 
 class WithSpare(nn.Module):

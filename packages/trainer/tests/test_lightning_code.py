@@ -417,3 +417,14 @@ def test_fit_reads_the_loaders_a_module_defines_after_its_own_setup(tmp_path: Pa
     assert model.calls[-1] == "teardown validate"
     with pytest.raises(ConfigurationError, match="predict has no data: no loader was given"):
         trainer.predict(model)  # no predict_dataloader: still no data
+
+
+def test_the_trainer_answers_lightnings_questions_about_its_parts() -> None:
+    trainer = Trainer(
+        accelerator="cpu", strategy="ddp", devices=3, precision="bf16-mixed", logger=False
+    )
+
+    assert trainer.accelerator is trainer.strategy.accelerator
+    assert trainer.precision_plugin is trainer.strategy.precision
+    assert trainer.precision == "bf16-mixed"
+    assert (trainer.num_devices, trainer.num_nodes, trainer.device_ids) == (3, 1, [0, 1, 2])

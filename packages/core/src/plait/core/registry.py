@@ -16,7 +16,7 @@ import re
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Generic, TypeVar
+from typing import TYPE_CHECKING, Generic, TypeVar, cast, overload
 
 import attrs
 from typing_extensions import get_protocol_members, is_protocol, override
@@ -29,6 +29,7 @@ if TYPE_CHECKING:
 __all__ = ["Registry", "RegistryEntry"]
 
 T = TypeVar("T")
+FactoryT = TypeVar("FactoryT", bound=Callable[..., object])
 
 RUNTIME_SOURCE = "<runtime>"
 
@@ -114,20 +115,48 @@ class Registry(Generic[T]):
         # A plugin that failed to load fails every lookup, not only the first one.
         self._load_error: ConfigurationError | None = None
 
+    @overload
     def register(
         self,
         name: str,
-        factory: Callable[..., T],
+        factory: FactoryT,
         /,
         *,
         description: str = "",
         override: bool = False,
         **init_params: object,
-    ) -> None:
+    ) -> FactoryT: ...
+
+    @overload
+    def register(
+        self,
+        name: str,
+        factory: None = None,
+        /,
+        *,
+        description: str = "",
+        override: bool = False,
+        **init_params: object,
+    ) -> Callable[[FactoryT], FactoryT]: ...
+
+    def register(
+        self,
+        name: str,
+        factory: FactoryT | None = None,
+        /,
+        *,
+        description: str = "",
+        override: bool = False,
+        **init_params: object,
+    ) -> FactoryT | Callable[[FactoryT], FactoryT]:
         """Register ``factory`` under ``name``, to be called with ``init_params``.
 
         Names are made of ASCII letters, digits, ``_``, ``-`` and ``.``, and are
-        compared case-insensitively (``"DDP"`` is ``"ddp"``).
+        compared case-insensitively (``"DDP"`` is ``"ddp"``). It returns the
+        factory; without one it is a decorator, as Lightning's registries are::
+
+            @StrategyRegistry.register("ddp_quiet", description="DDP, no hooks")
+            class QuietDDP(DDPStrategy): ...
 
         Raises:
             ConfigurationError: The name is empty, has other characters, or is taken
@@ -135,6 +164,27 @@ class Registry(Generic[T]):
                 is a class that lacks methods of the protocol (they are named), or
                 does not accept ``init_params``.
         """
+        if factory is None:
+
+            def decorate(given: FactoryT) -> FactoryT:
+                return self.register(
+                    name, given, description=description, override=override, **init_params
+                )
+
+            return decorate
+        self._register(name, factory, description=description, override=override, **init_params)
+        return factory
+
+    def _register(
+        self,
+        name: str,
+        factory: Callable[..., object],
+        /,
+        *,
+        description: str,
+        override: bool,
+        **init_params: object,
+    ) -> None:
         key = self._normalise(name)
         self._check_factory(key, factory, init_params)
         with self._lock:
@@ -149,7 +199,8 @@ class Registry(Generic[T]):
                 )
             self._entries[key] = RegistryEntry(
                 name=key,
-                factory=factory,
+                # Checked against the protocol (_check_factory), or when it builds.
+                factory=cast("Callable[..., T]", factory),
                 init_params=init_params,
                 description=description,
                 source=_registering_source.get(),

@@ -63,6 +63,18 @@ def register(registry: Registry[Strategy]) -> None:
         description="DDP that tolerates parameters unused in a step",
         start_method="popen", find_unused_parameters=True,
     )  # fmt: skip
+    # Lightning's names for DDP's default (find_unused_parameters=False), each launcher.
+    for prefix, start_method in (
+        ("ddp", "popen"),
+        ("ddp_spawn", "spawn"),
+        ("ddp_fork", "fork"),
+        ("ddp_notebook", "fork"),
+    ):
+        registry.register(
+            f"{prefix}_find_unused_parameters_false", DDPStrategy,
+            description=f"'{prefix}' (find_unused_parameters=False, DDP's default)",
+            start_method=start_method,
+        )  # fmt: skip
     registry.register(
         "ddp_sharded", DDPShardedStrategy,
         description="DDP with optimizer state sharded across ranks (ZeRO stage 1)",

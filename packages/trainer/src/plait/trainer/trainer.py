@@ -356,6 +356,32 @@ class Trainer:
         return self.connection.num_processes
 
     @property
+    def accelerator(self) -> Accelerator:
+        """The strategy's accelerator."""
+        return self.strategy.accelerator
+
+    @property
+    def precision_plugin(self) -> Precision:
+        """The strategy's precision plugin (Lightning's name for it)."""
+        return self.strategy.precision
+
+    @property
+    def precision(self) -> str:
+        """The precision's name, as Lightning gives it: ``"32-true"``, ``"bf16-mixed"``..."""
+        name = getattr(self.strategy.precision, "name", None)
+        return name if isinstance(name, str) else type(self.strategy.precision).__name__
+
+    @property
+    def num_devices(self) -> int:
+        """Devices (processes) on each node."""
+        return len(self.connection.devices)
+
+    @property
+    def device_ids(self) -> list[int]:
+        """The indices of the devices a node's processes use."""
+        return list(self.connection.devices)
+
+    @property
     def logger(self) -> Logger | None:
         """The first logger, if any."""
         return self.loggers[0] if self.loggers else None
