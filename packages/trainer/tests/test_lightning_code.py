@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import cast
@@ -22,7 +23,7 @@ from plait.core import (
 from plait.environments import LocalEnvironment
 from plait.precision import MixedPrecision
 from plait.strategies import DDPStrategy
-from plait.trainer import Module, Trainer, connect
+from plait.trainer import ModelCheckpoint, Module, Trainer, connect
 from plait.trainer.torch_flags import CUBLAS_WORKSPACE, TorchFlags
 
 # Parts written as Lightning's documentation writes them, with only the imports changed.
@@ -248,15 +249,16 @@ class Tiny(Module):
 
 def _fit(tmp_path: Path, **settings: object) -> None:
     data = TensorDataset(torch.randn(8, 2), torch.randn(8, 1))
-    trainer = Trainer(
-        accelerator="cpu",
-        max_epochs=1,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        default_root_dir=tmp_path,
-        **settings,  # type: ignore[arg-type]
-    )
+    options: dict[str, object] = {
+        "accelerator": "cpu",
+        "max_epochs": 1,
+        "logger": False,
+        "enable_checkpointing": False,
+        "enable_progress_bar": False,
+        "default_root_dir": tmp_path,
+        **settings,
+    }
+    trainer = Trainer(**options)  # type: ignore[arg-type]
     trainer.fit(Tiny(), DataLoader(data, batch_size=4))
 
 
@@ -428,3 +430,37 @@ def test_the_trainer_answers_lightnings_questions_about_its_parts() -> None:
     assert trainer.precision_plugin is trainer.strategy.precision
     assert trainer.precision == "bf16-mixed"
     assert (trainer.num_devices, trainer.num_nodes, trainer.device_ids) == (3, 1, [0, 1, 2])
+
+
+def test_model_checkpoint_monitoring_the_step_keeps_the_newest_k(tmp_path: Path) -> None:
+    checkpoint = ModelCheckpoint(tmp_path / "ckpt", monitor="step", mode="max", save_top_k=2)
+
+    _fit(tmp_path, max_epochs=3, callbacks=[checkpoint], enable_checkpointing=True)
+
+    assert sorted(checkpoint.best_k_models.values()) == [4.0, 6.0]  # 2 steps an epoch
+    assert checkpoint.best_model_score == 6.0
+    assert sorted(os.listdir(tmp_path / "ckpt")) == [
+        "epoch=1-step=4.ckpt",
+        "epoch=2-step=6.ckpt",
+        "last.ckpt",
+    ]
+
+
+def test_an_interactive_session_gets_ddp_notebook_and_is_told_why_ddp_cannot_run(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(sys, "ps1", ">>> ", raising=False)  # as a REPL or notebook has it
+
+    trainer = Trainer(accelerator="cpu", devices=2, logger=False)
+
+    strategy = trainer.strategy
+    assert isinstance(strategy, DDPStrategy)
+    assert strategy.start_method == "fork"
+    assert any("interactive session" in line for line in trainer.reasons)
+    for name in ("ddp", "ddp_spawn"):
+        with pytest.raises(ConfigurationError, match="has no program file to run") as caught:
+            Trainer(accelerator="cpu", strategy=name, devices=2, logger=False)
+        assert caught.value.fix is not None
+        assert "strategy='ddp_notebook'" in caught.value.fix
+    # One process starts nothing: any strategy will do.
+    assert Trainer(accelerator="cpu", strategy="ddp", devices=1, logger=False).num_processes == 1

@@ -10,6 +10,7 @@ treated exactly as a built-in one. Anything that cannot work together raises
 from __future__ import annotations
 
 import logging
+import sys
 import warnings
 from collections.abc import Callable, Mapping, Sequence, Sized
 from typing import TYPE_CHECKING, Final
@@ -189,13 +190,50 @@ def _same_accelerator(value: Accelerator | str, accelerator: Accelerator) -> boo
     return value is accelerator
 
 
+def interactive() -> bool:
+    """Whether this program is an interactive session (a REPL, IPython or Jupyter).
+
+    It has no program file a launcher could run again, so its ranks must be forked
+    (``ddp_notebook``).
+    """
+    if hasattr(sys, "ps1") or sys.flags.interactive:
+        return True
+    ipython = sys.modules.get("IPython")  # a notebook's kernel has imported it
+    get_ipython = getattr(ipython, "get_ipython", None)
+    return callable(get_ipython) and get_ipython() is not None
+
+
 def _strategy_name(strategy: str, processes: int, externally: bool) -> tuple[str, str]:
     key = strategy.strip().lower()
     if key != "auto":
         return key, "by name"
+    if processes > 1 and not externally and interactive():
+        return "ddp_notebook", f"'auto' with {processes} processes in an interactive session"
     if processes > 1 or externally:
         return "ddp", f"'auto' with {processes} processes"
     return "single_device", "'auto' with one process"
+
+
+def _check_interactive(strategy: Strategy, processes: int) -> None:
+    """Refuse, in a notebook, a strategy whose launcher runs the program again.
+
+    Raises:
+        ConfigurationError: Several processes, in an interactive session, with a
+            launcher that needs a program file (``ddp``'s, ``ddp_spawn``'s).
+    """
+    if processes <= 1 or not isinstance(strategy, SupportsLauncher) or not interactive():
+        return
+    launcher = strategy.launcher
+    if launcher.is_interactive_compatible:
+        return
+    raise ConfigurationError(
+        f"{strategy!r} starts its ranks with {type(launcher).__name__}, which runs this "
+        "program again (or re-imports its __main__), and an interactive session (a "
+        "notebook, a REPL) has no program file to run",
+        value=strategy,
+        fix="use strategy='ddp_notebook' (ranks forked from this session), or run your "
+        "code as a script",
+    )
 
 
 def connect(
@@ -276,6 +314,7 @@ def connect(
             devices=devices,
             reasons=reasons,
         )
+    _check_interactive(built, processes)
     if processes > 1 and not isinstance(built, SupportsLauncher) and built.world_size == 1:
         raise ConfigurationError(
             f"{built!r} runs in one process, and {processes} processes were asked for "

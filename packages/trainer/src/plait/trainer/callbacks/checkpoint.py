@@ -56,7 +56,8 @@ class ModelCheckpoint(Callback):
             metric names, e.g. ``"{epoch}-{val_loss:.3f}"``; each field is written
             as ``name=value``. By default ``epoch={epoch}-step={step}``, and the
             monitored metric after them.
-        monitor: The logged metric that ranks checkpoints; ``None`` keeps the newest.
+        monitor: The logged metric that ranks checkpoints (or ``"epoch"`` or
+            ``"step"``, the run's position); ``None`` keeps the newest.
         mode: ``"min"`` or ``"max"``: which values of ``monitor`` are better.
         save_top_k: How many of the best to keep; ``-1`` keeps all, ``0`` none
             (only ``last.ckpt``, if ``save_last``).
@@ -184,7 +185,13 @@ class ModelCheckpoint(Callback):
     def _score(self, trainer: Trainer) -> float | None:
         if self.monitor is None:
             return None
-        metrics = trainer.callback_metrics
+        # The run's position may be monitored too (monitor="step" keeps the newest
+        # k), as in Lightning; a metric logged under the same name wins.
+        metrics: dict[str, Number] = {
+            "epoch": trainer.current_epoch,
+            "step": trainer.global_step,
+            **trainer.callback_metrics,
+        }
         if self.monitor not in metrics:
             raise ConfigurationError(
                 f"ModelCheckpoint(monitor={self.monitor!r}) found no such metric; "
@@ -207,8 +214,8 @@ class ModelCheckpoint(Callback):
         }
         if self.filename is None:
             name = f"epoch={trainer.current_epoch}-step={trainer.global_step}"
-            if self.monitor is not None and score is not None:
-                name += f"-{self.monitor}={score:.4g}"
+            if self.monitor not in (None, "epoch", "step") and score is not None:
+                name += f"-{self.monitor}={score:.4g}"  # epoch and step are named already
         else:
             template = _FIELD.sub(lambda match: f"{match.group(1)}={match.group(0)}", self.filename)
             try:
