@@ -114,6 +114,18 @@ class TruePrecision:
             return _NOTHING
         return default_dtype(self.dtype)
 
+    def tensor_init_context(self) -> AbstractContextManager[object]:
+        """New floating tensors are made in the dtype; the default is restored after.
+
+        As Lightning's true-precision plugins: a module built inside is in the
+        dtype from the start, never made in float32 first.
+        """
+        return self.forward_context()
+
+    def module_init_context(self) -> AbstractContextManager[object]:
+        """The same as `tensor_init_context`, for a module's construction."""
+        return self.tensor_init_context()
+
     def convert_input(self, data: T) -> T:
         """Cast floating tensors in ``data`` to the dtype."""
         return convert_floats(data, self.dtype)
@@ -223,6 +235,14 @@ class MixedPrecision:
     def forward_context(self) -> AbstractContextManager[object]:
         """Autocast to the dtype for ``device_type``."""
         return torch.autocast(self.device_type, dtype=self.dtype)
+
+    def tensor_init_context(self) -> AbstractContextManager[object]:
+        """Nothing: the parameters stay float32, autocast casts per operation."""
+        return _NOTHING
+
+    def module_init_context(self) -> AbstractContextManager[object]:
+        """Nothing, as `tensor_init_context`."""
+        return _NOTHING
 
     def convert_input(self, data: T) -> T:
         """Cast floating tensors to the default dtype; autocast casts from there."""

@@ -22,6 +22,7 @@ from plait.core import (
 )
 from plait.strategies.checkpoints import Checkpoints
 from plait.strategies.data import DistributedLoader, setup_dataloader
+from plait.strategies.init_contexts import SkipInitialisation, precision_context
 from plait.strategies.lifecycle import Lifecycle
 from plait.strategies.parts import one_precision, resolve_parts
 from plait.strategies.rebind import rebind_optimizers, replaced_parameters
@@ -288,6 +289,67 @@ class BaseStrategy(Lifecycle, Remakeable, abc.ABC):
     def model_sharded_context(self) -> Iterator[None]:
         """The context to create the model in (sharding strategies shard it at creation)."""
         yield
+
+    @contextlib.contextmanager
+    def tensor_init_context(self, empty_init: bool | None = None) -> Iterator[None]:
+        """Tensors made inside are on the strategy's device, in the precision's dtype.
+
+        As Lightning's: with ``precision="bf16-true"``, ``torch.ones(2)`` inside is a
+        bfloat16 tensor on `root_device`; the default dtype and device are restored
+        after. ``empty_init=True`` leaves out the ``torch.nn.init`` functions torch's
+        layers run (``kaiming_uniform_``, ``uniform_``, ``normal_``...), for a module
+        whose state is loaded right after.
+        """
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(torch.device(self.root_device))
+            stack.enter_context(precision_context(self.precision, "tensor"))
+            if empty_init:
+                stack.enter_context(SkipInitialisation())
+            yield
+
+    @contextlib.contextmanager
+    def module_init_context(self, empty_init: bool | None = None) -> Iterator[None]:
+        """The context to build the module in.
+
+        `tensor_init_context`; where the strategy shards the module at creation, its
+        `model_sharded_context` with the precision's dtype instead.
+        """
+        if type(self).model_sharded_context is BaseStrategy.model_sharded_context:
+            with self.tensor_init_context(empty_init):
+                yield
+            return
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(self.model_sharded_context())
+            stack.enter_context(precision_context(self.precision, "module"))
+            if empty_init:
+                stack.enter_context(SkipInitialisation())
+            yield
+
+    def load_module_state_dict(
+        self, module: torch.nn.Module, state_dict: Mapping[str, object], strict: bool = True
+    ) -> None:
+        """Load a module's state (as ``module.state_dict()`` gives it) into ``module``.
+
+        ``module`` is the one `setup_module` returned (or the user's, before); the
+        state is the user module's, without wrapper prefixes, whole: a sharding
+        strategy takes each rank's share. Every rank calls it.
+
+        Args:
+            module: The module to load into, in place.
+            state_dict: The state, by the user module's names.
+            strict: Refuse a key the module lacks or one it has that the state lacks
+                (naming them); with ``False`` the state's keys the module has are
+                loaded and the rest of the module is left as it was.
+
+        Raises:
+            CheckpointError: ``strict`` and the keys differ (each is named), or a
+                tensor's shape differs.
+        """
+        state = dict(state_dict)
+        if not strict:
+            own = self.module_state_dict(module)
+            state = {**own, **{key: value for key, value in state.items() if key in own}}
+        self.set_state_dict(module, (), {"state_dict": state}, source="the state dict given")
 
     # Steps.
 

@@ -35,6 +35,16 @@ class OneProcessStrategy(BaseStrategy):
     def global_rank(self) -> int:
         return 0
 
+    @property
+    def local_rank(self) -> int:
+        """This process's rank on its node: 0."""
+        return 0
+
+    @property
+    def num_nodes(self) -> int:
+        """Machines in the job: 1."""
+        return 1
+
 
 class SingleDeviceStrategy(OneProcessStrategy):
     """Train in this process on one device; every collective is a copy.
