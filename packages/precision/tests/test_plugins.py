@@ -4,6 +4,7 @@ from collections.abc import Callable
 import pytest
 import torch
 from torch import nn
+from typing_extensions import override
 
 from plait.core import ConfigurationError, Precision
 from plait.precision import MixedPrecision, TruePrecision
@@ -164,8 +165,8 @@ def test_clipping_by_value_bounds_every_gradient() -> None:
 @pytest.mark.parametrize(
     ("clip_val", "algorithm", "message"),
     [
-        (0.0, "norm", "must be a positive number"),
-        (-1, "norm", "must be a positive number"),
+        (-1, "norm", "must be a number of at least 0"),
+        ("1.0", "value", "must be a number of at least 0"),
         (1.0, "l2", "invalid gradient_clip_algorithm"),
     ],
 )
@@ -173,6 +174,44 @@ def test_bad_clipping_settings_are_refused(clip_val: float, algorithm: str, mess
     model, optimizer = model_and_optimizer()
     with pytest.raises(ConfigurationError, match=message):
         TruePrecision().clip_gradients(model, optimizer, clip_val, algorithm)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("precision", [TruePrecision(), MixedPrecision(torch.float16)])
+def test_clip_val_zero_clips_nothing(precision: TruePrecision | MixedPrecision) -> None:
+    model, optimizer = model_and_optimizer()
+    precision.backward(model(torch.randn(16, 8)).pow(2).sum().mul(100), model)
+    before = [p.grad.clone() for p in model.parameters() if p.grad is not None]
+
+    precision.clip_gradients(model, optimizer, 0.0, "norm")
+    precision.clip_gradients(model, optimizer, 0, "value")
+
+    after = [p.grad for p in model.parameters() if p.grad is not None]
+    assert all(torch.equal(a, b) for a, b in zip(before, after, strict=True))
+
+
+def test_each_clipping_algorithm_goes_through_its_own_hook() -> None:
+    # As Lightning's precision plugins: a plugin of yours overrides clip_grad_by_norm
+    # or clip_grad_by_value, and clip_gradients calls the one asked for.
+    calls: list[tuple[str, float]] = []
+
+    class Counting(TruePrecision):
+        @override
+        def clip_grad_by_norm(self, optimizer: torch.optim.Optimizer, clip_val: float) -> None:
+            calls.append(("norm", clip_val))
+
+        @override
+        def clip_grad_by_value(self, optimizer: torch.optim.Optimizer, clip_val: float) -> None:
+            calls.append(("value", clip_val))
+
+    counting = Counting()
+    model, optimizer = model_and_optimizer()
+    model(torch.randn(16, 8)).pow(2).sum().backward()
+
+    counting.clip_gradients(model, optimizer, 0.0, "norm")
+    counting.clip_gradients(model, optimizer, 0.5, "norm")
+    counting.clip_gradients(model, optimizer, 0.25, "value")
+
+    assert calls == [("norm", 0.5), ("value", 0.25)]
 
 
 def test_the_scaler_state_round_trips_through_a_checkpoint() -> None:

@@ -464,3 +464,11 @@ def test_an_interactive_session_gets_ddp_notebook_and_is_told_why_ddp_cannot_run
         assert "strategy='ddp_notebook'" in caught.value.fix
     # One process starts nothing: any strategy will do.
     assert Trainer(accelerator="cpu", strategy="ddp", devices=1, logger=False).num_processes == 1
+
+
+def test_gradient_clip_val_zero_means_no_clipping_as_in_lightning(tmp_path: Path) -> None:
+    trainer = Trainer(accelerator="cpu", gradient_clip_val=0, logger=False)
+
+    assert trainer.gradient_clip_val is None
+    with pytest.raises(ConfigurationError, match="gradient_clip_val=-1"):
+        Trainer(accelerator="cpu", gradient_clip_val=-1, logger=False)

@@ -127,29 +127,48 @@ def default_dtype(dtype: torch.dtype) -> Iterator[None]:
         torch.set_default_dtype(previous)
 
 
-def clip_gradients(
-    optimizer: torch.optim.Optimizer, clip_val: float, algorithm: GradientClipAlgorithm
-) -> None:
-    """Clip the gradients of ``optimizer``'s parameters by total norm or by value.
+def check_clip(clip_val: float, algorithm: GradientClipAlgorithm) -> bool:
+    """Whether to clip: ``clip_val`` 0 means no clipping, as in Lightning.
 
     Raises:
-        ConfigurationError: ``clip_val`` is not positive, or ``algorithm`` is unknown.
+        ConfigurationError: ``clip_val`` is negative or not a number, or
+            ``algorithm`` is unknown.
     """
     if algorithm not in _ALGORITHMS:
         raise ConfigurationError.invalid_choice("gradient_clip_algorithm", algorithm, _ALGORITHMS)
     given: object = clip_val  # checked as the object it is: callers pass user input
-    if isinstance(given, bool) or not isinstance(given, int | float) or given <= 0:
+    if isinstance(given, bool) or not isinstance(given, int | float) or given < 0:
         raise ConfigurationError(
-            f"gradient_clip_val={clip_val!r} must be a positive number",
+            f"gradient_clip_val={clip_val!r} must be a number of at least 0 (0: no clipping)",
             value=clip_val,
-            fix="pass e.g. gradient_clip_val=1.0, or do not clip",
+            fix="pass e.g. gradient_clip_val=1.0, or 0 (or None) not to clip",
         )
-    parameters = [
+    return given > 0
+
+
+def parameters_with_gradients(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+    """``optimizer``'s parameters that have a gradient."""
+    return [
         parameter
         for group in optimizer.param_groups
         for parameter in group["params"]
         if parameter.grad is not None
     ]
+
+
+def clip_gradients(
+    optimizer: torch.optim.Optimizer, clip_val: float, algorithm: GradientClipAlgorithm
+) -> None:
+    """Clip the gradients of ``optimizer``'s parameters by total norm or by value.
+
+    ``clip_val`` 0 clips nothing.
+
+    Raises:
+        ConfigurationError: ``clip_val`` is negative, or ``algorithm`` is unknown.
+    """
+    if not check_clip(clip_val, algorithm):
+        return
+    parameters = parameters_with_gradients(optimizer)
     if algorithm == "norm":
         torch.nn.utils.clip_grad_norm_(parameters, clip_val)
     else:

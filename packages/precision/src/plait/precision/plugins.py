@@ -11,7 +11,13 @@ import torch
 from typing_extensions import override
 
 from plait.core import ConfigurationError, GradientClipAlgorithm, rank_zero_warn
-from plait.precision.base import check_supported, clip_gradients, convert_floats, default_dtype
+from plait.precision.base import (
+    check_clip,
+    check_supported,
+    convert_floats,
+    default_dtype,
+    parameters_with_gradients,
+)
 
 if TYPE_CHECKING:
     from plait.core.typing import StateDict
@@ -151,8 +157,24 @@ class TruePrecision:
         clip_val: float,
         algorithm: GradientClipAlgorithm = "norm",
     ) -> None:
-        """Clip by total norm or by value."""
-        clip_gradients(optimizer, clip_val, algorithm)
+        """Clip by total norm (`clip_grad_by_norm`) or by value (`clip_grad_by_value`).
+
+        ``clip_val`` 0 clips nothing, as in Lightning.
+        """
+        if not check_clip(clip_val, algorithm):
+            return
+        if algorithm == "norm":
+            self.clip_grad_by_norm(optimizer, clip_val)
+        else:
+            self.clip_grad_by_value(optimizer, clip_val)
+
+    def clip_grad_by_norm(self, optimizer: torch.optim.Optimizer, clip_val: float) -> None:
+        """Scale the gradients down to a total norm of ``clip_val`` (a hook to override)."""
+        torch.nn.utils.clip_grad_norm_(parameters_with_gradients(optimizer), clip_val)
+
+    def clip_grad_by_value(self, optimizer: torch.optim.Optimizer, clip_val: float) -> None:
+        """Clamp each gradient to ``[-clip_val, clip_val]`` (a hook to override)."""
+        torch.nn.utils.clip_grad_value_(parameters_with_gradients(optimizer), clip_val)
 
     def state_dict(self) -> StateDict:
         """Nothing to save: the format has no state."""
@@ -283,10 +305,26 @@ class MixedPrecision:
         clip_val: float,
         algorithm: GradientClipAlgorithm = "norm",
     ) -> None:
-        """Clip by total norm or value, on unscaled gradients."""
+        """Clip by total norm or value (`clip_grad_by_norm`, `clip_grad_by_value`), unscaled.
+
+        ``clip_val`` 0 clips nothing, as in Lightning.
+        """
+        if not check_clip(clip_val, algorithm):
+            return
         if self.scaler is not None:
             self.scaler.unscale_(optimizer)
-        clip_gradients(optimizer, clip_val, algorithm)
+        if algorithm == "norm":
+            self.clip_grad_by_norm(optimizer, clip_val)
+        else:
+            self.clip_grad_by_value(optimizer, clip_val)
+
+    def clip_grad_by_norm(self, optimizer: torch.optim.Optimizer, clip_val: float) -> None:
+        """Scale the gradients down to a total norm of ``clip_val`` (a hook to override)."""
+        torch.nn.utils.clip_grad_norm_(parameters_with_gradients(optimizer), clip_val)
+
+    def clip_grad_by_value(self, optimizer: torch.optim.Optimizer, clip_val: float) -> None:
+        """Clamp each gradient to ``[-clip_val, clip_val]`` (a hook to override)."""
+        torch.nn.utils.clip_grad_value_(parameters_with_gradients(optimizer), clip_val)
 
     def state_dict(self) -> StateDict:
         """The gradient scaler's state, if there is a scaler."""

@@ -117,7 +117,8 @@ class Trainer:
         accumulate_grad_batches: Accumulate gradients over this many batches
             before each optimizer step (without gradient synchronisation on the
             batches in between, where the strategy supports it).
-        gradient_clip_val: Clip gradients to this norm (or value) before each step.
+        gradient_clip_val: Clip gradients to this norm (or value) before each step;
+            ``None`` or 0: no clipping.
         gradient_clip_algorithm: ``"norm"`` or ``"value"``.
         default_root_dir: Where logs and checkpoints go; the working directory by
             default.
@@ -242,6 +243,8 @@ class Trainer:
             raise ConfigurationError.invalid_choice(
                 "gradient_clip_algorithm", gradient_clip_algorithm, _CLIP_ALGORITHMS
             )
+        if type(gradient_clip_val) in (int, float) and gradient_clip_val == 0:
+            gradient_clip_val = None  # 0 means no clipping, as in Lightning
         if gradient_clip_val is not None:
             check_number(
                 "gradient_clip_val",
