@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from torch import nn
@@ -73,3 +75,27 @@ def test_load_module_state_dict_is_strict_unless_asked_not_to_be() -> None:
     strategy.load_module_state_dict(module, partial, strict=False)
     assert torch.equal(first.weight, torch.full((2, 2), 7.0))
     assert torch.equal(second.weight, before)  # what the state lacks is left alone
+
+
+@pytest.mark.parametrize("checkpoint_io", ["torch", "distributed"])
+def test_load_checkpoint_not_strict_takes_what_fits_and_leaves_the_rest(
+    tmp_path: Path, checkpoint_io: str
+) -> None:
+    strategy = SingleDeviceStrategy("cpu", checkpoint_io=checkpoint_io)
+    saved = nn.Sequential(nn.Linear(2, 2))
+    path = tmp_path / "checkpoint"
+    strategy.save_checkpoint({"model": strategy.setup_module(saved), "step": 3}, path)
+
+    # A module with a layer more, and a state entry the checkpoint never had.
+    kept, added = nn.Linear(2, 2), nn.Linear(2, 1)
+    head = added.weight.detach().clone()
+    model = strategy.setup_module(nn.Sequential(kept, added))
+    state: dict[str, object] = {"model": model, "step": 0, "epoch": 9}
+    with pytest.raises(CheckpointError):  # strict: the layer, or the entry, is named
+        strategy.load_checkpoint(path, state)
+
+    strategy.load_checkpoint(path, state, strict=False)
+
+    assert torch.equal(kept.weight, saved.state_dict()["0.weight"])
+    assert torch.equal(added.weight, head)
+    assert (state["step"], state["epoch"]) == (3, 9)

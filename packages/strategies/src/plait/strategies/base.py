@@ -345,11 +345,22 @@ class BaseStrategy(Lifecycle, Remakeable, abc.ABC):
             CheckpointError: ``strict`` and the keys differ (each is named), or a
                 tensor's shape differs.
         """
-        state = dict(state_dict)
-        if not strict:
-            own = self.module_state_dict(module)
-            state = {**own, **{key: value for key, value in state.items() if key in own}}
+        state = self.module_state_fitted(module, state_dict) if not strict else dict(state_dict)
         self.set_state_dict(module, (), {"state_dict": state}, source="the state dict given")
+
+    def module_state_fitted(
+        self, module: torch.nn.Module, state_dict: Mapping[str, object]
+    ) -> dict[str, object]:
+        """The module's own whole state, with ``state_dict``'s keys the module has put over it.
+
+        What a non-strict load loads: the module's parameters the state lacks keep
+        their values, the state's keys the module lacks are dropped. A sharding
+        strategy's own state is gathered whole (`full_module_state`).
+        """
+        own: Mapping[str, object] = (
+            self.full_module_state(module) if self.shards_module else self.module_state_dict(module)
+        )
+        return {**own, **{key: value for key, value in state_dict.items() if key in own}}
 
     # Steps.
 
@@ -704,6 +715,7 @@ class BaseStrategy(Lifecycle, Remakeable, abc.ABC):
         state: torch.nn.Module | Mapping[str, object] | None = None,
         *,
         weights_only: bool = False,
+        strict: bool = True,
     ) -> Checkpoint:
         """Restore the checkpoint at ``path`` into ``state``, in place; what it did not take.
 
@@ -733,6 +745,12 @@ class BaseStrategy(Lifecycle, Remakeable, abc.ABC):
         run of another stage or world size too), any of them into DeepSpeed's
         partitions, and a format a package of yours registers.
 
+        ``strict=False`` (as Lightning's): the module takes the checkpoint's keys it
+        has and keeps the rest of its values, the checkpoint's keys it lacks are
+        dropped, and entries of ``state`` the checkpoint lacks are left as they were;
+        the checkpoint is read whole on each rank. The optimizers' states must still
+        fit.
+
         Returns:
             The checkpoint's entries that nothing in ``state`` took; where no
             optimizer was restored, the run's entries alone (never the module's or
@@ -746,7 +764,7 @@ class BaseStrategy(Lifecycle, Remakeable, abc.ABC):
             ConfigurationError: ``state`` holds two modules, or optimizers without
                 their module.
         """
-        return self._checkpoints.load(path, state, weights_only=weights_only)
+        return self._checkpoints.load(path, state, weights_only=weights_only, strict=strict)
 
     def read_checkpoint(
         self, path: PathLike, module: torch.nn.Module | None = None, *, weights_only: bool = False

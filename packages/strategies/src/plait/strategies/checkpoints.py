@@ -47,6 +47,12 @@ class CheckpointsHost(Strategy, Protocol):
         """The module's whole state, on the CPU, with the user module's keys."""
         ...
 
+    def module_state_fitted(
+        self, module: torch.nn.Module, state_dict: Mapping[str, object]
+    ) -> dict[str, object]:
+        """The module's whole state, with ``state_dict``'s keys the module has over it."""
+        ...
+
 
 class Checkpoints:
     """Save, load, read, remove and export a strategy's checkpoints.
@@ -118,8 +124,14 @@ class Checkpoints:
         state: torch.nn.Module | Mapping[str, object] | None = None,
         *,
         weights_only: bool = False,
+        strict: bool = True,
     ) -> Checkpoint:
-        """Restore the checkpoint at ``path`` into ``state``, in place; what it did not take."""
+        """Restore the checkpoint at ``path`` into ``state``, in place; what it did not take.
+
+        ``strict=False``: the module takes the checkpoint's keys it has (the rest of it
+        stays as it was, the checkpoint's other keys are dropped), and the state's
+        entries the checkpoint lacks are left as they were.
+        """
         strategy = self._strategy
         self.settle()
         if state is None:
@@ -133,7 +145,10 @@ class Checkpoints:
         # Without optimizers (the module alone, or weights_only) no optimizer's state
         # is read or restored: each optimizer of the strategy's stays as it was.
         alone = not live.optimizers
-        checkpoint = strategy.read_checkpoint(path, live.module, weights_only=alone)
+        if strict:
+            checkpoint = strategy.read_checkpoint(path, live.module, weights_only=alone)
+        else:
+            checkpoint = self._loose(path, live, weights_only=alone)
         live.check_held(checkpoint, given, os.fspath(path))  # before anything is restored
         if live.module is not None:
             optimizers = live.order_optimizers(checkpoint, os.fspath(path))
@@ -151,6 +166,22 @@ class Checkpoints:
             for key in ("optimizer_states", "precision", NAMES_KEY):
                 left.pop(key, None)
         return Leftover(left)
+
+    def _loose(self, path: PathLike, live: LiveState, *, weights_only: bool) -> Checkpoint:
+        """The checkpoint, read whole, fitted to what ``live`` holds (``strict=False``).
+
+        The state's entries the checkpoint lacks are taken out of ``live`` (they stay
+        as they were); the module's state is the module's own, with the checkpoint's
+        keys the module has put over it.
+        """
+        strategy = self._strategy
+        checkpoint = dict(strategy.read_checkpoint(path, weights_only=weights_only))
+        live.stateful = {k: v for k, v in live.stateful.items() if k in checkpoint}
+        live.values = {k: v for k, v in live.values.items() if k in checkpoint}
+        saved = checkpoint.get("state_dict")
+        if live.module is not None and isinstance(saved, Mapping):
+            checkpoint["state_dict"] = strategy.module_state_fitted(live.module, saved)
+        return checkpoint
 
     def settle(self) -> None:
         """Wait until rank 0's background saves are written, on every rank (every rank calls it).
