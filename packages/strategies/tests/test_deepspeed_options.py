@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 import warnings
 from collections import namedtuple
@@ -20,6 +21,8 @@ from plait.strategies import DeepSpeedStrategy
 from plait.strategies.deepspeed import DeepSpeedFormat, consolidate_checkpoint, library
 from plait.strategies.deepspeed.checkpoint_io import (
     _next_tag,
+    client_entries,
+    client_state_of,
     latest_tag,
 )
 from plait.strategies.deepspeed.config import (
@@ -414,3 +417,90 @@ def test_buckets_are_sized_from_the_model_unless_the_config_sets_them(
 def test_a_stage_without_buckets_is_left_alone() -> None:
     config = {"zero_optimization": {"stage": 0}}
     assert sized_buckets(config, {}, elements=10) == config
+
+
+def test_lightnings_config_path_variable_is_read_when_no_config_is_given(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps({"zero_optimization": {"stage": 1}}))
+    monkeypatch.setenv("PL_DEEPSPEED_CONFIG_PATH", str(path))
+
+    assert _made().stage == 1
+    assert _made(config={"zero_optimization": {"stage": 3}}).stage == 3  # given wins
+
+
+def test_offload_devices_buffers_and_activation_checkpointing_reach_the_config(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    strategy = _made(
+        stage=3,
+        offload_optimizer=True,
+        offload_parameters=True,
+        partition_activations=True,
+        cpu_checkpointing=True,
+    )
+    zero = strategy.config["zero_optimization"]
+    assert isinstance(zero, dict)
+    assert zero["offload_optimizer"] == {"device": "cpu", "pin_memory": False}
+    assert strategy.config["activation_checkpointing"] == {
+        "partition_activations": True,
+        "cpu_checkpointing": True,
+    }
+    # NVMe: the path and buffer counts go with it (the op itself is checked apart).
+    monkeypatch.setattr(library, "require_async_io", lambda: None)
+    nvme = _made(
+        stage=3,
+        offload_parameters=True,
+        offload_params_device="nvme",
+        nvme_path="/scratch/nvme",
+        params_buffer_count=8,
+    )
+    zero = nvme.config["zero_optimization"]
+    assert isinstance(zero, dict)
+    assert zero["offload_param"] == {
+        "device": "nvme",
+        "pin_memory": False,
+        "nvme_path": "/scratch/nvme",
+        "buffer_count": 8,
+    }
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"offload_params_device": "disk"}, "invalid offload_params_device: 'disk'"),
+        ({"optimizer_buffer_count": 0}, "optimizer_buffer_count=0 must be an int of at least 1"),
+        ({"partition_activations": "yes"}, "partition_activations='yes' must be True or False"),
+        ({"exclude_frozen_parameters": 1}, "exclude_frozen_parameters=1 must be True or False"),
+    ],
+)
+def test_bad_deepspeed_options_of_lightning_are_refused(
+    options: dict[str, object], message: str
+) -> None:
+    with pytest.raises(ConfigurationError, match=re.escape(message)):
+        _made(**options)
+
+
+def test_nvme_offload_without_deepspeeds_async_io_op_is_refused_naming_libaio() -> None:
+    try:
+        library.require_async_io()
+    except ConfigurationError:
+        pass
+    else:
+        pytest.skip("this machine can build DeepSpeed's async_io op")
+    with pytest.raises(ConfigurationError, match="async_io op") as caught:
+        _made(stage=3, offload_optimizer=True, offload_optimizer_device="nvme")
+    assert caught.value.fix is not None
+    assert "libaio" in caught.value.fix
+
+
+def test_a_client_entry_named_as_one_of_the_engines_is_kept_apart_with_a_warning() -> None:
+    checkpoint = {"state_dict": {}, "optimizer_states": [], "global_steps": 7, "epoch": 2}
+
+    with pytest.warns(UserWarning, match=r"\['global_steps'\] are named as entries DeepSpeed"):
+        client = client_state_of(checkpoint)
+
+    assert "global_steps" not in client  # the engine's own stays the engine's
+    saved = {**client, "global_steps": 123, "module": {}}  # what the engine writes beside
+    assert client_entries(saved) == {"global_steps": 7, "epoch": 2}

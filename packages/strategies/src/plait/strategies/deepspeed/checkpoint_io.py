@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
@@ -34,6 +35,7 @@ __all__ = [
     "STAGE3_MODEL_STATES",
     "DeepSpeedCheckpointIO",
     "client_entries",
+    "client_state_of",
     "latest_tag",
 ]
 
@@ -50,6 +52,8 @@ _ENGINE_STATE: Final = frozenset(
         "global_samples", "dp_world_size", "mp_world_size", "ds_config", "ds_version",
     }
 )  # fmt: skip
+# The prefix of a client entry named as one of the engine's (kept apart from it).
+_KEPT_APART: Final = "plait_client/"
 # The client state's own keys, saved beside it: what loading gives back, and nothing
 # the engine adds (its list of those grows with DeepSpeed's versions).
 _CLIENT_KEYS: Final = "plait_client_keys"
@@ -62,8 +66,36 @@ def client_entries(saved: Mapping[str, object]) -> Checkpoint:
     """The entries of a model-states file that the strategy's caller saved."""
     keys = saved.get(_CLIENT_KEYS)
     if isinstance(keys, list):
-        return {key: saved[key] for key in keys if key in saved}
+        return {
+            key: saved[_KEPT_APART + key] if _KEPT_APART + key in saved else saved[key]
+            for key in keys
+            if key in saved or _KEPT_APART + key in saved
+        }
     return {key: value for key, value in saved.items() if key not in _ENGINE_STATE}
+
+
+def client_state_of(checkpoint: Mapping[str, object]) -> dict[str, object]:
+    """The entries the engine keeps beside its own, each under a name it never writes.
+
+    The engine puts the client state over its own entries: an entry named as one of
+    them (``module``, ``optimizer``, ``global_steps``...) would replace the engine's
+    and break the checkpoint. Such an entry is saved under another name (and given
+    back under its own by `client_entries`), with a warning.
+    """
+    entries = {key: value for key, value in checkpoint.items() if key not in _ENGINE_KEYS}
+    colliding = sorted(key for key in entries if key in _ENGINE_STATE)
+    if colliding:
+        warnings.warn(
+            f"the checkpoint's entries {colliding} are named as entries DeepSpeed's engine "
+            "writes itself; they are saved apart from the engine's and loaded back under "
+            "their names, but a tool reading the checkpoint with DeepSpeed alone will not "
+            "find them there (rename them to be read so)",
+            UserWarning,
+            stacklevel=4,
+        )
+    client = {(_KEPT_APART + key if key in colliding else key): v for key, v in entries.items()}
+    client[_CLIENT_KEYS] = sorted(entries)
+    return client
 
 
 def latest_tag(path: PathLike) -> str:
@@ -122,11 +154,15 @@ class DeepSpeedCheckpointIO:
         if strategy.is_global_zero:
             shutil.rmtree(partial, ignore_errors=True)
         tag = strategy.broadcast(_next_tag(directory) if strategy.is_global_zero else "")
-        client_state = {key: value for key, value in checkpoint.items() if key not in _ENGINE_KEYS}
-        client_state[_CLIENT_KEYS] = sorted(client_state)
+        client_state = client_state_of(checkpoint)
         client_state[PARAMETER_NAMES] = strategy.optimizer_parameter_names
         with library.quiet():
-            strategy.engine.save_checkpoint(os.fspath(partial), tag=tag, client_state=client_state)
+            strategy.engine.save_checkpoint(
+                os.fspath(partial),
+                tag=tag,
+                client_state=client_state,
+                exclude_frozen_parameters=strategy.exclude_frozen_parameters,
+            )
         strategy.barrier("deepspeed save_checkpoint")
         # Every rank has written: digested and put in place.
         seal(partial, directory)
@@ -160,7 +196,8 @@ class DeepSpeedCheckpointIO:
                 loaded, client_state = engine.load_checkpoint(
                     os.fspath(path),
                     tag=tag,
-                    load_module_strict=True,
+                    # Frozen parameters left out of the save stay as they are.
+                    load_module_strict=not strategy.exclude_frozen_parameters,
                     load_optimizer_states=optimizer and self._strategy.has_optimizer,
                     load_lr_scheduler_states=False,
                 )

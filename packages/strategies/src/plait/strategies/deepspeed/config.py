@@ -18,15 +18,20 @@ import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Final
 
+import attrs
+
 from plait.core import ConfigurationError
 
 if TYPE_CHECKING:
     from plait.core.typing import PathLike
 
 __all__ = [
+    "ACTIVATION_CHECKPOINTING",
     "BUCKETS",
     "KNOWN_KEYS",
+    "OFFLOAD_DEVICES",
     "STAGES",
+    "Offload",
     "derive_config",
     "merge_config",
     "read_config",
@@ -158,6 +163,68 @@ def precision_name(compute_dtype: str) -> str:
     return name  # fp16 scales its loss in DeepSpeed (dynamically, by plait's default)
 
 
+OFFLOAD_DEVICES: Final = ("cpu", "nvme")
+"""Where ZeRO offloads: the CPU's memory, or NVMe storage (DeepSpeed's async_io op)."""
+
+
+@attrs.frozen(kw_only=True)
+class Offload:
+    """Where offloaded state goes, and ZeRO-Infinity's buffers for NVMe.
+
+    Attributes:
+        optimizer_device: ``"cpu"`` or ``"nvme"``, for the optimizer state.
+        params_device: ``"cpu"`` or ``"nvme"``, for the parameters (stage 3).
+        nvme_path: The directory on NVMe storage the state is swapped to.
+        params_buffer_count: Buffers for parameters swapped in from NVMe.
+        optimizer_buffer_count: Buffers for optimizer state swapped in from NVMe.
+    """
+
+    optimizer_device: str = "cpu"
+    params_device: str = "cpu"
+    nvme_path: str = "/local_nvme"
+    params_buffer_count: int = 5
+    optimizer_buffer_count: int = 4
+
+    def __attrs_post_init__(self) -> None:
+        for name in ("optimizer_device", "params_device"):
+            value = getattr(self, name)
+            if value not in OFFLOAD_DEVICES:
+                raise ConfigurationError.invalid_choice(
+                    f"offload_{name.removesuffix('_device')}_device", value, OFFLOAD_DEVICES
+                )
+        for name in ("params_buffer_count", "optimizer_buffer_count"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigurationError(
+                    f"{name}={value!r} must be an int of at least 1",
+                    value=value,
+                    fix=f"pass e.g. {name}=4",
+                )
+
+    def section(self, kind: str, pin_memory: bool) -> dict[str, object]:
+        """DeepSpeed's ``offload_optimizer`` or ``offload_param`` section."""
+        device = self.optimizer_device if kind == "offload_optimizer" else self.params_device
+        section: dict[str, object] = {"device": device, "pin_memory": pin_memory}
+        if device == "nvme":
+            section["nvme_path"] = self.nvme_path
+            section["buffer_count"] = (
+                self.optimizer_buffer_count
+                if kind == "offload_optimizer"
+                else self.params_buffer_count
+            )
+        return section
+
+
+ACTIVATION_CHECKPOINTING: Final = (
+    "partition_activations",
+    "cpu_checkpointing",
+    "contiguous_memory_optimization",
+    "synchronize_checkpoint_boundary",
+)
+"""DeepSpeed's activation checkpointing options (for ``deepspeed.checkpointing.checkpoint``
+in the model), as the strategy takes them."""
+
+
 def derive_config(
     *,
     stage: int | None,
@@ -166,6 +233,8 @@ def derive_config(
     pin_memory: bool,
     precision: str | None,
     client_optimizer: bool,
+    offload: Offload | None = None,
+    activation_checkpointing: Mapping[str, bool] | None = None,
 ) -> tuple[dict[str, object], dict[str, object]]:
     """The settings plait requires, and the defaults it fills in.
 
@@ -178,6 +247,8 @@ def derive_config(
         precision: DeepSpeed's name for the precision asked for explicitly
             (``"fp32"``, ``"bf16"``, ``"fp16"``), or ``None``.
         client_optimizer: The optimizer is the user's own (a torch optimizer).
+        offload: Where offloaded state goes (the CPU by default).
+        activation_checkpointing: The options of `ACTIVATION_CHECKPOINTING` set true.
 
     Returns:
         ``(required, defaults)``.
@@ -192,12 +263,16 @@ def derive_config(
     zero: dict[str, object] = {}
     if stage is not None:
         zero["stage"] = stage
+    offload = offload or Offload()
     if offload_optimizer:
-        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": pin_memory}
+        zero["offload_optimizer"] = offload.section("offload_optimizer", pin_memory)
     if offload_parameters:
-        zero["offload_param"] = {"device": "cpu", "pin_memory": pin_memory}
+        zero["offload_param"] = offload.section("offload_param", pin_memory)
     if zero:
         required["zero_optimization"] = zero
+    chosen = {key: True for key, value in (activation_checkpointing or {}).items() if value}
+    if chosen:
+        required["activation_checkpointing"] = chosen
     if precision is not None:
         required["bf16"] = {"enabled": precision == "bf16"}
         required["fp16"] = {"enabled": precision == "fp16"}

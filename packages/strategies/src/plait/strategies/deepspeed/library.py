@@ -36,11 +36,13 @@ __all__ = [
     "LIBRARY_NOTICES",
     "DeepSpeed",
     "check_extension_locks",
+    "configure_activation_checkpointing",
     "extensions_dir",
     "import_deepspeed",
     "import_submodule",
     "is_available",
     "quiet",
+    "require_async_io",
     "require_deepspeed",
     "skip_shared_memory_op",
 ]
@@ -68,6 +70,32 @@ def require_deepspeed() -> None:
             value="deepspeed",
             fix=f"pip install '{EXTRA}'",
         )
+
+
+def require_async_io() -> None:
+    """Refuse NVMe offload early where DeepSpeed's async_io op cannot be built.
+
+    Raises:
+        ConfigurationError: The op is not compatible here (libaio is missing).
+    """
+    builder = import_submodule("ops.op_builder").AsyncIOBuilder()
+    if not builder.is_compatible(verbose=False):
+        raise ConfigurationError(
+            "offloading to NVMe needs DeepSpeed's async_io op, which cannot be built "
+            "here (it needs libaio and its headers)",
+            value="nvme",
+            fix="install libaio (apt install libaio-dev) and let DeepSpeed build the op, "
+            "or offload to the CPU (offload_*_device='cpu')",
+        )
+
+
+def configure_activation_checkpointing(config: Mapping[str, object]) -> None:
+    """Tell ``deepspeed.checkpointing`` the config's activation checkpointing options.
+
+    What ``deepspeed.checkpointing.checkpoint`` in the model reads.
+    """
+    checkpointing = import_submodule("runtime.activation_checkpointing.checkpointing")
+    checkpointing.configure(mpu_=None, deepspeed_config=dict(config))
 
 
 class ZeroModule(Protocol):

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import timedelta
-from typing import TYPE_CHECKING, Protocol, cast
+from typing import TYPE_CHECKING, Final, Protocol, cast
 
 import torch
 from typing_extensions import override
@@ -23,6 +24,7 @@ from plait.strategies.deepspeed.checkpoint_io import DeepSpeedCheckpointIO
 from plait.strategies.deepspeed.config import (
     KNOWN_KEYS,
     STAGES,
+    Offload,
     check_keys,
     check_supported,
     config_precision,
@@ -56,7 +58,10 @@ if TYPE_CHECKING:
     from plait.core import Accelerator, CheckpointIO, ClusterEnvironment, Precision
     from plait.core.typing import Checkpoint, PathLike, StateDict
 
-__all__ = ["DeepSpeedStrategy"]
+__all__ = ["CONFIG_PATH_VARIABLE", "DeepSpeedStrategy"]
+
+CONFIG_PATH_VARIABLE: Final = "PL_DEEPSPEED_CONFIG_PATH"
+"""Read for ``config`` when none is given: the JSON file Lightning's variable names."""
 
 _PARTITIONED_BY = "_plait_partitioned_by"
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -73,7 +78,12 @@ class Engine(Protocol):
     def step(self) -> None: ...
     def gradient_clipping(self) -> float: ...
     def save_checkpoint(
-        self, save_dir: str, tag: str | None = None, client_state: Mapping[str, object] = ...
+        self,
+        save_dir: str,
+        tag: str | None = None,
+        client_state: Mapping[str, object] = ...,
+        save_latest: bool = ...,
+        exclude_frozen_parameters: bool = ...,
     ) -> bool: ...
     def load_checkpoint(
         self,
@@ -149,6 +159,24 @@ class DeepSpeedStrategy(SelfLaunchingStrategy):
         pin_memory: Pin offloaded tensors (by default, on GPUs only).
         checkpoint_io: Only DeepSpeed's own (the default): the engine writes its
             partitioned state, every rank its part.
+        offload_optimizer_device: ``"cpu"`` or ``"nvme"``: where an offloaded
+            optimizer state goes (NVMe needs DeepSpeed's async_io op, libaio).
+        offload_params_device: ``"cpu"`` or ``"nvme"``: where offloaded parameters go.
+        nvme_path: The directory on NVMe storage that offloaded state is swapped to.
+        params_buffer_count: Buffers for parameters swapped in from NVMe.
+        optimizer_buffer_count: Buffers for optimizer state swapped in from NVMe.
+        partition_activations: With ``deepspeed.checkpointing.checkpoint`` in the
+            model: partition the checkpointed activations across ranks.
+        cpu_checkpointing: Keep checkpointed activations on the CPU.
+        contiguous_memory_optimization: Copy checkpointed activations into one
+            contiguous buffer.
+        synchronize_checkpoint_boundary: Synchronise the device at each checkpoint
+            boundary.
+        exclude_frozen_parameters: Leave parameters that do not train
+            (``requires_grad=False``) out of saved checkpoints.
+
+    Without ``config``, the path in ``PL_DEEPSPEED_CONFIG_PATH`` (Lightning's
+    variable) is read, if set.
         start_method: How the ranks are started when no scheduler did: ``"popen"``
             (run the program again) or one of torch.multiprocessing's.
 
@@ -177,8 +205,39 @@ class DeepSpeedStrategy(SelfLaunchingStrategy):
         timeout: timedelta = DEFAULT_TIMEOUT,
         start_timeout: timedelta = DEFAULT_START_TIMEOUT,
         checked_collectives: bool = True,
+        offload_optimizer_device: str = "cpu",
+        offload_params_device: str = "cpu",
+        nvme_path: str = "/local_nvme",
+        params_buffer_count: int = 5,
+        optimizer_buffer_count: int = 4,
+        partition_activations: bool = False,
+        cpu_checkpointing: bool = False,
+        contiguous_memory_optimization: bool = False,
+        synchronize_checkpoint_boundary: bool = False,
+        exclude_frozen_parameters: bool = False,
     ) -> None:
         library.require_deepspeed()
+        offload = Offload(
+            optimizer_device=offload_optimizer_device,
+            params_device=offload_params_device,
+            nvme_path=nvme_path,
+            params_buffer_count=params_buffer_count,
+            optimizer_buffer_count=optimizer_buffer_count,
+        )
+        activation_checkpointing = {
+            name: _check_flag(name, value)
+            for name, value in (
+                ("partition_activations", partition_activations),
+                ("cpu_checkpointing", cpu_checkpointing),
+                ("contiguous_memory_optimization", contiguous_memory_optimization),
+                ("synchronize_checkpoint_boundary", synchronize_checkpoint_boundary),
+            )
+        }
+        self.exclude_frozen_parameters = _check_flag(
+            "exclude_frozen_parameters", exclude_frozen_parameters
+        )
+        if config is None and os.environ.get(CONFIG_PATH_VARIABLE):
+            config = os.environ[CONFIG_PATH_VARIABLE]
         if stage is not None and (isinstance(stage, bool) or stage not in STAGES):
             raise ConfigurationError.invalid_choice(
                 "stage", stage, [str(s) for s in STAGES], fix="pass stage=0, 1, 2 or 3"
@@ -236,6 +295,8 @@ class DeepSpeedStrategy(SelfLaunchingStrategy):
             pin_memory=self.root_device.type == "cuda" if pin_memory is None else pin_memory,
             precision=self._precision_name() if explicit_precision else None,
             client_optimizer="optimizer" not in user,
+            offload=offload,
+            activation_checkpointing=activation_checkpointing,
         )
         if "train_batch_size" not in user:
             # DeepSpeed insists on a batch size; it counts samples with it, nothing more.
@@ -251,6 +312,11 @@ class DeepSpeedStrategy(SelfLaunchingStrategy):
         self.offload_optimizer = offloads(self.config, "offload_optimizer")
         self.offload_parameters = offloads(self.config, "offload_param")
         self._check_offload()
+        if "nvme" in (
+            self._offload_device("offload_optimizer"),
+            self._offload_device("offload_param"),
+        ):
+            library.require_async_io()
         if self.precision_name == "fp16" and self.root_device.type == "cpu":
             raise ConfigurationError(
                 "DeepSpeed trains in fp16 on GPUs only, and the strategy's device is the CPU",
@@ -261,6 +327,11 @@ class DeepSpeedStrategy(SelfLaunchingStrategy):
 
     def _precision_name(self) -> str:
         return precision_name(str(self.precision.compute_dtype).removeprefix("torch."))
+
+    def _offload_device(self, section: str) -> object:
+        zero = self.config.get("zero_optimization")
+        offload = zero.get(section) if isinstance(zero, Mapping) else None
+        return offload.get("device") if isinstance(offload, Mapping) else None
 
     def _check_offload(self) -> None:
         if self.offload_parameters and self.stage != 3:
@@ -431,6 +502,8 @@ class DeepSpeedStrategy(SelfLaunchingStrategy):
             else []
         )
         config = self.config if optimizer is not None else self._evaluation_config()
+        if isinstance(config.get("activation_checkpointing"), Mapping):
+            library.configure_activation_checkpointing(config)
         # A partitioned parameter holds its whole size in ds_numel.
         elements = sum(int(getattr(p, "ds_numel", p.numel())) for p in module.parameters())
         with library.quiet():
