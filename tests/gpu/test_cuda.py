@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 from tests.sharded_jobs import assert_losses_close, final_weights, losses_of, run_job
+from typing_extensions import override
 
 from plait.precision import MixedPrecision
 from plait.strategies import SingleDeviceStrategy
@@ -131,3 +132,56 @@ def test_deepspeed_on_the_gpu_trains_as_ddp_does(tmp_path: Path, stage: int) -> 
         torch.testing.assert_close(value, expected[key], rtol=1e-4, atol=1e-5)
     extensions = Path(os.environ["TORCH_EXTENSIONS_DIR"])
     assert not list(extensions.glob("**/*.so")) if extensions.exists() else True
+
+
+def test_a_deterministic_run_on_the_gpu_trains_and_repeats_itself_exactly(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # cuBLAS refuses deterministic matrix products without CUBLAS_WORKSPACE_CONFIG:
+    # Trainer(deterministic=True) sets it, so the first Linear does not raise.
+    from torch.utils.data import DataLoader, TensorDataset  # noqa: PLC0415
+
+    from plait.trainer import Module, Trainer  # noqa: PLC0415
+
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+
+    class Net(Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layers = torch.nn.Sequential(
+                torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1)
+            )
+
+        @override
+        def training_step(self, batch: object, batch_idx: int) -> torch.Tensor:
+            assert isinstance(batch, list)
+            x, y = batch
+            return torch.nn.functional.mse_loss(self.layers(x), y)
+
+        @override
+        def configure_optimizers(self) -> object:
+            return torch.optim.SGD(self.parameters(), lr=0.05)
+
+    def fit() -> dict[str, torch.Tensor]:
+        torch.manual_seed(0)
+        data = TensorDataset(torch.randn(64, 8), torch.randn(64, 1))
+        model = Net()
+        trainer = Trainer(
+            accelerator="cuda",
+            devices=1,
+            deterministic=True,
+            max_epochs=2,
+            logger=False,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            default_root_dir=tmp_path,
+        )
+        trainer.fit(model, DataLoader(data, batch_size=8))
+        return {key: value.detach().cpu() for key, value in model.state_dict().items()}
+
+    try:
+        first, second = fit(), fit()
+    finally:
+        torch.use_deterministic_algorithms(mode=False)
+    assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
+    assert all(torch.equal(first[key], second[key]) for key in first)
