@@ -203,6 +203,12 @@ def test_bad_ddp_settings_are_refused_before_anything_starts(
             "parallel_devices are cuda devices, and the accelerator 'cpu' runs on cpu",
             "give cpu devices",
         ),
+        pytest.param(
+            lambda: DDPStrategy(accelerator="cuda"),
+            "no cuda device is visible to torch",
+            "accelerator='cpu'",
+            marks=pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is visible here"),
+        ),
         (
             lambda: StrategyRegistry.get("model_parallel", precision="16-mixed"),
             r"ModelParallelStrategy with MixedPrecision\('16-mixed'",

@@ -246,15 +246,25 @@ class ParallelStrategy(BaseStrategy):
                 "or on several CPU processes with accelerator='cpu'",
             )
         own = getattr(self.accelerator, "device_type", None)
-        if isinstance(own, str) and own != device.type:
+        if not isinstance(own, str) or own == device.type:
+            return
+        if self._parallel_devices is None:  # the device this machine offers by default
             raise ConfigurationError(
-                f"parallel_devices are {device.type} devices, and the accelerator "
-                f"{self.accelerator.name!r} runs on {own}: the strategy would run on one "
-                "and the job be set up for the other",
-                value=self._parallel_devices,
-                fix=f"give {own} devices (or leave parallel_devices out: the accelerator "
-                "chooses them), or the accelerator of those devices",
+                f"the accelerator {self.accelerator.name!r} runs on {own} devices, and this "
+                f"machine offers the strategy a {device.type} device (no {own} device is "
+                "visible to torch)",
+                value=self.accelerator.name,
+                fix=f"run where a {own} device is visible, or pass the accelerator of this "
+                f"machine (accelerator={device.type!r})",
             )
+        raise ConfigurationError(
+            f"parallel_devices are {device.type} devices, and the accelerator "
+            f"{self.accelerator.name!r} runs on {own}: the strategy would run on one "
+            "and the job be set up for the other",
+            value=self._parallel_devices,
+            fix=f"give {own} devices (or leave parallel_devices out: the accelerator "
+            "chooses them), or the accelerator of those devices",
+        )
 
     @property
     @override
