@@ -150,8 +150,9 @@ class StepsSchedulersAgainOnLoad(DDPStrategy):
         state: torch.nn.Module | Mapping[str, object] | None = None,
         *,
         weights_only: bool = False,
+        strict: bool = True,
     ) -> Checkpoint:
-        rest = super().load_checkpoint(path, state, weights_only=weights_only)
+        rest = super().load_checkpoint(path, state, weights_only=weights_only, strict=strict)
         if isinstance(state, Mapping):
             for value in state.values():
                 if isinstance(value, torch.optim.lr_scheduler.LRScheduler):

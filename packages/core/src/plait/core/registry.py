@@ -81,6 +81,7 @@ class Registry(Generic[T]):
     Example:
         >>> registry = Registry[object]("widget", protocol=object)
         >>> registry.register("Plain", object, description="the simplest widget")
+        <class 'object'>
         >>> "plain" in registry
         True
     """
