@@ -22,7 +22,7 @@ from plait.precision.base import (
 if TYPE_CHECKING:
     from plait.core.typing import StateDict
 
-__all__ = ["MixedPrecision", "TruePrecision"]
+__all__ = ["ClippingHooks", "MixedPrecision", "TruePrecision"]
 
 ModuleT = TypeVar("ModuleT", bound=torch.nn.Module)
 T = TypeVar("T")
@@ -67,7 +67,28 @@ def _format(
     return given, name
 
 
-class TruePrecision:
+class ClippingHooks:
+    """Clipping by algorithm through one overridable hook each, as Lightning's plugins have."""
+
+    def clip_by(
+        self, optimizer: torch.optim.Optimizer, clip_val: float, algorithm: GradientClipAlgorithm
+    ) -> None:
+        """Clip with the hook of ``algorithm``: `clip_grad_by_norm` or `clip_grad_by_value`."""
+        if algorithm == "norm":
+            self.clip_grad_by_norm(optimizer, clip_val)
+        else:
+            self.clip_grad_by_value(optimizer, clip_val)
+
+    def clip_grad_by_norm(self, optimizer: torch.optim.Optimizer, clip_val: float) -> None:
+        """Scale the gradients down to a total norm of ``clip_val`` (a hook to override)."""
+        torch.nn.utils.clip_grad_norm_(parameters_with_gradients(optimizer), clip_val)
+
+    def clip_grad_by_value(self, optimizer: torch.optim.Optimizer, clip_val: float) -> None:
+        """Clamp each gradient to ``[-clip_val, clip_val]`` (a hook to override)."""
+        torch.nn.utils.clip_grad_value_(parameters_with_gradients(optimizer), clip_val)
+
+
+class TruePrecision(ClippingHooks):
     """Parameters, inputs and computation in one dtype.
 
     The formats ``"32-true"``, ``"64-true"``, ``"16-true"`` and ``"bf16-true"``.
@@ -163,18 +184,7 @@ class TruePrecision:
         """
         if not check_clip(clip_val, algorithm):
             return
-        if algorithm == "norm":
-            self.clip_grad_by_norm(optimizer, clip_val)
-        else:
-            self.clip_grad_by_value(optimizer, clip_val)
-
-    def clip_grad_by_norm(self, optimizer: torch.optim.Optimizer, clip_val: float) -> None:
-        """Scale the gradients down to a total norm of ``clip_val`` (a hook to override)."""
-        torch.nn.utils.clip_grad_norm_(parameters_with_gradients(optimizer), clip_val)
-
-    def clip_grad_by_value(self, optimizer: torch.optim.Optimizer, clip_val: float) -> None:
-        """Clamp each gradient to ``[-clip_val, clip_val]`` (a hook to override)."""
-        torch.nn.utils.clip_grad_value_(parameters_with_gradients(optimizer), clip_val)
+        self.clip_by(optimizer, clip_val, algorithm)
 
     def state_dict(self) -> StateDict:
         """Nothing to save: the format has no state."""
@@ -188,7 +198,7 @@ class TruePrecision:
         return f"TruePrecision({self.name!r}, device_type={self.device_type!r})"
 
 
-class MixedPrecision:
+class MixedPrecision(ClippingHooks):
     """Parameters in float32, computation autocast to float16 or bfloat16.
 
     The formats ``"16-mixed"`` and ``"bf16-mixed"``.
@@ -313,18 +323,7 @@ class MixedPrecision:
             return
         if self.scaler is not None:
             self.scaler.unscale_(optimizer)
-        if algorithm == "norm":
-            self.clip_grad_by_norm(optimizer, clip_val)
-        else:
-            self.clip_grad_by_value(optimizer, clip_val)
-
-    def clip_grad_by_norm(self, optimizer: torch.optim.Optimizer, clip_val: float) -> None:
-        """Scale the gradients down to a total norm of ``clip_val`` (a hook to override)."""
-        torch.nn.utils.clip_grad_norm_(parameters_with_gradients(optimizer), clip_val)
-
-    def clip_grad_by_value(self, optimizer: torch.optim.Optimizer, clip_val: float) -> None:
-        """Clamp each gradient to ``[-clip_val, clip_val]`` (a hook to override)."""
-        torch.nn.utils.clip_grad_value_(parameters_with_gradients(optimizer), clip_val)
+        self.clip_by(optimizer, clip_val, algorithm)
 
     def state_dict(self) -> StateDict:
         """The gradient scaler's state, if there is a scaler."""
