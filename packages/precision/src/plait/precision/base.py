@@ -10,7 +10,13 @@ import torch
 
 from plait.core import ConfigurationError, GradientClipAlgorithm
 
-__all__ = ["clip_gradients", "convert_floats", "default_dtype", "map_tensors"]
+__all__ = [
+    "check_clip",
+    "convert_floats",
+    "default_dtype",
+    "map_tensors",
+    "parameters_with_gradients",
+]
 
 T = TypeVar("T")
 
@@ -154,22 +160,3 @@ def parameters_with_gradients(optimizer: torch.optim.Optimizer) -> list[torch.Te
         for parameter in group["params"]
         if parameter.grad is not None
     ]
-
-
-def clip_gradients(
-    optimizer: torch.optim.Optimizer, clip_val: float, algorithm: GradientClipAlgorithm
-) -> None:
-    """Clip the gradients of ``optimizer``'s parameters by total norm or by value.
-
-    ``clip_val`` 0 clips nothing.
-
-    Raises:
-        ConfigurationError: ``clip_val`` is negative, or ``algorithm`` is unknown.
-    """
-    if not check_clip(clip_val, algorithm):
-        return
-    parameters = parameters_with_gradients(optimizer)
-    if algorithm == "norm":
-        torch.nn.utils.clip_grad_norm_(parameters, clip_val)
-    else:
-        torch.nn.utils.clip_grad_value_(parameters, clip_val)

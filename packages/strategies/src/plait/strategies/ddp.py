@@ -164,6 +164,14 @@ class SelfLaunchingStrategy(ParallelStrategy):
         return processes_per_node(self._parallel_devices, self.root_device)
 
     @property
+    def num_nodes(self) -> int:
+        """Machines in the job: its world size over the processes on each node.
+
+        Before a launcher starts the ranks (a world of one), one node.
+        """
+        return max(1, self.world_size // max(1, self.num_processes))
+
+    @property
     def launcher(self) -> Launcher:
         """What starts the ranks: nothing, when a scheduler or launcher already did."""
         return process_launcher(self.cluster_environment, self.start_method, self.num_processes)

@@ -214,7 +214,7 @@ class ModelParallelStrategy(MeshStrategy):
         world = self.world_size
         data, tensor = self.data_parallel_size, self.tensor_parallel_size
         if data == "auto" and tensor == "auto":
-            nodes = max(1, self.cluster_environment.world_size // max(1, self.num_processes))
+            nodes = self.num_nodes
             data = nodes if world % nodes == 0 else 1
         if tensor == "auto":
             assert isinstance(data, int)

@@ -298,14 +298,6 @@ class ParallelStrategy(BaseStrategy):
         return list(self._parallel_devices) if self._parallel_devices else [self.root_device]
 
     @property
-    def num_nodes(self) -> int:
-        """Machines in the job: its world size over the processes on each node.
-
-        Before a launcher starts the ranks (a world of one), one node.
-        """
-        return max(1, self.world_size // len(self.parallel_devices))
-
-    @property
     def process_group(self) -> dist.ProcessGroup:
         """The group the collectives (and DDP's gradients) run on.
 

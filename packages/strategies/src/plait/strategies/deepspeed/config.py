@@ -467,11 +467,20 @@ def config_stage(config: Mapping[str, object]) -> int:
     return stage
 
 
-def offloads(config: Mapping[str, object], section: str) -> bool:
-    """Whether ``config``'s ZeRO ``section`` (``offload_optimizer``/``offload_param``) offloads."""
+def offload_device(config: Mapping[str, object], section: str) -> object:
+    """The device of ``config``'s ZeRO ``section`` (``offload_optimizer``/``offload_param``).
+
+    ``"none"`` where the section is absent or names none.
+    """
     zero = config.get("zero_optimization")
     offload = zero.get(section) if isinstance(zero, Mapping) else None
-    return isinstance(offload, Mapping) and offload.get("device", "none") not in ("none", None)
+    device = offload.get("device", "none") if isinstance(offload, Mapping) else "none"
+    return "none" if device is None else device
+
+
+def offloads(config: Mapping[str, object], section: str) -> bool:
+    """Whether ``config``'s ZeRO ``section`` (``offload_optimizer``/``offload_param``) offloads."""
+    return offload_device(config, section) != "none"
 
 
 def known_keys() -> frozenset[str]:

@@ -32,6 +32,7 @@ from plait.strategies.deepspeed.config import (
     declared_keys,
     derive_config,
     merge_config,
+    offload_device,
     offloads,
     precision_name,
     read_config,
@@ -313,8 +314,8 @@ class DeepSpeedStrategy(SelfLaunchingStrategy):
         self.offload_parameters = offloads(self.config, "offload_param")
         self._check_offload()
         if "nvme" in (
-            self._offload_device("offload_optimizer"),
-            self._offload_device("offload_param"),
+            offload_device(self.config, "offload_optimizer"),
+            offload_device(self.config, "offload_param"),
         ):
             library.require_async_io()
         if self.precision_name == "fp16" and self.root_device.type == "cpu":
@@ -327,11 +328,6 @@ class DeepSpeedStrategy(SelfLaunchingStrategy):
 
     def _precision_name(self) -> str:
         return precision_name(str(self.precision.compute_dtype).removeprefix("torch."))
-
-    def _offload_device(self, section: str) -> object:
-        zero = self.config.get("zero_optimization")
-        offload = zero.get(section) if isinstance(zero, Mapping) else None
-        return offload.get("device") if isinstance(offload, Mapping) else None
 
     def _check_offload(self) -> None:
         if self.offload_parameters and self.stage != 3:
