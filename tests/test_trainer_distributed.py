@@ -37,6 +37,8 @@ def test_a_cluster_environment_and_accelerator_written_as_in_lightning_train_on_
 
     assert completed.returncode == 0, completed.stderr
     assert result["places"] == [[2, 0, "cpus_by_count"], [2, 1, "cpus_by_count"]]
+    # One MLflow run, made by rank 0, with a loss for each of the 5 steps, finished.
+    assert result["mlflow_runs"] == [["FINISHED", 5]]
 
 
 @pytest.mark.slow

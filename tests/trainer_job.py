@@ -17,6 +17,7 @@ gc.disable()
 import argparse
 import contextlib
 import csv
+import importlib
 import json
 import os
 import warnings
@@ -37,7 +38,7 @@ from plait.core import (
 )
 from plait.strategies import DDPStrategy, FSDPStrategy, end_job
 from plait.strategies.mesh import is_dtensor
-from plait.trainer import Callback, CSVLogger, ModelCheckpoint, Module, Trainer
+from plait.trainer import Callback, CSVLogger, MLFlowLogger, ModelCheckpoint, Module, Trainer
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
@@ -715,16 +716,31 @@ class ReportPlace(Callback):
 
 
 def _lightning_parts(arguments: argparse.Namespace, train: DataLoader[object]) -> dict[str, object]:
+    # An MLflow logger too, as Lightning code passes one: made on every rank (pickled to
+    # spawned ones), it is to make one run, from rank 0.
+    os.environ["MLFLOW_ALLOW_FILE_STORE"] = "true"
+    store = (Path(arguments.root) / "mlruns").as_uri()
     trainer = _trainer(
         arguments,
         max_epochs=1,
         accelerator=cast("Accelerator", CpusByCount()),
         plugins=[cast("ClusterEnvironment", ClusterByMethods())],
         callbacks=[ReportPlace(arguments.root)],
+        logger=MLFlowLogger("lightning_parts", tracking_uri=store),
+        log_every_n_steps=1,
     )
     trainer.fit(Toy(), train)
     places = sorted(Path(arguments.root).glob("place-*.json"))
-    return {"places": [json.loads(path.read_text()) for path in places]}
+    client = importlib.import_module("mlflow.tracking").MlflowClient(store)
+    experiment = client.get_experiment_by_name("lightning_parts")
+    runs = client.search_runs([experiment.experiment_id])
+    return {
+        "places": [json.loads(path.read_text()) for path in places],
+        "mlflow_runs": [
+            [run.info.status, len(client.get_metric_history(run.info.run_id, "loss"))]
+            for run in runs
+        ],
+    }
 
 
 def main() -> None:

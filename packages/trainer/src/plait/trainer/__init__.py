@@ -4,7 +4,7 @@
 (by name or instance, in one step) and runs ``fit``, ``validate``, ``test`` and
 ``predict`` on a `Module`, with callbacks (`ModelCheckpoint`, `EarlyStopping`,
 `LearningRateMonitor`, `RichProgressBar`) and loggers (`CSVLogger`,
-`TensorBoardLogger`). ``plait fit --example digits`` runs the bundled example.
+`TensorBoardLogger`, `MLFlowLogger`). ``plait fit --example digits`` runs the bundled example.
 """
 
 from plait.trainer.callbacks import (
@@ -16,7 +16,7 @@ from plait.trainer.callbacks import (
 )
 from plait.trainer.connector import Connection, connect
 from plait.trainer.launch import Outcome
-from plait.trainer.loggers import CSVLogger, Logger, TensorBoardLogger
+from plait.trainer.loggers import CSVLogger, Logger, MLFlowLogger, TensorBoardLogger
 from plait.trainer.module import DataModule, Module
 from plait.trainer.optim import SchedulerConfig
 from plait.trainer.stopping import TrainingStopped
@@ -30,6 +30,7 @@ __all__ = [
     "EarlyStopping",
     "LearningRateMonitor",
     "Logger",
+    "MLFlowLogger",
     "ModelCheckpoint",
     "Module",
     "Outcome",

@@ -14,6 +14,7 @@ from typing_extensions import override
 from plait.core import SupportsModelShardedContext, rank_zero_info
 from plait.trainer.checkpointing import check_checkpoint
 from plait.trainer.hooks import Hooks
+from plait.trainer.loggers import SupportsConnect
 from plait.trainer.module import ModuleData, overrides
 from plait.trainer.optim import parse_optimizers
 from plait.trainer.optimization import TrainerOptimizer, check_closure_optimizers
@@ -128,7 +129,7 @@ def attach(trainer: Trainer, module: Module, run: Run) -> Iterator[Attached]:
     """Set this rank up for ``run``, yield what it holds, and tear down, whatever happens.
 
     Set-up: the strategy's environment, the data module, the callbacks' ``setup``,
-    ``configure_model`` (in the strategy's sharded context), the optimizers, the
+    the loggers (rank 0: connected, then given the hyperparameters), ``configure_model`` (in the strategy's sharded context), the optimizers, the
     module and optimizers through the strategy, then the checkpoint. Teardown: the
     callbacks' ``teardown``, the loggers (rank 0) and the strategy. A failure goes to
     the callbacks' ``on_exception`` and to the strategy, which may raise a clearer error.
@@ -157,9 +158,8 @@ def attach(trainer: Trainer, module: Module, run: Run) -> Iterator[Attached]:
             strategy.barrier("module prepare_data")
         module.setup(stage)
         hooks.setup(stage)
-        if module.logs_hyperparameters and strategy.is_global_zero:
-            for logger in trainer.loggers:
-                logger.log_hyperparams(dict(module.hparams))
+        if strategy.is_global_zero:
+            _start_loggers(trainer, module)
         yield _set_up(trainer, module, run, hooks)
         status = "success"
     except BaseException as error:
@@ -183,6 +183,15 @@ def attach(trainer: Trainer, module: Module, run: Run) -> Iterator[Attached]:
         # still holds its process group) in its teardown.
         trainer._attached = None
         strategy.teardown()
+
+
+def _start_loggers(trainer: Trainer, module: Module) -> None:
+    for logger in trainer.loggers:
+        # A logger's service unreachable or refused: said before training.
+        if isinstance(logger, SupportsConnect):
+            logger.connect()
+        if module.logs_hyperparameters:
+            logger.log_hyperparams(dict(module.hparams))
 
 
 def _set_up(trainer: Trainer, module: Module, run: Run, hooks: Hooks) -> Attached:
