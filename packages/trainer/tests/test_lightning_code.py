@@ -421,6 +421,29 @@ def test_fit_reads_the_loaders_a_module_defines_after_its_own_setup(tmp_path: Pa
         trainer.predict(model)  # no predict_dataloader: still no data
 
 
+def test_fit_with_training_loaders_validates_with_the_modules_own_loader(
+    tmp_path: Path,
+) -> None:
+    model = OwnData()
+    trainer = Trainer(
+        accelerator="cpu",
+        max_epochs=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        default_root_dir=tmp_path,
+    )
+    given = DataLoader(TensorDataset(torch.randn(12, 2), torch.randn(12, 1)), batch_size=4)
+
+    trainer.fit(model, given)
+
+    assert trainer.global_step == 3  # the given loader's 12 samples, not the module's 8
+    assert model.calls.count("val_dataloader") == 1
+    assert "train_dataloader" not in model.calls
+    assert "val_loss" in trainer.callback_metrics
+    assert model.calls[:2] == ["prepare_data", "setup fit"]
+
+
 def test_the_trainer_answers_lightnings_questions_about_its_parts() -> None:
     trainer = Trainer(
         accelerator="cpu", strategy="ddp", devices=3, precision="bf16-mixed", logger=False

@@ -597,8 +597,9 @@ class ModuleData(DataModule):
     """The data a module defines itself, as Lightning modules may: its loader methods.
 
     ``trainer.fit(model)`` with neither loaders nor a data module reads the model's
-    ``train_dataloader()`` (and ``val_dataloader()``); the module's own
-    ``prepare_data`` and ``setup`` run as its hooks, whatever supplies the data.
+    ``train_dataloader()`` (and ``val_dataloader()``), and ``trainer.fit(model,
+    train_loader)`` its ``val_dataloader()``; the module's own ``prepare_data`` and
+    ``setup`` run as its hooks, whatever supplies the data.
 
     Args:
         module: The module with ``*_dataloader`` methods.

@@ -544,6 +544,10 @@ class Trainer:
         )
         datamodule = _own_data(model, train_dataloaders, datamodule, "train_dataloader")
         check_data(train_dataloaders, datamodule, "train_dataloader", "fit")
+        if datamodule is None and val_dataloaders is None and defines(model, "val_dataloader"):
+            # As Lightning: training loaders given, validation from the module's own
+            # val_dataloader(), asked for after its setup.
+            datamodule = ModuleData(model)
         resolved = self._starting_checkpoint(ckpt_path, "fit")
         self._launch(
             "fit",
