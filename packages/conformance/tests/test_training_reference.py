@@ -1,0 +1,75 @@
+"""The training kit's reference: how far an LBFGS example carries rounding alone."""
+
+from __future__ import annotations
+
+from plait.conformance.training.cases import TrainingCase, TrainingRun
+from plait.conformance.training.program import TrainingReport, tolerance
+from plait.conformance.training.reference import _check_replicas, _reference, reference
+from plait.core import PeriodicAveraging, Synchronous, TrainingSemantics
+
+# Drawn by the suite (seed 2870573087): four LBFGS steps of a transformer, whose module
+# after the fourth moves by 6.7e-3 when the window's gradients are summed micro-batch
+# by micro-batch (as DDP and local SGD do) instead of at once.
+CHAOTIC = TrainingRun(
+    model="transformer",
+    seed=8062,
+    micro_batch=2,
+    accumulate=3,
+    steps=4,
+    steps_per_epoch=3,
+    optimizer="lbfgs",
+    scheduler="step",
+    precision="32-true",
+)
+
+
+def test_an_lbfgs_example_is_judged_within_the_rounding_it_carries() -> None:
+    semantics = TrainingSemantics(replicas=PeriodicAveraging(every=4))
+    expected = reference(CHAOTIC, 1, semantics.replicas)
+    _, atol = tolerance(CHAOTIC.precision, CHAOTIC.optimizer)
+    # Past the fixed tolerance at the fourth step, a millionth before it.
+    assert expected.rounding(3) > atol * 10
+    assert max(expected.rounding(step) for step in range(3)) < atol / 10
+
+    # A strategy that sums micro-batch by micro-batch keeps the declaration...
+    other = _reference(CHAOTIC, 1, semantics.replicas, by_micro_batch=True)
+    faithful = TrainingReport(
+        semantics=semantics,
+        losses=other.losses,
+        replicas=tuple(tuple(after[0].tolist()) for after in other.replicas),
+        export=other.final,
+    )
+    assert _check_replicas(TrainingCase(kind="replicas", run=CHAOTIC), [faithful]) == []
+
+    # ...and one a little further off than the rounding the step carries is caught.
+    def off(step: int) -> float:
+        return 4 * expected.rounding(step) + 5e-3 if step >= 3 else 0.0
+
+    shifted = tuple(
+        tuple(value + off(step) for value in after[0].tolist())
+        for step, after in enumerate(other.replicas)
+    )
+    wrong = TrainingReport(
+        semantics=semantics, losses=other.losses, replicas=shifted, export=other.final
+    )
+    [problem] = _check_replicas(TrainingCase(kind="replicas", run=CHAOTIC), [wrong])
+    assert "its module after step 3 is not what 1 replicas" in problem
+
+
+def test_other_optimizers_are_judged_by_the_fixed_tolerance_alone() -> None:
+    run = TrainingRun(
+        model="mlp",
+        seed=3,
+        micro_batch=2,
+        accumulate=2,
+        steps=3,
+        steps_per_epoch=3,
+        optimizer="adam",
+        scheduler="none",
+        precision="32-true",
+    )
+
+    expected = reference(run, 2, Synchronous())
+
+    assert expected.spread == ()
+    assert expected.rounding(2) == 0.0
