@@ -129,7 +129,8 @@ def attach(trainer: Trainer, module: Module, run: Run) -> Iterator[Attached]:
     """Set this rank up for ``run``, yield what it holds, and tear down, whatever happens.
 
     Set-up: the strategy's environment, the data module, the callbacks' ``setup``,
-    the loggers (rank 0: connected, then given the hyperparameters), ``configure_model`` (in the strategy's sharded context), the optimizers, the
+    the loggers (rank 0: connected, then given the hyperparameters),
+    ``configure_model`` (in the strategy's sharded context), the optimizers, the
     module and optimizers through the strategy, then the checkpoint. Teardown: the
     callbacks' ``teardown``, the loggers (rank 0) and the strategy. A failure goes to
     the callbacks' ``on_exception`` and to the strategy, which may raise a clearer error.
