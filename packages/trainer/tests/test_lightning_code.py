@@ -247,8 +247,8 @@ class Tiny(Module):
         return torch.optim.SGD(self.parameters(), lr=0.1)
 
 
-def _fit(tmp_path: Path, **settings: object) -> None:
-    data = TensorDataset(torch.randn(8, 2), torch.randn(8, 1))
+def _quiet(tmp_path: Path, **settings: object) -> Trainer:
+    """A trainer for one epoch on the CPU that writes nothing."""
     options: dict[str, object] = {
         "accelerator": "cpu",
         "max_epochs": 1,
@@ -258,8 +258,12 @@ def _fit(tmp_path: Path, **settings: object) -> None:
         "default_root_dir": tmp_path,
         **settings,
     }
-    trainer = Trainer(**options)  # type: ignore[arg-type]
-    trainer.fit(Tiny(), DataLoader(data, batch_size=4))
+    return Trainer(**options)  # type: ignore[arg-type]
+
+
+def _fit(tmp_path: Path, **settings: object) -> None:
+    data = TensorDataset(torch.randn(8, 2), torch.randn(8, 1))
+    _quiet(tmp_path, **settings).fit(Tiny(), DataLoader(data, batch_size=4))
 
 
 @pytest.mark.usefixtures("torch_switches")
@@ -397,14 +401,7 @@ class OwnData(Tiny):
 
 def test_fit_reads_the_loaders_a_module_defines_after_its_own_setup(tmp_path: Path) -> None:
     model = OwnData()
-    trainer = Trainer(
-        accelerator="cpu",
-        max_epochs=1,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        default_root_dir=tmp_path,
-    )
+    trainer = _quiet(tmp_path)
 
     trainer.fit(model)
 
@@ -425,14 +422,7 @@ def test_fit_with_training_loaders_validates_with_the_modules_own_loader(
     tmp_path: Path,
 ) -> None:
     model = OwnData()
-    trainer = Trainer(
-        accelerator="cpu",
-        max_epochs=1,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        default_root_dir=tmp_path,
-    )
+    trainer = _quiet(tmp_path)
     given = DataLoader(TensorDataset(torch.randn(12, 2), torch.randn(12, 1)), batch_size=4)
 
     trainer.fit(model, given)
