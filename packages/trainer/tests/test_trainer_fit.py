@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import io
 import os
+import pickle
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
@@ -548,6 +549,23 @@ def test_csv_and_tensorboard_loggers_record_the_metrics(tmp_path: Path) -> None:
     accumulator.Reload()
     assert "val_loss" in accumulator.Tags()["scalars"]
     assert [event.step for event in accumulator.Scalars("val_loss")] == [8, 16]
+
+
+@pytest.mark.parametrize("kind", [CSVLogger, TensorBoardLogger])
+def test_a_logger_sent_to_spawned_ranks_names_the_directory_they_write(
+    tmp_path: Path, kind: type[CSVLogger | TensorBoardLogger]
+) -> None:
+    if kind is TensorBoardLogger:
+        pytest.importorskip("tensorboard")
+    (tmp_path / "plait_logs" / "version_0").mkdir(parents=True)
+    logger = kind(tmp_path)
+
+    sent = pickle.loads(pickle.dumps(logger))
+    sent.log_metrics({"loss": 1.0}, step=1)  # rank 0 makes its directory
+
+    # The caller's logger names that directory, not the next free one after it.
+    assert logger.log_dir == sent.log_dir == str(tmp_path / "plait_logs" / "version_1")
+    sent.finalize("success")
 
 
 def test_the_progress_bar_prints_a_line_per_epoch_when_not_on_a_terminal(tmp_path: Path) -> None:

@@ -99,6 +99,13 @@ class _VersionedDirectory:
         self.name = name
         self._version = version
 
+    @override
+    def __getstate__(self) -> dict[str, object]:
+        # Sent to spawned ranks: the version is settled here first, so that the
+        # logger the caller holds names the directory rank 0 writes.
+        _ = self.version
+        return dict(self.__dict__)
+
     @property
     def version(self) -> int | str:
         """The run's version: the next free ``version_N`` unless one was given."""
@@ -206,7 +213,7 @@ class TensorBoardLogger(_VersionedDirectory):
     @override
     def __getstate__(self) -> dict[str, object]:
         # An open event file does not travel: each process opens its own on first use.
-        return {**self.__dict__, "_writer": None}
+        return {**super().__getstate__(), "_writer": None}
 
     @property
     def writer(self) -> SummaryWriter:
