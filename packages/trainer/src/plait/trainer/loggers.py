@@ -568,8 +568,9 @@ class MLFlowLogger:
             metric(self._metric_name(name), float(value), now, step)
             for name, value in metrics.items()
         ]
+        run_id = self.run_id
         for chunk in _chunks(entries, _MLFLOW_METRICS_PER_BATCH):
-            client.log_batch(self.run_id, metrics=chunk)
+            client.log_batch(run_id, metrics=chunk)
 
     def _metric_name(self, name: str) -> str:
         named = f"{self.prefix}-{name}" if self.prefix else name
@@ -618,8 +619,9 @@ class MLFlowLogger:
                     fix="log to a new run (leave run_id out), or keep the hyperparameter's value",
                 )
         entries = [param(key, text) for key, text in new.items()]
+        run_id = self.run_id
         for chunk in _chunks(entries, _MLFLOW_PARAMS_PER_BATCH):
-            client.log_batch(self.run_id, params=chunk)
+            client.log_batch(run_id, params=chunk)
         self._params.update(new)
 
     def finalize(self, status: str) -> None:
@@ -684,14 +686,15 @@ def resolve_loggers(logger: bool | Logger | Sequence[Logger], root: str) -> list
     if logger is False:
         return []
     given: object = logger  # checked as given: users pass anything
-    if not (is_logger(given) or isinstance(given, Sequence)) or isinstance(given, str):
+    single = is_logger(given)
+    if not (single or isinstance(given, Sequence)) or isinstance(given, str):
         raise ConfigurationError(
             f"logger={logger!r} is neither True, False, a Logger nor a list of them",
             value=logger,
             fix="pass True (a CSVLogger), False, CSVLogger(...), TensorBoardLogger(...), "
             "MLFlowLogger(...), or a list of them",
         )
-    items: Sequence[object] = [given] if is_logger(given) else cast("Sequence[object]", given)
+    items: Sequence[object] = [given] if single else cast("Sequence[object]", given)
     listed: list[Logger] = []
     for item in items:
         if not is_logger(item):

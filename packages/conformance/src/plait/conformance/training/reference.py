@@ -64,9 +64,13 @@ class Reference:
     loss_spread: tuple[float, ...] = ()
     """The same for the loss of each step."""
 
-    def rounding(self, index: int) -> float:
-        """The ``spread`` after step ``index`` (the last: after the end), 0 if not measured."""
-        return self.spread[index] if self.spread else 0.0
+    def rounding(self, index: int, *, loss: bool = False) -> float:
+        """The ``spread`` after step ``index`` (the last: after the end); 0 if not measured.
+
+        With ``loss``, the ``loss_spread`` of step ``index``.
+        """
+        measured = self.loss_spread if loss else self.spread
+        return measured[index] if measured else 0.0
 
 
 def describe(replicas: Replicas, world_size: int) -> str:
@@ -416,7 +420,7 @@ def _check_losses(
             )
             continue
         for step, (got, want) in enumerate(zip(report.losses, expected.losses, strict=True)):
-            rounding = expected.loss_spread[step] if expected.loss_spread else 0.0
+            rounding = expected.rounding(step, loss=True)
             if abs(got - want) > rtol * max(1.0, abs(want)) * 10 + 3 * rounding:
                 problems.append(
                     f"rank {index}: the loss of step {step} is {got:.6g}; {said} gives {want:.6g}"
