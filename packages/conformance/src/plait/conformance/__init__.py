@@ -29,6 +29,9 @@ from plait.conformance.cases import (
     TrainingCase,
     TrainingRun,
 )
+from plait.conformance.kinds import (
+    all_gather,  # noqa: F401 - each kind's module makes the kind known
+)
 from plait.conformance.mesh import MeshLayout
 from plait.conformance.pool import (
     LANES,

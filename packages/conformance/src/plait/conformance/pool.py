@@ -86,7 +86,8 @@ a rank that takes no part (the absent rank of a `BarrierTimeoutCase`) starts no
 clock.
 """
 
-_WORKER_FILE: Final = "worker.py"
+_RANK_FILES: Final = re.compile(r'conformance[/\\](?:worker\.py|kinds[/\\]\w+\.py)"')
+"""The files of the rank's own code: the worker, and the kinds of example it runs."""
 _CALL: Final = re.compile(
     r"\bstrategy\.(reduce_boolean_decision|reduce|all_gather|broadcast|barrier)\("
 )
@@ -163,14 +164,15 @@ def _idle_ranks(case: Case, groups: tuple[tuple[int, ...], ...]) -> frozenset[in
 def waiting_in(stack: str) -> str | None:
     """The collective a rank's stack shows it inside of, if any.
 
-    The worker's own frames call the strategy's collectives; the innermost of them
-    names the call (a strategy's frames below it may call others of its own).
+    The rank's own frames (the worker's and its kinds') call the strategy's
+    collectives; the innermost of them names the call (a strategy's frames below
+    it may call others of its own).
     """
     lines = stack.splitlines()
     calls = [
         (found.group(1), frame.rpartition(" in ")[2])
         for frame, source in itertools.pairwise(lines)
-        if frame.strip().startswith("File ") and f'{_WORKER_FILE}"' in frame
+        if frame.strip().startswith("File ") and _RANK_FILES.search(frame)
         for found in [_CALL.search(source)]
         if found is not None
     ]

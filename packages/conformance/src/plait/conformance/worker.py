@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import os
 import pickle
 import signal
 import sys
 import threading
-import time
 import traceback
 from datetime import timedelta
 from pathlib import Path
@@ -28,12 +28,9 @@ import torch.distributed as dist
 from plait.conformance.cases import (
     AllGatherCase,
     BadArgumentCase,
-    BarrierCase,
     BarrierTimeoutCase,
     BroadcastCase,
-    Call,
     Case,
-    DecisionCase,
     GroupCase,
     MismatchCase,
     ReduceCase,
@@ -65,6 +62,7 @@ __all__ = [
     "THEN_REDUCE",
     "WorkerReport",
     "describe_tensor",
+    "invoke",
     "main",
     "materialize",
     "raised",
@@ -255,90 +253,22 @@ def _result(value: object) -> object:
     return describe_tensor(value) if isinstance(value, torch.Tensor) else value
 
 
-def _in_group(context: _Context, case: GroupCase, argument: object) -> object:
-    strategy = context.strategy
-    group = context.group(case.members)
-    assert isinstance(argument, torch.Tensor)
-    reduced = strategy.reduce(argument, group=group, reduce_op=reduce_op(case.op))
-    if context.rank not in case.members:
-        return reduced  # a rank outside the group: it must have raised
-    gathered = strategy.all_gather(argument, group=group)
-    received = strategy.broadcast(argument, src=_src(context, case.src), group=group)
-    return reduced, gathered, received
-
-
 def _src(context: _Context, src: int) -> int:
     # The global rank at place ``src`` of this rank's group; a place outside it as is.
     return context.members[src] if 0 <= src < context.world_size else src
 
 
-def _call(context: _Context, call: Call) -> object:
-    strategy = context.strategy
-    group = context.dimension
-    tensor = materialize(call.tensor, context.device) if call.tensor is not None else None
-    if call.collective == "reduce":
-        assert tensor is not None
-        return strategy.reduce(tensor, group=group, reduce_op=str(call.arg))
-    if call.collective == "all_gather":
-        assert tensor is not None
-        return strategy.all_gather(tensor, group=group)
-    if call.collective == "broadcast":
-        src = _src(context, int(call.arg))  # type: ignore[call-overload]
-        return strategy.broadcast(tensor, src=src, group=group)
-    if call.collective == "barrier":
-        strategy.barrier(None if call.arg is None else str(call.arg), group=group)
-        return None
-    return strategy.reduce_boolean_decision(decision=True, all=bool(call.arg))
+@functools.singledispatch
+def invoke(case: object, context: _Context, argument: object) -> tuple[object, int | None]:
+    """What a rank runs for ``case``: the result, and for a barrier how many ranks had entered.
+
+    Each kind of example registers its own (`plait.conformance.kinds`).
+    """
+    raise TypeError(f"no rank part for {type(case).__name__}")
 
 
-def _bad_argument(context: _Context, case: BadArgumentCase) -> object:
-    strategy = context.strategy
-    group = context.dimension
-    good = torch.ones(2, device=context.device)
-    if case.collective == "reduce" and case.argument == "value":
-        return strategy.reduce(case.value, group=group, reduce_op="sum")  # type: ignore[call-overload]
-    if case.collective == "reduce":
-        return strategy.reduce(good, group=group, reduce_op=case.value)  # type: ignore[call-overload]
-    if case.collective == "broadcast":
-        return strategy.broadcast(good, src=case.value, group=group)  # type: ignore[arg-type]
-    if case.collective == "all_gather":
-        return strategy.all_gather(case.value, group=group)  # type: ignore[arg-type]
-    strategy.barrier(timeout=case.value, group=group)  # type: ignore[arg-type]
-    return None
-
-
-def _invoke(  # noqa: PLR0911 - one return per kind of case
-    context: _Context, case: Case, argument: object
-) -> tuple[object, int | None]:
-    rank = context.rank
-    strategy = context.strategy
-    group = context.dimension
-    if isinstance(case, ReduceCase):
-        op = reduce_op(case.op)
-        return strategy.reduce(argument, group=group, reduce_op=op), None  # type: ignore[call-overload]
-    if isinstance(case, BroadcastCase):
-        return strategy.broadcast(argument, src=_src(context, case.src), group=group), None
-    if isinstance(case, AllGatherCase):
-        assert isinstance(argument, torch.Tensor)
-        return strategy.all_gather(argument, group=group), None
-    if isinstance(case, DecisionCase):
-        return strategy.reduce_boolean_decision(case.decisions[rank], all=case.all), None
-    if isinstance(case, BarrierCase):
-        key = f"barrier/{context.key}"
-        if rank == case.late_rank:
-            time.sleep(case.delay_ms / 1000)  # the drawn late arrival, not a wait
-        context.evidence.add(key, 1)
-        strategy.barrier(case.name, timeout=case.timeout, group=group)
-        return None, context.evidence.add(key, 0)
-    if isinstance(case, BarrierTimeoutCase):
-        strategy.barrier(timeout=case.timeout, group=group)
-        return None, None
-    if isinstance(case, MismatchCase):
-        return _call(context, case.calls[rank]), None
-    if isinstance(case, GroupCase):
-        return _in_group(context, case, argument), None
-    assert isinstance(case, BadArgumentCase)  # a training case never comes here
-    return _bad_argument(context, case), None
+def _invoke(context: _Context, case: Case, argument: object) -> tuple[object, int | None]:
+    return invoke(case, context, argument)
 
 
 def _tensors(value: object) -> list[torch.Tensor]:
