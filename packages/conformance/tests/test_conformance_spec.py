@@ -324,7 +324,7 @@ def test_only_the_gloo_lane_hides_the_gpus_from_its_ranks() -> None:
 
 def test_the_dtypes_of_an_example_are_found_wherever_its_tensors_are() -> None:
     from plait.conformance.cases import BroadcastCase, Call, MismatchCase  # noqa: PLC0415
-    from plait.conformance.properties import _dtypes_of  # noqa: PLC0415
+    from plait.conformance.cases import dtypes_of as _dtypes_of  # noqa: PLC0415
 
     nested = BroadcastCase(
         src=0, objects=({"a": [TensorSpec("complex128", (1,), (1j,))]}, 3, "text")

@@ -11,6 +11,9 @@ multi-process rank pool against any strategy, ours or a third party's:
   `plait.core.TrainingSemantics`, checkpoint round trips, exact resumes, moves), on
   the same pools; `TRAINING_PROPERTIES` and `prove_moves` from Python.
 - `reproduce`: rerun one example, as a failure report prints it.
+- `ExampleKind` and `EXAMPLE_KINDS`: what each kind of example is (its case, its
+  property, what a rank runs, how it is judged); a kind of your own is one class
+  and a registration (`CollectiveKind` for one collective call per rank).
 """
 
 from plait.conformance.cases import (
@@ -29,12 +32,11 @@ from plait.conformance.cases import (
     TrainingCase,
     TrainingRun,
 )
-from plait.conformance.kinds import (
-    all_gather,  # noqa: F401 - each kind's module makes the kind known
-)
+from plait.conformance.kind import ExampleKind, Property, RankContext
+from plait.conformance.kinds import PROPERTIES, CollectiveKind
+from plait.conformance.lanes import LANES, backend_unavailable
 from plait.conformance.mesh import MeshLayout
 from plait.conformance.pool import (
-    LANES,
     GroupOutcomes,
     MeshDimension,
     PoolError,
@@ -42,30 +44,30 @@ from plait.conformance.pool import (
     RankCrashError,
     RankHangError,
     RankPool,
-    backend_unavailable,
 )
 from plait.conformance.properties import (
-    PROPERTIES,
     ContractViolation,
-    Property,
     Refusal,
     property_of,
     prove,
     reproduce,
     run_example,
 )
+from plait.conformance.registry import EXAMPLE_KINDS, KindRegistry
 from plait.conformance.spec import check
 from plait.conformance.suite import ConformanceSuite, TrainingSuite
 from plait.conformance.target import StrategyFactory, StrategyTarget
-from plait.conformance.training.properties import (
+from plait.conformance.training import (
     MOVES,
     TRAINING_PROPERTIES,
     MoveViolation,
+    TrainingKind,
     prove_moves,
     reproduce_move,
 )
 
 __all__ = [
+    "EXAMPLE_KINDS",
     "LANES",
     "MOVES",
     "PROPERTIES",
@@ -77,11 +79,14 @@ __all__ = [
     "BroadcastCase",
     "Call",
     "Case",
+    "CollectiveKind",
     "ConformanceSuite",
     "ContractViolation",
     "DecisionCase",
+    "ExampleKind",
     "GroupCase",
     "GroupOutcomes",
+    "KindRegistry",
     "MeshDimension",
     "MeshLayout",
     "MismatchCase",
@@ -89,6 +94,7 @@ __all__ = [
     "PoolError",
     "PoolStartError",
     "Property",
+    "RankContext",
     "RankCrashError",
     "RankHangError",
     "RankPool",
@@ -98,6 +104,7 @@ __all__ = [
     "StrategyTarget",
     "TensorSpec",
     "TrainingCase",
+    "TrainingKind",
     "TrainingRun",
     "TrainingSuite",
     "backend_unavailable",

@@ -12,6 +12,7 @@ import contextlib
 import itertools
 import multiprocessing
 import multiprocessing.connection
+import os
 import re
 import time
 import uuid
@@ -19,14 +20,14 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Final
 
 import attrs
-import torch
 import torch.distributed as dist
 from typing_extensions import Self, override
 
 from plait.conformance import worker
-from plait.conformance.cases import BadArgumentCase
+from plait.conformance.lanes import LANES, UNHELD_DTYPES, backend_unavailable
 from plait.conformance.mesh import mesh_text
 from plait.conformance.outcomes import Outcome, RaisedError, rank_list
+from plait.conformance.registry import EXAMPLE_KINDS
 from plait.conformance.target import StrategyFactory, StrategyTarget
 from plait.core import ConfigurationError, TrainingSemantics
 from plait.core.network import free_port
@@ -55,24 +56,6 @@ __all__ = [
     "waiting_in",
 ]
 
-LANES: Final = {"gloo": "cpu", "gloo-cuda": "cuda", "nccl": "cuda", "xla": "xla"}
-"""Each backend lane and the device type its ranks must run on.
-
-``gloo-cuda`` is gloo with the ranks' tensors on CUDA devices, which ranks may share:
-it runs several ranks on a machine of one GPU. Its strategies choose their devices
-and the gloo backend themselves (a factory reads ``PLAIT_CONFORMANCE_BACKEND``).
-"""
-
-UNHELD_DTYPES: Final[dict[str, dict[str, str]]] = {
-    "xla": {
-        "complex128": (
-            "torch_xla 2.9 loses complex128 values on the way to the device (they "
-            "arrive as 0), before any collective runs"
-        ),
-    },
-}
-"""Per lane, the dtypes its devices cannot hold, and why: no example uses them there."""
-
 _STACK_WAIT: Final = 5.0  # seconds a stuck rank has to answer for its stack
 
 STRAGGLER_GRACE: Final = 10.0
@@ -86,8 +69,7 @@ a rank that takes no part (the absent rank of a `BarrierTimeoutCase`) starts no
 clock.
 """
 
-_RANK_FILES: Final = re.compile(r'conformance[/\\](?:worker\.py|kinds[/\\]\w+\.py)"')
-"""The files of the rank's own code: the worker, and the kinds of example it runs."""
+_FRAME: Final = re.compile(r'^\s*File "(?P<file>.+)", line \d+, in (?P<function>\S+)')
 _CALL: Final = re.compile(
     r"\bstrategy\.(reduce_boolean_decision|reduce|all_gather|broadcast|barrier)\("
 )
@@ -130,49 +112,26 @@ class PoolStartError(RuntimeError):
     """The ranks could not build the strategy or join its process group."""
 
 
-def backend_unavailable(backend: str, world_size: int) -> str | None:
-    """Why the ``backend`` lane cannot run ``world_size`` ranks here, or ``None`` if it can.
-
-    Raises:
-        ConfigurationError: ``backend`` is not a lane.
-    """
-    if backend not in LANES:
-        raise ConfigurationError.invalid_choice("backend", backend, tuple(LANES))
-    if backend == "nccl":
-        count = torch.cuda.device_count()
-        if count < world_size:
-            devices = "a CUDA device" if world_size == 1 else f"{world_size} CUDA devices"
-            return f"the nccl lane needs {devices}: this machine has {count}"
-    if backend == "gloo-cuda" and torch.cuda.device_count() == 0:
-        return "the gloo-cuda lane needs a CUDA device, which its ranks share: this machine has 0"
-    if backend == "xla":
-        import importlib.util  # noqa: PLC0415 - only the XLA lane asks
-
-        if importlib.util.find_spec("torch_xla") is None:
-            return "the xla lane needs torch_xla, which is not installed"
-    return None
-
-
 def _idle_ranks(case: Case, groups: tuple[tuple[int, ...], ...]) -> frozenset[int]:
     """The ranks that call nothing in ``case``: their return says nothing of the others."""
-    absent = getattr(case, "absent_rank", None)
-    if not isinstance(absent, int):
-        return frozenset()
-    return frozenset(group[absent] for group in groups if absent < len(group))
+    places = EXAMPLE_KINDS.kind_of(case).idle_places(case)
+    return frozenset(group[place] for group in groups for place in places if place < len(group))
 
 
 def waiting_in(stack: str) -> str | None:
     """The collective a rank's stack shows it inside of, if any.
 
-    The rank's own frames (the worker's and its kinds') call the strategy's
-    collectives; the innermost of them names the call (a strategy's frames below
-    it may call others of its own).
+    The rank's own frames (the worker's and its kinds', `EXAMPLE_KINDS.files`) call
+    the strategy's collectives; the innermost of them names the call (a strategy's
+    frames below it may call others of its own).
     """
+    own = {os.path.realpath(worker.__file__), *EXAMPLE_KINDS.files()}
     lines = stack.splitlines()
     calls = [
-        (found.group(1), frame.rpartition(" in ")[2])
-        for frame, source in itertools.pairwise(lines)
-        if frame.strip().startswith("File ") and _RANK_FILES.search(frame)
+        (found.group(1), frame.group("function"))
+        for line, source in itertools.pairwise(lines)
+        for frame in [_FRAME.match(line)]
+        if frame is not None and os.path.realpath(frame.group("file")) in own
         for found in [_CALL.search(source)]
         if found is not None
     ]
@@ -733,19 +692,14 @@ class MeshDimension:
         return {**self.pool.rerun, "dimension": self.dimension}
 
     def prepare(self, case: Case) -> Case:
-        """``case`` as the groups run it.
+        """``case`` as the groups run it, as its kind says (`ExampleKind.for_group`).
 
-        A ``src`` meant to be outside the group is made one outside the job: a global
-        rank past the group's size may be a member of another group.
+        A bad ``src`` meant to be outside the group is made one outside the job, say:
+        a global rank past the group's size may be a member of another group.
         """
-        if (
-            isinstance(case, BadArgumentCase)
-            and case.collective == "broadcast"
-            and isinstance(case.value, int)
-            and self.world_size <= case.value < self.pool.world_size
-        ):
-            return attrs.evolve(case, value=case.value + self.pool.world_size - self.world_size)
-        return case
+        return EXAMPLE_KINDS.kind_of(case).for_group(
+            case, group_size=self.world_size, world_size=self.pool.world_size
+        )
 
     def run_groups(self, case: Case, *, slower: float = 1.0) -> list[GroupOutcomes]:
         """Run ``case`` (as `prepare` made it) in every group at once.

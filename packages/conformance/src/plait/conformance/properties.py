@@ -1,4 +1,9 @@
-"""The properties of the contract, and how one example of each is run and judged."""
+"""Proving a property: examples run on a pool, judged, and a violation reported with a snippet.
+
+The contract's properties are their kinds' (`plait.conformance.kinds`, listed in
+`PROPERTIES`); what runs and judges an example is its kind, looked up in
+`plait.conformance.EXAMPLE_KINDS`.
+"""
 
 from __future__ import annotations
 
@@ -6,29 +11,16 @@ import re
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Final
 
-import attrs
 from hypothesis import HealthCheck, Phase, given, reject, settings
 from hypothesis import seed as hypothesis_seed
 from hypothesis.errors import FlakyFailure, Unsatisfiable
 
-from plait.conformance import generate, grid
-from plait.conformance.cases import (
-    AllGatherCase,
-    BadArgumentCase,
-    BarrierCase,
-    BarrierTimeoutCase,
-    BroadcastCase,
-    Case,
-    DecisionCase,
-    GroupCase,
-    MismatchCase,
-    ReduceCase,
-    TensorSpec,
-    TrainingCase,
-)
+from plait.conformance.cases import ReduceCase, TensorSpec, dtypes_of
+from plait.conformance.kind import Property
+from plait.conformance.kinds import PROPERTIES
+from plait.conformance.lanes import UNHELD_DTYPES
 from plait.conformance.outcomes import Outcome, rank_list
 from plait.conformance.pool import (
-    UNHELD_DTYPES,
     GroupOutcomes,
     MeshDimension,
     PoolError,
@@ -36,16 +28,15 @@ from plait.conformance.pool import (
     RankHangError,
     RankPool,
 )
-from plait.conformance.spec import check, failing_parts
+from plait.conformance.registry import EXAMPLE_KINDS
+from plait.conformance.spec import check
 from plait.conformance.target import StrategyFactory, StrategyTarget
-from plait.conformance.training.program import TrainingReport
-from plait.conformance.worker import THEN_REDUCE
 from plait.core import ConfigurationError
 
 if TYPE_CHECKING:
     from hypothesis.strategies import SearchStrategy
 
-    from plait.core import TrainingSemantics
+    from plait.conformance.cases import Case
 
 __all__ = [
     "PROPERTIES",
@@ -61,159 +52,9 @@ __all__ = [
 ]
 
 
-@attrs.frozen
-class Property:
-    """One property of the contract, proved over many drawn examples.
-
-    Attributes:
-        name: The property's name; its test is ``test_<name>``.
-        contract: What it proves, in a sentence.
-        cases: The Hypothesis strategy of its examples, for a world size.
-        min_world_size: The fewest ranks it means anything on.
-        restarts_pool: Each example leaves the ranks out of step (a rank skipped a
-            collective), so the pool starts afresh after it.
-        max_examples: A cap on drawn examples, for properties that restart the pool.
-        grid: The explicit examples at a world size, run first in every run (see
-            `plait.conformance.grid`).
-        over_groups: Whether it also runs over a mesh dimension's groups (a
-            collective without a ``group`` cannot).
-        draws: Instead of ``cases``, the examples for a world size and what the
-            strategy declares about training (the training properties).
-        slower: How many times the pool's deadline an example may take.
-    """
-
-    name: str
-    contract: str
-    cases: Callable[[int], SearchStrategy[Case]] | None = attrs.field(default=None, repr=False)
-    min_world_size: int = attrs.field(default=1, repr=False)
-    restarts_pool: bool = attrs.field(default=False, repr=False)
-    max_examples: int | None = attrs.field(default=None, repr=False)
-    grid: Callable[[int], Sequence[Case]] = attrs.field(default=lambda _world_size: (), repr=False)
-    over_groups: bool = attrs.field(default=True, repr=False)
-    draws: Callable[[int, TrainingSemantics], SearchStrategy[Case]] | None = attrs.field(
-        default=None, repr=False
-    )
-    slower: float = attrs.field(default=1.0, repr=False)
-
-    def explicit(self, world_size: int, backend: str = "gloo") -> list[Case]:
-        """The grid's examples at ``world_size`` that the ``backend`` lane can hold."""
-        unheld = frozenset(UNHELD_DTYPES.get(backend, {}))
-        return [case for case in self.grid(world_size) if not _dtypes_of(case) & unheld]
-
-
-def _tensor_reduces(world_size: int) -> SearchStrategy[Case]:
-    return generate.reduce_cases(world_size)
-
-
-def _number_reduces(world_size: int) -> SearchStrategy[Case]:
-    return generate.reduce_cases(world_size, numbers=True)
-
-
-PROPERTIES: Final = (
-    Property(
-        "reduce_tensors",
-        "reduce(t, op) of every op and dtype, any shape (zero-size included) and layout, "
-        "matches the reference on every rank, bit for bit the same everywhere, on the "
-        "input's device; the mean of integers or bools is floating; the input is unchanged",
-        _tensor_reduces,
-        grid=grid.reduce_tensors,
-    ),
-    Property(
-        "reduce_numbers",
-        "reduce of Python ints and floats returns a Python number of the right type "
-        "(int for sum/min/max/product of ints, float otherwise) equal to the reference",
-        _number_reduces,
-        grid=grid.reduce_numbers,
-    ),
-    Property(
-        "broadcast",
-        "broadcast(obj, src) gives every rank a value equal to src's: tensors of any "
-        "dtype, shape and layout on the rank's root_device, and any picklable object",
-        generate.broadcast_cases,
-        grid=grid.broadcast,
-    ),
-    Property(
-        "all_gather",
-        "all_gather(t) returns [world_size, *t.shape] whose row i is rank i's tensor, on "
-        "every rank, for every dtype and layout",
-        generate.all_gather_cases,
-        grid=grid.all_gather,
-    ),
-    Property(
-        "sub_groups",
-        "over a process group of some ranks, reduce, all_gather and broadcast keep the "
-        "contract among its ranks (their inputs only, rows in their order, src a global "
-        "rank), and a rank outside the group that calls with it raises ValueError",
-        generate.group_cases,
-        grid=grid.sub_groups,
-        min_world_size=2,
-    ),
-    Property(
-        "reduce_boolean_decision",
-        "reduce_boolean_decision(b, all) is the logical all (or any) of every rank's b",
-        generate.decision_cases,
-        grid=grid.decisions,
-        over_groups=False,  # it takes no group: always the whole job
-    ),
-    Property(
-        "barrier",
-        "no rank leaves barrier() before every rank has entered it (seen through a store "
-        "each rank writes to on entering and reads on leaving)",
-        generate.barrier_cases,
-        grid=grid.barrier,
-    ),
-    Property(
-        "barrier_timeout",
-        "barrier(timeout=s) raises CollectiveTimeoutError naming the rank that never came",
-        generate.barrier_timeout_cases,
-        grid=grid.barrier_timeout,
-        min_world_size=2,
-        restarts_pool=True,
-        max_examples=1,
-    ),
-    Property(
-        "mismatch",
-        "ranks that disagree on the collective, op, shape, dtype or src all raise "
-        "CollectiveMismatchError naming what each rank called, never hang, and the "
-        "strategy still works afterwards",
-        generate.mismatch_cases,
-        grid=grid.mismatch,
-        min_world_size=2,
-    ),
-    Property(
-        "bad_arguments",
-        "a value that is not a tensor or number raises TypeError naming its type; an "
-        "unknown op ConfigurationError; src outside the ranks or a timeout <= 0 "
-        "ValueError; on every rank, and the strategy still works afterwards",
-        generate.bad_argument_cases,
-        grid=grid.bad_arguments,
-    ),
-)
-"""Every property of the contract, in the order the suite runs them."""
-
-_BY_NAME: Final = {prop.name: prop for prop in PROPERTIES}
-_NAMES: Final[dict[type, str]] = {
-    BroadcastCase: "broadcast",
-    AllGatherCase: "all_gather",
-    DecisionCase: "reduce_boolean_decision",
-    BarrierCase: "barrier",
-    BarrierTimeoutCase: "barrier_timeout",
-    GroupCase: "sub_groups",
-    MismatchCase: "mismatch",
-    BadArgumentCase: "bad_arguments",
-}
-
-
 def property_of(case: Case) -> Property:
-    """The property whose examples look like ``case``."""
-    if isinstance(case, TrainingCase):
-        from plait.conformance.training.properties import training_property  # noqa: PLC0415
-
-        return training_property(case)
-    if isinstance(case, ReduceCase):
-        tensors = isinstance(case.inputs[0], TensorSpec)
-        return _BY_NAME["reduce_tensors" if tensors else "reduce_numbers"]
-    return _BY_NAME[_NAMES[type(case)]]
+    """The property whose examples look like ``case`` (its kind says)."""
+    return EXAMPLE_KINDS.kind_of(case).property_of(case)
 
 
 _INTERMITTENT: Final = (
@@ -306,15 +147,14 @@ class ContractViolation(AssertionError):  # noqa: N818 - a failed property, as p
     @property
     def snippet(self) -> str:
         """A script that reruns this one example (save it as a file and run it)."""
-        if isinstance(self.case, TrainingCase):
-            names = ["TrainingCase", "TrainingRun"]
-        else:
-            names = sorted({type(self.case).__name__, "Call", "TensorSpec"})
+        case_type = type(self.case)
+        kind = EXAMPLE_KINDS.kind_of(self.case)
+        names = sorted({case_type.__name__, *kind.snippet_names})
         arguments = ", ".join(f"{key}={value!r}" for key, value in self.rerun.items())
         return "\n".join(
             [
                 "from plait.conformance import reproduce",
-                f"from plait.conformance.cases import {', '.join(names)}",
+                f"from {case_type.__module__} import {', '.join(names)}",
                 "",
                 'if __name__ == "__main__":',
                 f"    reproduce({self.strategy!r}, {self.case!r}, {arguments})",
@@ -397,16 +237,15 @@ def merge_ranks(problems: Sequence[str], world_size: int) -> list[str]:
 
 
 def _labels_of(case: Case) -> dict[str, object]:
-    """What a reader filters failures by: the op, the dtypes, the src."""
-    labels: dict[str, object] = {"kind": type(case).__name__}
-    if isinstance(case, ReduceCase | GroupCase):
-        labels["op"] = case.reduction
-        if case.op != case.reduction:
-            labels["spelling"] = case.op
+    """What a reader filters failures by: the kind, what its kind adds (the op), src, dtypes."""
+    labels: dict[str, object] = {
+        "kind": type(case).__name__,
+        **EXAMPLE_KINDS.kind_of(case).labels(case),
+    }
     src = getattr(case, "src", None)
     if isinstance(src, int):
         labels["src"] = src
-    dtypes = sorted(_dtypes_of(case))
+    dtypes = sorted(dtypes_of(case))
     if dtypes:
         labels["dtypes"] = dtypes
     return labels
@@ -453,22 +292,11 @@ def run_example(pool: RankPool | MeshDimension, prop: Property, case: Case) -> N
         raise _Hung(ContractViolation(prop, pool, case, [str(error)])) from None
     except (PoolError, PoolStartError) as error:
         raise ContractViolation(prop, pool, case, [str(error)]) from None
-    refusals = {
-        outcome.result.refused
-        for group in groups
-        for outcome in group.outcomes
-        if isinstance(outcome.result, TrainingReport) and outcome.result.refused is not None
-    }
-    if (
-        refusals
-        and len(refusals) == 1
-        and all(
-            isinstance(outcome.result, TrainingReport) and outcome.result.refused is not None
-            for group in groups
-            for outcome in group.outcomes
-        )
-    ):
-        raise Refusal(refusals.pop())
+    refused = EXAMPLE_KINDS.kind_of(case).refusal(
+        [outcome for group in groups for outcome in group.outcomes]
+    )
+    if refused is not None:
+        raise Refusal(refused)
     judged = [_judge(prop, case, group) for group in groups]
     problems = [problem for found, _ in judged for problem in found]
     depends_on = next((parts for found, parts in judged if found), ())
@@ -481,11 +309,12 @@ def run_example(pool: RankPool | MeshDimension, prop: Property, case: Case) -> N
 def _judge(prop: Property, case: Case, group: GroupOutcomes) -> tuple[list[str], tuple[str, ...]]:
     """One group's problems with ``case``, and the properties they likely follow from."""
     outcomes, devices = group.outcomes, group.devices
+    kind = EXAMPLE_KINDS.kind_of(case)
     problems = check(case, outcomes, devices)
     depends_on: tuple[str, ...] = ()
-    if problems and isinstance(case, GroupCase):
-        depends_on = failing_parts(case, outcomes, devices)
-    elif not problems and not prop.restarts_pool and isinstance(case, THEN_REDUCE):
+    if problems:
+        depends_on = kind.depends_on(case, outcomes, devices)
+    elif not prop.restarts_pool and kind.checks_after(case, len(outcomes)):
         # Where ranks raised as they should, the strategy must still work: every
         # rank ran a plain reduce after the example, in the same message.
         after = [
@@ -663,19 +492,17 @@ def _examples(
         cases = prop.cases(pool.world_size)
     unheld = frozenset(UNHELD_DTYPES.get(pool.backend, {}))
     if unheld:  # the lane's devices cannot hold them: no example may use them
-        cases = cases.filter(lambda case: not _dtypes_of(case) & unheld)
+        cases = cases.filter(lambda case: not dtypes_of(case) & unheld)
     explicit = prop.explicit(pool.world_size, pool.backend) if grid else []
     if isinstance(pool, MeshDimension):  # no call without a group: it would span the job
-        cases = cases.filter(_over_groups)
-        explicit = [case for case in explicit if _over_groups(case)]
+        cases = cases.filter(_takes_group)
+        explicit = [case for case in explicit if _takes_group(case)]
     return cases, explicit
 
 
-def _over_groups(case: Case) -> bool:
+def _takes_group(case: Case) -> bool:
     """Whether every call of ``case`` takes a group (a decision takes none)."""
-    if isinstance(case, MismatchCase):
-        return all(call.collective != "reduce_boolean_decision" for call in case.calls)
-    return not isinstance(case, DecisionCase)
+    return EXAMPLE_KINDS.kind_of(case).takes_group(case)
 
 
 def plain(violation: ContractViolation) -> ContractViolation:
@@ -698,20 +525,6 @@ def _first_violation(errors: Sequence[BaseException]) -> ContractViolation | Non
             if found is not None:
                 return found
     return None
-
-
-def _dtypes_of(value: object) -> set[str]:
-    """The dtypes of every tensor an example (or a part of one) describes."""
-    if isinstance(value, TensorSpec):
-        return {value.dtype}
-    kind = type(value)
-    if attrs.has(kind):
-        return set().union(*(_dtypes_of(getattr(value, f.name)) for f in attrs.fields(kind)))
-    if isinstance(value, list | tuple | set | frozenset):
-        return set().union(*(_dtypes_of(item) for item in value))
-    if isinstance(value, dict):
-        return set().union(*(_dtypes_of(item) for item in value.values()))
-    return set()
 
 
 def reproduce(

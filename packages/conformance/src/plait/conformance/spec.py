@@ -1,9 +1,10 @@
 """The reference semantics: what every rank must get, computed in one process.
 
-Given every rank's input, each function here computes the contract's result in
-plain Python (exact integer arithmetic, correctly rounded float sums) and lists
-how the ranks' real outcomes differ from it. An empty list means the example
-keeps the contract.
+Given every rank's input, the contract's result is computed here in plain Python
+(exact integer arithmetic, correctly rounded float sums); `check` lists how the
+ranks' real outcomes differ from it, through the judge of the example's kind
+(`plait.conformance.kinds`), which these functions serve. An empty list means the
+example keeps the contract.
 
 Floating-point results are compared with a tolerance that follows from the op
 and dtype: ranks may sum in any order, so a sum over ``n`` ranks may be off by
@@ -12,31 +13,29 @@ and dtype: ranks may sum in any order, so a sum over ``n`` ranks may be off by
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Sequence
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
-import attrs
-
-from plait.conformance.cases import (
-    COMPLEX_DTYPES,
-    FLOAT_DTYPES,
-    AllGatherCase,
-    BadArgumentCase,
-    BarrierTimeoutCase,
-    BroadcastCase,
-    Case,
-    GroupCase,
-    MismatchCase,
-    Number,
-    ReduceCase,
-    TensorSpec,
-    TrainingCase,
-)
+from plait.conformance.cases import COMPLEX_DTYPES, FLOAT_DTYPES, Number, TensorSpec
 from plait.conformance.outcomes import Outcome, TensorData, shown
+from plait.conformance.registry import EXAMPLE_KINDS
 
-__all__ = ["check", "failing_parts", "reference_reduce", "same_object", "tolerance"]
+if TYPE_CHECKING:
+    from plait.conformance.cases import Case
+
+__all__ = [
+    "INEXACT_DTYPES",
+    "check",
+    "failing_parts",
+    "reference_reduce",
+    "same_everywhere",
+    "same_object",
+    "show",
+    "tensor_problem",
+    "tolerance",
+    "within",
+]
 
 _EPS: Final = {
     "float16": 2.0**-10,
@@ -58,7 +57,8 @@ _TINY: Final = {
 }
 """The smallest normal number of each inexact dtype: products may underflow to it."""
 
-_INEXACT: Final = (*FLOAT_DTYPES, *COMPLEX_DTYPES)
+INEXACT_DTYPES: Final = (*FLOAT_DTYPES, *COMPLEX_DTYPES)
+"""The dtypes whose results may be off by rounding."""
 
 
 def _fsum(values: Sequence[Number]) -> Number:
@@ -98,7 +98,7 @@ def tolerance(op: str, column: Sequence[Number], dtype: str, world_size: int) ->
     relative to the product, or underflow. Integer results, minima and maxima are
     exact.
     """
-    if dtype not in _INEXACT or op in ("min", "max"):
+    if dtype not in INEXACT_DTYPES or op in ("min", "max"):
         return 0.0
     eps = _EPS[dtype]
     magnitudes = [abs(complex(value)) for value in column]
@@ -107,7 +107,8 @@ def tolerance(op: str, column: Sequence[Number], dtype: str, world_size: int) ->
     return (world_size + 1) * eps * math.fsum(magnitudes) + _TINY[dtype]
 
 
-def _close(actual: object, expected: Number, tol: float) -> bool:
+def within(actual: object, expected: Number, tol: float) -> bool:
+    """Whether ``actual`` is a finite number within ``tol`` of ``expected`` (equal, at 0)."""
     if not isinstance(actual, int | float | complex):
         return False
     if isinstance(actual, float | complex) and not math.isfinite(abs(actual)):
@@ -117,11 +118,6 @@ def _close(actual: object, expected: Number, tol: float) -> bool:
     return abs(complex(actual) - complex(expected)) <= tol
 
 
-@functools.singledispatch
-def _check_case(case: object, outcomes: Sequence[Outcome], devices: Sequence[str]) -> list[str]:
-    raise TypeError(f"no reference semantics for {type(case).__name__}")
-
-
 def _value(result: object) -> object:
     # What must agree across ranks: not the device, which is each rank's own.
     if isinstance(result, TensorData):
@@ -129,17 +125,19 @@ def _value(result: object) -> object:
     return result
 
 
-def _same_everywhere(outcomes: Sequence[Outcome], what: str) -> list[str]:
+def same_everywhere(outcomes: Sequence[Outcome], what: str) -> list[str]:
+    """A problem for each rank whose result differs from rank 0's (devices aside)."""
     first = outcomes[0].result
     return [
         f"rank {outcome.rank} got a different {what} from rank 0: "
-        f"{_show(outcome.result)} != {_show(first)}"
+        f"{show(outcome.result)} != {show(first)}"
         for outcome in outcomes[1:]
         if _value(outcome.result) != _value(first)
     ]
 
 
-def _show(value: object) -> str:
+def show(value: object) -> str:
+    """A result as a message shows it."""
     return value.describe() if isinstance(value, TensorData) else repr(value)
 
 
@@ -160,7 +158,7 @@ def same_object(actual: object, expected: object) -> bool:
     return actual == expected
 
 
-def _check_tensor_equal(
+def tensor_problem(
     got: object,
     want: TensorSpec,
     *,
@@ -169,6 +167,7 @@ def _check_tensor_equal(
     values: tuple[object, ...],
     device: str,
 ) -> str | None:
+    """How rank ``rank``'s ``got`` differs from a tensor of ``want``'s dtype and these values."""
     if not isinstance(got, TensorData):
         return f"rank {rank}: got {got!r}, not a tensor"
     if got.dtype != want.dtype or got.shape != shape:
@@ -182,96 +181,12 @@ def _check_tensor_equal(
     return None
 
 
-@_check_case.register
-def _check_group(case: GroupCase, outcomes: Sequence[Outcome], devices: Sequence[str]) -> list[str]:
-    # Among the members, each collective keeps the contract as over the whole job
-    # (the members' inputs only, rows in the members' order); outside, a call with
-    # the group is refused.
-    problems = []
-    for outcome in outcomes:
-        error = outcome.error
-        if outcome.rank in case.members:
-            if error is not None:
-                problems.append(
-                    f"rank {outcome.rank} (in the group {list(case.members)}) raised "
-                    f"{error.describe()}\n{error.traceback}"
-                )
-        elif error is None or "ValueError" not in error.kinds:
-            got = error.describe() if error else f"returned {_show(outcome.result)}"
-            problems.append(
-                f"rank {outcome.rank} is not in the group {list(case.members)}: its reduce "
-                f"over the group must raise ValueError, {got}"
-            )
-    if problems:
-        return problems
-    parts = _group_parts(case, outcomes)
-    if isinstance(parts, str):
-        return [parts]
-    within = f" (over the group of ranks {list(case.members)})"
-    return [
-        problem + within
-        for _, example, part in parts
-        for problem in _check_case(example, part, devices)
-    ]
-
-
-_GROUP_PARTS: Final = ("reduce_tensors", "all_gather", "broadcast")
-"""What each member of a sub-group example returns, in order, by the property that
-proves that collective over the whole job."""
-
-
-def _group_parts(
-    case: GroupCase, outcomes: Sequence[Outcome]
-) -> list[tuple[str, Case, list[Outcome]]] | str:
-    """Each collective of a sub-group example as an example of its own among the members.
-
-    For each: the property that proves it over the whole job, the example (the
-    members' inputs only), and the members' outcomes of it; or why the members'
-    results cannot be split so.
-    """
-    members = [outcomes[rank] for rank in case.members]
-    for outcome in members:
-        result = outcome.result
-        if not isinstance(result, tuple) or len(result) != len(_GROUP_PARTS):
-            return f"rank {outcome.rank}: the worker's results are malformed: {result!r}"
-    inputs = tuple(case.inputs[rank] for rank in case.members)
-    examples: tuple[Case, ...] = (
-        ReduceCase(case.op, inputs),
-        AllGatherCase(inputs),
-        BroadcastCase(case.src, case.inputs),
-    )
-    return [
-        (
-            name,
-            example,
-            [attrs.evolve(outcome, result=outcome.result[index]) for outcome in members],  # type: ignore[index]
-        )
-        for index, (name, example) in enumerate(zip(_GROUP_PARTS, examples, strict=True))
-    ]
-
-
-def failing_parts(
-    case: GroupCase, outcomes: Sequence[Outcome], devices: Sequence[str]
-) -> tuple[str, ...]:
-    """Which collectives of a sub-group example broke the contract, by property.
-
-    Each is named by the property that proves it over the whole job:
-    ``reduce_tensors``, ``all_gather``, ``broadcast``. Empty where the example
-    failed otherwise (a member raised, or its results are malformed).
-    """
-    if any(outcomes[rank].error is not None for rank in case.members):
-        return ()
-    parts = _group_parts(case, outcomes)
-    if isinstance(parts, str):
-        return ()
-    return tuple(name for name, example, part in parts if _check_case(example, part, devices))
-
-
-_RAISING: Final = (BarrierTimeoutCase, MismatchCase, BadArgumentCase, GroupCase)
-
-
 def check(case: Case, outcomes: Sequence[Outcome], devices: Sequence[str]) -> list[str]:
     """How the ranks' outcomes of ``case`` break the contract; empty if they keep it.
+
+    What holds for every kind first (no rank changed its input, every result is the
+    caller's own, no rank raised unless errors are the kind's expected results),
+    then the kind's own judge (`plait.conformance.ExampleKind.judge`).
 
     Args:
         case: The example every rank ran.
@@ -288,7 +203,8 @@ def check(case: Case, outcomes: Sequence[Outcome], devices: Sequence[str]) -> li
         for outcome in outcomes
         if outcome.aliased
     ]
-    if not isinstance(case, _RAISING):
+    kind = EXAMPLE_KINDS.kind_of(case)
+    if not kind.raises:
         errors = [
             f"rank {outcome.rank} raised {outcome.error.describe()}\n{outcome.error.traceback}"
             for outcome in outcomes
@@ -296,14 +212,17 @@ def check(case: Case, outcomes: Sequence[Outcome], devices: Sequence[str]) -> li
         ]
         if errors:
             return problems + errors
-    return problems + _check_case(case, outcomes, devices)
+    return problems + kind.judge(case, outcomes, devices)
 
 
-@_check_case.register
-def _check_training(
-    case: TrainingCase, outcomes: Sequence[Outcome], devices: Sequence[str]
-) -> list[str]:
-    from plait.conformance.training.reference import check_training  # noqa: PLC0415 - lazily
+def failing_parts(
+    case: Case, outcomes: Sequence[Outcome], devices: Sequence[str]
+) -> tuple[str, ...]:
+    """The properties whose failure ``case``'s failure likely follows from (its kind says).
 
-    del devices  # every rank's run is on its own device; the reports say the rest
-    return check_training(case, outcomes)
+    For a sub-group example, the collectives of it that broke the contract, each
+    named by the property that proves it over the whole job: ``reduce_tensors``,
+    ``all_gather``, ``broadcast``; empty where the example failed otherwise (a
+    member raised, or its results are malformed).
+    """
+    return EXAMPLE_KINDS.kind_of(case).depends_on(case, outcomes, devices)

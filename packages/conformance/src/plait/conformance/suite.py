@@ -45,9 +45,10 @@ from typing import TYPE_CHECKING, ClassVar
 import attrs
 import pytest
 
-from plait.conformance.properties import PROPERTIES, ContractViolation, Property, prove
+from plait.conformance.properties import ContractViolation, prove
+from plait.conformance.registry import EXAMPLE_KINDS
 from plait.conformance.target import StrategyTarget
-from plait.conformance.training.properties import TRAINING_PROPERTIES, prove_moves
+from plait.conformance.training.properties import prove_moves
 
 if TYPE_CHECKING:
     from plait.conformance.plugin import Lane, PoolCache
@@ -55,8 +56,6 @@ if TYPE_CHECKING:
     from plait.conformance.target import StrategyFactory
 
 __all__ = ["ConformanceSuite", "Suite", "TestContract", "TestTraining", "TrainingSuite"]
-
-_PROPERTIES = {prop.name: prop for prop in (*PROPERTIES, *TRAINING_PROPERTIES)}
 
 
 def _only_violations(excinfo: pytest.ExceptionInfo[BaseException]) -> bool:
@@ -80,9 +79,16 @@ class Suite:
     moves_world_sizes: ClassVar[Sequence[int] | None] = None
     shrink: ClassVar[bool] = True
 
-    def _prove(self, name: str, request: pytest.FixtureRequest) -> None:
+    def prove_property(self, name: str, request: pytest.FixtureRequest) -> None:
+        """Prove the registered property ``name`` on this test's lane (and mesh dimensions).
+
+        A suite's test of a property of your own kind calls it::
+
+            def test_ping(self, plait_lane: Lane, request: pytest.FixtureRequest) -> None:
+                self.prove_property("ping", request)
+        """
         __tracebackhide__ = _only_violations
-        prop: Property = _PROPERTIES[name]
+        prop = EXAMPLE_KINDS.property(name)
         lane: Lane = request.getfixturevalue("plait_lane")
         if lane.world_size < prop.min_world_size:
             pytest.skip(f"{name} needs {prop.min_world_size} ranks or more")
@@ -171,54 +177,54 @@ class ConformanceSuite(Suite):
     def test_reduce_tensors(self, plait_lane: Lane, request: pytest.FixtureRequest) -> None:
         """Reduce of tensors: every op, dtype, shape and layout; exact or within rounding."""
         __tracebackhide__ = _only_violations
-        self._prove("reduce_tensors", request)
+        self.prove_property("reduce_tensors", request)
 
     def test_reduce_numbers(self, plait_lane: Lane, request: pytest.FixtureRequest) -> None:
         """Reduce of Python numbers: Python numbers back, of the right type."""
         __tracebackhide__ = _only_violations
-        self._prove("reduce_numbers", request)
+        self.prove_property("reduce_numbers", request)
 
     def test_broadcast(self, plait_lane: Lane, request: pytest.FixtureRequest) -> None:
         """broadcast: src's value on every rank, tensors on the rank's device."""
         __tracebackhide__ = _only_violations
-        self._prove("broadcast", request)
+        self.prove_property("broadcast", request)
 
     def test_all_gather(self, plait_lane: Lane, request: pytest.FixtureRequest) -> None:
         """all_gather: row i is rank i's tensor."""
         __tracebackhide__ = _only_violations
-        self._prove("all_gather", request)
+        self.prove_property("all_gather", request)
 
     def test_sub_groups(self, plait_lane: Lane, request: pytest.FixtureRequest) -> None:
         """Sub-groups: the contract among a group's ranks; outsiders are refused."""
         __tracebackhide__ = _only_violations
-        self._prove("sub_groups", request)
+        self.prove_property("sub_groups", request)
 
     def test_reduce_boolean_decision(
         self, plait_lane: Lane, request: pytest.FixtureRequest
     ) -> None:
         """reduce_boolean_decision: logical all or any."""
         __tracebackhide__ = _only_violations
-        self._prove("reduce_boolean_decision", request)
+        self.prove_property("reduce_boolean_decision", request)
 
     def test_barrier(self, plait_lane: Lane, request: pytest.FixtureRequest) -> None:
         """barrier: no rank leaves before every rank has entered."""
         __tracebackhide__ = _only_violations
-        self._prove("barrier", request)
+        self.prove_property("barrier", request)
 
     def test_barrier_timeout(self, plait_lane: Lane, request: pytest.FixtureRequest) -> None:
         """barrier(timeout=...): raises, naming the rank that never came."""
         __tracebackhide__ = _only_violations
-        self._prove("barrier_timeout", request)
+        self.prove_property("barrier_timeout", request)
 
     def test_mismatch(self, plait_lane: Lane, request: pytest.FixtureRequest) -> None:
         """Mismatched calls: every rank raises CollectiveMismatchError, none hangs."""
         __tracebackhide__ = _only_violations
-        self._prove("mismatch", request)
+        self.prove_property("mismatch", request)
 
     def test_bad_arguments(self, plait_lane: Lane, request: pytest.FixtureRequest) -> None:
         """Bad arguments: the documented error on every rank, and the strategy still works."""
         __tracebackhide__ = _only_violations
-        self._prove("bad_arguments", request)
+        self.prove_property("bad_arguments", request)
 
 
 class TestContract(ConformanceSuite):
@@ -256,17 +262,17 @@ class TrainingSuite(Suite):
     def test_declared_semantics(self, plait_lane: Lane, request: pytest.FixtureRequest) -> None:
         """Training gives what the strategy declares, loss by loss and replica by replica."""
         __tracebackhide__ = _only_violations
-        self._prove("declared_semantics", request)
+        self.prove_property("declared_semantics", request)
 
     def test_checkpoint_round_trip(self, plait_lane: Lane, request: pytest.FixtureRequest) -> None:
         """A save and a load restore every state exactly, with every checkpoint IO."""
         __tracebackhide__ = _only_violations
-        self._prove("checkpoint_round_trip", request)
+        self.prove_property("checkpoint_round_trip", request)
 
     def test_resume_exactness(self, plait_lane: Lane, request: pytest.FixtureRequest) -> None:
         """A run stopped anywhere and resumed goes on as if never stopped."""
         __tracebackhide__ = _only_violations
-        self._prove("resume_exactness", request)
+        self.prove_property("resume_exactness", request)
 
     def test_checkpoint_moves(self, plait_lane: Lane, request: pytest.FixtureRequest) -> None:
         """A checkpoint goes on with the same losses on each strategy declared compatible."""

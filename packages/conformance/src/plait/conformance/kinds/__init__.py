@@ -1,28 +1,51 @@
 """The kinds of example of the collective contract, one module each.
 
-Each module holds what a rank runs for its kind of example and how the ranks'
-outcomes are judged; importing this package makes them known to the worker and to
-`plait.conformance.spec`.
+Each module holds one kind (`plait.conformance.ExampleKind`): its case type, its
+property, what each rank runs and how the ranks' outcomes are judged, and registers
+it in `plait.conformance.EXAMPLE_KINDS`. `CollectiveKind` is what they share.
 """
 
-from plait.conformance.kinds import (
-    all_gather,
-    bad_arguments,
-    barrier,
-    broadcast,
-    decision,
-    groups,
-    mismatch,
-    reduce,
+from typing import Final
+
+from plait.conformance.kinds.all_gather import ALL_GATHER, AllGatherKind
+from plait.conformance.kinds.bad_arguments import BAD_ARGUMENTS, BadArgumentKind
+from plait.conformance.kinds.barrier import (
+    BARRIER,
+    BARRIER_TIMEOUT,
+    BarrierKind,
+    BarrierTimeoutKind,
 )
+from plait.conformance.kinds.broadcast import BROADCAST, BroadcastKind
+from plait.conformance.kinds.collective import CollectiveKind
+from plait.conformance.kinds.decision import DECISION, DecisionKind
+from plait.conformance.kinds.groups import SUB_GROUPS, GroupKind
+from plait.conformance.kinds.mismatch import MISMATCH, MismatchKind
+from plait.conformance.kinds.reduce import REDUCE_NUMBERS, REDUCE_TENSORS, ReduceKind
 
 __all__ = [
-    "all_gather",
-    "bad_arguments",
-    "barrier",
-    "broadcast",
-    "decision",
-    "groups",
-    "mismatch",
-    "reduce",
+    "PROPERTIES",
+    "AllGatherKind",
+    "BadArgumentKind",
+    "BarrierKind",
+    "BarrierTimeoutKind",
+    "BroadcastKind",
+    "CollectiveKind",
+    "DecisionKind",
+    "GroupKind",
+    "MismatchKind",
+    "ReduceKind",
 ]
+
+PROPERTIES: Final = (
+    REDUCE_TENSORS,
+    REDUCE_NUMBERS,
+    BROADCAST,
+    ALL_GATHER,
+    SUB_GROUPS,
+    DECISION,
+    BARRIER,
+    BARRIER_TIMEOUT,
+    MISMATCH,
+    BAD_ARGUMENTS,
+)
+"""Every property of the collective contract, in the order the suite runs them."""

@@ -3,26 +3,83 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 import torch
+from typing_extensions import override
 
+from plait.conformance import generate, grid
 from plait.conformance.cases import AllGatherCase, TensorSpec
-from plait.conformance.outcomes import Outcome, TensorData, shown
-from plait.conformance.spec import _check_case, _check_tensor_equal
-from plait.conformance.worker import _Context, invoke
+from plait.conformance.kind import Property
+from plait.conformance.kinds.collective import CollectiveKind
+from plait.conformance.outcomes import TensorData, shown
+from plait.conformance.registry import EXAMPLE_KINDS
+from plait.conformance.spec import tensor_problem
 
-__all__: list[str] = []
+if TYPE_CHECKING:
+    from plait.conformance.kind import RankContext
+    from plait.conformance.outcomes import Outcome
+
+__all__ = ["ALL_GATHER", "AllGatherKind"]
+
+ALL_GATHER: Final = Property(
+    "all_gather",
+    "all_gather(t) returns [world_size, *t.shape] whose row i is rank i's tensor, on "
+    "every rank, for every dtype and layout",
+    generate.all_gather_cases,
+    grid=grid.all_gather,
+)
 
 
-@invoke.register(AllGatherCase)
-def _invoke_all_gather(
-    case: AllGatherCase, context: _Context, argument: object
-) -> tuple[object, None]:
-    strategy = context.strategy
-    group = context.dimension
-    assert isinstance(argument, torch.Tensor)
-    return strategy.all_gather(argument, group=group), None
+class AllGatherKind(CollectiveKind[AllGatherCase]):
+    """Every rank calls ``all_gather(inputs[rank])``."""
+
+    case_type = AllGatherCase
+    properties = (ALL_GATHER,)
+    writes_results = True
+    snippet_names = ("Call", "TensorSpec")
+
+    @override
+    def argument(self, case: AllGatherCase, rank: int) -> object:
+        return case.inputs[rank]
+
+    @override
+    def call(self, context: RankContext, case: AllGatherCase, argument: object) -> object:
+        assert isinstance(argument, torch.Tensor)
+        return context.strategy.all_gather(argument, group=context.dimension)
+
+    @override
+    def judge(
+        self, case: AllGatherCase, outcomes: Sequence[Outcome], devices: Sequence[str]
+    ) -> list[str]:
+        first = case.inputs[0]
+        shape = (len(case.inputs), *first.shape)
+        values = tuple(value for spec in case.inputs for value in spec.values)
+        problems = []
+        for outcome in outcomes:
+            result = outcome.result
+            problem = tensor_problem(
+                result,
+                first,
+                rank=outcome.rank,
+                shape=shape,
+                values=values,
+                device=devices[outcome.rank],
+            )
+            if (
+                problem
+                and isinstance(result, TensorData)
+                and _comparable(result, first, shape, devices[outcome.rank])
+            ):
+                problem = _rows_problem(outcome.rank, result, case.inputs)
+            if problem:
+                problems.append(problem)
+        return problems
+
+
+def _comparable(result: TensorData, first: TensorSpec, shape: tuple[int, ...], device: str) -> bool:
+    """Whether the result has the rows' dtype, shape and device: then its rows are compared."""
+    return result.shape == shape and result.dtype == first.dtype and result.device == device
 
 
 _LAYOUT_HINTS: Final = {
@@ -68,32 +125,4 @@ def _rows_problem(rank: int, got: TensorData, inputs: Sequence[TensorSpec]) -> s
     return "\n".join(lines)
 
 
-@_check_case.register(AllGatherCase)
-def _check_all_gather(
-    case: AllGatherCase, outcomes: Sequence[Outcome], devices: Sequence[str]
-) -> list[str]:
-    first = case.inputs[0]
-    shape = (len(case.inputs), *first.shape)
-    values = tuple(value for spec in case.inputs for value in spec.values)
-    problems = []
-    for outcome in outcomes:
-        result = outcome.result
-        problem = _check_tensor_equal(
-            result,
-            first,
-            rank=outcome.rank,
-            shape=shape,
-            values=values,
-            device=devices[outcome.rank],
-        )
-        comparable = (
-            isinstance(result, TensorData)
-            and result.shape == shape
-            and result.dtype == first.dtype
-            and result.device == devices[outcome.rank]
-        )
-        if problem and comparable:
-            problem = _rows_problem(outcome.rank, result, case.inputs)  # type: ignore[arg-type]
-        if problem:
-            problems.append(problem)
-    return problems
+EXAMPLE_KINDS.register(AllGatherKind())

@@ -3,19 +3,84 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
-from plait.conformance.cases import Call, MismatchCase
-from plait.conformance.spec import _check_case, _show
-from plait.conformance.worker import _Context, _src, invoke, materialize
+from typing_extensions import override
+
+from plait.conformance import generate, grid
+from plait.conformance.cases import MismatchCase
+from plait.conformance.kind import Property
+from plait.conformance.kinds.collective import CollectiveKind
+from plait.conformance.registry import EXAMPLE_KINDS
+from plait.conformance.spec import show
+from plait.conformance.worker import materialize
 
 if TYPE_CHECKING:
+    from plait.conformance.cases import Call
+    from plait.conformance.kind import RankContext
     from plait.conformance.outcomes import Outcome
 
-__all__: list[str] = []
+__all__ = ["MISMATCH", "MismatchKind"]
+
+MISMATCH: Final = Property(
+    "mismatch",
+    "ranks that disagree on the collective, op, shape, dtype or src all raise "
+    "CollectiveMismatchError naming what each rank called, never hang, and the "
+    "strategy still works afterwards",
+    generate.mismatch_cases,
+    grid=grid.mismatch,
+    min_world_size=2,
+)
 
 
-def _call(context: _Context, call: Call) -> object:
+class MismatchKind(CollectiveKind[MismatchCase]):
+    """The ranks make calls that do not match: every rank must raise, none may hang."""
+
+    case_type = MismatchCase
+    properties = (MISMATCH,)
+    raises = True
+    snippet_names = ("Call", "TensorSpec")
+
+    @override
+    def call(self, context: RankContext, case: MismatchCase, argument: object) -> object:
+        return _call(context, case.calls[context.rank])
+
+    @override
+    def takes_group(self, case: MismatchCase) -> bool:
+        return all(call.collective != "reduce_boolean_decision" for call in case.calls)
+
+    @override
+    def checks_after(self, case: MismatchCase, world_size: int) -> bool:
+        return True
+
+    @override
+    def judge(
+        self, case: MismatchCase, outcomes: Sequence[Outcome], devices: Sequence[str]
+    ) -> list[str]:
+        want = _partition(list(enumerate(case.calls)))
+        problems = []
+        for outcome in outcomes:
+            error = outcome.error
+            if error is None or "CollectiveMismatchError" not in error.kinds:
+                got = error.describe() if error else f"returned {show(outcome.result)}"
+                problems.append(f"rank {outcome.rank}: must raise CollectiveMismatchError, {got}")
+                continue
+            calls = error.calls or ()
+            if sorted(rank for rank, _ in calls) != list(range(len(case.calls))):
+                problems.append(
+                    f"rank {outcome.rank}: the error names the calls of ranks "
+                    f"{sorted(rank for rank, _ in calls)}, not of every rank"
+                )
+            elif _partition(calls) != want:
+                problems.append(
+                    f"rank {outcome.rank}: the error groups the ranks as "
+                    f"{sorted(sorted(group) for group in _partition(calls))}, but they called "
+                    f"{sorted(sorted(group) for group in want)}"
+                )
+        return problems
+
+
+def _call(context: RankContext, call: Call) -> object:
     strategy = context.strategy
     group = context.dimension
     tensor = materialize(call.tensor, context.device) if call.tensor is not None else None
@@ -26,19 +91,12 @@ def _call(context: _Context, call: Call) -> object:
         assert tensor is not None
         return strategy.all_gather(tensor, group=group)
     if call.collective == "broadcast":
-        src = _src(context, int(call.arg))  # type: ignore[call-overload]
+        src = context.src(int(call.arg))  # type: ignore[call-overload]
         return strategy.broadcast(tensor, src=src, group=group)
     if call.collective == "barrier":
         strategy.barrier(None if call.arg is None else str(call.arg), group=group)
         return None
     return strategy.reduce_boolean_decision(decision=True, all=bool(call.arg))
-
-
-@invoke.register(MismatchCase)
-def _invoke_mismatch(
-    case: MismatchCase, context: _Context, argument: object
-) -> tuple[object, None]:
-    return _call(context, case.calls[context.rank]), None
 
 
 def _partition(pairs: Sequence[tuple[int, object]]) -> set[frozenset[int]]:
@@ -48,28 +106,4 @@ def _partition(pairs: Sequence[tuple[int, object]]) -> set[frozenset[int]]:
     return {frozenset(ranks) for ranks in groups.values()}
 
 
-@_check_case.register(MismatchCase)
-def _check_mismatch(
-    case: MismatchCase, outcomes: Sequence[Outcome], devices: Sequence[str]
-) -> list[str]:
-    want = _partition(list(enumerate(case.calls)))
-    problems = []
-    for outcome in outcomes:
-        error = outcome.error
-        if error is None or "CollectiveMismatchError" not in error.kinds:
-            got = error.describe() if error else f"returned {_show(outcome.result)}"
-            problems.append(f"rank {outcome.rank}: must raise CollectiveMismatchError, {got}")
-            continue
-        calls = error.calls or ()
-        if sorted(rank for rank, _ in calls) != list(range(len(case.calls))):
-            problems.append(
-                f"rank {outcome.rank}: the error names the calls of ranks "
-                f"{sorted(rank for rank, _ in calls)}, not of every rank"
-            )
-        elif _partition(calls) != want:
-            problems.append(
-                f"rank {outcome.rank}: the error groups the ranks as "
-                f"{sorted(sorted(group) for group in _partition(calls))}, but they called "
-                f"{sorted(sorted(group) for group in want)}"
-            )
-    return problems
+EXAMPLE_KINDS.register(MismatchKind())

@@ -3,40 +3,113 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING, Final
 
+from typing_extensions import override
+
+from plait.conformance import generate, grid
 from plait.conformance.cases import FLOAT_DTYPES, ReduceCase, TensorSpec
+from plait.conformance.kind import Property
+from plait.conformance.kinds.collective import CollectiveKind
 from plait.conformance.outcomes import Outcome, TensorData
+from plait.conformance.registry import EXAMPLE_KINDS
 from plait.conformance.spec import (
-    _INEXACT,
-    _check_case,
-    _close,
-    _same_everywhere,
+    INEXACT_DTYPES,
     reference_reduce,
+    same_everywhere,
     tolerance,
+    within,
 )
-from plait.conformance.worker import _Context, invoke, reduce_op
+from plait.conformance.worker import reduce_op
 
-__all__: list[str] = []
+if TYPE_CHECKING:
+    from hypothesis import strategies as st
+
+    from plait.conformance.cases import Case
+    from plait.conformance.kind import RankContext
+
+__all__ = ["REDUCE_NUMBERS", "REDUCE_TENSORS", "ReduceKind", "op_labels"]
 
 
-@invoke.register(ReduceCase)
-def _invoke_reduce(case: ReduceCase, context: _Context, argument: object) -> tuple[object, None]:
-    strategy = context.strategy
-    group = context.dimension
-    op = reduce_op(case.op)
-    return strategy.reduce(argument, group=group, reduce_op=op), None  # type: ignore[call-overload]
+def _tensor_reduces(world_size: int) -> st.SearchStrategy[Case]:
+    return generate.reduce_cases(world_size)
+
+
+def _number_reduces(world_size: int) -> st.SearchStrategy[Case]:
+    return generate.reduce_cases(world_size, numbers=True)
+
+
+REDUCE_TENSORS: Final = Property(
+    "reduce_tensors",
+    "reduce(t, op) of every op and dtype, any shape (zero-size included) and layout, "
+    "matches the reference on every rank, bit for bit the same everywhere, on the "
+    "input's device; the mean of integers or bools is floating; the input is unchanged",
+    _tensor_reduces,
+    grid=grid.reduce_tensors,
+)
+
+REDUCE_NUMBERS: Final = Property(
+    "reduce_numbers",
+    "reduce of Python ints and floats returns a Python number of the right type "
+    "(int for sum/min/max/product of ints, float otherwise) equal to the reference",
+    _number_reduces,
+    grid=grid.reduce_numbers,
+)
+
+
+class ReduceKind(CollectiveKind[ReduceCase]):
+    """Every rank calls ``reduce(inputs[rank], op)``: of tensors, or of Python numbers."""
+
+    case_type = ReduceCase
+    properties = (REDUCE_TENSORS, REDUCE_NUMBERS)
+    writes_results = True
+    snippet_names = ("Call", "TensorSpec")
+
+    @override
+    def property_of(self, case: ReduceCase) -> Property:
+        return REDUCE_TENSORS if isinstance(case.inputs[0], TensorSpec) else REDUCE_NUMBERS
+
+    @override
+    def argument(self, case: ReduceCase, rank: int) -> object:
+        return case.inputs[rank]
+
+    @override
+    def call(self, context: RankContext, case: ReduceCase, argument: object) -> object:
+        op = reduce_op(case.op)
+        return context.strategy.reduce(argument, group=context.dimension, reduce_op=op)  # type: ignore[call-overload]
+
+    @override
+    def judge(
+        self, case: ReduceCase, outcomes: Sequence[Outcome], devices: Sequence[str]
+    ) -> list[str]:
+        tensors = [value for value in case.inputs if isinstance(value, TensorSpec)]
+        if tensors:
+            problems = _check_tensor_reduce(case, tensors, outcomes, devices)
+        else:
+            numbers = [value for value in case.inputs if not isinstance(value, TensorSpec)]
+            problems = _check_number_reduce(case, numbers, outcomes)
+        return problems or same_everywhere(outcomes, "result")
+
+    @override
+    def labels(self, case: ReduceCase) -> dict[str, object]:
+        return op_labels(case.op, case.reduction)
+
+
+def op_labels(spelling: str, reduction: str) -> dict[str, object]:
+    """The op, and the spelling it was written in where that is another."""
+    return {"op": reduction, **({"spelling": spelling} if spelling != reduction else {})}
 
 
 def _result_dtype_problem(op: str, spec: TensorSpec, dtype: str) -> str | None:  # noqa: PLR0911
-    integral = spec.dtype not in _INEXACT
+    integral = spec.dtype not in INEXACT_DTYPES
     if op == "mean" and integral:
         if dtype not in FLOAT_DTYPES:
             return f"the mean of {spec.dtype} input must be floating, got {dtype}"
         return None
     if spec.dtype == "bool":
-        if op == "sum" and dtype in ("bool", *_INEXACT):
+        if op == "sum" and dtype in ("bool", *INEXACT_DTYPES):
             return f"the sum of bool input must count (an integer dtype), got {dtype}"
-        if dtype in _INEXACT:
+        if dtype in INEXACT_DTYPES:
             return f"{op} of bool input must be bool or an integer dtype, got {dtype}"
         return None
     if dtype != spec.dtype:
@@ -51,7 +124,7 @@ def _check_tensor_reduce(
     devices: Sequence[str],
 ) -> list[str]:
     first = inputs[0]
-    exact = first.dtype not in _INEXACT
+    exact = first.dtype not in INEXACT_DTYPES
     columns = list(zip(*(spec.values for spec in inputs), strict=True))
     expected = [reference_reduce(case.reduction, column, exact=exact) for column in columns]
     problems = []
@@ -79,7 +152,7 @@ def _check_tensor_reduce(
         ):
             tol = tolerance(case.reduction, column, result.dtype, size)
             got = int(value) if isinstance(value, bool) else value
-            if not _close(got, want, tol):
+            if not within(got, want, tol):
                 problems.append(
                     f"rank {rank}: element {index} is {value!r}, expected {want!r} "
                     f"(inputs {list(column)}, tolerance {tol:.3g})"
@@ -103,19 +176,9 @@ def _check_number_reduce(
                 f"rank {outcome.rank}: reduce of Python {type(inputs[0]).__name__}s with "
                 f"{case.op!r} must return a Python {want_type.__name__}, got {got!r}"
             )
-        elif not _close(got, want, tol):
+        elif not within(got, want, tol):
             problems.append(f"rank {outcome.rank}: got {got!r}, expected {want!r}")
     return problems
 
 
-@_check_case.register(ReduceCase)
-def _check_reduce(
-    case: ReduceCase, outcomes: Sequence[Outcome], devices: Sequence[str]
-) -> list[str]:
-    tensors = [value for value in case.inputs if isinstance(value, TensorSpec)]
-    if tensors:
-        problems = _check_tensor_reduce(case, tensors, outcomes, devices)
-    else:
-        numbers = [value for value in case.inputs if not isinstance(value, TensorSpec)]
-        problems = _check_number_reduce(case, numbers, outcomes)
-    return problems or _same_everywhere(outcomes, "result")
+EXAMPLE_KINDS.register(ReduceKind())
