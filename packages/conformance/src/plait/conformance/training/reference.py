@@ -25,6 +25,8 @@ import attrs
 import torch
 
 from plait.conformance.outcomes import rank_list
+from plait.conformance.training.compare import tolerance
+from plait.conformance.training.loop import TrainingReport
 from plait.conformance.training.models import (
     global_batch,
     make_model,
@@ -32,7 +34,6 @@ from plait.conformance.training.models import (
     make_scheduler,
     step_scheduler,
 )
-from plait.conformance.training.program import TrainingReport, tolerance
 from plait.core import PeriodicAveraging, Synchronous, TrainingSemantics
 
 if TYPE_CHECKING:

@@ -1,0 +1,98 @@
+"""The round trip's rank part: save, disturb, load, and compare every state."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+
+from plait.conformance.training.compare import (
+    copied,
+    differences,
+)
+from plait.conformance.training.loop import (
+    Loop,
+    TrainingReport,
+    UserState,
+    finish,
+    scratch_directory,
+    seed_streams,
+    user_value,
+)
+
+if TYPE_CHECKING:
+    from plait.conformance.training.cases import TrainingCase
+    from plait.core import Strategy, TrainingSemantics
+
+__all__: list[str] = []
+
+
+def _round_trip(
+    strategy: Strategy, case: TrainingCase, semantics: TrainingSemantics
+) -> TrainingReport:
+    run = case.run
+    seed_streams(run, strategy.global_rank)
+    problems: list[str] = []
+    try:
+        loop = Loop(strategy, run, model_seed=run.seed)
+        user = UserState(user_value(case.user_state))
+        loop.begin()
+        loop.train(0, case.stop_at)
+        with scratch_directory(strategy) as directory:
+            path = str(Path(directory) / "checkpoint")
+            saved_user = copied(user.value)
+            strategy.save_checkpoint(loop.state(user), path)
+            strategy.barrier()  # where rank 0 writes alone, it has written
+            saved = loop.snapshot()
+            # Disturb everything, then load it back into the same objects.
+            loop.train(case.stop_at, case.stop_at + 1)
+            user.value = {"disturbed": True}
+            torch.rand(3)
+            random.random()
+            loop.restore(path, user)
+            loaded = loop.snapshot()
+            for part in saved:
+                problems += [
+                    f"after a save and a load, {part}{problem.removeprefix('the value')}"
+                    for problem in differences(saved[part], loaded[part])
+                ]
+            problems += [
+                f"after a save and a load, the user's Stateful object{problem}"
+                for problem in differences(saved_user, user.value)
+            ]
+            problems += _module_alone(loop, path, saved)
+    finally:
+        finish(strategy)
+    return TrainingReport(semantics, problems=tuple(problems))
+
+
+def _module_alone(loop: Loop, path: str, saved: dict[str, object]) -> list[str]:
+    """The load contract: the module alone is restored, every optimizer left as it was."""
+    loop.train(loop.progress.global_step, loop.progress.global_step + 1)
+    before = loop.snapshot()
+    rest = dict(loop.strategy.load_checkpoint(path, loop.module))
+    after = loop.snapshot()
+    problems = [
+        f"load_checkpoint(path, module) did not restore the module: {problem}"
+        for problem in differences(saved["module"], after["module"])
+    ]
+    problems += [
+        f"load_checkpoint(path, module) changed the optimizer's state: {problem}"
+        for problem in differences(before["optimizer"], after["optimizer"])
+    ]
+    read = sorted(
+        str(key) for key in rest if key in ("model", "optimizer", "state_dict", "optimizer_states")
+    )
+    if read:
+        problems.append(
+            f"load_checkpoint(path, module) gave back {read}: the module and optimizer "
+            "states are not the run's entries"
+        )
+    if "loop" not in rest:
+        problems.append(
+            f"load_checkpoint(path, module) gave back {sorted(map(str, rest))}, without the "
+            "run's entry 'loop'"
+        )
+    return problems
