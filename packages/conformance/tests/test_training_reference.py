@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from plait.conformance.training.cases import TrainingCase, TrainingRun
 from plait.conformance.training.program import TrainingReport, tolerance
-from plait.conformance.training.reference import _check_replicas, _reference, reference
+from plait.conformance.training.reference import _reference, reference
+from plait.conformance.training.replicas import check_replicas as _check_replicas
 from plait.core import PeriodicAveraging, Synchronous, TrainingSemantics
 
 # Drawn by the suite (seed 2870573087): four LBFGS steps of a transformer, whose module

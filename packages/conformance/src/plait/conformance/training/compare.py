@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Final
 
 import torch
@@ -10,13 +10,14 @@ import torch.distributed.tensor
 
 __all__ = [
     "LOOSE",
+    "OTHER_ORDER",
     "TOLERANCES",
     "close_states",
-    "compare_losses",
     "compare_vectors",
     "copied",
     "differences",
     "first_difference",
+    "loss_apart",
     "own_state",
     "tolerance",
 ]
@@ -134,27 +135,36 @@ def tolerance(precision: str, optimizer: str = "sgd") -> tuple[float, float]:
     return (rtol * 10, atol * 10) if optimizer == "lbfgs" else (rtol, atol)
 
 
-def compare_losses(
+OTHER_ORDER: Final = 10.0
+"""How many times the precision's relative tolerance a loss may be from one computed
+elsewhere (the reference in one process, another strategy), whose sums were taken
+in another order; a run against itself (resumed, against never stopped) takes one."""
+
+
+def loss_apart(
     expected: Sequence[float],
     found: Sequence[float],
-    stop: str,
-    *,
     close: tuple[float, float] | None,
-) -> list[str]:
-    """``close``: the relative and absolute tolerance, or None for bit for bit."""
-    if len(expected) != len(found):
-        return [f"{stop} and resumed, the run took {len(found)} steps, not {len(expected)}"]
+    *,
+    margin: float = 1.0,
+    rounding: Callable[[int], float] = lambda _step: 0.0,
+) -> int | None:
+    """The first step whose loss in ``found`` does not agree with ``expected``'s; None if all do.
+
+    The one rule for losses: bit for bit where ``close`` is None; else within
+    ``margin`` times the relative tolerance (``close[0]``) of ``max(1, |expected|)``,
+    plus three times the rounding the example carries at that step
+    (`plait.conformance.training.Reference.rounding`). Both have the same length.
+    """
     for step, (want, got) in enumerate(zip(expected, found, strict=True)):
-        same = want == got if close is None else abs(want - got) <= close[0] * max(1.0, abs(want))
-        if not same:
-            return [
-                (
-                    f"{stop} and resumed, the loss of step {step} is {got!r}, and {want!r} in "
-                    f"the run never stopped"
-                    + (" (bit for bit, as declared)" if close is None else "")
-                )
-            ]
-    return []
+        if close is None:
+            agree = got == want
+        else:
+            bound = close[0] * max(1.0, abs(want)) * margin + 3 * rounding(step)
+            agree = abs(got - want) <= bound
+        if not agree:
+            return step
+    return None
 
 
 def compare_vectors(

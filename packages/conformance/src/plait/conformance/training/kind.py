@@ -11,9 +11,10 @@ from plait.conformance.cases import TrainingCase
 from plait.conformance.kind import ExampleKind, Property
 from plait.conformance.outcomes import Outcome
 from plait.conformance.registry import EXAMPLE_KINDS
-from plait.conformance.training.program import TrainingReport, run_training
-from plait.conformance.training.properties import MOVES, TRAINING_PROPERTIES, training_property
-from plait.conformance.training.reference import check_training
+from plait.conformance.training.example import TRAINING_EXAMPLES, check_training
+from plait.conformance.training.loop import TrainingReport
+from plait.conformance.training.program import run_training
+from plait.conformance.training.properties import MOVES, TRAINING_PROPERTIES
 from plait.conformance.worker import raised
 
 if TYPE_CHECKING:
@@ -36,7 +37,7 @@ class TrainingKind(ExampleKind[TrainingCase]):
 
     @override
     def property_of(self, case: TrainingCase) -> Property:
-        return training_property(case)
+        return TRAINING_EXAMPLES.of(case).property
 
     @override
     def run(self, context: RankContext, case: TrainingCase) -> Outcome:

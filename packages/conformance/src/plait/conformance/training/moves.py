@@ -1,12 +1,34 @@
-"""The moves' rank parts: train, save and go on; load a moved checkpoint and go on."""
+"""Checkpoint moves: a checkpoint saved mid-run goes on, on each strategy declared compatible.
+
+A run is saved mid-way on the source's pool (``"move_out"``), goes on there, and
+goes on from the same checkpoint on the target's (``"move_in"``): `prove_moves`
+proves it over the two pools, and the losses must agree within the precision's
+rounding.
+"""
 
 from __future__ import annotations
 
+import shutil
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
+import attrs
 import torch
+from typing_extensions import override
 
+from plait.conformance.kind import Property
+from plait.conformance.pool import PoolError, PoolStartError, RankPool
+from plait.conformance.properties import ContractViolation, drawing, plain
+from plait.conformance.training import generate
+from plait.conformance.training.cases import TrainingCase
+from plait.conformance.training.compare import OTHER_ORDER, loss_apart, tolerance
+from plait.conformance.training.example import (
+    SLOWER,
+    TRAINING_EXAMPLES,
+    TrainingExample,
+    reports,
+)
 from plait.conformance.training.loop import (
     FRESH_SEED,
     Loop,
@@ -17,44 +39,264 @@ from plait.conformance.training.loop import (
 )
 
 if TYPE_CHECKING:
-    from plait.conformance.training.cases import TrainingCase
+    from collections.abc import Callable
+
+    from plait.conformance.cases import Case, TrainingRun
+    from plait.conformance.target import StrategyTarget
     from plait.core import Strategy, TrainingSemantics
 
-__all__: list[str] = []
+__all__ = [
+    "MOVES",
+    "MoveIn",
+    "MoveOut",
+    "MoveViolation",
+    "check_move",
+    "prove_moves",
+    "reproduce_move",
+]
+
+MOVES: Final = Property(
+    "checkpoint_moves",
+    "a checkpoint saved mid-run, loaded by each strategy the strategy declares compatible "
+    "at the same world size, goes on with the losses the strategy itself went on with",
+    draws=generate.moves,
+    over_groups=False,
+    slower=SLOWER,
+)
+"""The moves: proved by `prove_moves`, over two pools."""
 
 
-def _move_out(
-    strategy: Strategy, case: TrainingCase, semantics: TrainingSemantics
-) -> TrainingReport:
-    run = case.run
-    seed_streams(run, strategy.global_rank)
+class MoveOut(TrainingExample):
+    """Train to ``stop_at``, save, and go on: the losses a moved checkpoint must go on with."""
+
+    kind = "move_out"
+    property = MOVES
+
+    @override
+    def run(
+        self,
+        strategy: Strategy,
+        target: StrategyTarget,
+        case: TrainingCase,
+        semantics: TrainingSemantics,
+    ) -> TrainingReport:
+        run = case.run
+        seed_streams(run, strategy.global_rank)
+        try:
+            loop = Loop(strategy, run, model_seed=run.seed)
+            loop.begin()
+            loop.train(0, case.stop_at)
+            directory = shared_directory(strategy, "plait-kit-move-")
+            path = str(Path(directory) / "checkpoint")
+            strategy.save_checkpoint(loop.state(), path)
+            strategy.barrier()
+            after = loop.train(case.stop_at, run.steps)
+            loop.end()
+        finally:
+            finish(strategy)
+        return TrainingReport(semantics, losses=tuple(after), checkpoint=path)
+
+
+class MoveIn(TrainingExample):
+    """Load ``source`` (as a ``"move_out"`` example wrote it) and go on from ``stop_at``."""
+
+    kind = "move_in"
+    property = MOVES
+
+    @override
+    def run(
+        self,
+        strategy: Strategy,
+        target: StrategyTarget,
+        case: TrainingCase,
+        semantics: TrainingSemantics,
+    ) -> TrainingReport:
+        run = case.run
+        assert case.source is not None
+        torch.manual_seed(FRESH_SEED + strategy.global_rank)
+        try:
+            loop = Loop(strategy, run, model_seed=run.seed + FRESH_SEED)
+            loop.restore(case.source)
+            loop.begin()
+            after = loop.train(case.stop_at, run.steps)
+            loop.end()
+        finally:
+            finish(strategy)
+        return TrainingReport(semantics, losses=tuple(after))
+
+
+def check_move(
+    source: str, target: str, expected: Sequence[float], found: Sequence[float], run: TrainingRun
+) -> list[str]:
+    """How a checkpoint of ``source`` loaded by ``target`` failed to go on with its losses."""
+    if len(found) != len(expected):
+        return [f"{target} took {len(found)} steps from {source}'s checkpoint, not {len(expected)}"]
+    close = tolerance(run.precision, run.optimizer)
+    step = loss_apart(expected, found, close, margin=OTHER_ORDER)
+    if step is None:
+        return []
+    return [
+        (
+            f"{target}, going on from {source}'s checkpoint, has the loss {found[step]:.6g} "
+            f"at its step {step}; {source} itself went on with {expected[step]:.6g}"
+        )
+    ]
+
+
+class MoveViolation(ContractViolation):
+    """A checkpoint moved to a declared-compatible strategy did not go on as it should."""
+
+    def __init__(
+        self, pool: RankPool, case: TrainingCase, target: str, problems: list[str]
+    ) -> None:
+        self.moved_to = target
+        super().__init__(MOVES, pool, case, problems)
+
+    @property
+    @override
+    def snippet(self) -> str:
+        """A script that reruns the move."""
+        return "\n".join(
+            [
+                "from plait.conformance.cases import TrainingCase, TrainingRun",
+                "from plait.conformance.training import reproduce_move",
+                "",
+                'if __name__ == "__main__":',
+                (
+                    f"    reproduce_move({self.strategy!r}, {self.moved_to!r}, {self.case!r}, "
+                    f"world_size={self.world_size})"
+                ),
+            ]
+        )
+
+
+def _moved(source: RankPool, target: RankPool, case: TrainingCase, *, moved_to: str) -> None:
+    """Run ``case`` on ``source``, its checkpoint on ``target``; raise where they part."""
+    __tracebackhide__ = True
     try:
-        loop = Loop(strategy, run, model_seed=run.seed)
-        loop.begin()
-        loop.train(0, case.stop_at)
-        directory = shared_directory(strategy, "plait-kit-move-")
-        path = str(Path(directory) / "checkpoint")
-        strategy.save_checkpoint(loop.state(), path)
-        strategy.barrier()
-        after = loop.train(case.stop_at, run.steps)
-        loop.end()
-    finally:
-        finish(strategy)
-    return TrainingReport(semantics, losses=tuple(after), checkpoint=path)
-
-
-def _move_in(
-    strategy: Strategy, case: TrainingCase, semantics: TrainingSemantics
-) -> TrainingReport:
-    run = case.run
-    assert case.source is not None
-    torch.manual_seed(FRESH_SEED + strategy.global_rank)
+        out = source.run(case, deadline=source.deadline * SLOWER)
+    except (PoolError, PoolStartError) as error:
+        raise MoveViolation(source, case, moved_to, [str(error)]) from None
+    kept, problems = reports(out)
+    problems += [
+        f"rank {outcome.rank} raised {outcome.error.describe()}\n{outcome.error.traceback}"
+        for outcome in out
+        if outcome.error is not None
+    ]
+    if problems:
+        raise MoveViolation(source, case, moved_to, problems)
+    first: TrainingReport = kept[0]
+    if first.refused is not None or first.checkpoint is None:
+        return
+    moved = attrs.evolve(case, kind="move_in", source=first.checkpoint)
     try:
-        loop = Loop(strategy, run, model_seed=run.seed + FRESH_SEED)
-        loop.restore(case.source)
-        loop.begin()
-        after = loop.train(case.stop_at, run.steps)
-        loop.end()
+        try:
+            back = target.run(moved, deadline=target.deadline * SLOWER)
+        except (PoolError, PoolStartError) as error:
+            raise MoveViolation(source, case, moved_to, [str(error)]) from None
+        arrived, problems = reports(back)
+        problems += [
+            f"{moved_to} rank {outcome.rank} raised {outcome.error.describe()}\n"
+            f"{outcome.error.traceback}"
+            for outcome in back
+            if outcome.error is not None
+        ]
+        if not problems and arrived[0].refused is None:
+            problems = check_move(
+                source.target.name,
+                moved_to,
+                first.losses,
+                arrived[0].losses,
+                case.run,
+            )
+        if problems:
+            raise MoveViolation(source, case, moved_to, problems)
     finally:
-        finish(strategy)
-    return TrainingReport(semantics, losses=tuple(after))
+        shutil.rmtree(Path(first.checkpoint).parent, ignore_errors=True)
+
+
+def prove_moves(
+    source: RankPool,
+    target_pool: Callable[[str], RankPool],
+    *,
+    max_examples: int,
+    shrink: bool = True,
+    seed: int | None = None,
+) -> int:
+    """Prove that ``source``'s checkpoints move to each strategy it declares compatible.
+
+    ``target_pool(name)`` gives the running pool of a compatible strategy at
+    ``source``'s world size and lane. Each drawn run is saved mid-way on ``source``,
+    goes on there, and goes on from the same checkpoint on the target: the losses
+    must agree within the precision's rounding.
+
+    Returns:
+        How many examples ran, over every compatible strategy.
+
+    Raises:
+        MoveViolation: A move did not go on with the source's losses.
+    """
+    __tracebackhide__ = True
+    source.start()
+    return sum(
+        _prove_move(
+            source, target_pool(name), name, max_examples=max_examples, shrink=shrink, seed=seed
+        )
+        for name in source.semantics.compatible
+    )
+
+
+def _prove_move(
+    source: RankPool,
+    target: RankPool,
+    name: str,
+    *,
+    max_examples: int,
+    shrink: bool,
+    seed: int | None,
+) -> int:
+    __tracebackhide__ = True
+    count = 0
+
+    def run(case: Case) -> None:
+        nonlocal count
+        assert isinstance(case, TrainingCase)
+        count += 1
+        try:
+            _moved(source, target, case, moved_to=name)
+        except MoveViolation as violation:
+            violation.locate(seed=seed, explicit=False)
+            violation.examples = count
+            raise
+
+    test = drawing(
+        run,
+        generate.moves(source.world_size, source.semantics),
+        limit=max_examples,
+        shrink=shrink,
+        seed=seed,
+    )
+    try:
+        test()
+    except MoveViolation as violation:
+        raise plain(violation) from None
+    return count
+
+
+def reproduce_move(
+    source: str, target: str, case: TrainingCase, *, world_size: int, backend: str = "gloo"
+) -> None:
+    """Rerun one move, as a failure report prints it (under ``if __name__ == "__main__":``).
+
+    Raises:
+        MoveViolation: The move still does not go on with the source's losses.
+    """
+    with (
+        RankPool(source, world_size=world_size, backend=backend) as there,
+        RankPool(target, world_size=world_size, backend=backend) as here,
+    ):
+        _moved(there, here, case, moved_to=target)
+
+
+TRAINING_EXAMPLES.register(MoveOut())
+TRAINING_EXAMPLES.register(MoveIn())

@@ -1,10 +1,12 @@
-"""What a declared semantics says a run must give, computed in one process, and the judges.
+"""What a declared semantics says a run must give, computed in one process.
 
 `reference` trains the example's run as the declaration says the strategy does: one
 model on the global batch (`Synchronous`), or one replica per rank, each on its own
 micro-batches with its own optimizer, meeting through an outer SGD step every
-``every`` steps and at the end (`PeriodicAveraging`). The judges compare the ranks'
-reports with it, and say the first difference.
+``every`` steps and at the end (`PeriodicAveraging`). The replicas example's judge
+compares the ranks' reports with it and says the first difference
+(`plait.conformance.training.replicas.check_replicas`); the judging every example
+shares (`check_training`, `reports`) is in `plait.conformance.training.example`.
 
 With LBFGS, whose two-loop recursion divides by differences of gradients, an example
 may magnify the rounding of a sum taken in another order past any fixed tolerance
@@ -18,15 +20,13 @@ two: how far this example carries rounding alone.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 import attrs
 import torch
 
-from plait.conformance.outcomes import rank_list
-from plait.conformance.training.compare import tolerance
-from plait.conformance.training.loop import TrainingReport
+from plait.conformance.training.example import check_training, reports
 from plait.conformance.training.models import (
     global_batch,
     make_model,
@@ -34,11 +34,10 @@ from plait.conformance.training.models import (
     make_scheduler,
     step_scheduler,
 )
-from plait.core import PeriodicAveraging, Synchronous, TrainingSemantics
+from plait.core import PeriodicAveraging, Synchronous
 
 if TYPE_CHECKING:
-    from plait.conformance.outcomes import Outcome
-    from plait.conformance.training.cases import TrainingCase, TrainingRun
+    from plait.conformance.training.cases import TrainingRun
     from plait.core import Replicas
 
 __all__ = ["Reference", "check_training", "describe", "reference", "reports"]
@@ -318,169 +317,3 @@ def _periodic(
     after.append(tuple(_flat(replica.model) for replica in models))
     final = {name: value.detach().clone() for name, value in models[0].model.state_dict().items()}
     return Reference(tuple(losses), tuple(after), final)
-
-
-# Judging.
-
-
-def reports(outcomes: Sequence[Outcome]) -> tuple[list[TrainingReport], list[str]]:
-    """Each rank's report, and the problems of ranks that sent none or disagree on refusing."""
-    found = [outcome.result for outcome in outcomes]
-    problems = [
-        f"rank {outcome.rank} sent {type(outcome.result).__name__}, not a training report"
-        for outcome in outcomes
-        if not isinstance(outcome.result, TrainingReport)
-    ]
-    kept = [report for report in found if isinstance(report, TrainingReport)]
-    if problems:
-        return kept, problems
-    refused = [index for index, report in enumerate(kept) if report.refused is not None]
-    if refused and len(refused) != len(kept):
-        others = [index for index in range(len(kept)) if index not in refused]
-        problems.append(
-            f"{rank_list(refused)} refused the example's settings and {rank_list(others)} "
-            f"took them: {kept[refused[0]].refused}"
-        )
-    return kept, problems
-
-
-def _close(
-    found: torch.Tensor, expected: torch.Tensor, run: TrainingRun, rounding: float = 0.0
-) -> bool:
-    """Within the precision's tolerance, plus three times the example's own ``rounding``."""
-    rtol, atol = tolerance(run.precision, run.optimizer)
-    return found.shape == expected.shape and torch.allclose(
-        found.double(), expected.double(), rtol=rtol, atol=atol + 3 * rounding
-    )
-
-
-def _largest(found: torch.Tensor, expected: torch.Tensor) -> str:
-    if found.shape != expected.shape:
-        return f"{found.numel()} values where the reference has {expected.numel()}"
-    gap = (found.double() - expected.double()).abs()
-    index = int(gap.argmax())
-    return (
-        f"at flat index {index}: {found.reshape(-1)[index].item():.6g}, the reference "
-        f"{expected.reshape(-1)[index].item():.6g} (largest gap {gap.max().item():.3g})"
-    )
-
-
-def check_training(case: TrainingCase, outcomes: Sequence[Outcome]) -> list[str]:
-    """How the ranks' reports of ``case`` break the declared semantics; empty if they keep it."""
-    kept, problems = reports(outcomes)
-    if problems or not kept or kept[0].refused is not None:
-        return problems
-    for index, report in enumerate(kept):
-        problems += [f"rank {index}: {problem}" for problem in report.problems]
-    if problems or case.kind != "replicas":
-        return problems
-    return _check_replicas(case, kept)
-
-
-def _check_replicas(case: TrainingCase, kept: list[TrainingReport]) -> list[str]:
-    run, world_size = case.run, len(kept)
-    semantics: TrainingSemantics = kept[0].semantics
-    disagreeing = [index for index, report in enumerate(kept) if report.semantics != semantics]
-    if disagreeing:
-        return [
-            (
-                f"{rank_list(disagreeing)} declare other training semantics than rank 0: "
-                f"{kept[disagreeing[0]].semantics} and {semantics}"
-            )
-        ]
-    said = describe(semantics.replicas, world_size)
-    expected = reference(run, world_size, semantics.replicas)
-    problems = _judge(run, kept, expected, said)
-    if problems and run.optimizer == "lbfgs":
-        # Judged again within the rounding this example carries, measured only where
-        # the fixed tolerance is not enough: a second reference run costs time.
-        expected = reference(run, world_size, semantics.replicas, rounding=True)
-        problems = _judge(run, kept, expected, said)
-    return problems
-
-
-def _judge(
-    run: TrainingRun, kept: list[TrainingReport], expected: Reference, said: str
-) -> list[str]:
-    return (
-        _check_losses(run, kept, expected, said)
-        + _check_modules(run, kept, expected, said)
-        + _check_export(run, kept[0].export, expected, said)
-    )
-
-
-def _check_losses(
-    run: TrainingRun, kept: list[TrainingReport], expected: Reference, said: str
-) -> list[str]:
-    rtol, _ = tolerance(run.precision, run.optimizer)
-    problems: list[str] = []
-    for index, report in enumerate(kept):
-        if len(report.losses) != len(expected.losses):
-            problems.append(
-                f"rank {index}: reported {len(report.losses)} losses for {run.steps} steps"
-            )
-            continue
-        for step, (got, want) in enumerate(zip(report.losses, expected.losses, strict=True)):
-            rounding = expected.rounding(step, loss=True)
-            if abs(got - want) > rtol * max(1.0, abs(want)) * 10 + 3 * rounding:
-                problems.append(
-                    f"rank {index}: the loss of step {step} is {got:.6g}; {said} gives {want:.6g}"
-                )
-                break
-    return problems
-
-
-def _check_modules(
-    run: TrainingRun, kept: list[TrainingReport], expected: Reference, said: str
-) -> list[str]:
-    problems: list[str] = []
-    for index, report in enumerate(kept):
-        for step, (got, want) in enumerate(
-            zip(report.replicas or (), expected.replicas, strict=False)
-        ):
-            found = torch.tensor(got, dtype=torch.float64)
-            if not _close(found, want[index], run, expected.rounding(step)):
-                when = "after the end of training" if step == run.steps else f"after step {step}"
-                problems.append(
-                    f"rank {index}: its module {when} is not what {said} gives: "
-                    f"{_largest(found, want[index])}"
-                )
-                break
-    return problems
-
-
-def _check_export(
-    run: TrainingRun, export: dict[str, torch.Tensor] | None, expected: Reference, said: str
-) -> list[str]:
-    if export is None:
-        return ["rank 0: export_checkpoint wrote nothing it could read back"]
-    for name, want in expected.final.items():
-        got = export.get(name)
-        if got is None:
-            return [f"the exported module has no {name!r}: it has {sorted(export)}"]
-        if not _close(got.float(), want.float(), run, expected.rounding(run.steps)):
-            return [
-                (
-                    f"the exported module's {name!r} is not the trained module {said} gives: "
-                    f"{_largest(got.float(), want.float())}"
-                )
-            ]
-    return []
-
-
-def check_move(
-    source: str, target: str, expected: Sequence[float], found: Sequence[float], run: TrainingRun
-) -> list[str]:
-    """How a checkpoint of ``source`` loaded by ``target`` failed to go on with its losses."""
-    rtol, _ = tolerance(run.precision, run.optimizer)
-    if len(found) != len(expected):
-        return [f"{target} took {len(found)} steps from {source}'s checkpoint, not {len(expected)}"]
-    for step, (got, want) in enumerate(zip(found, expected, strict=True)):
-        if abs(got - want) > rtol * max(1.0, abs(want)) * 10:
-            return [
-                (
-                    f"{target}, going on from {source}'s checkpoint, has the loss {got:.6g} at its "
-                    f"step {step}; {source} itself went on with {want:.6g}"
-                )
-            ]
-    return []

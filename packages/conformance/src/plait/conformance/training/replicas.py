@@ -1,10 +1,25 @@
-"""The replicas example's rank part: train, and report the losses, replicas and export."""
+"""The declared semantics, replica by replica: train, and compare with the reference.
+
+Every rank trains the run and reports the global loss of each step, its module
+after each step (and after the end of training) and the export; the harness
+trains the run as the declaration says (`plait.conformance.training.reference`) and
+compares them.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
+import torch
+from typing_extensions import override
+
+from plait.conformance.kind import Property
+from plait.conformance.outcomes import rank_list
+from plait.conformance.training import generate
+from plait.conformance.training.compare import OTHER_ORDER, loss_apart, tolerance
+from plait.conformance.training.example import SLOWER, TRAINING_EXAMPLES, TrainingExample
 from plait.conformance.training.loop import (
     Loop,
     TrainingReport,
@@ -12,34 +27,186 @@ from plait.conformance.training.loop import (
     scratch_directory,
     seed_streams,
 )
+from plait.conformance.training.reference import Reference, describe, reference
 
 if TYPE_CHECKING:
-    from plait.conformance.training.cases import TrainingCase
+    from plait.conformance.target import StrategyTarget
+    from plait.conformance.training.cases import TrainingCase, TrainingRun
     from plait.core import Strategy, TrainingSemantics
 
-__all__: list[str] = []
+__all__ = ["DECLARED_SEMANTICS", "Replicas", "check_replicas"]
+
+DECLARED_SEMANTICS: Final = Property(
+    "declared_semantics",
+    "training at this world size gives what the strategy declares (Synchronous: one "
+    "process on the global batch, accumulation in no_sync included; "
+    "PeriodicAveraging: replicas on their own data meeting every k steps and at the "
+    "end), loss by loss and replica by replica within the precision's rounding, "
+    "for every model, optimizer (LBFGS with a closure) and scheduler; the export is "
+    "the trained module",
+    draws=generate.replicas,
+    grid=generate.replicas_grid,
+    over_groups=False,
+    slower=SLOWER,
+)
 
 
-def _replicas(
-    strategy: Strategy, case: TrainingCase, semantics: TrainingSemantics
-) -> TrainingReport:
-    run = case.run
-    seed_streams(run, strategy.global_rank)
-    try:
-        loop = Loop(strategy, run, model_seed=run.seed)
-        replicas: list[tuple[float, ...]] = []
-        loop.begin()
-        losses = loop.train(0, run.steps, replicas)
-        loop.end()
-        if not loop.sharded:
-            replicas.append(loop.replica())
-        with scratch_directory(strategy) as directory:
-            export = loop.export(str(Path(directory) / "export"))
-    finally:
-        finish(strategy)
-    return TrainingReport(
-        semantics,
-        losses=tuple(losses),
-        replicas=None if loop.sharded else tuple(replicas),
-        export=export,
+class Replicas(TrainingExample):
+    """Train the run; report the losses, this rank's module after each step, the export."""
+
+    kind = "replicas"
+    property = DECLARED_SEMANTICS
+
+    @override
+    def run(
+        self,
+        strategy: Strategy,
+        target: StrategyTarget,
+        case: TrainingCase,
+        semantics: TrainingSemantics,
+    ) -> TrainingReport:
+        run = case.run
+        seed_streams(run, strategy.global_rank)
+        try:
+            loop = Loop(strategy, run, model_seed=run.seed)
+            replicas: list[tuple[float, ...]] = []
+            loop.begin()
+            losses = loop.train(0, run.steps, replicas)
+            loop.end()
+            if not loop.sharded:
+                replicas.append(loop.replica())
+            with scratch_directory(strategy) as directory:
+                export = loop.export(str(Path(directory) / "export"))
+        finally:
+            finish(strategy)
+        return TrainingReport(
+            semantics,
+            losses=tuple(losses),
+            replicas=None if loop.sharded else tuple(replicas),
+            export=export,
+        )
+
+    @override
+    def judge(self, case: TrainingCase, reports: Sequence[TrainingReport]) -> list[str]:
+        return check_replicas(case, reports)
+
+
+def check_replicas(case: TrainingCase, kept: Sequence[TrainingReport]) -> list[str]:
+    """How every rank's losses, replicas and export differ from the declared semantics'."""
+    run, world_size = case.run, len(kept)
+    semantics: TrainingSemantics = kept[0].semantics
+    disagreeing = [index for index, report in enumerate(kept) if report.semantics != semantics]
+    if disagreeing:
+        return [
+            (
+                f"{rank_list(disagreeing)} declare other training semantics than rank 0: "
+                f"{kept[disagreeing[0]].semantics} and {semantics}"
+            )
+        ]
+    said = describe(semantics.replicas, world_size)
+    expected = reference(run, world_size, semantics.replicas)
+    problems = _judge(run, kept, expected, said)
+    if problems and run.optimizer == "lbfgs":
+        # Judged again within the rounding this example carries, measured only where
+        # the fixed tolerance is not enough: a second reference run costs time.
+        expected = reference(run, world_size, semantics.replicas, rounding=True)
+        problems = _judge(run, kept, expected, said)
+    return problems
+
+
+def _judge(
+    run: TrainingRun, kept: Sequence[TrainingReport], expected: Reference, said: str
+) -> list[str]:
+    return (
+        _check_losses(run, kept, expected, said)
+        + _check_modules(run, kept, expected, said)
+        + _check_export(run, kept[0].export, expected, said)
     )
+
+
+def _check_losses(
+    run: TrainingRun, kept: Sequence[TrainingReport], expected: Reference, said: str
+) -> list[str]:
+    close = tolerance(run.precision, run.optimizer)
+    problems: list[str] = []
+    for index, report in enumerate(kept):
+        if len(report.losses) != len(expected.losses):
+            problems.append(
+                f"rank {index}: reported {len(report.losses)} losses for {run.steps} steps"
+            )
+            continue
+        step = loss_apart(
+            expected.losses,
+            report.losses,
+            close,
+            margin=OTHER_ORDER,
+            rounding=lambda step: expected.rounding(step, loss=True),
+        )
+        if step is not None:
+            got, want = report.losses[step], expected.losses[step]
+            problems.append(
+                f"rank {index}: the loss of step {step} is {got:.6g}; {said} gives {want:.6g}"
+            )
+    return problems
+
+
+def _check_modules(
+    run: TrainingRun, kept: Sequence[TrainingReport], expected: Reference, said: str
+) -> list[str]:
+    problems: list[str] = []
+    for index, report in enumerate(kept):
+        for step, (got, want) in enumerate(
+            zip(report.replicas or (), expected.replicas, strict=False)
+        ):
+            found = torch.tensor(got, dtype=torch.float64)
+            if not _close(found, want[index], run, expected.rounding(step)):
+                when = "after the end of training" if step == run.steps else f"after step {step}"
+                problems.append(
+                    f"rank {index}: its module {when} is not what {said} gives: "
+                    f"{_largest(found, want[index])}"
+                )
+                break
+    return problems
+
+
+def _check_export(
+    run: TrainingRun, export: dict[str, torch.Tensor] | None, expected: Reference, said: str
+) -> list[str]:
+    if export is None:
+        return ["rank 0: export_checkpoint wrote nothing it could read back"]
+    for name, want in expected.final.items():
+        got = export.get(name)
+        if got is None:
+            return [f"the exported module has no {name!r}: it has {sorted(export)}"]
+        if not _close(got.float(), want.float(), run, expected.rounding(run.steps)):
+            return [
+                (
+                    f"the exported module's {name!r} is not the trained module {said} gives: "
+                    f"{_largest(got.float(), want.float())}"
+                )
+            ]
+    return []
+
+
+def _close(
+    found: torch.Tensor, expected: torch.Tensor, run: TrainingRun, rounding: float = 0.0
+) -> bool:
+    """Within the precision's tolerance, plus three times the example's own ``rounding``."""
+    rtol, atol = tolerance(run.precision, run.optimizer)
+    return found.shape == expected.shape and torch.allclose(
+        found.double(), expected.double(), rtol=rtol, atol=atol + 3 * rounding
+    )
+
+
+def _largest(found: torch.Tensor, expected: torch.Tensor) -> str:
+    if found.shape != expected.shape:
+        return f"{found.numel()} values where the reference has {expected.numel()}"
+    gap = (found.double() - expected.double()).abs()
+    index = int(gap.argmax())
+    return (
+        f"at flat index {index}: {found.reshape(-1)[index].item():.6g}, the reference "
+        f"{expected.reshape(-1)[index].item():.6g} (largest gap {gap.max().item():.3g})"
+    )
+
+
+TRAINING_EXAMPLES.register(Replicas())

@@ -1,20 +1,30 @@
-"""The resume's rank part: stop, resume in a fresh strategy, compare with the run never stopped."""
+"""Exact resumes: a run stopped anywhere, resumed in a fresh strategy, goes on as never stopped.
+
+Each rank compares the losses, its module and the export of the resumed run with
+those of the run never stopped, bit for bit where the strategy declares
+``exact_resume``, and reports what differs.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import shutil
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 import torch
+from typing_extensions import override
 
+from plait.conformance.kind import Property
+from plait.conformance.training import generate
 from plait.conformance.training.compare import (
     close_states,
-    compare_losses,
     compare_vectors,
+    loss_apart,
     tolerance,
 )
+from plait.conformance.training.example import SLOWER, TRAINING_EXAMPLES, TrainingExample
 from plait.conformance.training.loop import (
     FRESH_SEED,
     Loop,
@@ -30,65 +40,88 @@ if TYPE_CHECKING:
     from plait.conformance.training.cases import TrainingCase, TrainingRun
     from plait.core import Strategy, TrainingSemantics
 
-__all__: list[str] = []
+__all__ = ["RESUME_EXACTNESS", "Resume"]
+
+RESUME_EXACTNESS: Final = Property(
+    "resume_exactness",
+    "a run stopped after a drawn step (inside an epoch, and inside an accumulation "
+    "window) and resumed from its checkpoint in a fresh strategy gives the losses, "
+    "module and export of the run never stopped: bit for bit where the strategy "
+    "declares exact_resume",
+    draws=generate.resumes,
+    grid=generate.resume_grid,
+    over_groups=False,
+    slower=SLOWER,
+)
 
 
-def _resume(
-    first: Strategy, target: StrategyTarget, case: TrainingCase, semantics: TrainingSemantics
-) -> TrainingReport:
-    run = case.run
-    rank = first.global_rank
-    directory = shared_directory(first, "plait-kit-")
-    path = str(Path(directory) / "checkpoint")
-    last: Strategy = first
-    try:
-        expected, expected_replica, expected_export = _never_stopped(first, run, directory)
-        # The run stopped after stop_at steps (and stop_inside micro-batches).
-        last = stopped_strategy = build_strategy(target, run, case.checkpoint_io)
-        seed_streams(run, rank)
+class Resume(TrainingExample):
+    """Stop after a drawn step, resume in a fresh strategy, compare with the run never stopped."""
+
+    kind = "resume"
+    property = RESUME_EXACTNESS
+
+    @override
+    def run(
+        self,
+        strategy: Strategy,
+        target: StrategyTarget,
+        case: TrainingCase,
+        semantics: TrainingSemantics,
+    ) -> TrainingReport:
+        run = case.run
+        rank = strategy.global_rank
+        directory = shared_directory(strategy, "plait-kit-")
+        path = str(Path(directory) / "checkpoint")
+        last: Strategy = strategy
         try:
-            stopped = Loop(stopped_strategy, run, model_seed=run.seed)
-            stopped.begin()
-            before = stopped.train(0, case.stop_at)
-            if case.stop_inside and case.stop_at < run.steps:
-                stopped.window(case.stop_at, case.stop_inside)
-            stopped_strategy.save_checkpoint(stopped.state(), path)
-            stopped_strategy.barrier()
+            expected, expected_replica, expected_export = _never_stopped(strategy, run, directory)
+            # The run stopped after stop_at steps (and stop_inside micro-batches).
+            last = stopped_strategy = build_strategy(target, run, case.checkpoint_io)
+            seed_streams(run, rank)
+            try:
+                stopped = Loop(stopped_strategy, run, model_seed=run.seed)
+                stopped.begin()
+                before = stopped.train(0, case.stop_at)
+                if case.stop_inside and case.stop_at < run.steps:
+                    stopped.window(case.stop_at, case.stop_inside)
+                stopped_strategy.save_checkpoint(stopped.state(), path)
+                stopped_strategy.barrier()
+            finally:
+                finish(stopped_strategy)
+            # The same run resumed in a fresh strategy, from a model that starts elsewhere.
+            last = resumed_strategy = build_strategy(target, run, case.checkpoint_io)
+            # A new run starts once the stopped one has ended (its writes finished).
+            resumed_strategy.barrier()
+            torch.manual_seed(FRESH_SEED + rank)
+            try:
+                resumed = Loop(resumed_strategy, run, model_seed=run.seed + FRESH_SEED)
+                resumed.restore(path)
+                resumed.begin()
+                after = resumed.train(case.stop_at, run.steps)
+                resumed.end()
+                found_replica = None if resumed.sharded else resumed.replica()
+                found_export = resumed.export(str(Path(directory) / "resumed"))
+            finally:
+                finish(resumed_strategy)
         finally:
-            finish(stopped_strategy)
-        # The same run resumed in a fresh strategy, from a model that starts elsewhere.
-        last = resumed_strategy = build_strategy(target, run, case.checkpoint_io)
-        # A new run starts once the stopped one has ended (its writes finished).
-        resumed_strategy.barrier()
-        torch.manual_seed(FRESH_SEED + rank)
-        try:
-            resumed = Loop(resumed_strategy, run, model_seed=run.seed + FRESH_SEED)
-            resumed.restore(path)
-            resumed.begin()
-            after = resumed.train(case.stop_at, run.steps)
-            resumed.end()
-            found_replica = None if resumed.sharded else resumed.replica()
-            found_export = resumed.export(str(Path(directory) / "resumed"))
-        finally:
-            finish(resumed_strategy)
-    finally:
-        _remove(last, directory)
-    stop = f"stopped after {case.stop_at} steps" + (
-        f" and {case.stop_inside} micro-batches of the next window" if case.stop_inside else ""
-    )
-    exact = semantics.exact_resume
-    close = None if exact else tolerance(run.precision, run.optimizer)
-    problems = compare_losses(expected, before + after, stop, close=close)
-    if expected_replica is not None and found_replica is not None:
-        problems += compare_vectors(
-            expected_replica, found_replica, f"{stop} and resumed, this rank's module", close
+            _remove(last, directory)
+        stop = f"stopped after {case.stop_at} steps" + (
+            f" and {case.stop_inside} micro-batches of the next window" if case.stop_inside else ""
         )
-    if expected_export is not None and found_export is not None:
-        problems += [
-            f"{stop} and resumed, the exported module{problem.removeprefix('the value')}"
-            for problem in close_states(expected_export, found_export, close=close)
-        ]
-    return TrainingReport(semantics, losses=tuple(before + after), problems=tuple(problems))
+        exact = semantics.exact_resume
+        close = None if exact else tolerance(run.precision, run.optimizer)
+        problems = _losses(expected, before + after, stop, close)
+        if expected_replica is not None and found_replica is not None:
+            problems += compare_vectors(
+                expected_replica, found_replica, f"{stop} and resumed, this rank's module", close
+            )
+        if expected_export is not None and found_export is not None:
+            problems += [
+                f"{stop} and resumed, the exported module{problem.removeprefix('the value')}"
+                for problem in close_states(expected_export, found_export, close=close)
+            ]
+        return TrainingReport(semantics, losses=tuple(before + after), problems=tuple(problems))
 
 
 def _never_stopped(
@@ -113,3 +146,22 @@ def _remove(strategy: Strategy, directory: str) -> None:
         strategy.barrier()
     if strategy.global_rank == 0:
         shutil.rmtree(directory, ignore_errors=True)
+
+
+def _losses(
+    expected: Sequence[float], found: Sequence[float], stop: str, close: tuple[float, float] | None
+) -> list[str]:
+    """How the resumed run's losses differ from the run's never stopped (None: bit for bit)."""
+    if len(expected) != len(found):
+        return [f"{stop} and resumed, the run took {len(found)} steps, not {len(expected)}"]
+    step = loss_apart(expected, found, close)
+    if step is None:
+        return []
+    return [
+        f"{stop} and resumed, the loss of step {step} is {found[step]!r}, and "
+        f"{expected[step]!r} in the run never stopped"
+        + (" (bit for bit, as declared)" if close is None else "")
+    ]
+
+
+TRAINING_EXAMPLES.register(Resume())
