@@ -9,8 +9,9 @@ import pytest
 from plait.conformance import ConformanceSuite, StrategyTarget
 from plait.conformance.cases import BadArgumentCase, Case, ReduceCase, TensorSpec
 from plait.conformance.mesh import MeshLayout
+from plait.conformance.options import parse_meshes as _meshes
 from plait.conformance.outcomes import Outcome, RaisedError
-from plait.conformance.plugin import Lane, _declared_meshes, _meshes
+from plait.conformance.plugin import Lane, _declared_meshes
 from plait.conformance.pool import GroupOutcomes, MeshDimension, RankPool, _renumbered
 from plait.core import ConfigurationError, Strategy, StrategyRegistry
 

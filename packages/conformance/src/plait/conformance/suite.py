@@ -47,6 +47,7 @@ import pytest
 
 from plait.conformance.properties import ContractViolation, prove
 from plait.conformance.registry import EXAMPLE_KINDS
+from plait.conformance.report import record
 from plait.conformance.target import StrategyTarget
 from plait.conformance.training.properties import prove_moves
 
@@ -99,7 +100,6 @@ class Suite:
         pools: PoolCache = request.getfixturevalue("plait_pools")
         examples = self._examples(request, training=training)
         seed: int = request.getfixturevalue("plait_seed")
-        labels = request.node.user_properties
         started = time.perf_counter()
         # Over the whole job; on a mesh, then over each dimension's groups.
         lanes: list[RankPool | MeshDimension] = [pool]
@@ -123,15 +123,18 @@ class Suite:
             failed = pools.failed.setdefault(lane, [])
             violation.follows(failed)
             failed.append(name)
-            labels.append(("plait_examples", violation.examples))
-            labels.append(("plait_seconds", time.perf_counter() - started))
-            labels.append(("plait_violation", violation.describe()))
+            record(
+                request.node,
+                examples=violation.examples,
+                seconds=time.perf_counter() - started,
+                violation=violation.describe(),
+            )
             raise
-        labels.append(("plait_examples", count))
+        over = None
         if pool.dimensions:
-            over = ", ".join(repr(dimension) for dimension in pool.dimensions)
-            labels.append(("plait_over", f"the job, {over}" if prop.over_groups else "the job"))
-        labels.append(("plait_seconds", time.perf_counter() - started))
+            dimensions = ", ".join(repr(dimension) for dimension in pool.dimensions)
+            over = f"the job, {dimensions}" if prop.over_groups else "the job"
+        record(request.node, examples=count, seconds=time.perf_counter() - started, over=over)
 
     def _examples(self, request: pytest.FixtureRequest, *, training: bool) -> int:
         if training:
@@ -295,8 +298,7 @@ class TrainingSuite(Suite):
             return pools.get(attrs.evolve(plait_lane, target=StrategyTarget(name)))
 
         count = prove_moves(pool, target, max_examples=examples, shrink=self.shrink, seed=seed)
-        request.node.user_properties.append(("plait_examples", count))
-        request.node.user_properties.append(("plait_seconds", time.perf_counter() - started))
+        record(request.node, examples=count, seconds=time.perf_counter() - started)
 
 
 class TestTraining(TrainingSuite):
