@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-import multiprocessing
 import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.nn.parallel import DistributedDataParallel
@@ -16,17 +15,17 @@ from typing_extensions import override
 
 from plait.core import ConfigurationError, TrainingSemantics
 from plait.core.errors import suggest
-from plait.strategies.launchers import (
-    MULTIPROCESSING_METHODS,
-    ExternalLauncher,
-    MultiprocessingLauncher,
-    SubprocessScriptLauncher,
+from plait.strategies.parallel import DEFAULT_START_TIMEOUT, DEFAULT_TIMEOUT
+from plait.strategies.self_launching import (
+    START_METHODS,
+    SelfLaunchingStrategy,
+    check_start_method,
+    process_launcher,
+    processes_per_node,
 )
-from plait.strategies.launchers.subprocess import leads_a_job
-from plait.strategies.parallel import DEFAULT_START_TIMEOUT, DEFAULT_TIMEOUT, ParallelStrategy
 
 if TYPE_CHECKING:
-    from plait.core import Accelerator, CheckpointIO, ClusterEnvironment, Launcher, Precision
+    from plait.core import Accelerator, CheckpointIO, ClusterEnvironment, Precision
 
 __all__ = [
     "START_METHODS",
@@ -37,10 +36,6 @@ __all__ = [
     "processes_per_node",
 ]
 
-START_METHODS: Final = ("popen", *MULTIPROCESSING_METHODS)
-"""How DDP starts its processes: run the program again (``"popen"``), or one of
-torch.multiprocessing's methods."""
-
 CommHook = Callable[..., object]
 """A DDP communication hook, e.g. ``default_hooks.fp16_compress_hook`` of
 ``torch.distributed.algorithms.ddp_comm_hooks``."""
@@ -49,56 +44,6 @@ CommHook = Callable[..., object]
 _SET_BY_STRATEGY = ("self", "module", "device_ids", "output_device", "process_group")
 
 _UNUSED = re.compile(r"Parameter indices which did not receive grad for rank \d+: ([\d ]+)")
-
-
-def processes_per_node(
-    parallel_devices: Sequence[torch.device] | None, root_device: torch.device
-) -> int:
-    """One process per parallel device; by default one per CUDA GPU, or one on the CPU."""
-    if parallel_devices is not None:
-        return len(parallel_devices)
-    return max(torch.cuda.device_count(), 1) if root_device.type == "cuda" else 1
-
-
-def process_launcher(
-    environment: ClusterEnvironment, start_method: str, num_processes: int
-) -> Launcher:
-    """What starts a process-group strategy's ranks (nothing, if a scheduler already did).
-
-    ``start_method`` is one of `START_METHODS`: ``"popen"`` runs the program again
-    per rank; the others are torch.multiprocessing's. In rank 0 of a job the popen
-    launcher started, it is that launcher: the job's ranks run the program too.
-    """
-    address, port = environment.main_address, environment.main_port
-    if leads_a_job():
-        # Rank 0 of ranks the popen launcher started: they run this program, and
-        # every later run goes through that launcher, whatever the start method.
-        return SubprocessScriptLauncher(num_processes, main_address=address, main_port=port)
-    if environment.creates_processes_externally:
-        return ExternalLauncher()
-    if start_method == "popen":
-        return SubprocessScriptLauncher(num_processes, main_address=address, main_port=port)
-    return MultiprocessingLauncher(
-        num_processes, start_method=start_method, main_address=address, main_port=port
-    )
-
-
-def _check_start_method_here(start_method: str) -> None:
-    """Refuse a start method this platform lacks, whatever the number of processes.
-
-    Raises:
-        ConfigurationError: ``fork`` or ``forkserver`` where the platform has no
-            such start method (Windows; macOS has fork, unsafe with its frameworks).
-    """
-    if start_method == "popen" or start_method in multiprocessing.get_all_start_methods():
-        return
-    raise ConfigurationError(
-        f"start_method={start_method!r} is not available on this platform (it has "
-        f"{', '.join(multiprocessing.get_all_start_methods())}); ddp_fork and ddp_notebook "
-        "start ranks by forking",
-        value=start_method,
-        fix="use strategy='ddp' (start_method='popen') or 'ddp_spawn'",
-    )
 
 
 class NamingDistributedDataParallel(DistributedDataParallel):
@@ -148,33 +93,6 @@ def _check_model_averaging(period: object, state: object) -> None:
             fix="pass ddp_comm_state=PostLocalSGDState(process_group=None, subgroup=None, "
             "start_localSGD_iter=8) and ddp_comm_hook=post_localSGD_hook",
         )
-
-
-class SelfLaunchingStrategy(ParallelStrategy):
-    """A process-group strategy that starts its own ranks: one per parallel device.
-
-    Subclasses set ``start_method`` (one of `START_METHODS`) when they are made.
-    """
-
-    start_method: str
-
-    @property
-    def num_processes(self) -> int:
-        """How many processes the launcher starts: one per parallel device."""
-        return processes_per_node(self._parallel_devices, self.root_device)
-
-    @property
-    def num_nodes(self) -> int:
-        """Machines in the job: its world size over the processes on each node.
-
-        Before a launcher starts the ranks (a world of one), one node.
-        """
-        return max(1, self.world_size // max(1, self.num_processes))
-
-    @property
-    def launcher(self) -> Launcher:
-        """What starts the ranks: nothing, when a scheduler or launcher already did."""
-        return process_launcher(self.cluster_environment, self.start_method, self.num_processes)
 
 
 class DDPStrategy(SelfLaunchingStrategy):
@@ -236,9 +154,7 @@ class DDPStrategy(SelfLaunchingStrategy):
             )
         if model_averaging_period is not None:
             _check_model_averaging(model_averaging_period, ddp_comm_state)
-        if start_method not in START_METHODS:
-            raise ConfigurationError.invalid_choice("start_method", start_method, START_METHODS)
-        _check_start_method_here(start_method)
+        check_start_method(start_method)
         self._check_ddp_kwargs(ddp_kwargs)
         if ddp_comm_hook is not None and not callable(ddp_comm_hook):
             raise ConfigurationError(

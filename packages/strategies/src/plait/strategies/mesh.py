@@ -17,8 +17,8 @@ import torch.distributed as dist
 from typing_extensions import override
 
 from plait.core import ConfigurationError, SupportsLoadInPlace
-from plait.strategies.ddp import SelfLaunchingStrategy
-from plait.strategies.fsdp import parallelize
+from plait.strategies import meta
+from plait.strategies.self_launching import SelfLaunchingStrategy
 from plait.strategies.state import (
     check_state_fits,
     load_param_groups,
@@ -138,7 +138,7 @@ class MeshStrategy(SelfLaunchingStrategy):
     @override
     def model_to_device(self, module: torch.nn.Module) -> torch.nn.Module:
         """Move ``module`` to the device, unless it is on the meta device (sharded first)."""
-        if parallelize.is_meta(module):
+        if meta.is_meta(module):
             return module
         return super().model_to_device(module)
 

@@ -20,10 +20,10 @@ import torch.distributed as dist
 from typing_extensions import override
 
 from plait.core import ConfigurationError, ProcessLayout
-from plait.strategies.ddp import START_METHODS
-from plait.strategies.fsdp import parallelize
+from plait.strategies import meta
 from plait.strategies.mesh import MeshStrategy, is_dtensor
 from plait.strategies.parallel import DEFAULT_START_TIMEOUT, DEFAULT_TIMEOUT
+from plait.strategies.self_launching import check_start_method
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
@@ -170,8 +170,7 @@ class ModelParallelStrategy(MeshStrategy):
                 fix="pass a replica count that divides data_parallel_size",
             )
         self.data_parallel_replicate_size = replicate
-        if start_method not in START_METHODS:
-            raise ConfigurationError.invalid_choice("start_method", start_method, START_METHODS)
+        check_start_method(start_method)
         self.start_method = start_method
         super().__init__(
             accelerator=accelerator,
@@ -323,9 +322,9 @@ class ModelParallelStrategy(MeshStrategy):
         """
         self.remember_parameter_names(module)
         self._check_parallelized(module)
-        if parallelize.is_meta(module):
-            parallelize.check_materializable(module)
-            parallelize.materialize(module, self.root_device)
+        if meta.is_meta(module):
+            meta.check_materializable(module)
+            meta.materialize(module, self.root_device)
         return module
 
     def _check_parallelized(self, module: torch.nn.Module) -> None:

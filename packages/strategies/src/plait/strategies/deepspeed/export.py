@@ -23,7 +23,7 @@ import torch
 from plait.core import CheckpointError
 from plait.core.checkpoint_dirs import check
 from plait.strategies.deepspeed import library
-from plait.strategies.deepspeed.checkpoint_io import (
+from plait.strategies.deepspeed.layout import (
     PARAMETER_NAMES,
     STAGE3_MODEL_STATES,
     client_entries,

@@ -10,18 +10,17 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING
 
 from typing_extensions import override
+
+from plait.strategies.deepspeed.layout import LATEST
 
 if TYPE_CHECKING:
     from plait.core import CheckpointFormat, Registry
     from plait.core.typing import Checkpoint, PathLike
 
 __all__ = ["LATEST", "DeepSpeedFormat", "register"]
-
-LATEST: Final = "latest"
-"""The file in a DeepSpeed checkpoint directory that names its newest tag."""
 
 
 class DeepSpeedFormat:

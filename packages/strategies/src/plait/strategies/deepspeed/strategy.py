@@ -18,7 +18,6 @@ from plait.core import (
     GradientClipAlgorithm,
     TrainingSemantics,
 )
-from plait.strategies.ddp import START_METHODS, SelfLaunchingStrategy
 from plait.strategies.deepspeed import library
 from plait.strategies.deepspeed.checkpoint_io import DeepSpeedCheckpointIO
 from plait.strategies.deepspeed.config import (
@@ -47,6 +46,7 @@ from plait.strategies.deepspeed.whole_state import (
 )
 from plait.strategies.export import read_whole
 from plait.strategies.parallel import DEFAULT_START_TIMEOUT, DEFAULT_TIMEOUT
+from plait.strategies.self_launching import SelfLaunchingStrategy, check_start_method
 from plait.strategies.state import (
     load_module_state,
     module_state_of,
@@ -243,8 +243,7 @@ class DeepSpeedStrategy(SelfLaunchingStrategy):
             raise ConfigurationError.invalid_choice(
                 "stage", stage, [str(s) for s in STAGES], fix="pass stage=0, 1, 2 or 3"
             )
-        if start_method not in START_METHODS:
-            raise ConfigurationError.invalid_choice("start_method", start_method, START_METHODS)
+        check_start_method(start_method)
         if checkpoint_io is not None:
             raise ConfigurationError(
                 f"checkpoint_io={checkpoint_io!r}: DeepSpeed's engine writes its checkpoints "

@@ -11,7 +11,7 @@ import torch
 from typing_extensions import override
 
 from plait.core import ConfigurationError, TrainingSemantics
-from plait.strategies.ddp import START_METHODS
+from plait.strategies import meta
 from plait.strategies.fsdp import parallelize
 from plait.strategies.fsdp.options import (
     backward_prefetch_depth,
@@ -27,6 +27,7 @@ from plait.strategies.fsdp.options import (
 )
 from plait.strategies.mesh import MeshStrategy
 from plait.strategies.parallel import DEFAULT_START_TIMEOUT, DEFAULT_TIMEOUT
+from plait.strategies.self_launching import check_start_method
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
@@ -123,8 +124,7 @@ class FSDPStrategy(MeshStrategy):
                 "option under two names, and both were given",
                 fix="pass one of them",
             )
-        if start_method not in START_METHODS:
-            raise ConfigurationError.invalid_choice("start_method", start_method, START_METHODS)
+        check_start_method(start_method)
         self.plan = sharding_plan(sharding_strategy)
         self.state_dict_type = parse_state_dict_type(state_dict_type)
         self.activation_checkpointing = module_policy(
@@ -304,9 +304,9 @@ class FSDPStrategy(MeshStrategy):
             return module
         if any(isinstance(m, FSDPModule) for m in module.modules()):
             return module  # sharded already, by the user over a mesh of theirs
-        meta = parallelize.is_meta(module)
-        if meta:
-            parallelize.check_materializable(module)
+        on_meta = meta.is_meta(module)
+        if on_meta:
+            meta.check_materializable(module)
         buffer_dtype = buffer_dtype_of(self.mixed_precision)
         if buffer_dtype is not None:
             parallelize.cast_buffers(module, buffer_dtype)
@@ -332,8 +332,8 @@ class FSDPStrategy(MeshStrategy):
         )
         if self.backward_prefetch is not None:
             parallelize.set_backward_prefetch(self.blocks, self.backward_prefetch)
-        if meta:
-            parallelize.materialize(module, self.root_device)
+        if on_meta:
+            meta.materialize(module, self.root_device)
         for submodule in module.modules():  # which job's group the shards live on
             setattr(submodule, _SHARDED_BY, generation)
         return module
