@@ -6,8 +6,9 @@ import abc
 import contextlib
 import gc
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager
 from datetime import timedelta
-from typing import TYPE_CHECKING, NoReturn, TypeVar, overload
+from typing import TYPE_CHECKING, TypeVar, overload
 
 import torch
 
@@ -22,6 +23,7 @@ from plait.core import (
 )
 from plait.strategies.checkpoints import Checkpoints
 from plait.strategies.data import DistributedLoader, setup_dataloader
+from plait.strategies.gradient_sync import GradientSync, refuse_closure_optimizer
 from plait.strategies.init_contexts import SkipInitialisation, precision_context
 from plait.strategies.lifecycle import Lifecycle
 from plait.strategies.parts import one_precision, resolve_parts
@@ -65,7 +67,6 @@ class BaseStrategy(Lifecycle, Remakeable, abc.ABC):
     """
 
     _model: torch.nn.Module | None = None
-    _accumulating: int = 0
 
     def __init__(
         self,
@@ -86,6 +87,7 @@ class BaseStrategy(Lifecycle, Remakeable, abc.ABC):
         self._precision = parts.precision
         self._checkpoint_io = parts.checkpoint_io
         self._checkpoints = Checkpoints(self)
+        self._gradient_sync = GradientSync(self)
         self._replaced_parameters: dict[int, torch.nn.Parameter] = {}
 
     # The parts.
@@ -431,7 +433,7 @@ class BaseStrategy(Lifecycle, Remakeable, abc.ABC):
         Raises:
             ConfigurationError: Called inside `no_sync`.
         """
-        if self._accumulating:  # read here: the check's call is paid only when it raises
+        if self._gradient_sync.depth:  # read here: the check's call is paid when it raises
             self.check_not_accumulating()
         return self._precision.optimizer_step(optimizer, closure)
 
@@ -476,90 +478,30 @@ class BaseStrategy(Lifecycle, Remakeable, abc.ABC):
             use_distributed_sampler=use_distributed_sampler,
         )
 
-    # Accumulation.
+    # When gradients are synchronised (`GradientSync`).
 
-    @staticmethod
-    def refuse_closure_optimizer(optimizer: torch.optim.Optimizer, why: str) -> NoReturn:
-        """Raise the error of a strategy that cannot step ``optimizer`` with a closure.
+    @property
+    def gradient_sync(self) -> GradientSync:
+        """When gradients are synchronised: what `no_sync` and its kin delegate to."""
+        return self._gradient_sync
 
-        Raises:
-            ConfigurationError: Always: ``optimizer`` steps with a closure, and ``why``
-                says why this strategy cannot run it.
-        """
-        raise ConfigurationError(
-            f"{type(optimizer).__name__} steps with a closure and decides from the whole "
-            f"parameters and gradients, and {why}",
-            value=type(optimizer).__name__,
-            fix="train it with strategy='ddp' (or one process), or use an optimizer "
-            "without a closure (Adam, SGD, ...)",
-        )
+    refuse_closure_optimizer = staticmethod(refuse_closure_optimizer)
 
     def check_closure_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
-        """Refuse to step ``optimizer`` with a closure (LBFGS's way) where it cannot work.
+        """Refuse to step ``optimizer`` with a closure where it cannot work (`GradientSync`)."""
+        self._gradient_sync.check_closure_optimizer(optimizer)
 
-        Such an optimizer evaluates the closure several times per step and decides
-        from the loss and the gradients it sees: it works where every rank holds
-        the whole parameters and the same gradients (one process, DDP), and the
-        loss is not scaled. A strategy that shards them overrides this to refuse.
+    def manual_optimization(self, module: torch.nn.Module) -> AbstractContextManager[None]:
+        """Inside, a step through ``module`` runs its own backward passes (`GradientSync`)."""
+        return self._gradient_sync.manual_optimization(module)
 
-        Raises:
-            ConfigurationError: The precision scales the loss (``16-mixed``).
-        """
-        if self.precision.needs_scaler:
-            raise ConfigurationError(
-                f"{type(optimizer).__name__} steps with a closure, and the gradient scaler "
-                f"of {self.precision!r} cannot step an optimizer that calls one itself",
-                value=type(optimizer).__name__,
-                fix="use precision='bf16-mixed' or '32-true' with it, or an optimizer "
-                "without a closure",
-            )
+    def no_sync(
+        self, module: torch.nn.Module, enabled: bool = True
+    ) -> AbstractContextManager[None]:
+        """Backward passes inside accumulate without synchronising (`GradientSync.no_sync`)."""
+        return self._gradient_sync.no_sync(module, enabled)
 
-    @contextlib.contextmanager
-    def manual_optimization(self, module: torch.nn.Module) -> Iterator[None]:
-        """Inside, a step run through ``module`` runs its own backward passes and steps.
-
-        A trainer's manual optimization runs the user's whole step (forward, any
-        number of `backward` passes, `optimizer_step` calls) inside the wrapper's
-        forward. Nothing to change by default: a strategy whose gradients are
-        synchronised by hooks of the backward pass itself (FSDP), in the step
-        (DeepSpeed, XLA), or not at all (one process) syncs as it always does. DDP,
-        whose forward arms the all-reduce, overrides it.
-        """
-        yield
-
-    @contextlib.contextmanager
-    def no_sync(self, module: torch.nn.Module, enabled: bool = True) -> Iterator[None]:
-        """Backward passes inside the block accumulate gradients without synchronising.
-
-        Every strategy has it, so one loop accumulates on any of them: run the
-        backward of every micro-batch but the last inside it, then the last one's
-        outside, then step. Where the gradients are not synchronised at backward
-        (one process; DeepSpeed, whose engine reduces at its step; XLA replicas,
-        which average at the step) it changes nothing. ``enabled=False`` makes it
-        no block at all, for a loop that writes ``no_sync(model, enabled=not last)``.
-
-        Args:
-            module: The module `setup_module` returned.
-            enabled: Whether to skip synchronisation.
-
-        Raises:
-            ConfigurationError: ``module`` is not the one this strategy set up (the
-                block would silently synchronise), or the optimizer is stepped
-                inside the block (its gradients were never synchronised).
-        """
-        if not enabled:
-            yield
-            return
-        with self.skip_gradient_sync(module):
-            self._accumulating += 1
-            try:
-                yield
-            finally:
-                self._accumulating -= 1
-
-    def skip_gradient_sync(
-        self, module: torch.nn.Module
-    ) -> contextlib.AbstractContextManager[None]:
+    def skip_gradient_sync(self, module: torch.nn.Module) -> AbstractContextManager[None]:
         """The context that stops ``module``'s backward from synchronising gradients.
 
         Nothing by default (there is nothing to skip); a strategy whose backward
@@ -569,20 +511,8 @@ class BaseStrategy(Lifecycle, Remakeable, abc.ABC):
         return contextlib.nullcontext()
 
     def check_not_accumulating(self) -> None:
-        """Refuse to step while a `no_sync` block is open.
-
-        Raises:
-            ConfigurationError: A `no_sync` block is open.
-        """
-        if self._accumulating:
-            raise ConfigurationError(
-                "optimizer_step was called inside no_sync: the gradients of this step "
-                "were never synchronised across the ranks, and stepping on them would "
-                "let the replicas drift apart",
-                value="optimizer_step",
-                fix="run the last micro-batch's backward after the no_sync block, then "
-                "step outside it (or no_sync(model, enabled=not last_micro_batch))",
-            )
+        """Refuse to step while a `no_sync` block is open (`GradientSync`)."""
+        self._gradient_sync.check_not_accumulating()
 
     # State.
 
@@ -668,45 +598,16 @@ class BaseStrategy(Lifecycle, Remakeable, abc.ABC):
         return {key: value.detach().cpu() for key, value in self.module_state_dict(module).items()}
 
     def export_checkpoint(self, module: torch.nn.Module, path: PathLike) -> None:
-        """Write the module's whole state as one file that a plain module loads.
-
-        ``{"state_dict": ...}`` by ``torch.save`` (any fsspec URL), whatever the
-        strategy and however it holds the module::
-
-            model.load_state_dict(torch.load(path)["state_dict"])
-
-        Every rank calls it; rank 0 writes, and every rank returns once the file is
-        complete. For a checkpoint already written, `plait.strategies.consolidate_checkpoint`
-        does the same in one process.
-        """
+        """Write the module's whole state as one file plain PyTorch loads (`Checkpoints.export`)."""
         self._checkpoints.export(module, path)
 
     @property
     def writes_collectively(self) -> bool:
-        """Whether every rank saves, loads and removes checkpoints, or rank 0 alone."""
+        """Whether every rank saves, loads and removes checkpoints (`Checkpoints.collective`)."""
         return self._checkpoints.collective
 
     def save_checkpoint(self, checkpoint: Mapping[str, object], path: PathLike) -> None:
-        """Write ``checkpoint`` through the checkpoint IO.
-
-        Every rank calls it; rank 0 alone writes, unless the checkpoint IO is
-        collective (each rank writes its part). Its values may be the live objects::
-
-            strategy.save_checkpoint(
-                {"model": model, "optimizer": optimizer, "scheduler": scheduler, "step": step},
-                path,
-            )
-
-        The module's and its optimizers' states are taken as `get_state_dict` takes
-        them (shards, or the engine's partitions, where the strategy keeps them so),
-        each `Stateful`'s with its ``state_dict()``, and other values as they are;
-        `load_checkpoint` with the same mapping restores each one in place. A
-        checkpoint of plain entries (a `get_state_dict` result, say) is written as it is.
-
-        Raises:
-            ConfigurationError: The mapping holds two modules, optimizers without
-                their module, or a name the checkpoint keeps for itself.
-        """
+        """Write ``checkpoint`` (live objects or plain entries) at ``path`` (`Checkpoints.save`)."""
         self._checkpoints.save(checkpoint, path)
 
     def load_checkpoint(
@@ -717,75 +618,17 @@ class BaseStrategy(Lifecycle, Remakeable, abc.ABC):
         weights_only: bool = False,
         strict: bool = True,
     ) -> Checkpoint:
-        """Restore the checkpoint at ``path`` into ``state``, in place; what it did not take.
-
-        ``state`` is the module `setup_module` returned, or a mapping like the one
-        `save_checkpoint` was given: the module, its optimizers (their states and
-        the precision's go on training), `Stateful` objects (``load_state_dict``)
-        and values (the mapping's entries are replaced). Every strategy restores the
-        same way: on a sharding strategy each rank reads only its shards. Every rank
-        calls it.
-
-        Without ``state`` nothing is restored: the whole checkpoint is returned, its
-        tensors on the CPU (`read_checkpoint`).
-
-        Where rank 0 alone writes through an IO that saves in the background
-        (``checkpoint_io="async"``), every rank first waits until rank 0's saves are
-        written: a checkpoint saved just before is read whole on every rank.
-
-        The module alone (or a state without optimizers) restores the module and
-        leaves every optimizer exactly as it was, its state not even read, on every
-        strategy; ``weights_only=True`` does the same for a state with optimizers:
-        to fine-tune with a fresh optimizer, or to start from a checkpoint of
-        another kind of optimizer.
-
-        A checkpoint of any registered format loads (`plait.core.CheckpointFormat`),
-        the optimizers' states with it: a file into FSDP's shards, FSDP's shards
-        into DDP, DeepSpeed's ZeRO partitions, rebuilt whole, anywhere (a DeepSpeed
-        run of another stage or world size too), any of them into DeepSpeed's
-        partitions, and a format a package of yours registers.
-
-        ``strict=False`` (as Lightning's): the module takes the checkpoint's keys it
-        has and keeps the rest of its values, the checkpoint's keys it lacks are
-        dropped, and entries of ``state`` the checkpoint lacks are left as they were;
-        the checkpoint is read whole on each rank. The optimizers' states must still
-        fit.
-
-        Returns:
-            The checkpoint's entries that nothing in ``state`` took; where no
-            optimizer was restored, the run's entries alone (never the module's or
-            an optimizer's state). `set_state_dict` refuses it, naming the line to
-            write: `read_checkpoint` is what returns states to restore by hand.
-
-        Raises:
-            CheckpointError: The checkpoint holds no state for the module, or of
-                another model (each key that differs is named), another number of
-                optimizers, or no entry for one of the state's names.
-            ConfigurationError: ``state`` holds two modules, or optimizers without
-                their module.
-        """
+        """Restore the checkpoint at ``path`` into ``state``, in place (`Checkpoints.load`)."""
         return self._checkpoints.load(path, state, weights_only=weights_only, strict=strict)
 
     def read_checkpoint(
         self, path: PathLike, module: torch.nn.Module | None = None, *, weights_only: bool = False
     ) -> Checkpoint:
-        """Read the checkpoint at ``path`` without restoring it, its tensors on the CPU.
-
-        For a loop that restores the state itself (`set_state_dict`), after looking
-        at the checkpoint (the Trainer's hooks do); `load_checkpoint` does both.
-
-        `set_state_dict` copies them into the module's and optimizers' own tensors on
-        their devices, so no device holds a second copy of the state. With ``module``
-        (set up) and a checkpoint IO that loads in place, the module's state is read
-        straight into its tensors instead, each rank reading only what it holds.
-        """
+        """Read the checkpoint at ``path`` without restoring it, on the CPU (`Checkpoints.read`)."""
         return self._checkpoints.read(path, module, weights_only=weights_only)
 
     def remove_checkpoint(self, path: PathLike) -> None:
-        """Delete the checkpoint at ``path``.
-
-        Every rank calls it; rank 0 alone removes, unless the checkpoint IO is collective.
-        """
+        """Delete the checkpoint at ``path`` (`Checkpoints.remove`)."""
         self._checkpoints.remove(path)
 
     # The end.

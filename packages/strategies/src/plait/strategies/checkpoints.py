@@ -93,6 +93,24 @@ class Checkpoints:
     def save(self, checkpoint: Mapping[str, object], path: PathLike) -> None:
         """Write ``checkpoint`` (live objects or plain entries) through the checkpoint IO.
 
+        Every rank calls it; rank 0 alone writes, unless the checkpoint IO is
+        collective (each rank writes its part). Its values may be the live objects::
+
+            strategy.save_checkpoint(
+                {"model": model, "optimizer": optimizer, "scheduler": scheduler, "step": step},
+                path,
+            )
+
+        The module's and its optimizers' states are taken as `get_state_dict` takes
+        them (shards, or the engine's partitions, where the strategy keeps them so),
+        each `Stateful`'s with its ``state_dict()``, and other values as they are;
+        `load_checkpoint` with the same mapping restores each one in place. A
+        checkpoint of plain entries (a `get_state_dict` result, say) is written as it is.
+
+        Raises:
+            ConfigurationError: The mapping holds two modules, optimizers without
+                their module, or a name the checkpoint keeps for itself.
+
         Where rank 0 writes alone, the other ranks return before it has written: a
         loop that reads it back on them waits first (``strategy.barrier()``; the
         Trainer waits with its ``checkpoint_timeout``, a save may outlast the
@@ -128,9 +146,50 @@ class Checkpoints:
     ) -> Checkpoint:
         """Restore the checkpoint at ``path`` into ``state``, in place; what it did not take.
 
-        ``strict=False``: the module takes the checkpoint's keys it has (the rest of it
-        stays as it was, the checkpoint's other keys are dropped), and the state's
-        entries the checkpoint lacks are left as they were.
+        ``state`` is the module `setup_module` returned, or a mapping like the one
+        `save_checkpoint` was given: the module, its optimizers (their states and
+        the precision's go on training), `Stateful` objects (``load_state_dict``)
+        and values (the mapping's entries are replaced). Every strategy restores the
+        same way: on a sharding strategy each rank reads only its shards. Every rank
+        calls it.
+
+        Without ``state`` nothing is restored: the whole checkpoint is returned, its
+        tensors on the CPU (`read_checkpoint`).
+
+        Where rank 0 alone writes through an IO that saves in the background
+        (``checkpoint_io="async"``), every rank first waits until rank 0's saves are
+        written: a checkpoint saved just before is read whole on every rank.
+
+        The module alone (or a state without optimizers) restores the module and
+        leaves every optimizer exactly as it was, its state not even read, on every
+        strategy; ``weights_only=True`` does the same for a state with optimizers:
+        to fine-tune with a fresh optimizer, or to start from a checkpoint of
+        another kind of optimizer.
+
+        A checkpoint of any registered format loads (`plait.core.CheckpointFormat`),
+        the optimizers' states with it: a file into FSDP's shards, FSDP's shards
+        into DDP, DeepSpeed's ZeRO partitions, rebuilt whole, anywhere (a DeepSpeed
+        run of another stage or world size too), any of them into DeepSpeed's
+        partitions, and a format a package of yours registers.
+
+        ``strict=False`` (as Lightning's): the module takes the checkpoint's keys it
+        has and keeps the rest of its values, the checkpoint's keys it lacks are
+        dropped, and entries of ``state`` the checkpoint lacks are left as they were;
+        the checkpoint is read whole on each rank. The optimizers' states must still
+        fit.
+
+        Returns:
+            The checkpoint's entries that nothing in ``state`` took; where no
+            optimizer was restored, the run's entries alone (never the module's or
+            an optimizer's state). `set_state_dict` refuses it, naming the line to
+            write: `read_checkpoint` is what returns states to restore by hand.
+
+        Raises:
+            CheckpointError: The checkpoint holds no state for the module, or of
+                another model (each key that differs is named), another number of
+                optimizers, or no entry for one of the state's names.
+            ConfigurationError: ``state`` holds two modules, or optimizers without
+                their module.
         """
         strategy = self._strategy
         self.settle()
@@ -204,7 +263,16 @@ class Checkpoints:
     def read(
         self, path: PathLike, module: torch.nn.Module | None = None, *, weights_only: bool = False
     ) -> Checkpoint:
-        """Read the checkpoint at ``path`` without restoring it, its tensors on the CPU."""
+        """Read the checkpoint at ``path`` without restoring it, its tensors on the CPU.
+
+        For a loop that restores the state itself (`set_state_dict`), after looking
+        at the checkpoint (the Trainer's hooks do); `load_checkpoint` does both.
+
+        `set_state_dict` copies them into the module's and optimizers' own tensors on
+        their devices, so no device holds a second copy of the state. With ``module``
+        (set up) and a checkpoint IO that loads in place, the module's state is read
+        straight into its tensors instead, each rank reading only what it holds.
+        """
         strategy = self._strategy
         io = strategy.checkpoint_io
         foreign = self.foreign(path)
@@ -224,13 +292,26 @@ class Checkpoints:
         return io.load_checkpoint(path)
 
     def remove(self, path: PathLike) -> None:
-        """Delete the checkpoint at ``path`` (rank 0 alone, unless the IO is collective)."""
+        """Delete the checkpoint at ``path``.
+
+        Every rank calls it; rank 0 alone removes, unless the checkpoint IO is collective.
+        """
         strategy = self._strategy
         if strategy.is_global_zero or self.collective:
             strategy.checkpoint_io.remove_checkpoint(path)
 
     def export(self, module: torch.nn.Module, path: PathLike) -> None:
-        """Write the module's whole state as one ``torch.save`` file (rank 0 writes)."""
+        """Write the module's whole state as one file that a plain module loads.
+
+        ``{"state_dict": ...}`` by ``torch.save`` (any fsspec URL), whatever the
+        strategy and however it holds the module::
+
+            model.load_state_dict(torch.load(path)["state_dict"])
+
+        Every rank calls it; rank 0 writes, and every rank returns once the file is
+        complete. For a checkpoint already written, `plait.strategies.consolidate_checkpoint`
+        does the same in one process.
+        """
         strategy = self._strategy
         state = strategy.full_module_state(module)
         if strategy.is_global_zero:

@@ -388,7 +388,7 @@ class DDPStrategy(SelfLaunchingStrategy):
     def backward(self, loss: torch.Tensor, module: torch.nn.Module | None = None) -> None:
         """Compute gradients of ``loss`` (all-reduced, in a step of manual optimization)."""
         wrapper = self._manual
-        if wrapper is not None and not self._accumulating:
+        if wrapper is not None and not self.gradient_sync.depth:
             _arm_all_reduce(wrapper, loss)
         super().backward(loss, module)
 
