@@ -15,7 +15,11 @@ from typing_extensions import override
 
 from plait.core import ConfigurationError, TrainingSemantics
 from plait.core.errors import suggest
-from plait.strategies.parallel import DEFAULT_START_TIMEOUT, DEFAULT_TIMEOUT
+from plait.strategies.parallel import (
+    DEFAULT_START_TIMEOUT,
+    DEFAULT_TIMEOUT,
+    process_group_options,
+)
 from plait.strategies.self_launching import (
     START_METHODS,
     SelfLaunchingStrategy,
@@ -162,18 +166,7 @@ class DDPStrategy(SelfLaunchingStrategy):
                 value=ddp_comm_hook,
                 fix="pass a hook function from torch.distributed.algorithms.ddp_comm_hooks",
             )
-        super().__init__(
-            accelerator=accelerator,
-            parallel_devices=parallel_devices,
-            cluster_environment=cluster_environment,
-            precision=precision,
-            precision_plugin=precision_plugin,
-            checkpoint_io=checkpoint_io,
-            process_group_backend=process_group_backend,
-            timeout=timeout,
-            start_timeout=start_timeout,
-            checked_collectives=checked_collectives,
-        )
+        super().__init__(**process_group_options(locals()))
         self.start_method = start_method
         self.model_averaging_period = model_averaging_period
         self.ddp_comm_state = ddp_comm_state

@@ -22,7 +22,7 @@ from typing_extensions import override
 from plait.core import ConfigurationError, ProcessLayout
 from plait.strategies import meta
 from plait.strategies.mesh import MeshStrategy, is_dtensor
-from plait.strategies.parallel import DEFAULT_START_TIMEOUT, DEFAULT_TIMEOUT
+from plait.strategies.parallel import DEFAULT_START_TIMEOUT, DEFAULT_TIMEOUT, process_group_options
 from plait.strategies.self_launching import check_start_method
 
 if TYPE_CHECKING:
@@ -173,16 +173,10 @@ class ModelParallelStrategy(MeshStrategy):
         check_start_method(start_method)
         self.start_method = start_method
         super().__init__(
-            accelerator=accelerator,
-            parallel_devices=parallel_devices,
-            cluster_environment=cluster_environment,
-            precision=precision,
-            precision_plugin=precision_plugin,
-            checkpoint_io=checkpoint_io if checkpoint_io is not None else "distributed",
-            process_group_backend=process_group_backend,
-            timeout=timeout,
-            start_timeout=start_timeout,
-            checked_collectives=checked_collectives,
+            **process_group_options(
+                locals(),
+                checkpoint_io=checkpoint_io if checkpoint_io is not None else "distributed",
+            )
         )
         if self.precision.needs_scaler:
             raise ConfigurationError(

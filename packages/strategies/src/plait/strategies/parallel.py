@@ -5,9 +5,9 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from datetime import timedelta
-from typing import TYPE_CHECKING, Final, TypeVar, cast
+from typing import TYPE_CHECKING, Final, TypedDict, TypeVar, cast
 
 import torch
 import torch.distributed as dist
@@ -36,10 +36,13 @@ if TYPE_CHECKING:
 
 __all__ = [
     "PROCESS_GROUP_BACKENDS",
+    "PROCESS_GROUP_OPTIONS",
     "ParallelStrategy",
+    "ProcessGroupOptions",
     "check_backend",
     "default_backend",
     "process_group_backends",
+    "process_group_options",
 ]
 
 T = TypeVar("T")
@@ -94,6 +97,48 @@ def _not_joined() -> ConfigurationError:
         "the strategy has not joined its process group yet",
         fix="call strategy.setup_environment() first",
     )
+
+
+class ProcessGroupOptions(TypedDict, total=False):
+    """The keywords every process-group strategy takes besides its own: `ParallelStrategy`'s.
+
+    A strategy built on `ParallelStrategy` declares them in its own signature (so that
+    they are documented, checked and remade by name, as Lightning's strategies take
+    them) and passes them on in one line::
+
+        super().__init__(**process_group_options(locals()))
+
+    `ParallelStrategy` says what each means.
+    """
+
+    accelerator: Accelerator | str | None
+    parallel_devices: Sequence[torch.device] | None
+    cluster_environment: ClusterEnvironment | str | None
+    precision: Precision | str | None
+    precision_plugin: Precision | str | None
+    checkpoint_io: CheckpointIO | str | None
+    process_group_backend: str | None
+    timeout: timedelta
+    start_timeout: timedelta
+    checked_collectives: bool
+
+
+PROCESS_GROUP_OPTIONS: Final = tuple(ProcessGroupOptions.__annotations__)
+"""The names of `ProcessGroupOptions`, in `ParallelStrategy`'s order."""
+
+
+def process_group_options(
+    arguments: Mapping[str, object], **overrides: object
+) -> ProcessGroupOptions:
+    """The `ProcessGroupOptions` among a strategy's ``arguments``, ``overrides`` over them.
+
+    ``arguments`` are the strategy's own (its ``__init__``'s ``locals()``); an
+    override is one it decides itself (DeepSpeed's checkpoint IO, XLA's backend).
+    """
+    options = {name: arguments[name] for name in PROCESS_GROUP_OPTIONS if name in arguments}
+    options.update(overrides)
+    # Each is a keyword of the strategy's own signature, annotated as the option's.
+    return cast("ProcessGroupOptions", options)
 
 
 class ParallelStrategy(BaseStrategy):

@@ -425,7 +425,8 @@ class SupportsLifecycleHooks(Protocol):
     lets replicas drift apart meets them at its end); ``on_validation_start`` and
     ``on_validation_end`` around each validation run (inside ``fit`` and alone); the
     same around ``test`` and ``predict``; then ``teardown``.
-    `plait.strategies.BaseStrategy` defines each as doing nothing; a loop of your
+    Each does nothing here: a strategy that subclasses this Protocol (as
+    `plait.strategies.BaseStrategy` does) overrides the hooks it needs; a loop of your
     own calls the ones its strategy needs.
 
     Lightning's ``Strategy.setup(trainer)`` is ``on_fit_start(run)`` here: ``setup``
@@ -434,40 +435,40 @@ class SupportsLifecycleHooks(Protocol):
 
     def on_fit_start(self, run: RunProgress) -> None:
         """``fit`` is about to train; ``run`` tells its steps and epochs as they go."""
-        ...
+        del run
 
     def on_fit_end(self) -> None:
         """``fit`` has ended."""
-        ...
+        return
 
     def on_train_start(self) -> None:
         """Training is about to start (or go on, after a resume)."""
-        ...
+        return
 
     def on_train_end(self) -> None:
         """Training has ended: its last step is taken."""
-        ...
+        return
 
     def on_validation_start(self) -> None:
         """A validation run is about to start."""
-        ...
+        return
 
     def on_validation_end(self) -> None:
         """A validation run has ended."""
-        ...
+        return
 
     def on_test_start(self) -> None:
         """A test run is about to start."""
-        ...
+        return
 
     def on_test_end(self) -> None:
         """A test run has ended."""
-        ...
+        return
 
     def on_predict_start(self) -> None:
         """A predict run is about to start."""
-        ...
+        return
 
     def on_predict_end(self) -> None:
         """A predict run has ended."""
-        ...
+        return

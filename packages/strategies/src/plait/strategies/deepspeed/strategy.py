@@ -45,7 +45,7 @@ from plait.strategies.deepspeed.whole_state import (
     set_optimizer_state,
 )
 from plait.strategies.export import read_whole
-from plait.strategies.parallel import DEFAULT_START_TIMEOUT, DEFAULT_TIMEOUT
+from plait.strategies.parallel import DEFAULT_START_TIMEOUT, DEFAULT_TIMEOUT, process_group_options
 from plait.strategies.self_launching import SelfLaunchingStrategy, check_start_method
 from plait.strategies.state import (
     load_module_state,
@@ -272,16 +272,7 @@ class DeepSpeedStrategy(SelfLaunchingStrategy):
         self._optimizer_names: list[str] = []
         self._loaded_by_engine = False
         super().__init__(
-            accelerator=accelerator,
-            parallel_devices=parallel_devices,
-            cluster_environment=cluster_environment,
-            precision=precision,
-            precision_plugin=precision_plugin,
-            checkpoint_io=DeepSpeedCheckpointIO(self),
-            process_group_backend=process_group_backend,
-            timeout=timeout,
-            start_timeout=start_timeout,
-            checked_collectives=checked_collectives,
+            **process_group_options(locals(), checkpoint_io=DeepSpeedCheckpointIO(self))
         )
         declared = declared_keys()
         check_supported(declared)

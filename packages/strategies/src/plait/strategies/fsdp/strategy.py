@@ -26,7 +26,7 @@ from plait.strategies.fsdp.options import (
     state_dict_type as parse_state_dict_type,
 )
 from plait.strategies.mesh import MeshStrategy
-from plait.strategies.parallel import DEFAULT_START_TIMEOUT, DEFAULT_TIMEOUT
+from plait.strategies.parallel import DEFAULT_START_TIMEOUT, DEFAULT_TIMEOUT, process_group_options
 from plait.strategies.self_launching import check_start_method
 
 if TYPE_CHECKING:
@@ -150,18 +150,7 @@ class FSDPStrategy(MeshStrategy):
         self.mixed_precision = mixed_precision
         if checkpoint_io is None:
             checkpoint_io = "distributed" if self.state_dict_type == "sharded" else "torch"
-        super().__init__(
-            accelerator=accelerator,
-            parallel_devices=parallel_devices,
-            cluster_environment=cluster_environment,
-            precision=precision,
-            precision_plugin=precision_plugin,
-            checkpoint_io=checkpoint_io,
-            process_group_backend=process_group_backend,
-            timeout=timeout,
-            start_timeout=start_timeout,
-            checked_collectives=checked_collectives,
-        )
+        super().__init__(**process_group_options(locals()))
         self.cpu_offload = offload_policy(cpu_offload, self.root_device)
         self._check_checkpoint_io()
         self.start_method = start_method

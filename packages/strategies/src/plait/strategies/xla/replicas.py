@@ -9,7 +9,12 @@ from typing import TYPE_CHECKING
 import torch
 from typing_extensions import override
 
-from plait.strategies.parallel import DEFAULT_START_TIMEOUT, DEFAULT_TIMEOUT, ParallelStrategy
+from plait.strategies.parallel import (
+    DEFAULT_START_TIMEOUT,
+    DEFAULT_TIMEOUT,
+    ParallelStrategy,
+    process_group_options,
+)
 from plait.strategies.xla import library
 from plait.strategies.xla.device import OnXLADevice
 from plait.strategies.xla.launcher import DEBUG_VARIABLES, XLALauncher
@@ -89,16 +94,13 @@ class XLAStrategy(OnXLADevice, ParallelStrategy):
         self._averaged: set[int] = set()
         self._device_fixed = False
         super().__init__(
-            accelerator=accelerator or "xla",
-            parallel_devices=parallel_devices,
-            cluster_environment=cluster_environment or "xla",
-            precision=precision,
-            precision_plugin=precision_plugin,
-            checkpoint_io=checkpoint_io or "xla",
-            process_group_backend="gloo",
-            timeout=timeout,
-            start_timeout=start_timeout,
-            checked_collectives=checked_collectives,
+            **process_group_options(
+                locals(),
+                accelerator=accelerator or "xla",
+                cluster_environment=cluster_environment or "xla",
+                checkpoint_io=checkpoint_io or "xla",
+                process_group_backend="gloo",
+            )
         )
 
     @override
