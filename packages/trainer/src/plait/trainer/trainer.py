@@ -18,13 +18,8 @@ from plait.core import (
     GradientClipAlgorithm,
     Precision,
     Strategy,
-    SupportsLauncher,
-    SupportsShardedModule,
-    SupportsStopTimeout,
     rank_zero_info,
-    rank_zero_warn,
 )
-from plait.core.seed import SEED_ENV_VAR
 from plait.trainer.attach import Attached, Run, attach
 from plait.trainer.callbacks.checkpoint import ModelCheckpoint
 from plait.trainer.callbacks.early_stopping import EarlyStopping
@@ -41,14 +36,7 @@ from plait.trainer.checks import (
     compile_options,
 )
 from plait.trainer.connector import Connection, Plugin, connect
-from plait.trainer.launch import (
-    TRAINED_CHECKPOINT,
-    Outcome,
-    gather_module_state,
-    identity,
-    origin,
-    run_in_rank,
-)
+from plait.trainer.launch import Launch, Outcome, origin
 from plait.trainer.limits import Limits, Stage
 from plait.trainer.loggers import Logger, resolve_loggers
 from plait.trainer.module import DataModule, Module, ModuleData, defines
@@ -59,7 +47,6 @@ from plait.trainer.profiler import Profiler, make_profiler
 from plait.trainer.progress import Progress
 from plait.trainer.results import Results
 from plait.trainer.stages import LoopSettings, run_stage_loop
-from plait.trainer.state import rng_state
 from plait.trainer.stopping import parse_stop_signals
 from plait.trainer.torch_flags import Deterministic, TorchFlags
 
@@ -300,16 +287,14 @@ class Trainer:
         )
         # What a run holds in this rank, while it runs.
         self._attached: Attached | None = None
-        self._final_state: dict[str, torch.Tensor] | None = None
-        self._trained_checkpoint: str | None = None
+        # Starting the ranks, and handing rank 0's result back.
+        self._launch = Launch(self, self._checkpointer)
         self.trained_checkpoint_path: str | None = None
         """Where the last fit saved the module's final state when it trained spawned
         copies of a module its strategy shards (`plait.core.SupportsShardedModule`):
         the caller's module is left as it was, and nothing gathers the state whole
         (``type(model).load_from_checkpoint(path)`` reads it, in one process).
         ``None`` after any other run."""
-        # The size of the last run's job, and this process's rank in it.
-        self._ran_as: tuple[int, int] | None = None
 
     # What the trainer is made of.
 
@@ -326,9 +311,10 @@ class Trainer:
     @property
     def world_size(self) -> int:
         """Processes in the job: the running one's, else the last run's, else the one planned."""
+        ran_as = self._launch.ran_as
         if self._attached is not None:
             return self.strategy.world_size
-        return self._ran_as[0] if self._ran_as is not None else self.num_processes
+        return ran_as[0] if ran_as is not None else self.num_processes
 
     @property
     def global_rank(self) -> int:
@@ -337,9 +323,10 @@ class Trainer:
         A process that started the job's ranks and waited for them (``ddp_spawn``)
         answers 0, as the rank whose outcome it took.
         """
-        if self._attached is not None or self._ran_as is None:
+        ran_as = self._launch.ran_as
+        if self._attached is not None or ran_as is None:
             return self.strategy.global_rank
-        return self._ran_as[1]
+        return ran_as[1]
 
     @property
     def num_nodes(self) -> int:
@@ -639,100 +626,13 @@ class Trainer:
 
     # Running, in this process or in every rank.
 
-    def _launch(
-        self,
-        stage: Stage,
-        model: Module,
-        *,
-        loaders: Iterable[object] | None,
-        val_loaders: Iterable[object] | None,
-        datamodule: DataModule | None,
-        ckpt_path: str | None,
-    ) -> object:
-        strategy = self.strategy
-        run = Run(
-            stage=stage,
-            loaders=loaders,
-            val_loaders=val_loaders,
-            datamodule=datamodule,
-            ckpt_path=ckpt_path,
-            origin=origin(model),
-            # Taken up by ranks a launcher starts afresh, where the caller seeded.
-            random_state=(
-                rng_state(cuda=False)
-                if isinstance(strategy, SupportsLauncher) and SEED_ENV_VAR in os.environ
-                else None
-            ),
-        )
-        if isinstance(strategy, SupportsLauncher):
-            launcher = strategy.launcher
-            if isinstance(launcher, SupportsStopTimeout):
-                launcher.stop_timeout = self.stop_timeout  # the ranks' bound, and its own
-            outcome = launcher.launch(run_in_rank, self, model, run)
-        else:
-            outcome = run_in_rank(self, model, run)
-        return self._adopt(outcome, model)
-
-    def _adopt(self, outcome: Outcome, model: Module) -> object:
-        # The run may have worked on copies (in other processes): bring rank 0's back.
-        self.trained_checkpoint_path = outcome.trained_checkpoint
-        if outcome.trained_checkpoint is not None:
-            rank_zero_warn(
-                f"fit trained spawned copies of the module, which {type(self.strategy).__name__} "
-                f"shards: the module passed to fit is unchanged, and its trained state was "
-                f"saved, never gathered whole, at {outcome.trained_checkpoint!r} "
-                "(trainer.trained_checkpoint_path); "
-                f"{type(model).__name__}.load_from_checkpoint(path) reads it whole",
-                stacklevel=4,
-            )
-        if outcome.state_dict is not None:
-            if set(outcome.state_dict) - set(model.state_dict()):
-                # Layers the ranks made in configure_model: made here too.
-                model.configure_model()
-            model.load_state_dict(outcome.state_dict)
-        if outcome.trainer != identity(self):
-            # A copy of this trainer ran (the module may still be this one).
-            for callback in self.callbacks:
-                state = outcome.callback_states.get(callback.state_key)
-                if state is not None:
-                    callback.load_state_dict(state)
-            results = self.results
-            results.callback_metrics = dict(outcome.callback_metrics)
-            results.logged_metrics = dict(outcome.logged_metrics)
-            results.progress_bar_metrics = dict(outcome.progress_bar_metrics)
-            results.log_dir = outcome.log_dir
-            self.progress.current_epoch = outcome.current_epoch
-            self.progress.global_step = outcome.global_step
-            # This process answers for the job as its rank 0 did.
-            self._ran_as = (outcome.world_size, 0)
-        return outcome.results
-
-    def outcome(self, results: object) -> Outcome:
-        """What rank 0 sends back at the end of a run."""
-        return Outcome(
-            trainer=identity(self),
-            # Taken by `run_stage` where a fit worked on a copy.
-            state_dict=self._final_state,
-            trained_checkpoint=self._trained_checkpoint,
-            callback_states={c.state_key: c.state_dict() for c in self.callbacks},
-            callback_metrics=dict(self.callback_metrics),
-            logged_metrics=dict(self.logged_metrics),
-            progress_bar_metrics=dict(self.progress_bar_metrics),
-            current_epoch=self.current_epoch,
-            global_step=self.global_step,
-            log_dir=self.log_dir,
-            world_size=self.world_size,
-            results=results,
-        )
-
     # One run, in this rank.
 
     def run_stage(self, module: Module, run: Run) -> object:
         """Set up this rank, run the stage's loop, and tear down, whatever happens."""
-        self._final_state = None
-        self._trained_checkpoint = None
+        self._launch.begin()
         with attach(self, module, run) as attached:
-            self._ran_as = (self.strategy.world_size, self.strategy.global_rank)
+            self._launch.ran_as = (self.strategy.world_size, self.strategy.global_rank)
             results = self._run_loop(attached, run)
             # Where a fit worked on a copy, the caller's module gets the trained state,
             # taken through the strategy while it is still set up; a sharded module's
@@ -740,17 +640,12 @@ class Trainer:
             # alike (both are collective): a launcher runs every rank on the caller's
             # objects (in each rank's own program), or every rank on copies (spawned).
             if run.stage == "fit" and origin(module) != run.origin:
-                self._hand_back(attached, module)
+                self._launch.hand_back(attached, module)
             return results
 
-    def _hand_back(self, attached: Attached, module: Module) -> None:
-        strategy = self.strategy
-        if not (isinstance(strategy, SupportsShardedModule) and strategy.shards_module):
-            self._final_state = gather_module_state(strategy, module)
-        elif not self.limits.fast_dev_run:  # a debugging run leaves nothing behind
-            path = os.path.join(self.default_root_dir, TRAINED_CHECKPOINT)
-            self._checkpointer.save(attached, path)
-            self._trained_checkpoint = path
+    def outcome(self, results: object) -> Outcome:
+        """What rank 0 sends back at the end of a run (`plait.trainer.launch.Launch.outcome`)."""
+        return self._launch.outcome(results)
 
     def _run_loop(self, attached: Attached, run: Run) -> object:
         settings = LoopSettings(
@@ -785,7 +680,7 @@ class Trainer:
     @override
     def __getstate__(self) -> dict[str, object]:
         # The trainer travels to the ranks between runs: nothing of a run goes with it.
-        return {**self.__dict__, "_attached": None, "_final_state": None}
+        return {**self.__dict__, "_attached": None}
 
     def save_checkpoint(self, path: PathLike) -> None:
         """Save the whole run at ``path``, to resume from; every rank must call it.
