@@ -20,13 +20,14 @@ from plait.trainer.optim import parse_optimizers
 from plait.trainer.optimization import TrainerOptimizer, check_closure_optimizers
 
 if TYPE_CHECKING:
+    from plait.core import Strategy
     from plait.core.typing import Checkpoint
     from plait.trainer.limits import Stage
     from plait.trainer.module import DataModule, Module
     from plait.trainer.optim import SchedulerConfig
     from plait.trainer.trainer import Trainer
 
-__all__ = ["Attached", "Run", "Steps", "attach", "steps_of"]
+__all__ = ["Attached", "Run", "Steps", "attach", "restore", "steps_of"]
 
 _STEP_METHODS: Final[dict[str, str]] = {
     "fit": "training_step",
@@ -130,16 +131,17 @@ def attach(trainer: Trainer, module: Module, run: Run) -> Iterator[Attached]:
 
     Set-up: the strategy's environment, the data module, the callbacks' ``setup``,
     the loggers (rank 0: connected, then given the hyperparameters),
-    ``configure_model`` (in the strategy's sharded context), the optimizers, the
-    module and optimizers through the strategy, then the checkpoint. Teardown: the
-    callbacks' ``teardown``, the loggers (rank 0) and the strategy. A failure goes to
-    the callbacks' ``on_exception`` and to the strategy, which may raise a clearer error.
+    ``configure_model`` (in the strategy's sharded context), the optimizers, and the
+    module and optimizers through the strategy; `restore` then loads the run's
+    checkpoint into them. Teardown: the callbacks' and the module's ``teardown``,
+    the profiler, the loggers (rank 0). A failure goes to the callbacks'
+    ``on_exception`` and to the strategy, which may raise a clearer error. The
+    trainer (already the module's) tears the strategy down itself, once it has let
+    go of what it holds.
     """
     strategy = trainer.strategy
     stage, datamodule = run.stage, run.datamodule
     hooks = Hooks(trainer, module, trainer.callbacks, trainer.profiler)
-    trainer.state_stage = stage
-    module._trainer = trainer
     status = "failed"
     try:
         strategy.setup_environment()
@@ -179,11 +181,6 @@ def attach(trainer: Trainer, module: Module, run: Run) -> Iterator[Attached]:
             for logger in trainer.loggers:
                 logger.finalize(status)
         trainer.results.end_run()
-        module._trainer = None
-        # Only the strategy holds the wrapper after this: it releases it (while it
-        # still holds its process group) in its teardown.
-        trainer._attached = None
-        strategy.teardown()
 
 
 def _start_loggers(trainer: Trainer, module: Module) -> None:
@@ -234,7 +231,7 @@ def _set_up(trainer: Trainer, module: Module, run: Run, hooks: Hooks) -> Attache
         config.scheduler.optimizer = prepared[
             [id(o) for o in optimizers].index(id(config.optimizer))
         ]
-    attached = Attached(
+    return Attached(
         module=module,
         steps=steps,
         wrapped=wrapped,
@@ -255,20 +252,25 @@ def _set_up(trainer: Trainer, module: Module, run: Run, hooks: Hooks) -> Attache
         ],
         checkpoint=None,
     )
-    # The trainer answers for the run from here on (its optimizers, say, to the
-    # callbacks that load a checkpoint).
-    trainer._attached = attached
-    if run.ckpt_path:
-        # Read after set-up: a checkpoint IO that loads in place fills the module's
-        # own (possibly sharded) tensors, each rank reading only what it holds.
-        checkpoint = strategy.read_checkpoint(run.ckpt_path, module)
-        check_checkpoint(checkpoint, run.ckpt_path)
-        hooks.on_load_checkpoint(checkpoint)
-        strategy.set_state_dict(
-            module, prepared if stage == "fit" else [], checkpoint, source=run.ckpt_path
-        )
-        attached.checkpoint = checkpoint
-    return attached
+
+
+def restore(strategy: Strategy, attached: Attached, run: Run) -> None:
+    """Load the checkpoint ``run`` starts from, if any, into what ``attached`` holds.
+
+    Read after set-up: a checkpoint IO that loads in place fills the module's own
+    (possibly sharded) tensors, each rank reading only what it holds. The callbacks
+    see it first (``on_load_checkpoint``), when the trainer already answers for the
+    run (its optimizers, say).
+    """
+    if not run.ckpt_path:
+        return
+    module = attached.module
+    checkpoint = strategy.read_checkpoint(run.ckpt_path, module)
+    check_checkpoint(checkpoint, run.ckpt_path)
+    attached.hooks.on_load_checkpoint(checkpoint)
+    optimizers = attached.optimizers if run.stage == "fit" else []
+    strategy.set_state_dict(module, optimizers, checkpoint, source=run.ckpt_path)
+    attached.checkpoint = checkpoint
 
 
 def _names_of(module: Module, optimizer: torch.optim.Optimizer) -> frozenset[str]:

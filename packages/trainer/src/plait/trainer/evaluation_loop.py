@@ -15,11 +15,9 @@ from plait.trainer.metrics import Metrics, Number
 from plait.trainer.state import to_device
 
 if TYPE_CHECKING:
-    from plait.core import Strategy
     from plait.trainer.attach import Attached
-    from plait.trainer.limits import Limits
-    from plait.trainer.progress import Progress
     from plait.trainer.results import Results
+    from plait.trainer.stages import LoopContext
 
 __all__ = ["EvaluationLoop", "PredictionLoop", "kept"]
 
@@ -52,19 +50,12 @@ def kept(output: object) -> object:
 class _RunsSteps:
     """A loop that runs the module's steps over a loader, every rank as many."""
 
-    def __init__(
-        self,
-        strategy: Strategy,
-        attached: Attached,
-        results: Results,
-        limits: Limits,
-        progress: Progress,
-    ) -> None:
-        self.strategy = strategy
+    def __init__(self, context: LoopContext, attached: Attached) -> None:
+        self.strategy = context.strategy
         self.attached = attached
-        self.results = results
-        self.limits = limits
-        self.progress = progress
+        self.results = context.results
+        self.limits = context.limits
+        self.progress = context.progress
 
 
 class EvaluationLoop(_RunsSteps):
@@ -75,11 +66,10 @@ class EvaluationLoop(_RunsSteps):
     output, logged values and hooks are dropped, so that every sample counts once.
 
     Args:
-        strategy: Runs the steps, and folds the values over the ranks.
+        context: The strategy (which runs the steps and folds the values over the
+            ranks), where logged values go, how many batches each stage runs, and
+            where the number of batches is shown.
         attached: The run's module and wrapper.
-        results: Where logged values go.
-        limits: How many batches each stage runs.
-        progress: Where the number of batches is shown.
     """
 
     def run(
@@ -133,11 +123,10 @@ class PredictionLoop(_RunsSteps):
     """Runs ``predict_step`` over a loader; the outputs of every rank, in the loader's order.
 
     Args:
-        strategy: Runs the steps, and gathers the outputs.
+        context: The strategy (which runs the steps and gathers the outputs), where
+            values logged while padding are dropped, how many batches to predict,
+            and where the number of batches is shown.
         attached: The run's module and wrapper.
-        results: Where values logged while padding are dropped.
-        limits: How many batches to predict.
-        progress: Where the number of batches is shown.
     """
 
     def run(self, loader: Iterable[object]) -> list[object]:

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import contextlib
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 import torch
 
-from plait.core import STOP_TIMEOUT, TrainingStopped, rank_zero_warn
+from plait.core import TrainingStopped, rank_zero_warn
 from plait.trainer.batches import agreed_total, batches
 from plait.trainer.data import length, prepare_loader, sampler_seed, set_epoch
 from plait.trainer.metrics import Metrics, metric_group
@@ -23,16 +23,13 @@ from plait.trainer.stopping import GracefulStop
 if TYPE_CHECKING:
     import signal
 
-    from plait.core import Strategy
     from plait.trainer.attach import Attached
     from plait.trainer.callbacks.checkpoint import ModelCheckpoint
     from plait.trainer.checkpointing import Checkpointer
     from plait.trainer.evaluation_loop import EvaluationLoop
-    from plait.trainer.limits import Limits
     from plait.trainer.module import DataModule
     from plait.trainer.optimization import Optimization, Schedulers
-    from plait.trainer.progress import Progress
-    from plait.trainer.results import Results
+    from plait.trainer.stages import LoopContext
 
 __all__ = ["FitLoop", "datamodule_loader"]
 
@@ -57,57 +54,43 @@ class FitLoop:
     number of batches, a stop asked by one of them) they agree first.
 
     Args:
-        strategy: The ranks' collectives and the device.
+        context: The strategy, the counters, the results, the limits and the settings.
         attached: The run's module and parts.
         optimization: Runs each training batch and its optimizer steps.
         schedulers: The epoch's schedulers are stepped at its end.
         evaluation: Runs validation inside training.
-        results: Where logged values go.
-        limits: Where training stops, and when it validates.
-        progress: The counters.
-        checkpointer: Writes ``last.ckpt`` when a stop signal comes.
+        checkpointer: Restores the run's checkpoint, and writes ``last.ckpt`` when a
+            stop signal comes.
         last_checkpoint: The `ModelCheckpoint` that names ``last.ckpt``, if any.
-        stop_signals: The signals that stop training gracefully.
-        stop_timeout: Seconds a graceful stop may take (see `GracefulStop`).
-        accumulate: Batches per optimizer step.
-        detect_anomaly: Train under ``torch.autograd.detect_anomaly``.
-        sanity: The context a sanity check runs in (the trainer says it checks).
     """
 
     def __init__(
         self,
-        *,
-        strategy: Strategy,
+        context: LoopContext,
         attached: Attached,
+        *,
         optimization: Optimization,
         schedulers: Schedulers,
         evaluation: EvaluationLoop,
-        results: Results,
-        limits: Limits,
-        progress: Progress,
         checkpointer: Checkpointer,
         last_checkpoint: ModelCheckpoint | None,
-        stop_signals: tuple[signal.Signals, ...],
-        accumulate: int,
-        stop_timeout: float | None = STOP_TIMEOUT,
-        detect_anomaly: bool = False,
-        sanity: Callable[[], contextlib.AbstractContextManager[None]] = contextlib.nullcontext,
     ) -> None:
-        self.strategy = strategy
+        settings = context.settings
+        self.strategy = strategy = context.strategy
         self.attached = attached
         self.optimization = optimization
         self.schedulers = schedulers
         self.evaluation = evaluation
-        self.results = results
-        self.limits = limits
-        self.progress = progress
+        self.results = context.results
+        self.limits = context.limits
+        self.progress = context.progress
         self.checkpointer = checkpointer
         self.last_checkpoint = last_checkpoint
-        self.stop_signals = stop_signals
-        self.stop_timeout = stop_timeout
-        self.accumulate = accumulate
-        self.detect_anomaly = detect_anomaly
-        self.sanity = sanity
+        self.stop_signals = settings.stop_signals
+        self.stop_timeout = settings.stop_timeout
+        self.accumulate = settings.accumulate_grad_batches
+        self.detect_anomaly = settings.detect_anomaly
+        self.sanity = context.sanity
         self._graceful: GracefulStop | None = None
         self._stopping: signal.Signals | None = None
         self._step_sync = False

@@ -115,6 +115,11 @@ class Module(torch.nn.Module):
             )
         return self._trainer
 
+    @trainer.setter
+    def trainer(self, trainer: Trainer | None) -> None:
+        # The Trainer attaches itself for each run, and lets go at its end.
+        self._trainer = trainer
+
     @property
     def attached(self) -> bool:
         """Whether a trainer runs this module now."""
@@ -345,7 +350,7 @@ class Module(torch.nn.Module):
 
     def _running(self, what: str) -> Attached:
         trainer = self._trainer  # read as it is (not through `trainer`): called every step
-        attached = trainer._attached if trainer is not None else None
+        attached = trainer.attached if trainer is not None else None
         if attached is None:
             raise ConfigurationError(
                 f"{what} was called where no run is in progress",

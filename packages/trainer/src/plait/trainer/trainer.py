@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Final, Literal
@@ -20,7 +21,7 @@ from plait.core import (
     Strategy,
     rank_zero_info,
 )
-from plait.trainer.attach import Attached, Run, attach
+from plait.trainer.attach import Attached, Run, attach, restore
 from plait.trainer.callbacks.checkpoint import ModelCheckpoint
 from plait.trainer.callbacks.early_stopping import EarlyStopping
 from plait.trainer.callbacks.resolve import resolve_callbacks
@@ -30,7 +31,6 @@ from plait.trainer.checks import (
     check_data,
     check_manual_optimization,
     check_module,
-    check_number,
     check_root,
     check_timeout,
     compile_options,
@@ -46,8 +46,7 @@ from plait.trainer.optimization import (
 from plait.trainer.profiler import Profiler, make_profiler
 from plait.trainer.progress import Progress
 from plait.trainer.results import Results
-from plait.trainer.stages import LoopSettings, run_stage_loop
-from plait.trainer.stopping import parse_stop_signals
+from plait.trainer.stages import LoopContext, LoopSettings, Setting, run_stage_loop
 from plait.trainer.torch_flags import Deterministic, TorchFlags
 
 if TYPE_CHECKING:
@@ -60,7 +59,6 @@ if TYPE_CHECKING:
 
 __all__ = ["Trainer"]
 
-_CLIP_ALGORITHMS: Final = ("norm", "value")
 _DEFAULT_CHECKPOINT_TIMEOUT: Final = 1800.0
 
 
@@ -161,6 +159,19 @@ class Trainer:
             the message names the value, the valid choices and a fix.
     """
 
+    accumulate_grad_batches = Setting[int]()
+    """Batches per optimizer step (`loop_settings`)."""
+    gradient_clip_val = Setting[float | None]()
+    """The norm (or value) gradients are clipped to before each step; ``None``: none."""
+    gradient_clip_algorithm = Setting[GradientClipAlgorithm]()
+    """``"norm"`` or ``"value"``."""
+    stop_signals = Setting[tuple[signal.Signals, ...]]()
+    """The signals that stop training gracefully."""
+    stop_timeout = Setting[float | None]()
+    """Seconds a graceful stop may take (``None``: no bound)."""
+    detect_anomaly = Setting[bool]()
+    """Whether training runs under ``torch.autograd.detect_anomaly``."""
+
     def __init__(
         self,
         *,
@@ -221,24 +232,19 @@ class Trainer:
                 f"fast_dev_run: {self.limits.fast_dev_run} batch(es) of each stage, "
                 "without logs or checkpoints"
             )
-        for name, count in (
-            ("log_every_n_steps", log_every_n_steps),
-            ("accumulate_grad_batches", accumulate_grad_batches),
-        ):
-            check_count(name, count, minimum=1, example=f"{name}=1")
-        if gradient_clip_algorithm not in _CLIP_ALGORITHMS:
-            raise ConfigurationError.invalid_choice(
-                "gradient_clip_algorithm", gradient_clip_algorithm, _CLIP_ALGORITHMS
-            )
-        if type(gradient_clip_val) in (int, float) and gradient_clip_val == 0:
-            gradient_clip_val = None  # 0 means no clipping, as in Lightning
-        if gradient_clip_val is not None:
-            check_number(
-                "gradient_clip_val",
-                gradient_clip_val,
-                positive=True,
-                example="gradient_clip_val=1.0",
-            )
+        check_count(
+            "log_every_n_steps", log_every_n_steps, minimum=1, example="log_every_n_steps=1"
+        )
+        # How fit steps, checked and resolved once; the attributes of the same names
+        # read them (and remake them when set).
+        self.loop_settings = LoopSettings(
+            accumulate_grad_batches=accumulate_grad_batches,
+            gradient_clip_algorithm=gradient_clip_algorithm,
+            gradient_clip_val=gradient_clip_val,
+            stop_signals=stop_signals,
+            stop_timeout=stop_timeout,
+            detect_anomaly=detect_anomaly,
+        )
         self.checkpoint_timeout = check_timeout("checkpoint_timeout", checkpoint_timeout)
         # Checked now, not at the first save, when logs or checkpoints will go there.
         self.default_root_dir = check_root(
@@ -253,18 +259,8 @@ class Trainer:
             plugins=plugins,
         )
         self.log_every_n_steps = log_every_n_steps
-        self.accumulate_grad_batches = accumulate_grad_batches
-        self.gradient_clip_val = None if gradient_clip_val is None else float(gradient_clip_val)
-        self.gradient_clip_algorithm: GradientClipAlgorithm = gradient_clip_algorithm
-        self.stop_signals = parse_stop_signals(stop_signals)
-        self.stop_timeout = (
-            None
-            if stop_timeout is None
-            else check_timeout("stop_timeout", stop_timeout).total_seconds()
-        )
         self.torch_flags = TorchFlags.resolve(deterministic, benchmark, sync_batchnorm)
         self.torch_flags.check_device(self.strategy, self.num_processes)
-        self.detect_anomaly = bool(detect_anomaly)
         self.profiler = make_profiler(profiler)
         self.compile_options = compile_options(compile)
         self.loggers = resolve_loggers(logger, self.default_root_dir)
@@ -453,6 +449,11 @@ class Trainer:
     # What a run holds.
 
     @property
+    def attached(self) -> Attached | None:
+        """What the run in progress holds in this rank (module, wrapper, optimizers...)."""
+        return self._attached
+
+    @property
     def optimizers(self) -> list[torch.optim.Optimizer]:
         """The running fit's optimizers, as set up by the strategy (none outside a fit)."""
         return self._attached.optimizers if self._attached is not None else []
@@ -631,42 +632,50 @@ class Trainer:
     def run_stage(self, module: Module, run: Run) -> object:
         """Set up this rank, run the stage's loop, and tear down, whatever happens."""
         self._launch.begin()
-        with attach(self, module, run) as attached:
-            self._launch.ran_as = (self.strategy.world_size, self.strategy.global_rank)
-            results = self._run_loop(attached, run)
-            # Where a fit worked on a copy, the caller's module gets the trained state,
-            # taken through the strategy while it is still set up; a sharded module's
-            # is saved as its shards instead, never gathered whole. Every rank decides
-            # alike (both are collective): a launcher runs every rank on the caller's
-            # objects (in each rank's own program), or every rank on copies (spawned).
-            if run.stage == "fit" and origin(module) != run.origin:
-                self._launch.hand_back(attached, module)
-            return results
+        self.state_stage = run.stage
+        module.trainer = self
+        strategy = self.strategy
+        try:
+            with attach(self, module, run) as attached:
+                # The trainer answers for the run from here on (its optimizers, say,
+                # to the callbacks that load the checkpoint).
+                self._attached = attached
+                restore(strategy, attached, run)
+                self._launch.ran_as = (strategy.world_size, strategy.global_rank)
+                results = self._run_loop(attached, run)
+                # Where a fit worked on a copy, the caller's module gets the trained
+                # state; every rank decides alike (both ways are collective): a
+                # launcher runs every rank on the caller's objects (in each rank's own
+                # program), or every rank on copies (spawned).
+                if run.stage == "fit" and origin(module) != run.origin:
+                    self._launch.hand_back(attached, module)
+                return results
+        finally:
+            # Only the strategy holds the wrapper after this: it releases it (while it
+            # still holds its process group) in its teardown.
+            self._attached = None
+            module.trainer = None
+            strategy.teardown()
 
     def outcome(self, results: object) -> Outcome:
         """What rank 0 sends back at the end of a run (`plait.trainer.launch.Launch.outcome`)."""
         return self._launch.outcome(results)
 
     def _run_loop(self, attached: Attached, run: Run) -> object:
-        settings = LoopSettings(
-            accumulate_grad_batches=self.accumulate_grad_batches,
-            gradient_clip_val=self.gradient_clip_val,
-            gradient_clip_algorithm=self.gradient_clip_algorithm,
-            stop_signals=self.stop_signals,
-            stop_timeout=self.stop_timeout,
-            detect_anomaly=self.detect_anomaly,
+        context = LoopContext(
+            self.strategy,
+            self.progress,
+            self.results,
+            self.limits,
+            self.loop_settings,
+            sanity=self._sanity_check,
         )
         return run_stage_loop(
             run,
             attached,
-            strategy=self.strategy,
-            progress=self.progress,
-            results=self.results,
-            limits=self.limits,
+            context,
             checkpointer=self._checkpointer,
             last_checkpoint=None if self.fast_dev_run else self.checkpoint_callback,
-            settings=settings,
-            sanity=self._sanity_check,
         )
 
     @contextlib.contextmanager
