@@ -181,6 +181,7 @@ def test_a_failure_shrinks_to_a_minimal_example_whose_snippet_reproduces_it(
     # a sum (one zero and one non-zero).
     case = violation.case
     assert repr(case).startswith("ReduceCase(op='mean'")
+    assert isinstance(case, ReduceCase)
     assert all(spec.shape == () for spec in case.inputs), case  # type: ignore[union-attr]
     snippet = str(violation).split("Run this example alone:\n", 1)[1]
     script = tmp_path / "reproduce_it.py"
