@@ -12,7 +12,7 @@ from typing_extensions import override
 
 from plait.core import ConfigurationError, MissingDependencyError
 from plait.trainer import MLFlowLogger, Module, Trainer
-from plait.trainer import loggers as loggers_module
+from plait.trainer.loggers import mlflow_logger
 
 pytest.importorskip("mlflow")
 
@@ -227,7 +227,7 @@ def test_an_unknown_status_is_refused(store: str) -> None:
 
 
 def test_without_mlflow_the_error_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(loggers_module, "is_module_available", lambda name: name != "mlflow")
+    monkeypatch.setattr(mlflow_logger, "is_module_available", lambda name: name != "mlflow")
 
     with pytest.raises(MissingDependencyError, match=r"plait-trainer\[mlflow\]"):
         MLFlowLogger()

@@ -1,0 +1,78 @@
+"""`CSVLogger`: a CSV file of metrics, a row per step."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+from typing_extensions import override
+
+from plait.trainer.loggers.base import VersionedDirectory
+
+if TYPE_CHECKING:
+    from plait.trainer.metrics import Number
+
+__all__ = ["CSVLogger"]
+
+
+class CSVLogger(VersionedDirectory):
+    """Write metrics to ``<save_dir>/<name>/version_N/metrics.csv``, a row per step.
+
+    A column appears for each metric name; a row holds the values logged at one
+    step (epoch values at the step where the epoch ended). Settings go to
+    ``hparams.json`` beside it.
+
+    Args:
+        save_dir: The root directory.
+        name: The experiment's directory under it.
+        version: The run's version; the next free number by default.
+    """
+
+    FILE_NAME = "metrics.csv"
+
+    def __init__(
+        self,
+        save_dir: str | os.PathLike[str] = ".",
+        name: str = "plait_logs",
+        version: int | str | None = None,
+    ) -> None:
+        super().__init__(save_dir, name, version)
+        self._columns: list[str] = ["step"]
+        self._rows: list[dict[str, object]] = []
+
+    @property
+    def path(self) -> str:
+        """The CSV file."""
+        return os.path.join(self.log_dir, self.FILE_NAME)
+
+    def log_metrics(self, metrics: Mapping[str, Number], step: int) -> None:
+        """Add a row (rewriting the file when a new metric adds a column)."""
+        row: dict[str, object] = {"step": step, **metrics}
+        self._rows.append(row)
+        new = [name for name in metrics if name not in self._columns]
+        os.makedirs(self.log_dir, exist_ok=True)
+        if new or len(self._rows) == 1:
+            self._columns.extend(new)
+            with open(self.path, "w", newline="") as file:
+                writer = csv.DictWriter(file, fieldnames=self._columns)
+                writer.writeheader()
+                writer.writerows(self._rows)
+            return
+        with open(self.path, "a", newline="") as file:
+            csv.DictWriter(file, fieldnames=self._columns).writerow(row)
+
+    def log_hyperparams(self, params: Mapping[str, object]) -> None:
+        """Write ``hparams.json`` (values that JSON cannot hold are written as text)."""
+        os.makedirs(self.log_dir, exist_ok=True)
+        with open(os.path.join(self.log_dir, "hparams.json"), "w") as file:
+            json.dump(dict(params), file, indent=2, default=repr)
+
+    def finalize(self, status: str) -> None:
+        """Nothing to close: every row is written as it comes."""
+
+    @override
+    def __repr__(self) -> str:
+        return f"CSVLogger(save_dir={self.save_dir!r}, name={self.name!r})"
