@@ -6,7 +6,8 @@ the minimum and maximum. Ratios (plait / baseline) are the result; absolute time
 are this machine's.
 
 Sections:
-  imports      import cost over `import torch`, each in a fresh interpreter
+  imports      `import torch, <module>` against `import torch`, each in a fresh
+               interpreter, garbage collection on (as a program imports them)
   cli          `plait fit --model ... --data ...` (jsonargparse) against `plait fit
                --example`, the same model: start to the end of a one-step run
   steps        seconds per training step on one process: a plain loop, plait's
@@ -126,13 +127,18 @@ class Row:
 # Imports.
 
 _IMPORT_PROBE: Final = """
-import importlib, sys, time
+import gc, importlib, sys, time
+full = []
+gc.callbacks.append(lambda phase, info: full.append(phase) if info["generation"] == 2 else None)
 start = time.perf_counter()
 import torch
 middle = time.perf_counter()
+before = len(full)
 importlib.import_module(sys.argv[1])
-print(middle - start, time.perf_counter() - middle)
+print(middle - start, time.perf_counter() - middle, (len(full) - before) // 2)
 """
+"""As a user's program imports them: torch, then the module, garbage collection on. It
+prints both times and how many full collections ran during the module's import."""
 
 
 def _installed(module: str) -> bool:
@@ -143,10 +149,17 @@ def _installed(module: str) -> bool:
 
 
 def bench_imports(rounds: int) -> list[Row]:
-    """Seconds to import each module after torch, against torch's own import."""
+    """``import torch, <module>`` against ``import torch``, in the same fresh interpreters.
+
+    The garbage collector runs as in any program: a full collection (a scan of every
+    object torch made, a tenth of a second or more) lands in whichever import
+    allocates enough after torch's; the row says in how many rounds it landed in the
+    module's.
+    """
     modules = [module for module in IMPORTED if _installed(module)]
     torch_times: dict[str, list[float]] = {module: [] for module in modules}
-    extra: dict[str, list[float]] = {module: [] for module in modules}
+    both: dict[str, list[float]] = {module: [] for module in modules}
+    collected: dict[str, int] = dict.fromkeys(modules, 0)
     for _ in range(rounds):
         for module in modules:  # interleaved: each round imports every module once
             out = subprocess.run(
@@ -154,13 +167,14 @@ def bench_imports(rounds: int) -> list[Row]:
                 capture_output=True, text=True, check=True,
             ).stdout.split()  # fmt: skip
             torch_times[module].append(float(out[0]))
-            extra[module].append(float(out[1]))
+            both[module].append(float(out[0]) + float(out[1]))
+            collected[module] += int(out[2]) > 0
     return [
         Row(
             "imports",
-            f"import {module} (after torch)",
+            f"import torch, {module} (full collections in {collected[module]}/{rounds})",
             "s",
-            extra[module],
+            both[module],
             torch_times[module],
             "import torch",
         )

@@ -372,3 +372,44 @@ def test_two_distributions_claiming_one_name_are_both_named(
 
     assert first in str(caught.value)
     assert second in str(caught.value)
+
+
+class Broken:  # lacks spin
+    name = "broken"
+
+
+def test_a_factory_registered_by_reference_is_imported_and_checked_when_first_asked_for() -> None:
+    registry = Registry[Widget]("widget", protocol=Widget)
+    registry.register_lazily("gear", f"{__name__}:Gear", description="a toothed wheel", teeth=3)
+    entry = registry.entry("gear")
+    assert entry.reference == f"{__name__}:Gear"
+    assert "gear" in registry
+    assert registry.available() == ["gear"]
+    assert entry.factory is Gear  # imported now, and the same for every lookup
+    assert registry.get("gear").spin(2) == 6
+    assert registry.entry("gear").factory is Gear
+
+
+def test_a_reference_is_checked_as_a_factory_is_when_it_is_imported() -> None:
+    registry = Registry[Widget]("widget", protocol=Widget)
+    registry.register_lazily("broken", f"{__name__}:Broken")
+    registry.register_lazily("gear", f"{__name__}:Gear", gears=3)
+    with pytest.raises(ConfigurationError, match="missing: spin"):
+        registry.get("broken")
+    with pytest.raises(ConfigurationError, match=r"the option gears=, which its factory"):
+        registry.get("gear")
+
+
+def test_a_reference_that_names_nothing_importable_says_so_when_first_used() -> None:
+    registry = Registry[Widget]("widget", protocol=Widget)
+    with pytest.raises(ConfigurationError, match=r"is not 'package\.module:attribute'"):
+        registry.register_lazily("gear", "no colon here")
+    registry.register_lazily("ghost", "plait_no_such_module:Gear")
+    registry.register_lazily("absent", f"{__name__}:Absent")
+    assert registry.available() == ["absent", "ghost"]  # listed without importing
+    with pytest.raises(ConfigurationError, match=r"'ghost' is registered as .*ModuleNotFoundError"):
+        registry.get("ghost")
+    with pytest.raises(ConfigurationError, match=r"'absent' is registered as .*AttributeError"):
+        registry.entry("absent").factory  # noqa: B018 - asking for it imports it
+    with pytest.raises(ConfigurationError, match=r"already registered .*plait_no_such_module:Gear"):
+        registry.register_lazily("ghost", f"{__name__}:Gear")

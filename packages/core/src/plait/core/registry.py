@@ -54,17 +54,59 @@ class RegistryEntry(Generic[T]):
 
     Attributes:
         name: The normalised name (lower case, no surrounding whitespace).
-        factory: What builds the object: a class or any callable.
         init_params: Keyword arguments the factory is called with.
         description: One line for listings.
         source: The distribution that registered it, or ``"<runtime>"``.
+        reference: ``"module:attribute"`` for a factory registered by reference
+            (`Registry.register_lazily`), imported on first use; else ``None``.
     """
 
     name: str
-    factory: Callable[..., T]
+    _factory: Callable[..., T] | None = attrs.field(alias="factory")
     init_params: Mapping[str, object] = attrs.field(factory=dict, converter=_frozen_params)
     description: str = ""
     source: str = RUNTIME_SOURCE
+    reference: str | None = None
+    # Checks a factory imported by reference as `Registry.register` checks one.
+    _check: Callable[[Callable[..., object]], None] | None = attrs.field(
+        default=None, alias="check", repr=False
+    )
+
+    @property
+    def factory(self) -> Callable[..., T]:
+        """What builds the object: a class or any callable.
+
+        A factory registered by reference is imported (and checked) here, the first
+        time it is asked for.
+
+        Raises:
+            ConfigurationError: The reference names nothing importable, or what it
+                names is not a factory the registry takes.
+        """
+        found = self._factory
+        if found is None:
+            found = self._resolve()
+        return found
+
+    def _resolve(self) -> Callable[..., T]:
+        assert self.reference is not None
+        module, _, attribute = self.reference.partition(":")
+        import importlib  # noqa: PLC0415 - only an entry registered by reference needs it
+
+        try:
+            found = getattr(importlib.import_module(module), attribute)
+        except (ImportError, AttributeError) as error:
+            raise ConfigurationError(
+                f"{self.name!r} is registered as {self.reference!r}, which cannot be "
+                f"imported: {type(error).__name__}: {error}",
+                value=self.reference,
+                fix=f"fix or reinstall {self.source}",
+            ) from error
+        if self._check is not None:
+            self._check(found)
+        # Frozen to its users; resolved once, then the same factory for every lookup.
+        object.__setattr__(self, "_factory", found)
+        return cast("Callable[..., T]", found)
 
 
 class Registry(Generic[T]):
@@ -188,24 +230,83 @@ class Registry(Generic[T]):
     ) -> None:
         key = self._normalise(name)
         self._check_factory(key, factory, init_params)
-        with self._lock:
-            self._ensure_loaded()
-            existing = self._entries.get(key)
-            if existing is not None and not override:
-                raise ConfigurationError(
-                    f"{self.kind} {key!r} is already registered "
-                    f"(from {existing.source}: {existing.description or existing.factory!r})",
-                    value=name,
-                    fix=f"choose another name, or pass override=True to replace the {self.kind}",
-                )
-            self._entries[key] = RegistryEntry(
+        self._add(
+            key,
+            RegistryEntry(
                 name=key,
                 # Checked against the protocol (_check_factory), or when it builds.
                 factory=cast("Callable[..., T]", factory),
                 init_params=init_params,
                 description=description,
                 source=_registering_source.get(),
+            ),
+            override=override,
+            given=name,
+        )
+
+    def _add(self, key: str, entry: RegistryEntry[T], *, override: bool, given: str) -> None:
+        with self._lock:
+            self._ensure_loaded()
+            existing = self._entries.get(key)
+            if existing is not None and not override:
+                # What it is, without importing a factory registered by reference.
+                held = existing.description or existing.reference or existing.factory
+                raise ConfigurationError(
+                    f"{self.kind} {key!r} is already registered (from {existing.source}: {held!r})",
+                    value=given,
+                    fix=f"choose another name, or pass override=True to replace the {self.kind}",
+                )
+            self._entries[key] = entry
+
+    def register_lazily(
+        self,
+        name: str,
+        reference: str,
+        /,
+        *,
+        description: str = "",
+        override: bool = False,
+        **init_params: object,
+    ) -> None:
+        """Register the factory at ``reference`` (``"package.module:attribute"``) unimported.
+
+        The name is listed, found and described at once; the module is imported, and
+        its factory checked as `register` checks one, only when the entry's factory is
+        first asked for (`get`, ``entry(name).factory``). A package registers the parts
+        a process may never use this way, so that looking up another does not import
+        them.
+
+        Raises:
+            ConfigurationError: The name is malformed or taken (see `register`), or
+                ``reference`` is not ``"module:attribute"``.
+        """
+        module, colon, attribute = reference.partition(":")
+        if not (colon and module and attribute.isidentifier()):
+            raise ConfigurationError(
+                f"the reference {reference!r} of {self.kind} {name!r} is not "
+                "'package.module:attribute'",
+                value=reference,
+                fix="write the module and the factory's name, separated by a colon",
             )
+        key = self._normalise(name)
+
+        def check(factory: Callable[..., object]) -> None:
+            self._check_factory(key, factory, init_params)
+
+        self._add(
+            key,
+            RegistryEntry(
+                name=key,
+                factory=None,
+                init_params=init_params,
+                description=description,
+                source=_registering_source.get(),
+                reference=reference,
+                check=check,
+            ),
+            override=override,
+            given=name,
+        )
 
     def get(self, name: str, /, **overrides: object) -> T:
         """Build the object registered as ``name``.
