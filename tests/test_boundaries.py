@@ -17,7 +17,10 @@ LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
 LAYERS = "The dependency rule"
 CORE_SMALL = "plait.core stays small"
 FAMILIES = "Inside plait.strategies, the generic modules never import a strategy family"
-CONTRACTS = 3
+STRATEGY_LAYERS = "Inside plait.strategies, the families stand on the mesh"
+ENGINE = "Inside plait.conformance, the engine knows no kind of example"
+KIT = "Inside the training kit, each example stands on the loop"
+CONTRACTS = 6
 
 
 def lint_with_extra_import(tmp_path: Path, module: str, statement: str) -> tuple[int, str]:
@@ -48,15 +51,33 @@ def lint_with_extra_import(tmp_path: Path, module: str, statement: str) -> tuple
     ("module", "statement", "broken"),
     [
         # Through core, every generic strategy module would reach the families too.
-        ("plait.core.registry", "import plait.strategies", {LAYERS, CORE_SMALL, FAMILIES}),
+        (
+            "plait.core.registry",
+            "import plait.strategies",
+            {LAYERS, CORE_SMALL, FAMILIES, STRATEGY_LAYERS},
+        ),
         ("plait.strategies", "from plait import accelerators", {LAYERS}),
         ("plait.conformance", "import plait.trainer", {LAYERS}),
         ("plait.core.seed", "import rich", {CORE_SMALL}),
         ("plait.core.rank", "import torch_xla", {CORE_SMALL}),
         # The cycle checkpoints once made: the generic base reaching DeepSpeed's export.
-        ("plait.strategies.base", "import plait.strategies.deepspeed.export", {FAMILIES}),
+        (
+            "plait.strategies.base",
+            "import plait.strategies.deepspeed.export",
+            {FAMILIES, STRATEGY_LAYERS},
+        ),
         # Indirectly too: a generic module importing one that imports a family.
-        ("plait.strategies.state", "import plait.strategies.mesh", {FAMILIES}),
+        ("plait.strategies.state", "import plait.strategies.mesh", {FAMILIES, STRATEGY_LAYERS}),
+        # The circle the mesh once made, through FSDP's package; and one family on another.
+        ("plait.strategies.mesh", "import plait.strategies.fsdp.parallelize", {STRATEGY_LAYERS}),
+        ("plait.strategies.fsdp.strategy", "import plait.strategies.deepspeed", {STRATEGY_LAYERS}),
+        # The engine learning of a kind, or of the training kit, by an import.
+        ("plait.conformance.worker", "import plait.conformance.kinds.reduce", {ENGINE}),
+        # (the kit's examples then reach the kit's top through the engine)
+        ("plait.conformance.properties", "import plait.conformance.training", {ENGINE, KIT}),
+        # An example of the kit standing on another, or the loop on an example.
+        ("plait.conformance.training.resume", "import plait.conformance.training.moves", {KIT}),
+        ("plait.conformance.training.loop", "import plait.conformance.training.replicas", {KIT}),
     ],
 )
 def test_a_deliberate_violation_breaks_its_contract(
