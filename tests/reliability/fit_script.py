@@ -23,8 +23,8 @@ accelerator="cpu", **settings)``. Settings are Python literals (``max_epochs=2``
   job whose process group outlived a call.
 - ``KILL_IN_SAVE``: ``RANK:KIND``: that rank kills itself (SIGKILL) in the middle of the
   run's first sharded save of an epoch's checkpoint (``epoch``) or of ``last.ckpt``
-  (``last``), once the save's partial directory holds a file (under ``ddp``, rank 0 is
-  the launcher).
+  (``last``): once every rank has written its files, as it digests them, before the
+  save is put in place (under ``ddp``, rank 0 is the launcher).
 - ``KEEP_EVERY_EPOCH``: keep every epoch's checkpoint (``save_top_k=-1``).
 - ``STRATEGY_OPTIONS``: JSON, the strategy's options (``StrategyRegistry.get``).
 
@@ -43,13 +43,13 @@ import gc
 gc.disable()
 
 import ast
+import fnmatch
 import json
 import os
 import signal
 import sys
-import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -61,7 +61,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from typing_extensions import override
 
 from plait.checkpoint_io import TorchCheckpointIO
-from plait.core import Strategy, StrategyRegistry, seed_everything
+from plait.core import Strategy, StrategyRegistry, checkpoint_dirs, seed_everything
 from plait.trainer import Callback, ModelCheckpoint, Module, Trainer
 
 if TYPE_CHECKING:
@@ -176,34 +176,37 @@ class SlowCheckpointIO(TorchCheckpointIO):
 
 
 class KillInSave(Callback):
-    """Kills this rank (SIGKILL) in the middle of the run's first sharded save of ``kind``."""
+    """Kills this rank (SIGKILL) in the middle of the run's first sharded save of ``kind``.
+
+    In the save itself, not beside it: a sharded save is sealed (its files digested,
+    then put in place) once every rank has written, and the rank dies as it digests
+    its share, whatever the machine's load. A thread watching the directory instead
+    could miss a quick save on a busy machine and kill the next one.
+    """
 
     def __init__(self, rank: int, kind: str) -> None:
         self.rank, self.kind = rank, kind
-        self.watching = False
+        self.armed = False
 
     @override
     def on_train_epoch_start(self, trainer: Trainer, module: Module) -> None:
         # Once the run started (what earlier saves left is cleaned by then).
-        callback = trainer.checkpoint_callback
-        if trainer.global_rank != self.rank or callback is None or callback.dirpath is None:
+        if trainer.global_rank != self.rank or self.armed:
             return
-        if self.watching:
-            return
-        self.watching = True
-        # A save is under way once its partial directory holds a file; it is put in
-        # place only after every rank has written, so the kill lands in the middle.
-        pattern = "last.ckpt.partial/**/*" if self.kind == "last" else "epoch=*.partial/**/*"
-        folder = Path(callback.dirpath)
+        self.armed = True
+        pattern = "last.ckpt.partial" if self.kind == "last" else "epoch=*.partial"
+        digest = checkpoint_dirs.digest_files
+        rank, kind = self.rank, self.kind
 
-        def kill_in_the_save() -> None:
-            while not any(part.is_file() for part in folder.glob(pattern)):
-                time.sleep(0.002)
-            sys.stderr.write(f"rank {self.rank} kills itself in a save of {self.kind}\n")
-            sys.stderr.flush()
-            os.kill(os.getpid(), signal.SIGKILL)
+        def digest_then_die(directory: Path, files: Iterable[str]) -> checkpoint_dirs.Digests:
+            if fnmatch.fnmatch(directory.name, pattern):
+                sys.stderr.write(f"rank {rank} kills itself in a save of {kind}\n")
+                sys.stderr.flush()
+                os.kill(os.getpid(), signal.SIGKILL)
+            return digest(directory, files)
 
-        threading.Thread(target=kill_in_the_save, daemon=True).start()
+        # Looked up by seal at each call: every sharded checkpoint IO goes through it.
+        checkpoint_dirs.digest_files = digest_then_die
 
 
 class Seen(Callback):

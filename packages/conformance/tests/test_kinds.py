@@ -159,7 +159,7 @@ def test_the_worker_names_what_replaced_its_table_of_examples_that_raise() -> No
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        kinds = worker.THEN_REDUCE
+        kinds = worker.THEN_REDUCE  # type: ignore[attr-defined]
     assert [warning.category for warning in caught] == [DeprecationWarning]
     assert "checks_after" in str(caught[0].message)
     assert isinstance(kinds, tuple)

@@ -9,11 +9,8 @@ every rank's stack, and the pool starts afresh for the next one.
 from __future__ import annotations
 
 import contextlib
-import itertools
 import multiprocessing
 import multiprocessing.connection
-import os
-import re
 import time
 import uuid
 from datetime import timedelta
@@ -24,9 +21,10 @@ import torch.distributed as dist
 from typing_extensions import Self, override
 
 from plait.conformance import worker
+from plait.conformance.hangs import STRAGGLER_GRACE, hang_headline, straggler_grace, waiting_in
 from plait.conformance.lanes import LANES, UNHELD_DTYPES, backend_unavailable
 from plait.conformance.mesh import mesh_text
-from plait.conformance.outcomes import Outcome, RaisedError, rank_list
+from plait.conformance.outcomes import Outcome, RaisedError
 from plait.conformance.registry import EXAMPLE_KINDS
 from plait.conformance.target import StrategyFactory, StrategyTarget
 from plait.core import ConfigurationError, TrainingSemantics
@@ -57,23 +55,6 @@ __all__ = [
 ]
 
 _STACK_WAIT: Final = 5.0  # seconds a stuck rank has to answer for its stack
-
-STRAGGLER_GRACE: Final = 10.0
-"""Seconds a rank may go on after another rank has returned from an example, at least.
-
-Every rank of an example calls the same collectives, so once one rank is back the
-others follow within moments; one that does not is stuck (a barrier that let the
-others go, a collective the others never called). The grace grows with the time
-the first rank took (twenty times it), so a slow machine is not mistaken for a hang;
-a rank that takes no part (the absent rank of a `BarrierTimeoutCase`) starts no
-clock.
-"""
-
-_FRAME: Final = re.compile(r'^\s*File "(?P<file>.+)", line \d+, in (?P<function>\S+)')
-_CALL: Final = re.compile(
-    r"\bstrategy\.(reduce_boolean_decision|reduce|all_gather|broadcast|barrier)\("
-)
-
 
 _GONE: Final = object()
 
@@ -116,57 +97,6 @@ def _idle_ranks(case: Case, groups: tuple[tuple[int, ...], ...]) -> frozenset[in
     """The ranks that call nothing in ``case``: their return says nothing of the others."""
     places = EXAMPLE_KINDS.kind_of(case).idle_places(case)
     return frozenset(group[place] for group in groups for place in places if place < len(group))
-
-
-def waiting_in(stack: str) -> str | None:
-    """The collective a rank's stack shows it inside of, if any.
-
-    The rank's own frames (the worker's and its kinds', `EXAMPLE_KINDS.files`) call
-    the strategy's collectives; the innermost of them names the call (a strategy's
-    frames below it may call others of its own).
-    """
-    own = {os.path.realpath(worker.__file__), *EXAMPLE_KINDS.files()}
-    lines = stack.splitlines()
-    calls = [
-        (found.group(1), frame.group("function"))
-        for line, source in itertools.pairwise(lines)
-        for frame in [_FRAME.match(line)]
-        if frame is not None and os.path.realpath(frame.group("file")) in own
-        for found in [_CALL.search(source)]
-        if found is not None
-    ]
-    if not calls:
-        return None
-    call, function = calls[-1]
-    if function == "_then_reduce":
-        return f"{call}() (the plain reduce every rank runs after the ranks raised)"
-    return f"{call}()"
-
-
-def straggler_grace(first_back: float) -> float:
-    """How long the others may go on once a rank is back ``first_back`` s into an example."""
-    return max(STRAGGLER_GRACE, 20 * first_back)
-
-
-def _hang_headline(
-    stuck: list[int],
-    returned: list[int],
-    stacks: list[str],
-    allowed: float,
-    first_back: float | None,
-) -> str:
-    places = []
-    for rank, stack in zip(stuck, stacks, strict=True):
-        call = waiting_in(stack)
-        places.append(f"rank {rank} in {call}" if call else f"rank {rank}")
-    if first_back is None or not returned:
-        return f"ranks {stuck} did not finish within {allowed:g} s (a hang): " + ", ".join(places)
-    verb = "was" if len(stuck) == 1 else "were"
-    return (
-        f"{', '.join(places)} {verb} left waiting after {rank_list(returned)} returned from "
-        f"the example {first_back:.2f} s in (a hang: the others follow within moments, "
-        f"these had not {straggler_grace(first_back):g} s later)"
-    )
 
 
 def _rank_environ(
@@ -534,7 +464,7 @@ class RankPool:
                 report = self._report(outcomes, stacks)
                 self._kill()
                 raise RankHangError(
-                    _hang_headline(stuck, sorted(set(outcomes) - idle), stacks, allowed, first_back)
+                    hang_headline(stuck, sorted(set(outcomes) - idle), stacks, allowed, first_back)
                     + f"\nevery rank:\n{report}"
                 )
             for connection in ready:

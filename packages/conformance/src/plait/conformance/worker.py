@@ -234,26 +234,31 @@ def reduce_op(spelling: str) -> ReduceOpLike:
 
 
 def run_case(context: _Context, case: Case) -> Outcome:
-    """Run this rank's part of ``case`` (as its kind says) and report what happened."""
+    """Run this rank's part of ``case`` (as its kind says) and report what happened.
+
+    A kind that raises (a kind of one's own, say) is reported as the rank's error:
+    the rank lives on for the examples that follow.
+    """
     try:
-        kind = EXAMPLE_KINDS.kind_of(case)
+        return EXAMPLE_KINDS.kind_of(case).run(context, case)
     except Exception as error:  # noqa: BLE001 - reported as the rank's outcome
         return Outcome(context.rank, error=raised(error))
-    return kind.run(context, case)
 
 
-def __getattr__(name: str) -> object:
-    # Names this module no longer holds, for code that read them here.
-    if name == "THEN_REDUCE":
-        warnings.warn(
-            "plait.conformance.worker.THEN_REDUCE is deprecated: a kind says itself whether "
-            "every rank runs a plain reduce after its examples; ask "
-            "EXAMPLE_KINDS.kind_of(case).checks_after(case, world_size)",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return (MismatchCase, BadArgumentCase, GroupCase)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+if not TYPE_CHECKING:  # type checkers flag the name, as they flag any other it lacks
+
+    def __getattr__(name: str) -> object:
+        # Names this module no longer holds, for code that read them here.
+        if name == "THEN_REDUCE":
+            warnings.warn(
+                "plait.conformance.worker.THEN_REDUCE is deprecated: a kind says itself "
+                "whether every rank runs a plain reduce after its examples; ask "
+                "EXAMPLE_KINDS.kind_of(case).checks_after(case, world_size)",
+                DeprecationWarning,
+                stacklevel=2,
+            )
+            return (MismatchCase, BadArgumentCase, GroupCase)
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _die_with_parent() -> None:
