@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from plait.conformance.training.cases import TrainingCase, TrainingRun
 from plait.conformance.training.program import TrainingReport, tolerance
-from plait.conformance.training.reference import _reference, reference
+from plait.conformance.training.reference import ORDERS, Reference, _reference, reference
 from plait.conformance.training.replicas import check_replicas as _check_replicas
 from plait.core import PeriodicAveraging, Synchronous, TrainingSemantics
 
@@ -34,7 +34,7 @@ def test_an_lbfgs_example_is_judged_within_the_rounding_it_carries() -> None:
     assert max(expected.rounding(step) for step in range(3)) < atol / 10
 
     # A strategy that sums micro-batch by micro-batch keeps the declaration...
-    other = _reference(CHAOTIC, 1, semantics.replicas, by_micro_batch=True)
+    other = _reference(CHAOTIC, 1, semantics.replicas, order="micro-batch by micro-batch")
     faithful = TrainingReport(
         semantics=semantics,
         losses=other.losses,
@@ -56,6 +56,57 @@ def test_an_lbfgs_example_is_judged_within_the_rounding_it_carries() -> None:
     )
     [problem] = _check_replicas(TrainingCase(kind="replicas", run=CHAOTIC), [wrong])
     assert "its module after step 3 is not what 1 replicas" in problem
+
+
+# Drawn by the suite (seed 3730558350): two LBFGS steps of an embedding in bf16-mixed on
+# 3 ranks, whose second step moves a weight by 5.6 when the gradients are summed rank
+# by rank (as DDP sums them) and by 2e-5 when they are summed micro-batch by micro-batch.
+RANK_ORDERED = TrainingRun(
+    model="embedding",
+    seed=598,
+    micro_batch=1,
+    accumulate=3,
+    steps=2,
+    steps_per_epoch=3,
+    optimizer="lbfgs",
+    scheduler="none",
+    precision="bf16-mixed",
+)
+
+
+def test_the_rounding_of_an_lbfgs_example_is_measured_in_the_order_ranks_sum_too() -> None:
+    assert ORDERS == ("micro-batch by micro-batch", "rank by rank")
+    expected = reference(RANK_ORDERED, 3, Synchronous(), rounding=True)
+    by_micro_batch = _reference(RANK_ORDERED, 3, Synchronous(), order="micro-batch by micro-batch")
+    by_rank = _reference(RANK_ORDERED, 3, Synchronous(), order="rank by rank")
+
+    def gap(other: Reference, step: int) -> float:
+        return float(
+            (other.replicas[step][0].double() - expected.replicas[step][0].double()).abs().max()
+        )
+
+    assert gap(by_micro_batch, 1) < 1e-3
+    assert gap(by_rank, 1) > 1
+    assert expected.rounding(1) == gap(by_rank, 1)
+    assert expected.rounding(0) < 1e-2
+
+    def report(run: Reference, off: float = 0.0) -> TrainingReport:
+        return TrainingReport(
+            semantics=TrainingSemantics(),
+            losses=run.losses,
+            replicas=tuple(
+                tuple(value + (off if step else 0.0) for value in after[0].tolist())
+                for step, after in enumerate(run.replicas)
+            ),
+            export=run.final,
+        )
+
+    # DDP's run (the gradients summed rank by rank) keeps the declaration...
+    case = TrainingCase(kind="replicas", run=RANK_ORDERED)
+    assert _check_replicas(case, [report(by_rank)] * 3) == []
+    # ...and one off by more than the rounding this example carries is caught.
+    [problem, *_] = _check_replicas(case, [report(by_rank, off=5 * gap(by_rank, 1))] * 3)
+    assert "its module after step 1 is not what one process on the global batch" in problem
 
 
 def test_other_optimizers_are_judged_by_the_fixed_tolerance_alone() -> None:

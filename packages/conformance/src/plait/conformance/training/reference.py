@@ -11,17 +11,19 @@ shares (`check_training`, `reports`) is in `plait.conformance.training.example`.
 With LBFGS, whose two-loop recursion divides by differences of gradients, an example
 may magnify the rounding of a sum taken in another order past any fixed tolerance
 (seen: a transformer whose module after four steps moves by 2e-3 when its window's
-gradients are summed micro-batch by micro-batch instead of at once). Where an LBFGS
-example misses the fixed tolerance, the reference is computed both ways, and the
-values may differ by the precision's tolerance plus three times the gap between the
-two: how far this example carries rounding alone.
+gradients are summed micro-batch by micro-batch instead of at once; an embedding in
+``bf16-mixed`` whose second step moves a weight by 5.6 when they are summed rank by
+rank, as data-parallel strategies sum them, and by 2e-5 micro-batch by micro-batch).
+Where an LBFGS example misses the fixed tolerance, the reference is computed in each
+of the `ORDERS` too, and the values may differ by the precision's tolerance plus three
+times the largest gap between them: how far this example carries rounding alone.
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final, Literal
 
 import attrs
 import torch
@@ -40,7 +42,15 @@ if TYPE_CHECKING:
     from plait.conformance.training.cases import TrainingRun
     from plait.core import Replicas
 
-__all__ = ["Reference", "check_training", "describe", "reference", "reports"]
+__all__ = ["ORDERS", "Order", "Reference", "check_training", "describe", "reference", "reports"]
+
+Order = Literal["at once", "micro-batch by micro-batch", "rank by rank"]
+"""How the reference sums a window's gradients: the whole window at once, each
+micro-batch in turn, or each rank's window in turn and then their mean (the order of a
+data-parallel strategy)."""
+
+ORDERS: Final[tuple[Order, ...]] = ("micro-batch by micro-batch", "rank by rank")
+"""The orders besides "at once" in which an LBFGS example's rounding is measured."""
 
 
 @attrs.frozen(hash=False)  # it holds tensors
@@ -60,7 +70,7 @@ class Reference:
     spread: tuple[float, ...] = ()
     """After each step (and the end), how far the example carries rounding alone: the
     largest gap between the reference and the same run with its gradients summed in
-    another order (LBFGS only; empty otherwise)."""
+    one of the other `ORDERS` (LBFGS only; empty otherwise)."""
     loss_spread: tuple[float, ...] = ()
     """The same for the loss of each step."""
 
@@ -135,7 +145,13 @@ def _rank_samples(
     run: TrainingRun, world_size: int, rank: int, step: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
     inputs, targets = global_batch(run, world_size, step)
-    rows = [
+    rows = _rank_rows(run, world_size, rank)
+    return inputs[rows], targets[rows]
+
+
+def _rank_rows(run: TrainingRun, world_size: int, rank: int) -> list[int]:
+    """The rows of a step's global batch that rank ``rank`` trains on, in order."""
+    return [
         index
         for window in range(run.accumulate)
         for index in range(
@@ -143,7 +159,6 @@ def _rank_samples(
             (window * world_size + rank + 1) * run.micro_batch,
         )
     ]
-    return inputs[rows], targets[rows]
 
 
 def _backward(
@@ -153,10 +168,12 @@ def _backward(
     targets: torch.Tensor,
     ranks: int,
     *,
-    by_micro_batch: bool,
+    order: Order,
 ) -> float:
-    """The window's gradients (summed at once, or micro-batch by micro-batch): its loss."""
-    if not by_micro_batch:
+    """The window's gradients, summed in ``order``: its loss."""
+    if order == "rank by rank" and ranks > 1:
+        return _backward_by_rank(run, model, inputs, targets, ranks)
+    if order != "micro-batch by micro-batch":
         loss = _window_loss(run, model, inputs, targets, ranks)
         torch.autograd.backward(loss)
         return float(loss.detach())
@@ -174,6 +191,33 @@ def _backward(
     return total
 
 
+def _backward_by_rank(
+    run: TrainingRun,
+    model: torch.nn.Module,
+    inputs: torch.Tensor,
+    targets: torch.Tensor,
+    ranks: int,
+) -> float:
+    """Each rank's window gradients in turn, then their mean (gradients start cleared)."""
+    parameters = [parameter for parameter in model.parameters() if parameter.requires_grad]
+    sums: list[torch.Tensor | None] = [None] * len(parameters)
+    total = 0.0
+    for rank in range(ranks):
+        rows = _rank_rows(run, ranks, rank)
+        for parameter in parameters:
+            parameter.grad = None
+        part = _window_loss(run, model, inputs[rows], targets[rows], 1)
+        torch.autograd.backward(part)
+        total += float(part.detach())
+        for index, parameter in enumerate(parameters):
+            grad, held = parameter.grad, sums[index]
+            if grad is not None:
+                sums[index] = grad if held is None else held + grad
+    for parameter, held in zip(parameters, sums, strict=True):
+        parameter.grad = None if held is None else held / ranks
+    return total / ranks
+
+
 def _step(
     run: TrainingRun,
     replica: _Replica,
@@ -181,7 +225,7 @@ def _step(
     targets: torch.Tensor,
     ranks: int,
     *,
-    by_micro_batch: bool = False,
+    order: Order = "at once",
 ) -> float:
     """One optimizer step of ``replica`` on ``inputs``: the loss it reports."""
     optimizer = replica.optimizer
@@ -190,9 +234,7 @@ def _step(
 
         def closure() -> float:
             optimizer.zero_grad()
-            loss = _backward(
-                run, replica.model, inputs, targets, ranks, by_micro_batch=by_micro_batch
-            )
+            loss = _backward(run, replica.model, inputs, targets, ranks, order=order)
             if not first:
                 first.append(loss)
             return loss
@@ -200,7 +242,7 @@ def _step(
         optimizer.step(closure)
         optimizer.zero_grad()
         return first[0]
-    loss = _backward(run, replica.model, inputs, targets, ranks, by_micro_batch=by_micro_batch)
+    loss = _backward(run, replica.model, inputs, targets, ranks, order=order)
     optimizer.step()
     optimizer.zero_grad()
     return loss
@@ -212,44 +254,46 @@ def reference(
     """``run`` at ``world_size`` as ``replicas`` says a strategy trains it.
 
     With ``rounding`` and LBFGS, also how far the example carries rounding
-    (`Reference.spread`: the run is computed a second time).
+    (`Reference.spread`: the run is computed again in each of the other `ORDERS`).
     """
-    expected = _reference(run, world_size, replicas, by_micro_batch=False)
+    expected = _reference(run, world_size, replicas, order="at once")
     if not rounding or run.optimizer != "lbfgs":
         return expected
-    other = _reference(run, world_size, replicas, by_micro_batch=True)
+    others = [_reference(run, world_size, replicas, order=order) for order in ORDERS]
     spread = tuple(
-        max(float((a.double() - b.double()).abs().max()) if a.numel() else 0.0 for a, b in pairs)
-        for pairs in (
-            zip(mine, theirs, strict=True)
-            for mine, theirs in zip(expected.replicas, other.replicas, strict=True)
-        )
+        max(_gap(mine, other.replicas[step]) for other in others)
+        for step, mine in enumerate(expected.replicas)
     )
     loss_spread = tuple(
-        abs(mine - theirs) for mine, theirs in zip(expected.losses, other.losses, strict=True)
+        max(abs(mine - other.losses[step]) for other in others)
+        for step, mine in enumerate(expected.losses)
     )
     return attrs.evolve(expected, spread=spread, loss_spread=loss_spread)
 
 
-def _reference(
-    run: TrainingRun, world_size: int, replicas: Replicas, *, by_micro_batch: bool
-) -> Reference:
+def _gap(mine: tuple[torch.Tensor, ...], theirs: tuple[torch.Tensor, ...]) -> float:
+    """The largest difference between two runs' replicas after one step."""
+    return max(
+        float((a.double() - b.double()).abs().max()) if a.numel() else 0.0
+        for a, b in zip(mine, theirs, strict=True)
+    )
+
+
+def _reference(run: TrainingRun, world_size: int, replicas: Replicas, *, order: Order) -> Reference:
     with torch.random.fork_rng(devices=[]):
         if isinstance(replicas, Synchronous):
-            return _synchronous(run, world_size, by_micro_batch=by_micro_batch)
-        return _periodic(run, world_size, replicas, by_micro_batch=by_micro_batch)
+            return _synchronous(run, world_size, order=order)
+        return _periodic(run, world_size, replicas, order=order)
 
 
-def _synchronous(run: TrainingRun, world_size: int, *, by_micro_batch: bool) -> Reference:
+def _synchronous(run: TrainingRun, world_size: int, *, order: Order) -> Reference:
     replica = _Replica(run)
     losses: list[float] = []
     after: list[tuple[torch.Tensor, ...]] = []
     epoch: list[float] = []
     for step in range(run.steps):
         inputs, targets = global_batch(run, world_size, step)
-        losses.append(
-            _step(run, replica, inputs, targets, world_size, by_micro_batch=by_micro_batch)
-        )
+        losses.append(_step(run, replica, inputs, targets, world_size, order=order))
         if step % run.steps_per_epoch == 0:
             epoch = []
         epoch.append(losses[-1])
@@ -261,7 +305,7 @@ def _synchronous(run: TrainingRun, world_size: int, *, by_micro_batch: bool) -> 
 
 
 def _periodic(
-    run: TrainingRun, world_size: int, replicas: PeriodicAveraging, *, by_micro_batch: bool
+    run: TrainingRun, world_size: int, replicas: PeriodicAveraging, *, order: Order
 ) -> Reference:
     models = [_Replica(run) for _ in range(world_size)]
     anchor = [parameter.detach().clone() for parameter in models[0].model.parameters()]
@@ -299,9 +343,7 @@ def _periodic(
         step_losses = []
         for rank, replica in enumerate(models):
             inputs, targets = _rank_samples(run, world_size, rank, step)
-            step_losses.append(
-                _step(run, replica, inputs, targets, 1, by_micro_batch=by_micro_batch)
-            )
+            step_losses.append(_step(run, replica, inputs, targets, 1, order=order))
         loss = sum(step_losses) / world_size
         losses.append(loss)
         if step % run.steps_per_epoch == 0:

@@ -108,7 +108,7 @@ def check_replicas(case: TrainingCase, kept: Sequence[TrainingReport]) -> list[s
     problems = _judge(run, kept, expected, said)
     if problems and run.optimizer == "lbfgs":
         # Judged again within the rounding this example carries, measured only where
-        # the fixed tolerance is not enough: a second reference run costs time.
+        # the fixed tolerance is not enough: the reference runs in other orders cost time.
         expected = reference(run, world_size, semantics.replicas, rounding=True)
         problems = _judge(run, kept, expected, said)
     return problems
