@@ -19,17 +19,21 @@ if TYPE_CHECKING:
     from pathlib import Path
 
 
+JOB_TIMEOUT = 300
+"""Seconds one job may take (its ranks started, trained and ended)."""
+
+
 def run_job(
     job: Path, root: Path, tag: str, *options: str, env: dict[str, str] | None = None
 ) -> dict[str, object]:
-    """Run ``job`` to its end (5 minutes at most); rank 0's results.
+    """Run ``job`` to its end (`JOB_TIMEOUT` seconds at most); rank 0's results.
 
     Fails the test with the job's stderr if it failed, or if a rank was left running.
     """
     root.mkdir(parents=True, exist_ok=True)
     command = [sys.executable, str(job), str(root), tag, *options]
     done = subprocess.run(
-        command, capture_output=True, text=True, timeout=300, check=False,
+        command, capture_output=True, text=True, timeout=JOB_TIMEOUT, check=False,
         env={**os.environ, **(env or {})},
     )  # fmt: skip
     assert not processes_mentioning(str(root)), "a rank was left running"

@@ -17,11 +17,22 @@ from plait.trainer.cli import build_parser, main
 from plait.trainer.examples.digits import DigitsClassifier
 
 PLAIT = Path(sys.executable).with_name("plait")
+COMMAND_TIMEOUT = 240
+
+# pytest's own bound (120 s) is for a test in one process. A test here is bounded by its
+# commands' timeouts (it runs up to four, each of seconds), and pytest's bound is two
+# commands', so that a command that runs long is stopped and reported with its output.
+pytestmark = pytest.mark.timeout(2 * COMMAND_TIMEOUT)
 
 
 def _plait(*arguments: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [str(PLAIT), *arguments], capture_output=True, text=True, timeout=240, check=False, cwd=cwd
+        [str(PLAIT), *arguments],
+        capture_output=True,
+        text=True,
+        timeout=COMMAND_TIMEOUT,
+        check=False,
+        cwd=cwd,
     )
 
 
@@ -91,7 +102,7 @@ def test_fit_trains_your_own_module_named_on_the_command_line_on_fsdp(tmp_path: 
          "--data", "my_pkg.Data", "--trainer.strategy", "fsdp", "--trainer.devices", "2",
          "--trainer.accelerator", "cpu", "--trainer.max_epochs", "2",
          "--trainer.enable_progress_bar", "false", "--trainer.default_root_dir", str(tmp_path)],
-        capture_output=True, text=True, timeout=240, check=False, cwd=tmp_path,
+        capture_output=True, text=True, timeout=COMMAND_TIMEOUT, check=False, cwd=tmp_path,
         env={**os.environ, "PYTHONPATH": str(tmp_path)},
     )  # fmt: skip
 

@@ -17,6 +17,12 @@ from typing import Final
 import pytest
 
 BROKEN = Path(__file__).resolve().with_name("conformance_broken.py")
+RUN_TIMEOUT = 300
+
+# pytest's own bound (120 s) is for a test in one process. A test here is bounded by its
+# runs' timeouts (one suite, or a few runs of seconds each), and pytest's bound is a
+# minute more than one run's, so that a run that goes long is reported with its output.
+pytestmark = pytest.mark.timeout(RUN_TIMEOUT + 60)
 
 
 def _pytest(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -25,7 +31,7 @@ def _pytest(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
         cwd=cwd,
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=RUN_TIMEOUT,
         check=False,
     )
 
@@ -262,7 +268,7 @@ def bad_option_runs(
     arguments = [list(args) for args, _ in BAD_OPTIONS]
     done = subprocess.run(
         [sys.executable, "-c", _EACH_RUN, json.dumps(arguments)],
-        cwd=cwd, capture_output=True, text=True, timeout=300, check=False,
+        cwd=cwd, capture_output=True, text=True, timeout=RUN_TIMEOUT, check=False,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     results: list[dict[str, object]] = json.loads(done.stdout.splitlines()[-1])

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 from tests.sharded_jobs import (
+    JOB_TIMEOUT,
     assert_losses_close,
     final_weights,
     losses_of,
@@ -33,8 +34,15 @@ REPO = Path(__file__).resolve().parent.parent
 JOB = REPO / "tests" / "deepspeed_job.py"
 
 # One worker runs the module, so that its module fixtures (the DDP reference, the ZeRO
-# stages' runs) run once.
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("test_deepspeed")]
+# stages' runs) run once. A test here (with those fixtures, on its worker first) starts
+# a few jobs, each bounded by JOB_TIMEOUT; pytest's own bound (120 s, for a test in one
+# process) is two jobs' here, so that a job that runs long is stopped and reported by
+# the test, with its output.
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.xdist_group("test_deepspeed"),
+    pytest.mark.timeout(2 * JOB_TIMEOUT),
+]
 
 
 def _run(

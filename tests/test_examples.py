@@ -14,13 +14,19 @@ import torch
 from torch import nn
 
 REPO = Path(__file__).resolve().parent.parent
+COMMAND_TIMEOUT = 240
+
+# pytest's own bound (120 s) is for a test in one process. A test here is bounded by its
+# commands' timeouts, and pytest's bound is two commands', so that a command that runs
+# long is stopped and reported with its output.
+pytestmark = pytest.mark.timeout(2 * COMMAND_TIMEOUT)
 
 
 def _run(example: str, *arguments: str) -> subprocess.CompletedProcess[str]:
     result = subprocess.run(
         [sys.executable, str(REPO / "examples" / example), "--processes", "2",
          "--start-method", "fork", *arguments],
-        capture_output=True, text=True, timeout=240, check=False,
+        capture_output=True, text=True, timeout=COMMAND_TIMEOUT, check=False,
     )  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
     return result

@@ -18,6 +18,12 @@ from plait.core import ConfigurationError, StrategyRegistry
 from plait.strategies import ModelParallelStrategy
 
 JOB = Path(__file__).resolve().with_name("model_parallel_job.py")
+JOB_TIMEOUT = 300
+
+# pytest's own bound (120 s) is for a test in one process. The module's job is bounded
+# by its timeout, and pytest's bound is a minute more, so that a job that runs long is
+# stopped and reported with its output.
+pytestmark = pytest.mark.timeout(JOB_TIMEOUT + 60)
 
 
 @pytest.fixture(scope="module")
@@ -26,7 +32,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, object
     root = tmp_path_factory.mktemp("model-parallel")
     done = subprocess.run(
         [sys.executable, str(JOB), str(root)],
-        capture_output=True, text=True, timeout=300, check=False,
+        capture_output=True, text=True, timeout=JOB_TIMEOUT, check=False,
     )  # fmt: skip
     assert not processes_mentioning(str(root)), "a rank was left running"
     assert done.returncode == 0, done.stderr[-6000:]

@@ -48,7 +48,11 @@ WHOLE_MOVES = (
 WEIGHT_MOVES = ("ddp:single_device:weights", "ddp:deepspeed_stage_2:weights",
                 "json:deepspeed_stage_3:weights", "json:fsdp:weights")  # fmt: skip
 
-pytestmark = pytest.mark.slow
+JOB_TIMEOUT = 400
+"""Seconds the loop's job may take; the test's own bound is a minute more, so that
+a job that runs long is stopped and reported by the test (with its output)."""
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(JOB_TIMEOUT + 60)]
 
 Losses = dict[str, float]
 
@@ -76,7 +80,7 @@ def run_and_check(
     moves = [f"--move={move}" for move in (*whole_moves, *weight_moves)]
     command = [python, str(JOB), str(root), *names, *moves]
     done = subprocess.run(
-        command, capture_output=True, text=True, timeout=400, check=False, env=env
+        command, capture_output=True, text=True, timeout=JOB_TIMEOUT, check=False, env=env
     )
     assert not processes_mentioning(str(root)), "a rank was left running"
     assert done.returncode == 0, done.stderr[-6000:]
