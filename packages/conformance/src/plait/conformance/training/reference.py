@@ -259,7 +259,13 @@ def reference(
     expected = _reference(run, world_size, replicas, order="at once")
     if not rounding or run.optimizer != "lbfgs":
         return expected
-    others = [_reference(run, world_size, replicas, order=order) for order in ORDERS]
+    # Replicas on their own data (and one rank) sum rank by rank as they sum at once.
+    by_rank = isinstance(replicas, Synchronous) and world_size > 1
+    others = [
+        _reference(run, world_size, replicas, order=order)
+        for order in ORDERS
+        if by_rank or order != "rank by rank"
+    ]
     spread = tuple(
         max(_gap(mine, other.replicas[step]) for other in others)
         for step, mine in enumerate(expected.replicas)
