@@ -25,9 +25,8 @@ JOB = Path(__file__).resolve().with_name("fsdp_job.py")
 
 # One worker runs the module, so that the runs its tests share (below) run once. A test
 # here (with the module's fixtures, on its worker first) starts a few jobs, each bounded
-# by JOB_TIMEOUT; pytest's own bound (120 s, for a test in one
-# process) is two jobs' here, so that a job that runs long is stopped and reported by
-# the test, with its output.
+# by JOB_TIMEOUT; pytest's own bound (120 s, for a test in one process) is two jobs'
+# here, so that a job that runs long is stopped and reported by the test, with its output.
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.xdist_group("test_fsdp"),
