@@ -20,6 +20,7 @@ __all__ = [
     "make_optimizer",
     "make_scheduler",
     "micro_batch",
+    "rank_rows",
     "step_scheduler",
 ]
 
@@ -112,8 +113,23 @@ def micro_batch(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Rank ``rank``'s micro-batch ``window`` of step ``step``."""
     inputs, targets = global_batch(run, world_size, step)
-    start = (window * world_size + rank) * run.micro_batch
+    start = _start(run, world_size, rank, window)
     return inputs[start : start + run.micro_batch], targets[start : start + run.micro_batch]
+
+
+def rank_rows(run: TrainingRun, world_size: int, rank: int) -> list[int]:
+    """The rows of a step's global batch that rank ``rank`` trains on, window by window."""
+    return [
+        index
+        for window in range(run.accumulate)
+        for start in [_start(run, world_size, rank, window)]
+        for index in range(start, start + run.micro_batch)
+    ]
+
+
+def _start(run: TrainingRun, world_size: int, rank: int, window: int) -> int:
+    """Where rank ``rank``'s micro-batch ``window`` starts in a step's global batch."""
+    return (window * world_size + rank) * run.micro_batch
 
 
 def make_optimizer(run: TrainingRun, parameters: Iterable[nn.Parameter]) -> torch.optim.Optimizer:

@@ -34,6 +34,7 @@ from plait.conformance.training.models import (
     make_model,
     make_optimizer,
     make_scheduler,
+    rank_rows,
     step_scheduler,
 )
 from plait.core import PeriodicAveraging, Synchronous
@@ -145,20 +146,8 @@ def _rank_samples(
     run: TrainingRun, world_size: int, rank: int, step: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
     inputs, targets = global_batch(run, world_size, step)
-    rows = _rank_rows(run, world_size, rank)
+    rows = rank_rows(run, world_size, rank)
     return inputs[rows], targets[rows]
-
-
-def _rank_rows(run: TrainingRun, world_size: int, rank: int) -> list[int]:
-    """The rows of a step's global batch that rank ``rank`` trains on, in order."""
-    return [
-        index
-        for window in range(run.accumulate)
-        for index in range(
-            (window * world_size + rank) * run.micro_batch,
-            (window * world_size + rank + 1) * run.micro_batch,
-        )
-    ]
 
 
 def _backward(
@@ -203,7 +192,7 @@ def _backward_by_rank(
     sums: list[torch.Tensor | None] = [None] * len(parameters)
     total = 0.0
     for rank in range(ranks):
-        rows = _rank_rows(run, ranks, rank)
+        rows = rank_rows(run, ranks, rank)
         for parameter in parameters:
             parameter.grad = None
         part = _window_loss(run, model, inputs[rows], targets[rows], 1)
