@@ -1,16 +1,18 @@
-"""`ModelParallelStrategy`: data, tensor and sequence parallelism on one named DeviceMesh.
+"""`ModelParallelStrategy`: data, context, tensor and sequence parallelism on one DeviceMesh.
 
 The strategy builds the mesh and never guesses a plan: the user's module parallelizes
 itself over it (``parallelize_module`` for tensor and sequence parallelism on
-``mesh["tp"]``, then ``fully_shard`` on ``mesh["dp_shard"]``), as a torchtitan
-``parallelize`` function does. The module's state then lives as DTensors, saved and
+``mesh["tp"]``, `context_parallel_attention` over ``cp``, then ``fully_shard`` on
+`ModelParallelStrategy.data_parallel_mesh`), as a torchtitan ``parallelize`` function
+does. The module's state then lives as DTensors, saved and
 loaded through ``torch.distributed.checkpoint`` by every rank (`MeshStrategy`), so a
 checkpoint written on one mesh shape loads on another.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import warnings
+from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Final, Literal
 
@@ -21,22 +23,35 @@ from typing_extensions import override
 
 from plait.core import ConfigurationError, ProcessLayout
 from plait.strategies import meta
+from plait.strategies.context_parallel import sequence_positions, shard_sequence
 from plait.strategies.mesh import MeshStrategy, is_dtensor
 from plait.strategies.parallel import DEFAULT_START_TIMEOUT, DEFAULT_TIMEOUT, process_group_options
 from plait.strategies.self_launching import check_start_method
 
 if TYPE_CHECKING:
+    from torch._C._distributed_c10d import Backend as C10dBackend
     from torch.distributed.device_mesh import DeviceMesh
 
     from plait.core import Accelerator, CheckpointIO, ClusterEnvironment, Collectives, Precision
     from plait.strategies.collectives import DistributedCollectives
 
-__all__ = ["MESH_DIMENSIONS", "MeshShape", "ModelParallelStrategy"]
+__all__ = ["FLATTENED_DIMENSIONS", "MESH_DIMENSIONS", "MeshShape", "ModelParallelStrategy"]
 
-MESH_DIMENSIONS: Final = ("dp_replicate", "dp_shard", "tp")
+MESH_DIMENSIONS: Final = ("dp_replicate", "dp_shard", "cp", "tp")
 """The mesh's dimensions, outermost first: data-parallel replicas, data-parallel
-shards within a replica, and tensor-parallel ranks (innermost: neighbouring ranks,
-which share a node's fastest links)."""
+shards within a replica, context-parallel ranks (each a slice of every sequence) and
+tensor-parallel ranks (innermost: neighbouring ranks, which share a node's fastest
+links; context parallelism, an all-gather in every attention layer, beside them)."""
+
+FLATTENED_DIMENSIONS: Final = {
+    "dp": ("dp_replicate", "dp_shard"),
+    "dp_shard_cp": ("dp_shard", "cp"),
+    "dp_cp": ("dp_replicate", "dp_shard", "cp"),
+}
+"""Groups over several dimensions at once, by name: ``dp`` (the ranks that read
+different data), ``dp_shard_cp`` (what FSDP shards over: the context-parallel ranks'
+gradients of the same parameters are summed there) and ``dp_cp`` (where a loss or a
+metric over every token of a step is averaged)."""
 
 Size = int | Literal["auto"]
 
@@ -55,18 +70,32 @@ def _check_size(name: str, value: object) -> Size:
 class MeshShape:
     """The sizes of the mesh's dimensions, and this rank's place along each.
 
-    Ranks are laid out row-major over (``dp_replicate``, ``dp_shard``, ``tp``): the
-    ranks of one tensor-parallel group are neighbours.
+    Ranks are laid out row-major over (``dp_replicate``, ``dp_shard``, ``cp``,
+    ``tp``): the ranks of one tensor-parallel group are neighbours, and with
+    ``context=1`` the numbering is the same as over (``dp_replicate``, ``dp_shard``,
+    ``tp``).
 
     Attributes:
         replicate: Data-parallel replicas (``dp_replicate``).
         shard: Data-parallel shards within a replica (``dp_shard``).
         tensor: Tensor-parallel ranks (``tp``).
+        context: Context-parallel ranks (``cp``): each holds a slice of every sequence.
     """
 
     replicate: int
     shard: int
     tensor: int
+    context: int = 1
+
+    @property
+    def sizes(self) -> dict[str, int]:
+        """The size of each of `MESH_DIMENSIONS`, in order."""
+        return {
+            "dp_replicate": self.replicate,
+            "dp_shard": self.shard,
+            "cp": self.context,
+            "tp": self.tensor,
+        }
 
     @property
     def data_parallel(self) -> int:
@@ -76,36 +105,68 @@ class MeshShape:
     @property
     def world_size(self) -> int:
         """The ranks the mesh holds."""
-        return self.data_parallel * self.tensor
+        return self.data_parallel * self.context * self.tensor
 
     def ranks(self) -> torch.Tensor:
-        """The global ranks, shaped (``dp_replicate``, ``dp_shard``, ``tp``)."""
-        return torch.arange(self.world_size).view(self.replicate, self.shard, self.tensor)
+        """The global ranks, shaped (``dp_replicate``, ``dp_shard``, ``cp``, ``tp``)."""
+        return torch.arange(self.world_size).view(
+            self.replicate, self.shard, self.context, self.tensor
+        )
+
+    def lines(self, dimensions: Sequence[str]) -> torch.Tensor:
+        """Every group along ``dimensions`` (several: one flattened group), a row each.
+
+        Row ``i`` holds the global ranks of one group, in the order of their index
+        along it; every rank is in exactly one row.
+        """
+        axes = [MESH_DIMENSIONS.index(name) for name in dimensions]
+        others = [axis for axis in range(len(MESH_DIMENSIONS)) if axis not in axes]
+        size = 1
+        for name in dimensions:
+            size *= self.sizes[name]
+        return self.ranks().permute(*others, *axes).reshape(-1, size)
 
     def coordinates(self, rank: int) -> dict[str, int]:
-        """``rank``'s index along each dimension, and along the flattened ``dp``."""
-        data_parallel, tensor = divmod(rank, self.tensor)
+        """``rank``'s index along each dimension, and along each flattened one."""
+        rest, tensor = divmod(rank, self.tensor)
+        data_parallel, context = divmod(rest, self.context)
         replicate, shard = divmod(data_parallel, self.shard)
-        return {"dp_replicate": replicate, "dp_shard": shard, "tp": tensor, "dp": data_parallel}
+        return {
+            "dp_replicate": replicate,
+            "dp_shard": shard,
+            "cp": context,
+            "tp": tensor,
+            "dp": data_parallel,
+            "dp_shard_cp": shard * self.context + context,
+            "dp_cp": rest,
+        }
 
 
 class ModelParallelStrategy(MeshStrategy):
-    """Tensor, sequence and data parallelism on one `DeviceMesh`, as torchtitan trains.
+    """Tensor, context, sequence and data parallelism on one `DeviceMesh`, as torchtitan trains.
 
     The strategy joins the process group and builds a named mesh of
-    ``(dp_replicate, dp_shard, tp)`` (`MESH_DIMENSIONS`): `device_mesh`. The module
-    parallelizes itself over it: under the Trainer in ``configure_model`` (reading
-    ``self.device_mesh``), in a loop of your own before `setup_module`; typically
-    ``parallelize_module(block, mesh["tp"], plan)`` per block, then ``fully_shard``
-    per block and on the root over ``mesh["dp_shard"]`` (``mesh["dp_replicate",
-    "dp_shard"]`` for hybrid sharding). A context or pipeline dimension would join
-    the mesh the same way, as another named dimension between ``dp_shard`` and
-    ``tp``.
+    ``(dp_replicate, dp_shard, cp, tp)`` (`MESH_DIMENSIONS`): `device_mesh`. The
+    module parallelizes itself over it: under the Trainer in ``configure_model``
+    (reading ``self.device_mesh``), in a loop of your own before `setup_module`;
+    typically ``parallelize_module(block, mesh["tp"], plan)`` per block, then
+    ``fully_shard`` per block and on the root over `data_parallel_mesh` (which is
+    ``mesh["dp_shard"]`` without replicas or context parallelism).
+
+    With ``context_parallel_size > 1`` every sequence is split over the ``cp``
+    ranks: each takes its tokens with `shard_sequence` (and their global positions
+    with `sequence_positions`), and the module's attention calls
+    `context_parallel_attention` with ``group=strategy.context_parallel_group``
+    where it would call ``scaled_dot_product_attention``. FSDP then shards over
+    ``dp_shard`` and ``cp`` together (`data_parallel_mesh`), which sums the
+    context-parallel ranks' gradients of each parameter.
 
     Data is sharded by the data-parallel coordinates (`layout`): the ranks of one
-    tensor-parallel group read the same batches. Collectives take ``group="dp"``,
-    ``"tp"``, ``"dp_shard"``, ``"dp_replicate"`` (or ``"data_parallel"``, the name
-    every strategy knows) to run within this rank's group along that dimension.
+    tensor- or context-parallel group read the same batches. Collectives take
+    ``group="dp"``, ``"tp"``, ``"cp"``, ``"dp_shard"``, ``"dp_replicate"``,
+    ``"dp_shard_cp"``, ``"dp_cp"`` (`FLATTENED_DIMENSIONS`; a loss over every token
+    of a step is averaged over ``"dp_cp"``), or ``"data_parallel"`` (the name every
+    strategy knows, ``"dp"``) to run within this rank's group along it.
     Checkpoints are written by every rank through ``torch.distributed.checkpoint``
     and load on any mesh shape; `full_module_state` gathers the whole state on
     rank 0 only when asked.
@@ -124,15 +185,23 @@ class ModelParallelStrategy(MeshStrategy):
         data_parallel_replicate_size: Of the data-parallel ranks, how many replicas
             (each sharded over ``data_parallel_size / data_parallel_replicate_size``
             ranks); 1: pure sharding.
+        context_parallel_size: Ranks each sequence is split over (1: none).
+        context_parallel_load_balancing: Each context-parallel rank holds chunks
+            ``r`` and ``2W - 1 - r`` of ``2W`` of a sequence (as much causal attention
+            work as the others); ``False``: the ``r``-th contiguous slice.
         checkpoint_io: The checkpoint IO, or its name; ``"distributed"`` (the
             default): every rank writes its shards.
         start_method: How the ranks are started when no scheduler did.
 
     Raises:
-        ConfigurationError: A size that is neither a positive int nor ``"auto"``, a
-            replica count that does not divide the data-parallel size, or a
-            checkpoint IO that writes on rank 0 alone.
+        ConfigurationError: A size that is neither a positive int nor ``"auto"`` (a
+            context-parallel size that is not a positive int), a replica count that
+            does not divide the data-parallel size, or a checkpoint IO that writes on
+            rank 0 alone.
     """
+
+    _groups: Mapping[str, dist.ProcessGroup | None] = {}
+    _flattened: Mapping[str, DeviceMesh] = {}
 
     def __init__(
         self,
@@ -140,6 +209,8 @@ class ModelParallelStrategy(MeshStrategy):
         data_parallel_size: Size = "auto",
         tensor_parallel_size: Size = "auto",
         data_parallel_replicate_size: int = 1,
+        context_parallel_size: int = 1,
+        context_parallel_load_balancing: bool = True,
         accelerator: Accelerator | str | None = None,
         parallel_devices: Sequence[torch.device] | None = None,
         cluster_environment: ClusterEnvironment | str | None = None,
@@ -170,6 +241,23 @@ class ModelParallelStrategy(MeshStrategy):
                 fix="pass a replica count that divides data_parallel_size",
             )
         self.data_parallel_replicate_size = replicate
+        context = _check_size("context_parallel_size", context_parallel_size)
+        if context == "auto":
+            raise ConfigurationError(
+                "context_parallel_size takes a positive int, not 'auto'",
+                value=context,
+                fix="pass context_parallel_size=1 (no context parallelism), or the ranks "
+                "each sequence is split over",
+            )
+        self.context_parallel_size = context
+        if not isinstance(context_parallel_load_balancing, bool):
+            raise ConfigurationError(
+                f"context_parallel_load_balancing={context_parallel_load_balancing!r} is "
+                "not a bool",
+                value=context_parallel_load_balancing,
+                fix="pass True (chunks r and 2W-1-r, for causal masks) or False",
+            )
+        self.context_parallel_load_balancing = context_parallel_load_balancing
         check_start_method(start_method)
         self.start_method = start_method
         super().__init__(
@@ -206,19 +294,29 @@ class ModelParallelStrategy(MeshStrategy):
         """
         world = self.world_size
         data, tensor = self.data_parallel_size, self.tensor_parallel_size
+        context = self.context_parallel_size
+        if world % context:
+            raise ConfigurationError(
+                f"context_parallel_size={context} does not divide the world of {world} ranks",
+                value=context,
+                fix=f"pass a context_parallel_size that divides {world}",
+            )
+        # What the data- and tensor-parallel sizes share: the world less cp.
+        shared = world // context
         if data == "auto" and tensor == "auto":
             nodes = self.num_nodes
-            data = nodes if world % nodes == 0 else 1
+            data = nodes if shared % nodes == 0 else 1
         if tensor == "auto":
             assert isinstance(data, int)
-            tensor = self._leaves("tensor_parallel_size", "data_parallel_size", data, world)
+            tensor = self._leaves("tensor_parallel_size", "data_parallel_size", data, shared)
         elif data == "auto":
-            data = self._leaves("data_parallel_size", "tensor_parallel_size", tensor, world)
-        if data * tensor != world:
+            data = self._leaves("data_parallel_size", "tensor_parallel_size", tensor, shared)
+        if data * context * tensor != world:
+            with_context = f" x context_parallel_size={context}" if context > 1 else ""
             raise ConfigurationError(
-                f"data_parallel_size={data} x tensor_parallel_size={tensor} is {data * tensor} "
-                f"ranks, and the world has {world}",
-                value=(data, tensor),
+                f"data_parallel_size={data}{with_context} x tensor_parallel_size={tensor} is "
+                f"{data * context * tensor} ranks, and the world has {world}",
+                value=(data, context, tensor) if context > 1 else (data, tensor),
                 fix=f"give sizes whose product is {world}, or leave one 'auto'",
             )
         replicate = self.data_parallel_replicate_size
@@ -229,23 +327,30 @@ class ModelParallelStrategy(MeshStrategy):
                 value=replicate,
                 fix=f"pass a replica count that divides {data}",
             )
-        return MeshShape(replicate=replicate, shard=data // replicate, tensor=tensor)
+        return MeshShape(
+            replicate=replicate, shard=data // replicate, tensor=tensor, context=context
+        )
 
-    @staticmethod
-    def _leaves(name: str, given_name: str, given: int, world: int) -> int:
-        if world % given:
-            raise ConfigurationError(
-                f"{given_name}={given} does not divide the world of {world} ranks, so "
-                f"{name}='auto' has no size to take",
-                value=given,
-                fix=f"pass a {given_name} that divides {world}",
+    def _leaves(self, name: str, given_name: str, given: int, shared: int) -> int:
+        if shared % given:
+            context = self.context_parallel_size
+            world = (
+                f"the world of {shared} ranks"
+                if context == 1
+                else f"the {shared} ranks a context_parallel_size of {context} leaves"
             )
-        return world // given
+            raise ConfigurationError(
+                f"{given_name}={given} does not divide {world}, so {name}='auto' has no "
+                "size to take",
+                value=given,
+                fix=f"pass a {given_name} that divides {shared}",
+            )
+        return shared // given
 
     @property
     @override
     def layout(self) -> ProcessLayout:
-        """The data-parallel rank and size from the mesh, and the ``tp`` coordinate.
+        """The data-parallel rank and size from the mesh, and the ``tp`` (and ``cp``) coordinates.
 
         Before the ranks exist (a launcher's process, which counts one), where the
         sizes cannot be laid out yet, the layout of that one process: the sizes are
@@ -258,13 +363,14 @@ class ModelParallelStrategy(MeshStrategy):
                 raise
             return super().layout
         where = shape.coordinates(self.global_rank)
+        named = ("cp", "tp") if shape.context > 1 else ("tp",)
         return ProcessLayout(
             world_size=self.world_size,
             global_rank=self.global_rank,
             data_parallel_size=shape.data_parallel,
             data_parallel_rank=where["dp"],
-            dimensions={"tp": shape.tensor},
-            coordinates={"tp": where["tp"]},
+            dimensions={name: shape.sizes[name] for name in named},
+            coordinates={name: where[name] for name in named},
         )
 
     @override
@@ -273,34 +379,123 @@ class ModelParallelStrategy(MeshStrategy):
         shape = self.mesh_shape
         # One mesh per shape in a job: a module parallelized over it in one run goes
         # on over it in the next, and no run makes groups of its own again.
-        self._mesh, groups = self.job_held(
+        self._mesh, groups, self._flattened = self.job_held(
             ("model parallel mesh", shape), lambda: self._make_mesh(shape)
         )
+        self._groups = groups
         return distributed.with_dimensions(groups)
 
     def _make_mesh(
         self, shape: MeshShape
-    ) -> tuple[DeviceMesh, dict[str, dist.ProcessGroup | None]]:
+    ) -> tuple[DeviceMesh, dict[str, dist.ProcessGroup | None], dict[str, DeviceMesh]]:
         from torch.distributed.device_mesh import DeviceMesh  # noqa: PLC0415
 
-        ranks = shape.ranks()
         # Groups of their own, with the strategy's collective timeout: every rank
         # makes every group, in the same order.
-        mine = [self._group_along(ranks, axis) for axis in range(len(MESH_DIMENSIONS))]
-        flat = ranks.view(shape.data_parallel, shape.tensor)
-        data_parallel = self.subgroup(flat.T)
+        mine = [self.subgroup(shape.lines([name])) for name in MESH_DIMENSIONS]
+        data_parallel = self.subgroup(shape.lines(FLATTENED_DIMENSIONS["dp"]))
         mesh = DeviceMesh.from_group(
-            mine, self.root_device.type, mesh=ranks, mesh_dim_names=MESH_DIMENSIONS
+            mine, self.root_device.type, mesh=shape.ranks(), mesh_dim_names=MESH_DIMENSIONS
         )
         groups: dict[str, dist.ProcessGroup | None] = dict(zip(MESH_DIMENSIONS, mine, strict=True))
-        groups["dp"] = groups["data_parallel"] = (
-            None if shape.data_parallel == shape.world_size else data_parallel
-        )
-        return mesh, groups
+        whole = shape.data_parallel == shape.world_size
+        groups["dp"] = groups["data_parallel"] = None if whole else data_parallel
+        flattened: dict[str, DeviceMesh] = {}
+        if shape.context == 1:
+            # Without context parallelism these are the groups the mesh has already.
+            groups["dp_shard_cp"] = groups["dp_shard"]
+            groups["dp_cp"] = groups["dp"]
+            return mesh, groups, flattened
+        for name in ("dp_shard_cp", "dp_cp"):
+            # A flattened mesh is what FSDP shards over; its group, made by torch,
+            # takes the strategy's timeout through the backend's options.
+            flattened[name] = mesh[FLATTENED_DIMENSIONS[name]]._flatten(
+                name, backend_override=self._backend_options()
+            )
+            groups[name] = flattened[name].get_group()
+        return mesh, groups, flattened
 
-    def _group_along(self, ranks: torch.Tensor, axis: int) -> dist.ProcessGroup:
-        # Every line of ranks along ``axis``: this rank's is returned.
-        return self.subgroup(ranks.movedim(axis, -1).reshape(-1, ranks.shape[axis]))
+    def _backend_options(self) -> tuple[str, C10dBackend.Options]:
+        backend = self.process_group_backend or dist.get_backend()
+        options: C10dBackend.Options
+        if backend == "nccl":
+            options = dist.ProcessGroupNCCL.Options()
+        else:
+            options = dist.ProcessGroupGloo._Options()  # type: ignore[attr-defined]
+        options._timeout = self.timeout
+        return backend, options
+
+    @property
+    def data_parallel_mesh(self) -> DeviceMesh:
+        """The mesh FSDP shards the module over: ``fully_shard(block, mesh=...)``.
+
+        ``dp_shard`` alone, or with context parallelism ``dp_shard_cp`` (``dp_shard``
+        and ``cp`` flattened: the context-parallel ranks' gradients of a parameter
+        are summed with the data-parallel ranks'); with replicas, 2-D: (``dp_replicate``,
+        that), hybrid sharding.
+
+        Raises:
+            ConfigurationError: `setup_environment` has not run yet.
+        """
+        mesh = self.device_mesh
+        shape = self.mesh_shape
+        if shape.context == 1:
+            return mesh["dp_replicate", "dp_shard"] if shape.replicate > 1 else mesh["dp_shard"]
+        flat = self._flattened["dp_shard_cp"]
+        if shape.replicate == 1:
+            return flat
+        with warnings.catch_warnings():
+            # The flattened mesh is held here; torch warns of slicing one from the
+            # root, which is the only public way to pair it with dp_replicate.
+            warnings.filterwarnings("ignore", "Slicing a flattened dim", UserWarning)
+            return mesh["dp_replicate", "dp_shard_cp"]
+
+    @property
+    def context_parallel_group(self) -> dist.ProcessGroup | None:
+        """This rank's ``cp`` group, for `context_parallel_attention` (``None``: cp = 1).
+
+        Raises:
+            ConfigurationError: `setup_environment` has not run yet.
+        """
+        _ = self.device_mesh
+        return self._groups["cp"] if self.mesh_shape.context > 1 else None
+
+    def sequence_positions(self, length: int) -> torch.Tensor:
+        """The global positions of the tokens this rank holds of a sequence of ``length``.
+
+        All of them (``arange(length)``) without context parallelism; with it, this
+        rank's ``cp`` slice (`plait.strategies.context_parallel.sequence_positions`),
+        load-balanced as the strategy was asked.
+
+        Raises:
+            ConfigurationError: ``length`` does not split evenly over the ``cp`` ranks.
+        """
+        shape = self.mesh_shape
+        return sequence_positions(
+            length,
+            rank=shape.coordinates(self.global_rank)["cp"],
+            size=shape.context,
+            load_balanced=self.context_parallel_load_balancing and shape.context > 1,
+        )
+
+    def shard_sequence(self, tensor: torch.Tensor, dim: int = 1) -> torch.Tensor:
+        """This rank's tokens of ``tensor`` along ``dim`` (all of them without cp).
+
+        Shard inputs and targets alike: the positions taken are
+        ``sequence_positions(tensor.shape[dim])``.
+
+        Raises:
+            ConfigurationError: ``dim`` is not one of ``tensor``'s, or its length does
+                not split evenly over the ``cp`` ranks.
+        """
+        shape = self.mesh_shape
+        return shard_sequence(
+            tensor,
+            rank=shape.coordinates(self.global_rank)["cp"],
+            size=shape.context,
+            dim=dim,
+            load_balanced=self.context_parallel_load_balancing and shape.context > 1,
+        )
 
     # The module.
 
@@ -339,16 +534,23 @@ class ModelParallelStrategy(MeshStrategy):
                 "setup_module (parallelize_module(..., mesh['tp'], plan), then "
                 "fully_shard(..., mesh=mesh['dp_shard']))",
             )
-        needed = [
-            name
-            for name, size in (("dp_replicate", shape.replicate), ("dp_shard", shape.shard))
-            if size > 1
-        ]
+        needed = [name for name in ("dp_replicate", "dp_shard", "cp") if shape.sizes[name] > 1]
         unsynced = [
             name for name, p in parameters if not set(needed) <= set(_mesh_dimensions_of(p))
         ]
+        shown = ", ".join(unsynced[:3]) + (", ..." if len(unsynced) > 3 else "")
+        if unsynced and "cp" in needed:
+            raise ConfigurationError(
+                f"{len(unsynced)} parameters ({shown}) are not sharded over a mesh that "
+                f"includes cp: each of the {shape.context} context-parallel ranks computes "
+                "their gradients from its own slice of the sequences, and nothing would "
+                "sum them",
+                value=unsynced,
+                fix="call fully_shard on each block and on the root over "
+                "strategy.data_parallel_mesh (dp_shard and cp flattened, 'dp_shard_cp')",
+            )
+        needed = [name for name in needed if name != "cp"]
         if unsynced:
-            shown = ", ".join(unsynced[:3]) + (", ..." if len(unsynced) > 3 else "")
             raise ConfigurationError(
                 f"{len(unsynced)} parameters ({shown}) are not sharded over the mesh's "
                 f"data-parallel dimensions {needed}: their gradients would not be averaged "
@@ -377,13 +579,17 @@ class ModelParallelStrategy(MeshStrategy):
             f"{type(self).__name__}(data_parallel_size={self.data_parallel_size!r}, "
             f"tensor_parallel_size={self.tensor_parallel_size!r}, "
             f"data_parallel_replicate_size={self.data_parallel_replicate_size}, "
+            f"context_parallel_size={self.context_parallel_size}, "
             f"world_size={self.world_size}, device={str(self.root_device)!r})"
         )
 
 
 def _mesh_dimensions_of(parameter: torch.Tensor) -> tuple[str, ...]:
-    # The named dimensions a DTensor parameter is laid out over (none for a tensor).
+    # The named dimensions a DTensor parameter is laid out over (none for a tensor),
+    # a flattened one as the dimensions it flattens.
     if not is_dtensor(parameter):
         return ()
     names = getattr(getattr(parameter, "device_mesh", None), "mesh_dim_names", None)
-    return tuple(names or ())
+    return tuple(
+        dimension for name in names or () for dimension in FLATTENED_DIMENSIONS.get(name, (name,))
+    )
