@@ -13,7 +13,10 @@ read the same ones), so its losses do not depend on the mesh shape:
 - ``4x1``, ``1x4``, ``1x1``: that checkpoint loaded on another shape (``1x1`` in
   one process), then the same 3 steps;
 - ``2x2-bf16`` and ``plain-bf16``: the 6 steps in ``bf16-mixed`` on (dp=2, tp=2),
-  and in one process under the same autocast.
+  and in one process under the same autocast;
+- ``context``: a decoder block with context-parallel attention on (dp=2, cp=2),
+  resumed in one process, and the attention checked against whole-sequence
+  attention (``context_parallel_job.py``).
 
 It writes ``ROOT/results.json``: each run's losses by step (from rank 0, the loss
 averaged over the data-parallel group with ``reduce(..., group="dp")``), the layout
@@ -34,7 +37,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Final
 
+# Run as a script: the repository root holds the ``tests`` package its sibling is in.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 import torch
+from tests import context_parallel_job
 from torch import nn
 from typing_extensions import override
 
@@ -303,16 +310,11 @@ def run(root: str, shape: str, precision: str = "32-true") -> dict[str, object]:
     }
 
 
-def launch(root: str, shape: str, precision: str = "32-true") -> dict[str, object]:
-    """``run`` in ranks of their own (in this process, for one rank)."""
-    data_parallel, tensor_parallel = (int(size) for size in shape.split("x"))
-    world = data_parallel * tensor_parallel
-    if world == 1:
-        return run(root, shape, precision)
-    result: dict[str, object] = MultiprocessingLauncher(world, start_method="fork").launch(
-        run, root, shape, precision
-    )
-    return result
+def in_turn(
+    root: str, runs: dict[str, tuple[Callable[..., dict[str, object]], tuple[object, ...]]]
+) -> dict[str, object]:
+    """Each of ``runs`` (a function and its arguments after ``root``), one after another."""
+    return {name: function(root, *arguments) for name, (function, arguments) in runs.items()}
 
 
 def main() -> None:
@@ -322,16 +324,24 @@ def main() -> None:
     import torch.distributed.fsdp  # noqa: PLC0415
     import torch.distributed.tensor.parallel  # noqa: F401, PLC0415
 
+    # One launch per world, each shape's runs in turn in it (a launch is mostly
+    # start-up): the 2x2 runs and the context-parallel one, then the resumed shapes.
+    launcher = MultiprocessingLauncher(4, start_method="fork")
     results: dict[str, object] = {}
-    for shape in ("2x2", "4x1", "1x4"):
-        results[shape] = launch(root, shape)
-    results["2x2-bf16"] = launch(root, "2x2", "bf16-mixed")
+    results |= launcher.launch(in_turn, root, {
+        "2x2": (run, ("2x2",)),
+        "2x2-bf16": (run, ("2x2", "bf16-mixed")),
+        "context": (context_parallel_job.run, (2, 2)),
+    })  # fmt: skip
+    results |= launcher.launch(in_turn, root, {"4x1": (run, ("4x1",)), "1x4": (run, ("1x4",))})
     # After the forks: a process that computed with several threads first hands its
     # children an OpenMP pool that hangs them, and one that joined a process group
     # hands them that group.
-    results["1x1"] = launch(root, "1x1")
+    results["1x1"] = run(root, "1x1")
     results["plain"] = plain()
     results["plain-bf16"] = plain(bf16=True)
+    results["context-1x1"] = context_parallel_job.run(root, 1, 1)
+    results["context-plain"] = context_parallel_job.plain()
     (Path(root) / "results.json").write_text(json.dumps(results))
 
 

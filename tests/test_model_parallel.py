@@ -1,6 +1,8 @@
 """ModelParallelStrategy: a transformer block split over a (dp, tp) mesh trains as one
 process does, reads its data by its data-parallel coordinates, and its checkpoint
-resumes on every other mesh shape (``model_parallel_job.py``, a loop of the user's own).
+resumes on every other mesh shape (``model_parallel_job.py``, a loop of the user's own);
+a decoder block with context-parallel attention on (dp, cp) does the same
+(``context_parallel_job.py``).
 """
 
 from __future__ import annotations
@@ -126,6 +128,56 @@ def test_a_module_not_parallelized_over_the_mesh_is_refused_with_the_fix(
     assert "'tp'" in refused["group"]
 
 
+@pytest.mark.slow
+def test_context_parallel_attention_is_whole_sequence_attention_and_a_local_mask_is_not(
+    runs: dict[str, dict[str, object]],
+) -> None:
+    # float64, on each of the 2 cp ranks of both cp groups: outputs and the gradients
+    # of the rank's queries, keys and values, contiguous and load-balanced slices.
+    errors = runs["context"]["attention"]
+    assert isinstance(errors, dict)
+    for check in ("causal-contiguous", "causal-balanced", "full-contiguous", "full-balanced"):
+        assert errors[check] < 1e-12, check
+    # The broken control: a causal mask over the rank's own load-balanced slice
+    # attends to the wrong tokens, and the check sees it.
+    assert errors["plain-mask-balanced"] > 0.1
+
+
+@pytest.mark.slow
+def test_a_dp_x_cp_mesh_trains_a_decoder_as_one_process_does_and_resumes_on_one(
+    runs: dict[str, dict[str, object]],
+) -> None:
+    # FSDP over dp_shard_cp, the loss of every token averaged over dp_cp: the losses
+    # of the same model and steps with no strategy at all.
+    trained = _losses(runs["context"])
+    assert_losses_close(trained, _losses(runs["context-plain"]), 1e-5)
+    # Saved through DCP after step 3 on (dp=2, cp=2); loaded in one process, where
+    # the attention is plain: the next losses are the uninterrupted run's.
+    uninterrupted = {step: v for step, v in trained.items() if int(step) >= 3}
+    assert_losses_close(_losses(runs["context-1x1"]), uninterrupted, 1e-5)
+    # Rows: global ranks 0-3, as [dp rank, cp rank, the positions of its tokens]. The
+    # ranks of a cp group read the same samples, each its load-balanced chunks.
+    assert runs["context"]["places"] == [
+        [0, 0, 0, 1, 6, 7], [0, 1, 2, 3, 4, 5], [1, 0, 0, 1, 6, 7], [1, 1, 2, 3, 4, 5],
+    ]  # fmt: skip
+    assert runs["context-1x1"]["places"] == [[0, 0, *range(8)]]
+
+
+@pytest.mark.slow
+def test_context_parallelism_refuses_unsummed_gradients_and_a_mask_without_positions(
+    runs: dict[str, dict[str, object]],
+) -> None:
+    refused = runs["context"]["refused"]
+    assert isinstance(refused, dict)
+    # FSDP over dp_shard alone with cp = 2: the cp ranks' gradients never summed.
+    assert "not sharded over a mesh that includes cp" in refused["dp_shard_only"]
+    assert "strategy.data_parallel_mesh" in refused["dp_shard_only"]
+    assert "needs each token's global position" in refused["no_positions"]
+    assert "positions=strategy.sequence_positions" in refused["no_positions"]
+    assert "length 6 does not split into 4 equal load-balanced chunks" in refused["uneven"]
+    assert "context_parallel_load_balancing=False" in refused["uneven"]
+
+
 @pytest.mark.parametrize(
     ("options", "message"),
     [
@@ -139,6 +191,9 @@ def test_a_module_not_parallelized_over_the_mesh_is_refused_with_the_fix(
         ),
         ({"checkpoint_io": "torch"}, "every rank write its shards"),
         ({"start_method": "thread"}, "start_method"),
+        ({"context_parallel_size": 0}, "context_parallel_size=0 is neither a positive int"),
+        ({"context_parallel_size": "auto"}, "context_parallel_size takes a positive int"),
+        ({"context_parallel_load_balancing": 1}, "context_parallel_load_balancing=1 is not"),
     ],
 )
 def test_bad_options_are_refused_when_the_strategy_is_made(
@@ -157,6 +212,7 @@ def test_bad_options_are_refused_when_the_strategy_is_made(
             {"data_parallel_size": 1, "tensor_parallel_size": 2},
             r"data_parallel_size=1 x tensor_parallel_size=2 is 2 ranks, and the world has 1",
         ),
+        ({"context_parallel_size": 2}, "context_parallel_size=2 does not divide the world of 1"),
     ],
 )
 def test_sizes_that_do_not_make_the_world_are_refused_naming_both(
