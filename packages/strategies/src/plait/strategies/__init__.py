@@ -5,7 +5,8 @@
 torch.distributed group, with the collective contract checked), `DDPStrategy` and
 `DDPShardedStrategy` (optimizer state sharded), `FSDPStrategy` (everything sharded, on
 FSDP2; ``plait.strategies.fsdp`` holds its parts), `ModelParallelStrategy` (tensor,
-sequence and data parallelism on one DeviceMesh, the module's own plan),
+sequence, context and data parallelism on one DeviceMesh, the module's own plan;
+``plait.strategies.context_parallel`` holds the attention a split sequence needs),
 `DeepSpeedStrategy` (ZeRO through
 DeepSpeed, behind the ``deepspeed`` extra; ``plait.strategies.deepspeed``),
 each meeting the `plait.core.Strategy` protocol, usable with or without a trainer.
