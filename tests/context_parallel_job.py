@@ -225,5 +225,6 @@ def run(root: str, data_parallel: int, context_parallel: int) -> dict[str, objec
     # Each rank's place and its tokens: rows in rank order.
     where = torch.tensor([layout.data_parallel_rank, layout.rank_in("cp"), *positions.tolist()])
     result["places"] = strategy.all_gather(where).tolist()
+    result["dimensions"] = list(strategy.device_mesh.mesh_dim_names or ())
     strategy.teardown()
     return result

@@ -299,6 +299,7 @@ def run(root: str, shape: str, precision: str = "32-true") -> dict[str, object]:
     ])  # fmt: skip
     layouts = strategy.all_gather(where)
     batches = strategy.all_gather(torch.tensor([seen[str(STEPS - 1)]], dtype=torch.float64))
+    dimensions = list(strategy.device_mesh.mesh_dim_names or ())
     strategy.teardown()
     return {
         "losses": losses,
@@ -306,6 +307,7 @@ def run(root: str, shape: str, precision: str = "32-true") -> dict[str, object]:
         "batches": batches.flatten().tolist(),
         "refused": refused,
         "tp_sum": tp_sum,
+        "dimensions": dimensions,
         "alone": alone,
     }
 

@@ -104,6 +104,8 @@ def test_the_ranks_of_a_tensor_parallel_group_read_the_same_batches(
     assert isinstance(one, list)
     assert len(set(four)) == 4
     assert len(set(one)) == 1
+    # Without context parallelism the mesh is the 3-D one it always was.
+    assert runs["2x2"]["dimensions"] == ["dp_replicate", "dp_shard", "tp"]
     # reduce(group="tp") sums within the group: 0+1 on ranks 0 and 1 (2x2).
     assert runs["2x2"]["tp_sum"] == 1
     assert runs["4x1"]["tp_sum"] == 0
@@ -161,6 +163,7 @@ def test_a_dp_x_cp_mesh_trains_a_decoder_as_one_process_does_and_resumes_on_one(
         [0, 0, 0, 1, 6, 7], [0, 1, 2, 3, 4, 5], [1, 0, 0, 1, 6, 7], [1, 1, 2, 3, 4, 5],
     ]  # fmt: skip
     assert runs["context-1x1"]["places"] == [[0, 0, *range(8)]]
+    assert runs["context"]["dimensions"] == ["dp_replicate", "dp_shard", "cp", "tp"]
 
 
 @pytest.mark.slow

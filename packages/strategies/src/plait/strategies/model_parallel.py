@@ -41,7 +41,8 @@ MESH_DIMENSIONS: Final = ("dp_replicate", "dp_shard", "cp", "tp")
 """The mesh's dimensions, outermost first: data-parallel replicas, data-parallel
 shards within a replica, context-parallel ranks (each a slice of every sequence) and
 tensor-parallel ranks (innermost: neighbouring ranks, which share a node's fastest
-links; context parallelism, an all-gather in every attention layer, beside them)."""
+links; context parallelism, an all-gather in every attention layer, beside them).
+The device mesh has ``cp`` only when it is more than 1 (`MeshShape.mesh_dimensions`)."""
 
 FLATTENED_DIMENSIONS: Final = {
     "dp": ("dp_replicate", "dp_shard"),
@@ -98,6 +99,15 @@ class MeshShape:
         }
 
     @property
+    def mesh_dimensions(self) -> tuple[str, ...]:
+        """The dimensions of the device mesh: `MESH_DIMENSIONS`, less ``cp`` when it is 1.
+
+        Without context parallelism the mesh is (``dp_replicate``, ``dp_shard``,
+        ``tp``), as it always was; the collectives know ``"cp"`` either way.
+        """
+        return tuple(name for name in MESH_DIMENSIONS if name != "cp" or self.context > 1)
+
+    @property
     def data_parallel(self) -> int:
         """The distinct shards of the data: replicas times shards."""
         return self.replicate * self.shard
@@ -146,7 +156,8 @@ class ModelParallelStrategy(MeshStrategy):
     """Tensor, context, sequence and data parallelism on one `DeviceMesh`, as torchtitan trains.
 
     The strategy joins the process group and builds a named mesh of
-    ``(dp_replicate, dp_shard, cp, tp)`` (`MESH_DIMENSIONS`): `device_mesh`. The
+    ``(dp_replicate, dp_shard, tp)``, with ``cp`` before ``tp`` when
+    ``context_parallel_size > 1`` (`MESH_DIMENSIONS`): `device_mesh`. The
     module parallelizes itself over it: under the Trainer in ``configure_model``
     (reading ``self.device_mesh``), in a loop of your own before `setup_module`;
     typically ``parallelize_module(block, mesh["tp"], plan)`` per block, then
@@ -394,10 +405,15 @@ class ModelParallelStrategy(MeshStrategy):
         # makes every group, in the same order.
         mine = [self.subgroup(shape.lines([name])) for name in MESH_DIMENSIONS]
         data_parallel = self.subgroup(shape.lines(FLATTENED_DIMENSIONS["dp"]))
+        along = dict(zip(MESH_DIMENSIONS, mine, strict=True))
+        names = shape.mesh_dimensions
         mesh = DeviceMesh.from_group(
-            mine, self.root_device.type, mesh=shape.ranks(), mesh_dim_names=MESH_DIMENSIONS
+            [along[name] for name in names],
+            self.root_device.type,
+            mesh=shape.ranks().view(*(shape.sizes[name] for name in names)),
+            mesh_dim_names=names,
         )
-        groups: dict[str, dist.ProcessGroup | None] = dict(zip(MESH_DIMENSIONS, mine, strict=True))
+        groups: dict[str, dist.ProcessGroup | None] = dict(along)
         whole = shape.data_parallel == shape.world_size
         groups["dp"] = groups["data_parallel"] = None if whole else data_parallel
         flattened: dict[str, DeviceMesh] = {}
