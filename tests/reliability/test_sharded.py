@@ -14,11 +14,15 @@ import shutil
 from pathlib import Path
 
 import pytest
-from tests.reliability.jobs import Finished, fit_command, run
+from tests.reliability.jobs import LAUNCH_TIMEOUT, Finished, fit_command, run
 
 from plait.core.checkpoint_dirs import PARTIAL_SUFFIX, verify_manifest
 
-pytestmark = pytest.mark.slow
+# pytest's own bound (120 s) is for a test in one process. Each job here is bounded by
+# LAUNCH_TIMEOUT, and a test's bound is its jobs' (the strategy's reference run, if it
+# is the first of its worker, and its own) and a minute more: a job that runs long is
+# stopped by its own bound and reported with its output, and none is left running.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(2 * LAUNCH_TIMEOUT + 60)]
 
 
 def _on(name: str) -> pytest.MarkDecorator:
@@ -89,7 +93,7 @@ def _stop_step(stopped: Finished) -> int:
     return int(found.group(1))
 
 
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(4 * LAUNCH_TIMEOUT + 60)  # the reference and three jobs
 @pytest.mark.parametrize(
     ("name", "killed"),
     [
