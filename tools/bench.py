@@ -35,6 +35,11 @@ Sections:
                step for hand-written DDP, FSDP2 and a (dp=2, tp=2) mesh (tensor
                parallel, then FSDP2), ModelParallelStrategy in that loop, and plait's
                Trainer with it (the module's configure_model applies the plan)
+  context_parallel
+               two gloo processes, each half of every sequence: seconds per step of
+               causal attention's forward and backward with plait's
+               context_parallel_attention against the same exchange written by hand
+               on torch's DTensor (tools/bench_context.py)
 
                With --accelerator cuda, fsdp and deepspeed run on NCCL, one rank per
                GPU (at most 2), and add each rank's CUDA peak: the growth of
@@ -83,8 +88,8 @@ if TYPE_CHECKING:
     import torch
 
 SECTIONS: Final = (
-    "imports", "cli", "steps", "ddp", "fsdp", "deepspeed", "model_parallel", "collectives",
-    "scale", "checkpoints", "conformance",
+    "imports", "cli", "steps", "ddp", "fsdp", "deepspeed", "model_parallel",
+    "context_parallel", "collectives", "scale", "checkpoints", "conformance",
 )  # fmt: skip
 IMPORTED: Final = ("plait.core", "plait.strategies", "plait.trainer", "lightning.pytorch")
 
@@ -574,6 +579,25 @@ def bench_model_parallel(rounds: int, steps: int, width: int, scratch: Path) -> 
     return rows
 
 
+CONTEXT_TOOL: Final = Path(__file__).resolve().with_name("bench_context.py")
+
+
+def bench_context_parallel(rounds: int, steps: int, scratch: Path) -> list[Row]:
+    """Seconds per attention step over 2 context-parallel ranks, plait against by hand."""
+    out = scratch / "context-parallel.json"
+    _checked_run(
+        [sys.executable, str(CONTEXT_TOOL), "--rounds", str(rounds), "--steps", str(steps),
+         "--out", str(out)],
+        "bench_context",
+    )  # fmt: skip
+    figures: dict[str, list[float]] = json.loads(out.read_text(encoding="utf-8"))
+    hand = "the exchange by hand (DTensor)"
+    return [
+        Row("context_parallel", "causal attention step, cp=2: context_parallel_attention",
+            "s", figures["plait"], figures["hand"], hand),
+    ]  # fmt: skip
+
+
 # Collectives, in two gloo ranks.
 
 
@@ -968,6 +992,7 @@ def main(argv: list[str] | None = None) -> int:
         "model_parallel": lambda: bench_model_parallel(
             1 if quick else rounds, 20 if quick else 100, 512, scratch
         ),
+        "context_parallel": lambda: bench_context_parallel(rounds, 10 if quick else 50, scratch),
         "collectives": lambda: bench_collectives(rounds, scratch),
         "scale": lambda: bench_scale(
             1 if quick else 3, [2, 4] if quick else [2, 4, 8, 16], scratch
