@@ -166,18 +166,25 @@ def _refusal(attempt: Callable[[], object]) -> str:
     return "not refused"
 
 
-def run(root: str, data_parallel: int, context_parallel: int) -> dict[str, object]:
-    """Train the decoder on (dp, cp); on (2, 2) save after step 3, on (1, 1) resume there."""
+def run(
+    root: str, data_parallel: int, context_parallel: int, replicas: int = 1
+) -> dict[str, object]:
+    """Train the decoder on (dp, cp); on (2, 2) save after step 3, on (1, 1) resume there.
+
+    With ``replicas``, hybrid sharding: the 6 steps alone, FSDP over the 2-D
+    (``dp_replicate``, ``dp_shard_cp``) mesh.
+    """
     from torch.distributed.fsdp import fully_shard  # noqa: PLC0415
 
     strategy = ModelParallelStrategy(
         data_parallel_size=data_parallel,
         tensor_parallel_size=1,
         context_parallel_size=context_parallel,
+        data_parallel_replicate_size=replicas,
         accelerator="cpu",
     )
     strategy.setup_environment()
-    saves = context_parallel > 1
+    saves = context_parallel > 1 and replicas == 1
     result: dict[str, object] = {}
     if saves:
         group = strategy.context_parallel_group
@@ -195,7 +202,7 @@ def run(root: str, data_parallel: int, context_parallel: int) -> dict[str, objec
     wrapped, [optimizer] = strategy.setup_module_and_optimizers(model, [adamw])
     checkpoint = Path(root) / "cp-checkpoint"
     first = 0
-    if not saves:
+    if context_parallel == 1:
         state = {"model": wrapped, "optimizer": optimizer, "step": 0}
         strategy.load_checkpoint(checkpoint, state)
         first = int(state["step"])  # type: ignore[call-overload]
@@ -222,6 +229,7 @@ def run(root: str, data_parallel: int, context_parallel: int) -> dict[str, objec
                 {"model": wrapped, "optimizer": optimizer, "step": step + 1}, checkpoint
             )
     result["losses"] = losses
+    result["fsdp_mesh"] = list(mesh.mesh_dim_names or ())
     # Each rank's place and its tokens: rows in rank order.
     where = torch.tensor([layout.data_parallel_rank, layout.rank_in("cp"), *positions.tolist()])
     result["places"] = strategy.all_gather(where).tolist()

@@ -334,6 +334,7 @@ def main() -> None:
         "2x2": (run, ("2x2",)),
         "2x2-bf16": (run, ("2x2", "bf16-mixed")),
         "context": (context_parallel_job.run, (2, 2)),
+        "context-hsdp": (context_parallel_job.run, (2, 2, 2)),
     })  # fmt: skip
     results |= launcher.launch(in_turn, root, {"4x1": (run, ("4x1",)), "1x4": (run, ("1x4",))})
     # After the forks: a process that computed with several threads first hands its

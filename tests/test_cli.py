@@ -261,6 +261,40 @@ def test_fit_splits_digits_over_tensor_parallel_ranks_and_validates_from_its_sha
     _validates_alike(tmp_path, checkpoint, accuracy)
 
 
+@pytest.mark.slow
+def test_fit_splits_the_decoder_over_context_and_tensor_parallel_ranks_and_validates_whole(
+    tmp_path: Path,
+) -> None:
+    # (dp=1, cp=2, tp=2) on 4 processes: each rank holds half of every sequence (its
+    # load-balanced chunks) and half of the heads; its attention gathers keys and
+    # values over cp, FSDP shards over dp_shard x cp. Batches of 64 (the command's
+    # default), every rank reading all of them (dp=1), 16 steps.
+    completed = _plait(
+        "fit", "--example", "decoder", "--accelerator", "cpu", "--no-progress-bar",
+        "--strategy", "model_parallel", "--context-parallel-size", "2", "--devices", "4",
+        "--max-steps", "16", "--default-root-dir", str(tmp_path),
+    )  # fmt: skip
+    assert completed.returncode == 0, completed.stderr
+    out = completed.stdout
+    assert "trained decoder with model_parallel on 4 process(es) (cpu) for 1 epoch(s)" in out
+    assert "16 optimizer steps" in out
+    accuracy = re.search(r"^val_acc = (\d\.\d+)$", out, re.MULTILINE)
+    assert accuracy is not None, out
+    # A token after the first period repeats the one 4 places before it: 13 of 16
+    # targets can be known, and guessing gives 1 in 32.
+    assert float(accuracy.group(1)) > 0.7
+    checkpoint = tmp_path / "checkpoints" / "last.ckpt"
+    assert (checkpoint / ".metadata").is_file()  # every rank wrote its shards
+    # One process reads the shards whole; its attention is plain, over whole
+    # sequences: the same accuracy.
+    validated = _plait(
+        "validate", "--example", "decoder", "--accelerator", "cpu", "--no-progress-bar",
+        "--ckpt-path", str(checkpoint), "--default-root-dir", str(tmp_path),
+    )  # fmt: skip
+    assert validated.returncode == 0, validated.stderr
+    assert f"val_acc = {accuracy.group(1)}" in validated.stdout
+
+
 def test_a_tensor_parallel_size_for_a_strategy_without_one_is_refused_with_the_fix() -> None:
     completed = _plait(
         "fit", "--example", "digits", "--strategy", "ddp", "--tensor-parallel-size", "2",

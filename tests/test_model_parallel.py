@@ -164,6 +164,17 @@ def test_a_dp_x_cp_mesh_trains_a_decoder_as_one_process_does_and_resumes_on_one(
     ]  # fmt: skip
     assert runs["context-1x1"]["places"] == [[0, 0, *range(8)]]
     assert runs["context"]["dimensions"] == ["dp_replicate", "dp_shard", "cp", "tp"]
+    assert runs["context"]["fsdp_mesh"] == ["dp_shard_cp"]
+
+
+@pytest.mark.slow
+def test_hybrid_sharding_with_context_parallelism_trains_as_one_process_does(
+    runs: dict[str, dict[str, object]],
+) -> None:
+    # (dp_replicate=2, dp_shard=1, cp=2): FSDP over the 2-D (dp_replicate,
+    # dp_shard_cp) mesh, each replica's cp ranks summing their gradients.
+    assert runs["context-hsdp"]["fsdp_mesh"] == ["dp_replicate", "dp_shard_cp"]
+    assert_losses_close(_losses(runs["context-hsdp"]), _losses(runs["context-plain"]), 1e-5)
 
 
 @pytest.mark.slow

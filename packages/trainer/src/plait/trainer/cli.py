@@ -118,6 +118,13 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
         "(default: the processes of a node); the rest read different data",
     )
     parts.add_argument(
+        "--context-parallel-size",
+        type=_at_least(1),
+        default=None,
+        help="with --strategy model_parallel: ranks each sequence is split over "
+        "(default: 1; an example whose attention takes it, such as decoder)",
+    )
+    parts.add_argument(
         "--precision", default=None, help="32-true (default), bf16-mixed, 16-mixed, 64-true, ..."
     )
     output = parser.add_argument_group("output")
@@ -321,25 +328,38 @@ def _sbatch(arguments: argparse.Namespace) -> str:
 
 
 def _strategy(arguments: argparse.Namespace) -> str | Strategy:
-    """The strategy's name, or (with ``--tensor-parallel-size``) the strategy made with it.
+    """The strategy's name, or the strategy made with the sizes given.
+
+    With ``--tensor-parallel-size`` or ``--context-parallel-size``, the strategy
+    (``model_parallel``) is made with them.
 
     Raises:
-        ConfigurationError: ``--tensor-parallel-size`` with a strategy that has no
-            tensor-parallel ranks.
+        ConfigurationError: A size given for a strategy that has no such ranks.
     """
-    size = getattr(arguments, "tensor_parallel_size", None)
-    if size is None:
+    sizes = {
+        name: size
+        for name in ("tensor_parallel_size", "context_parallel_size")
+        if (size := getattr(arguments, name, None)) is not None
+    }
+    if not sizes:
         return str(arguments.strategy)
     entry = StrategyRegistry.entry(arguments.strategy)  # an unknown name: did you mean
-    if "tensor_parallel_size" not in inspect.signature(entry.factory).parameters:
-        raise ConfigurationError(
-            f"--tensor-parallel-size {size} was given, and the strategy "
-            f"{arguments.strategy!r} splits no layer over tensor-parallel ranks",
-            value=arguments.strategy,
-            fix=f"pass --strategy model_parallel --tensor-parallel-size {size}, or drop "
-            "--tensor-parallel-size",
-        )
-    return StrategyRegistry.get(arguments.strategy, tensor_parallel_size=size)
+    accepted = inspect.signature(entry.factory).parameters
+    for name, size in sizes.items():
+        if name not in accepted:
+            flag = "--" + name.replace("_", "-")
+            what = (
+                "layer over tensor-parallel"
+                if name.startswith("tensor")
+                else ("sequence over context-parallel")
+            )
+            raise ConfigurationError(
+                f"{flag} {size} was given, and the strategy {arguments.strategy!r} splits "
+                f"no {what} ranks",
+                value=arguments.strategy,
+                fix=f"pass --strategy model_parallel {flag} {size}, or drop {flag}",
+            )
+    return StrategyRegistry.get(arguments.strategy, **sizes)
 
 
 def _run(arguments: argparse.Namespace) -> None:

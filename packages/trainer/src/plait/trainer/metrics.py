@@ -33,13 +33,19 @@ def _fingerprint(names: Sequence[str]) -> int:
 
 
 def metric_group(layout: ProcessLayout) -> Group | None:
-    """The group ``sync_dist`` folds values over: the data-parallel ranks.
+    """The group ``sync_dist`` folds values over: the ranks that hold different tokens.
 
     ``None`` (the whole job) where every rank reads data of its own; under tensor
     parallelism the ranks of a group compute the same values from the same batch,
-    and count once: the values are folded over ``"data_parallel"`` only.
+    and count once: the values are folded over ``"data_parallel"`` only. Under
+    context parallelism (a ``cp`` dimension in the layout) the ranks of a ``cp``
+    group hold different tokens of the same batch: the values are folded over
+    ``"dp_cp"``, the data- and context-parallel ranks together.
     """
-    return None if layout.data_parallel_size == layout.world_size else "data_parallel"
+    context = layout.size_of("cp")
+    if layout.data_parallel_size * context == layout.world_size:
+        return None
+    return "dp_cp" if context > 1 else "data_parallel"
 
 
 def agree_on_names(

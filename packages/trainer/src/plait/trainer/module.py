@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, Final, Literal, TypeAlias
 import torch
 from typing_extensions import Self, override
 
-from plait.core import ConfigurationError, SupportsDeviceMesh
+from plait.core import ConfigurationError, SupportsContextParallel, SupportsDeviceMesh
 from plait.trainer.hparams import init_arguments, load_module, storable
 
 if TYPE_CHECKING:
@@ -263,6 +263,44 @@ class Module(torch.nn.Module):
         trainer = self._trainer
         strategy: object = trainer.strategy if trainer is not None else None
         return strategy.device_mesh if isinstance(strategy, SupportsDeviceMesh) else None
+
+    @property
+    def context_parallel_group(self) -> torch.distributed.ProcessGroup | None:
+        """The ``cp`` group this rank's attention gathers keys and values over.
+
+        For ``plait.strategies.context_parallel.context_parallel_attention(...,
+        group=self.context_parallel_group)``: ``None`` (plain attention) where the
+        strategy does not split sequences (`plait.core.SupportsContextParallel`), or
+        no trainer runs the module.
+        """
+        strategy = self._context_parallel_strategy()
+        return strategy.context_parallel_group if strategy is not None else None
+
+    def sequence_positions(self, length: int) -> torch.Tensor:
+        """The global positions of this rank's tokens of a sequence of ``length``.
+
+        Under context parallelism this rank's slice (load-balanced as the strategy
+        was asked); otherwise ``arange(length)``. For a position embedding and for
+        the attention's causal mask.
+        """
+        strategy = self._context_parallel_strategy()
+        if strategy is not None:
+            return strategy.sequence_positions(length)
+        return torch.arange(length)
+
+    def shard_sequence(self, tensor: torch.Tensor, dim: int = 1) -> torch.Tensor:
+        """This rank's tokens of ``tensor`` along ``dim``: all of them without cp.
+
+        Call it on a batch's inputs and targets alike in ``training_step`` (and the
+        other steps): the ranks of a ``cp`` group read the same batches.
+        """
+        strategy = self._context_parallel_strategy()
+        return strategy.shard_sequence(tensor, dim) if strategy is not None else tensor
+
+    def _context_parallel_strategy(self) -> SupportsContextParallel | None:
+        trainer = self._trainer
+        strategy: object = trainer.strategy if trainer is not None else None
+        return strategy if isinstance(strategy, SupportsContextParallel) else None
 
     def configure_model(self) -> None:
         """Create the layers that should be built under the strategy's control; none by default.

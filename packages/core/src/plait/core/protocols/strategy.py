@@ -13,6 +13,7 @@ if TYPE_CHECKING:
     from contextlib import AbstractContextManager
 
     import torch
+    import torch.distributed
     from torch.distributed.device_mesh import DeviceMesh
 
     from plait.core.layout import ProcessLayout
@@ -352,6 +353,31 @@ class SupportsDeviceMesh(Protocol):
     @property
     def device_mesh(self) -> DeviceMesh:
         """The mesh, once the strategy has joined its process group."""
+        ...
+
+
+@runtime_checkable
+class SupportsContextParallel(Protocol):
+    """A strategy that may split every sequence over context-parallel ranks (``cp``).
+
+    The ranks of a ``cp`` group read the same batches; each takes its own tokens
+    (`shard_sequence`) and their global positions (`sequence_positions`), and the
+    module's attention gathers keys and values over `context_parallel_group`. The
+    Trainer's ``Module`` offers the same three, which fall back to the whole sequence
+    under any other strategy.
+    """
+
+    @property
+    def context_parallel_group(self) -> torch.distributed.ProcessGroup | None:
+        """This rank's ``cp`` group; ``None`` where the sequence is not split."""
+        ...
+
+    def sequence_positions(self, length: int) -> torch.Tensor:
+        """The global positions (int64, ascending) of this rank's tokens of a sequence."""
+        ...
+
+    def shard_sequence(self, tensor: torch.Tensor, dim: int = 1) -> torch.Tensor:
+        """This rank's tokens of ``tensor`` along ``dim``."""
         ...
 
 

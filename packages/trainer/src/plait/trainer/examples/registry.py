@@ -20,6 +20,13 @@ def _digits(*, lr: float | None = None, batch_size: int = 64) -> tuple[Module, D
     return module, DigitsData(batch_size=batch_size)
 
 
+def _decoder(*, lr: float | None = None, batch_size: int = 32) -> tuple[Module, DataModule]:
+    from plait.trainer.examples.decoder import DecoderLM, RepeatsData  # noqa: PLC0415
+
+    module = DecoderLM() if lr is None else DecoderLM(lr=lr)
+    return module, RepeatsData(batch_size=batch_size)
+
+
 @attrs.frozen
 class Example:
     """A bundled example.
@@ -45,6 +52,13 @@ EXAMPLES: Final = {
         "UCI set: 1797 images, no download)",
         build=_digits,
         metric="val_acc",
-    )
+    ),
+    "decoder": Example(
+        name="decoder",
+        description="a small decoder-only transformer continuing repeating token sequences "
+        "(made from a seed); splits over tp and cp with --strategy model_parallel",
+        build=_decoder,
+        metric="val_acc",
+    ),
 }
 """Every bundled example, by name."""
