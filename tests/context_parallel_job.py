@@ -153,10 +153,11 @@ def refusals(strategy: ModelParallelStrategy) -> dict[str, str]:
         ),
         "uneven": lambda: strategy.shard_sequence(torch.zeros(1, 6)),
     }
-    return {name: _refusal(attempt) for name, attempt in attempts.items()}
+    return {name: refusal(attempt) for name, attempt in attempts.items()}
 
 
-def _refusal(attempt: Callable[[], object]) -> str:
+def refusal(attempt: Callable[[], object]) -> str:
+    """What ``attempt`` raised (a ConfigurationError's text), or ``"not refused"``."""
     from plait.core import ConfigurationError  # noqa: PLC0415
 
     try:

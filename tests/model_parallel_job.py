@@ -169,17 +169,7 @@ def refusals(strategy: ModelParallelStrategy) -> dict[str, str]:
         "tensor_only": lambda: strategy.setup_module(tensor_only),
         "group": lambda: strategy.reduce(torch.ones(1), group="pd"),
     }
-    return {name: _refusal(attempt) for name, attempt in attempts.items()}
-
-
-def _refusal(attempt: Callable[[], object]) -> str:
-    from plait.core import ConfigurationError  # noqa: PLC0415
-
-    try:
-        attempt()
-    except ConfigurationError as error:
-        return str(error)
-    return "not refused"
+    return {name: context_parallel_job.refusal(attempt) for name, attempt in attempts.items()}
 
 
 def samples(step: int) -> tuple[torch.Tensor, torch.Tensor]:
