@@ -130,11 +130,9 @@ class _AllGather(torch.autograd.Function):
     ) -> torch.Tensor:
         import torch.distributed as dist  # noqa: PLC0415
 
-        parts = [torch.empty_like(tensor) for _ in range(dist.get_world_size(group))]
-        dist.all_gather(parts, tensor.contiguous(), group=group)
         ctx.group, ctx.dim = group, dim  # type: ignore[attr-defined]
         ctx.rank = dist.get_rank(group)  # type: ignore[attr-defined]
-        return torch.cat(parts, dim=dim)
+        return _concatenated(tensor, group, dim)
 
     @staticmethod
     @override
@@ -157,17 +155,22 @@ class _AllGather(torch.autograd.Function):
         return whole.chunk(size, dim=dim)[ctx.rank].contiguous(), None, None  # type: ignore[attr-defined]
 
 
+def _concatenated(tensor: torch.Tensor, group: dist.ProcessGroup, dim: int) -> torch.Tensor:
+    # Every rank's ``tensor``, in rank order, concatenated along ``dim``.
+    import torch.distributed as dist  # noqa: PLC0415
+
+    parts = [torch.empty_like(tensor) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(parts, tensor.contiguous(), group=group)
+    return torch.cat(parts, dim=dim)
+
+
 def _gather(
     tensor: torch.Tensor, group: dist.ProcessGroup, dim: int, *, grad: bool
 ) -> torch.Tensor:
     if grad:
         gathered: torch.Tensor = _AllGather.apply(tensor, group, dim)  # type: ignore[no-untyped-call]
         return gathered
-    import torch.distributed as dist  # noqa: PLC0415
-
-    parts = [torch.empty_like(tensor) for _ in range(dist.get_world_size(group))]
-    dist.all_gather(parts, tensor.contiguous(), group=group)
-    return torch.cat(parts, dim=dim)
+    return _concatenated(tensor, group, dim)
 
 
 def context_parallel_attention(
