@@ -16,7 +16,10 @@ read the same ones), so its losses do not depend on the mesh shape:
   and in one process under the same autocast;
 - ``context``: a decoder block with context-parallel attention on (dp=2, cp=2),
   resumed in one process, and the attention checked against whole-sequence
-  attention (``context_parallel_job.py``).
+  attention (``context_parallel_job.py``);
+- ``pp-*``: a stack of layers split into pipeline stages, every schedule at pp=2,
+  pp x dp with FSDP and pp x tp, a checkpoint resumed in another stage layout and in
+  one process without a pipeline (``pipeline_job.py``).
 
 It writes ``ROOT/results.json``: each run's losses by step (from rank 0, the loss
 averaged over the data-parallel group with ``reduce(..., group="dp")``), the layout
@@ -41,7 +44,7 @@ from typing import Final
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
-from tests import context_parallel_job
+from tests import context_parallel_job, pipeline_job
 from torch import nn
 from typing_extensions import override
 
@@ -325,8 +328,15 @@ def main() -> None:
         "2x2-bf16": (run, ("2x2", "bf16-mixed")),
         "context": (context_parallel_job.run, (2, 2)),
         "context-hsdp": (context_parallel_job.run, (2, 2, 2)),
+        "pp-fsdp": (pipeline_job.fsdp, ()),
+        "pp-tp": (pipeline_job.fsdp, (2,)),
     })  # fmt: skip
     results |= launcher.launch(in_turn, root, {"4x1": (run, ("4x1",)), "1x4": (run, ("1x4",))})
+    results |= MultiprocessingLauncher(2, start_method="fork").launch(in_turn, root, {
+        "pp-schedules": (pipeline_job.schedules, ()),
+        "pp-broken": (pipeline_job.broken, ()),
+        "pp-resume": (pipeline_job.resume, ()),
+    })  # fmt: skip
     # After the forks: a process that computed with several threads first hands its
     # children an OpenMP pool that hangs them, and one that joined a process group
     # hands them that group.
@@ -335,6 +345,10 @@ def main() -> None:
     results["plain-bf16"] = plain(bf16=True)
     results["context-1x1"] = context_parallel_job.run(root, 1, 1)
     results["context-plain"] = context_parallel_job.plain()
+    results["pp-1x1"] = pipeline_job.whole(root)
+    results["pp-tp-1x1"] = pipeline_job.whole(root, "pp-tp-checkpoint")
+    results["pp-plain"] = pipeline_job.plain()
+    results["pp-plain-clipped"] = pipeline_job.plain(clip=True)
     (Path(root) / "results.json").write_text(json.dumps(results))
 
 

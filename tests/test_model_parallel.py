@@ -18,6 +18,7 @@ from tests.sharded_jobs import assert_losses_close
 
 from plait.core import ConfigurationError, StrategyRegistry
 from plait.strategies import ModelParallelStrategy
+from plait.strategies.pipeline import SCHEDULES
 
 JOB = Path(__file__).resolve().with_name("model_parallel_job.py")
 JOB_TIMEOUT = 300
@@ -190,6 +191,82 @@ def test_context_parallelism_refuses_unsummed_gradients_and_a_mask_without_posit
     assert "positions=strategy.sequence_positions" in refused["no_positions"]
     assert "length 6 does not split into 4 equal load-balanced chunks" in refused["uneven"]
     assert "context_parallel_load_balancing=False" in refused["uneven"]
+
+
+@pytest.mark.slow
+def test_every_pipeline_schedule_trains_as_one_process_does_and_evaluates_or_refuses(
+    runs: dict[str, dict[str, object]],
+) -> None:
+    # pp = 2 on 2 ranks, every torch schedule (one, two, or V-shaped stages per rank):
+    # the losses of the same model and batches in one process, on every rank.
+    plain = _losses(runs["pp-plain"])
+    trained = runs["pp-schedules"]
+    for name in SCHEDULES:
+        losses = trained[name]
+        assert isinstance(losses, dict)
+        assert losses["stages"] == (1 if name in {"GPipe", "1F1B"} else 2), name
+        steps = {step: value for step, value in losses.items() if step.isdigit()}
+        assert_losses_close(steps, {step: plain[step] for step in steps}, 1e-5)
+        if name in {"ZBVZeroBubble", "DualPipeV"}:
+            # No forward-only path: refused on every rank before torch's fails on
+            # one and leaves the other waiting.
+            refused = trained[f"eval-refused-{name}"]
+            assert isinstance(refused, str)
+            assert f"the {name} schedule cannot run forward only" in refused
+            assert "pipeline_schedule='1F1B'" in refused
+        else:
+            assert losses["eval"] == pytest.approx(plain["eval"], abs=1e-5), name
+    # The loss of the last stage reached the first stage's rank too.
+    everywhere = trained["losses_everywhere"]
+    assert isinstance(everywhere, list)
+    assert len(everywhere) == 2
+    assert all(row[0] == pytest.approx(plain["0"], abs=1e-5) for row in everywhere)
+
+
+@pytest.mark.slow
+def test_clipping_under_a_pipeline_takes_the_norm_over_every_stage(
+    runs: dict[str, dict[str, object]],
+) -> None:
+    # Each rank holds half the gradients: the norm is summed over pp before clipping,
+    # so the norms, and the clipped steps, are one process's.
+    clipped = _losses(runs["pp-schedules"]["clipped"])
+    plain = _losses(runs["pp-plain-clipped"])
+    for step in range(3):
+        assert clipped[f"norm-{step}"] == pytest.approx(plain[f"norm-{step}"], rel=1e-5)
+        assert clipped[f"clipped-{step}"] == pytest.approx(0.05, rel=1e-4)
+        assert clipped[str(step)] == pytest.approx(plain[str(step)], abs=1e-5)
+
+
+@pytest.mark.slow
+def test_a_stage_that_skips_its_backward_is_told_apart_from_one_process(
+    runs: dict[str, dict[str, object]],
+) -> None:
+    # The broken control: the second stage detaches its input, so the first never
+    # learns; the same comparison that passes every schedule sees it.
+    broken = _losses(runs["pp-broken"])
+    plain = _losses(runs["pp-plain"])
+    assert max(abs(broken[step] - plain[step]) for step in broken) > 1e-3
+
+
+@pytest.mark.slow
+def test_pipelines_with_fsdp_or_tensor_parallelism_train_and_resume_in_other_layouts(
+    runs: dict[str, dict[str, object]],
+) -> None:
+    plain = _losses(runs["pp-plain"])
+    steps = {step: value for step, value in plain.items() if step.isdigit()}
+    later = {step: value for step, value in steps.items() if int(step) >= 3}
+    # pp = 2 x dp = 2 (FSDP on each stage) and pp = 2 x tp = 2: one process's losses.
+    assert_losses_close(_losses(runs["pp-fsdp"]), steps, 1e-5)
+    assert_losses_close(_losses(runs["pp-tp"]), steps, 1e-5)
+    assert runs["pp-fsdp"]["dimensions"] == ["pp", "dp_replicate", "dp_shard", "tp"]
+    # Rows: global ranks 0-3 as [dp rank, pp rank, the stage held]: pp outermost.
+    assert runs["pp-fsdp"]["places"] == [[0, 0, 0], [1, 0, 0], [0, 1, 1], [1, 1, 1]]
+    # The checkpoint saved per stage after step 3, keyed by the whole model's names:
+    # into 4 interleaved stages on 2 ranks, and into the whole model in one process.
+    assert runs["pp-resume"]["stages"] == [0, 2]
+    assert_losses_close(_losses(runs["pp-resume"]), later, 1e-5)
+    assert_losses_close(_losses(runs["pp-1x1"]), later, 1e-5)
+    assert_losses_close(_losses(runs["pp-tp-1x1"]), later, 1e-5)
 
 
 @pytest.mark.parametrize(

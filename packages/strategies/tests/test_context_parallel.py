@@ -96,10 +96,12 @@ def test_tokens_and_positions_that_do_not_match_are_refused() -> None:
     data=st.data(),
 )
 def test_a_rank_s_coordinates_are_its_places_in_the_groups_that_hold_it(
-    sizes: tuple[int, int, int, int], data: st.DataObject
+    sizes: tuple[int, int, int, int, int], data: st.DataObject
 ) -> None:
-    replicate, shard, context, tensor = sizes
-    shape = MeshShape(replicate=replicate, shard=shard, tensor=tensor, context=context)
+    pipeline, replicate, shard, context, tensor = sizes
+    shape = MeshShape(
+        replicate=replicate, shard=shard, tensor=tensor, context=context, pipeline=pipeline
+    )
     rank = data.draw(st.integers(0, shape.world_size - 1))
     where = shape.coordinates(rank)
     for name in (*MESH_DIMENSIONS, *FLATTENED_DIMENSIONS):
@@ -108,8 +110,8 @@ def test_a_rank_s_coordinates_are_its_places_in_the_groups_that_hold_it(
         assert sorted(r for line in lines for r in line) == list(range(shape.world_size))
         [line] = [line for line in lines if rank in line]
         assert line.index(rank) == where[name], name
-    if context == 1:
-        # Without cp, the numbering over (dp_replicate, dp_shard, tp) it always had,
-        # and the flattened groups with cp are the ones without.
+    if context == 1 and pipeline == 1:
+        # Without cp and pp, the numbering over (dp_replicate, dp_shard, tp) it always
+        # had, and the flattened groups with cp are the ones without.
         assert (where["dp"], where["tp"]) == divmod(rank, tensor)
         assert (where["dp_shard_cp"], where["dp_cp"]) == (where["dp_shard"], where["dp"])

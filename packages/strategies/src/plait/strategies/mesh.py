@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import torch
 import torch.distributed as dist
@@ -41,6 +41,45 @@ def is_dtensor(value: object) -> bool:
     """Whether ``value`` is a DTensor."""
     # By its method, not its class: torch.distributed.tensor is slow to import.
     return isinstance(value, torch.Tensor) and callable(getattr(value, "full_tensor", None))
+
+
+@runtime_checkable
+class NamedAsWhole(Protocol):
+    """A module whose state is keyed by another module's names: a pipeline's stages."""
+
+    def whole_names(self) -> dict[str, str]:
+        """Each parameter's and buffer's name here to its name in the whole module."""
+        ...
+
+
+def _renaming(module: torch.nn.Module, *, inward: bool) -> dict[str, str]:
+    # Names in the module to names in its state (outward), or back (inward).
+    if not isinstance(module, NamedAsWhole):
+        return {}
+    names = module.whole_names()
+    return {whole: own for own, whole in names.items()} if inward else names
+
+
+def _renamed_model(state: Mapping[str, object], names: Mapping[str, str]) -> StateDict:
+    return {names.get(key, key): value for key, value in state.items()}
+
+
+def _renamed_optimizer(state: Mapping[str, object], names: Mapping[str, str]) -> StateDict:
+    # torch's optimizer state by name: per-parameter state, and groups listing names.
+    if not names:
+        return dict(state)
+    per_parameter = state.get("state", {})
+    groups = state.get("param_groups", [])
+    assert isinstance(per_parameter, Mapping)
+    assert isinstance(groups, list)
+    return {
+        **state,
+        "state": {names.get(key, key): value for key, value in per_parameter.items()},
+        "param_groups": [
+            {**group, "params": [names.get(name, name) for name in group["params"]]}
+            for group in groups
+        ],
+    }
 
 
 def _repoint(
@@ -200,7 +239,13 @@ class MeshStrategy(SelfLaunchingStrategy):
             # optimizer that never stepped is left, and saved, as it was.
             optimizer.state.clear()
             state = {**state, "state": {}}
-        return dict(state)
+        return _renamed_optimizer(state, _renaming(module, inward=False))
+
+    def _module_state(self, module: torch.nn.Module, options: StateDictOptions) -> StateDict:
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict  # noqa: PLC0415
+
+        state = get_model_state_dict(module, options=options)
+        return _renamed_model(state, _renaming(module, inward=False))
 
     @override
     def get_state_dict(
@@ -211,11 +256,9 @@ class MeshStrategy(SelfLaunchingStrategy):
         With ``state_dict_type="sharded"``, each rank's shards (DTensors); with
         ``"full"``, the whole state on rank 0 (on the CPU) and nothing elsewhere.
         """
-        from torch.distributed.checkpoint.state_dict import get_model_state_dict  # noqa: PLC0415
-
         options = self._options(full=self.state_dict_type == "full")
         return {
-            "state_dict": dict(get_model_state_dict(module, options=options)),
+            "state_dict": self._module_state(module, options),
             "optimizer_states": [self._optimizer_state(module, o, options) for o in optimizers],
             "precision": self.precision.state_dict(),
         }
@@ -223,9 +266,7 @@ class MeshStrategy(SelfLaunchingStrategy):
     @override
     def full_module_state(self, module: torch.nn.Module) -> StateDict:
         """The whole state, gathered shard by shard to rank 0's CPU (empty elsewhere)."""
-        from torch.distributed.checkpoint.state_dict import get_model_state_dict  # noqa: PLC0415
-
-        return dict(get_model_state_dict(module, options=self._options(full=True)))
+        return self._module_state(module, self._options(full=True))
 
     @override
     def set_state_dict(
@@ -246,25 +287,28 @@ class MeshStrategy(SelfLaunchingStrategy):
                 is named), or holds another number of optimizer states.
         """
         from torch.distributed.checkpoint.state_dict import (  # noqa: PLC0415
-            get_model_state_dict,
             set_model_state_dict,
             set_optimizer_state_dict,
         )
 
         module_state = module_state_of(state, source)
-        check_state_fits(get_model_state_dict(module), module_state, source)
+        live = self._module_state(module, self._options(full=False))
+        check_state_fits(live, module_state, source)
         full = not any(is_dtensor(value) for value in module_state.values())
         options = self._options(full=full)
-        set_model_state_dict(module, module_state, options=options)
+        inward = _renaming(module, inward=True)
+        set_model_state_dict(module, _renamed_model(module_state, inward), options=options)
         if not optimizers:
             return
         saved = optimizer_states_of(state, len(optimizers), source)
         for optimizer, keyed in zip(optimizers, saved, strict=True):
             # Another strategy's (torch's) states are keyed by index; DCP's by name.
-            names = optimizer_parameter_names(module, optimizer)
+            outward = _renaming(module, inward=False)
+            names = [outward.get(n, n) for n in optimizer_parameter_names(module, optimizer)]
             optimizer_state = optimizer_state_keyed(keyed, names, by_name=True, source=source)
             if optimizer_state["state"]:
-                set_optimizer_state_dict(module, optimizer, optimizer_state, options=options)
+                own = _renamed_optimizer(optimizer_state, inward)
+                set_optimizer_state_dict(module, optimizer, own, options=options)
                 continue
             # No per-parameter state (saved before the first step, or plain SGD): the
             # groups' hyper-parameters alone, as torch's loader would initialise the
@@ -292,18 +336,18 @@ class MeshStrategy(SelfLaunchingStrategy):
             or self.checkpoints.foreign(path) is not None
         ):
             return super().read_checkpoint(path, module, weights_only=weights_only)
-        from torch.distributed.checkpoint.state_dict import (  # noqa: PLC0415
-            get_model_state_dict,
-            get_optimizer_state_dict,
-        )
+        from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict  # noqa: PLC0415
 
         # The live shards to read into; an optimizer that never stepped is given its
         # state first (torch steps it with a learning rate of 0), to be overwritten.
         options = self._options(full=False)
-        target: StateDict = {"state_dict": dict(get_model_state_dict(module, options=options))}
+        target: StateDict = {"state_dict": self._module_state(module, options)}
+        outward = _renaming(module, inward=False)
         if self._optimizers and not weights_only:  # to go on training
             target["optimizer_states"] = [
-                dict(get_optimizer_state_dict(module, optimizer, options=options))
+                _renamed_optimizer(
+                    get_optimizer_state_dict(module, optimizer, options=options), outward
+                )
                 for optimizer in self._optimizers
             ]
         return io.load_checkpoint_into(path, target)

@@ -26,23 +26,35 @@ from plait.strategies import meta
 from plait.strategies.context_parallel import sequence_positions, shard_sequence
 from plait.strategies.mesh import MeshStrategy, is_dtensor
 from plait.strategies.parallel import DEFAULT_START_TIMEOUT, DEFAULT_TIMEOUT, process_group_options
+from plait.strategies.pipeline import schedule_name
+from plait.strategies.pipeline import stages_per_rank as stages_per_rank_of
 from plait.strategies.self_launching import check_start_method
 
 if TYPE_CHECKING:
     from torch._C._distributed_c10d import Backend as C10dBackend
     from torch.distributed.device_mesh import DeviceMesh
 
-    from plait.core import Accelerator, CheckpointIO, ClusterEnvironment, Collectives, Precision
+    from plait.core import (
+        Accelerator,
+        CheckpointIO,
+        ClusterEnvironment,
+        Collectives,
+        GradientClipAlgorithm,
+        Precision,
+    )
     from plait.strategies.collectives import DistributedCollectives
+    from plait.strategies.pipeline import LossFunction, Pipeline
 
 __all__ = ["FLATTENED_DIMENSIONS", "MESH_DIMENSIONS", "MeshShape", "ModelParallelStrategy"]
 
-MESH_DIMENSIONS: Final = ("dp_replicate", "dp_shard", "cp", "tp")
-"""The mesh's dimensions, outermost first: data-parallel replicas, data-parallel
-shards within a replica, context-parallel ranks (each a slice of every sequence) and
-tensor-parallel ranks (innermost: neighbouring ranks, which share a node's fastest
-links; context parallelism, an all-gather in every attention layer, beside them).
-The device mesh has ``cp`` only when it is more than 1 (`MeshShape.mesh_dimensions`)."""
+MESH_DIMENSIONS: Final = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
+"""The mesh's dimensions, outermost first: pipeline stages (only neighbours exchange
+activations, so they may sit on different nodes), data-parallel replicas,
+data-parallel shards within a replica, context-parallel ranks (each a slice of every
+sequence) and tensor-parallel ranks (innermost: neighbouring ranks, which share a
+node's fastest links; context parallelism, an all-gather in every attention layer,
+beside them). The device mesh has ``pp`` and ``cp`` only when they are more than 1
+(`MeshShape.mesh_dimensions`)."""
 
 FLATTENED_DIMENSIONS: Final = {
     "dp": ("dp_replicate", "dp_shard"),
@@ -71,27 +83,30 @@ def _check_size(name: str, value: object) -> Size:
 class MeshShape:
     """The sizes of the mesh's dimensions, and this rank's place along each.
 
-    Ranks are laid out row-major over (``dp_replicate``, ``dp_shard``, ``cp``,
-    ``tp``): the ranks of one tensor-parallel group are neighbours, and with
-    ``context=1`` the numbering is the same as over (``dp_replicate``, ``dp_shard``,
-    ``tp``).
+    Ranks are laid out row-major over (``pp``, ``dp_replicate``, ``dp_shard``,
+    ``cp``, ``tp``): the ranks of one tensor-parallel group are neighbours, and with
+    ``pipeline=1`` and ``context=1`` the numbering is the same as over
+    (``dp_replicate``, ``dp_shard``, ``tp``).
 
     Attributes:
         replicate: Data-parallel replicas (``dp_replicate``).
         shard: Data-parallel shards within a replica (``dp_shard``).
         tensor: Tensor-parallel ranks (``tp``).
         context: Context-parallel ranks (``cp``): each holds a slice of every sequence.
+        pipeline: Pipeline ranks (``pp``): each holds its stages of the model.
     """
 
     replicate: int
     shard: int
     tensor: int
     context: int = 1
+    pipeline: int = 1
 
     @property
     def sizes(self) -> dict[str, int]:
         """The size of each of `MESH_DIMENSIONS`, in order."""
         return {
+            "pp": self.pipeline,
             "dp_replicate": self.replicate,
             "dp_shard": self.shard,
             "cp": self.context,
@@ -100,12 +115,14 @@ class MeshShape:
 
     @property
     def mesh_dimensions(self) -> tuple[str, ...]:
-        """The dimensions of the device mesh: `MESH_DIMENSIONS`, less ``cp`` when it is 1.
+        """The dimensions of the device mesh: `MESH_DIMENSIONS`, less ``pp`` and ``cp`` at 1.
 
-        Without context parallelism the mesh is (``dp_replicate``, ``dp_shard``,
-        ``tp``), as it always was; the collectives know ``"cp"`` either way.
+        Without pipeline or context parallelism the mesh is (``dp_replicate``,
+        ``dp_shard``, ``tp``), as it always was; the collectives know ``"pp"`` and
+        ``"cp"`` either way.
         """
-        return tuple(name for name in MESH_DIMENSIONS if name != "cp" or self.context > 1)
+        optional = {"pp": self.pipeline, "cp": self.context}
+        return tuple(name for name in MESH_DIMENSIONS if optional.get(name, 2) > 1)
 
     @property
     def data_parallel(self) -> int:
@@ -115,12 +132,12 @@ class MeshShape:
     @property
     def world_size(self) -> int:
         """The ranks the mesh holds."""
-        return self.data_parallel * self.context * self.tensor
+        return self.pipeline * self.data_parallel * self.context * self.tensor
 
     def ranks(self) -> torch.Tensor:
-        """The global ranks, shaped (``dp_replicate``, ``dp_shard``, ``cp``, ``tp``)."""
+        """The global ranks, shaped (``pp``, ``dp_replicate``, ``dp_shard``, ``cp``, ``tp``)."""
         return torch.arange(self.world_size).view(
-            self.replicate, self.shard, self.context, self.tensor
+            self.pipeline, self.replicate, self.shard, self.context, self.tensor
         )
 
     def lines(self, dimensions: Sequence[str]) -> torch.Tensor:
@@ -139,16 +156,18 @@ class MeshShape:
     def coordinates(self, rank: int) -> dict[str, int]:
         """``rank``'s index along each dimension, and along each flattened one."""
         rest, tensor = divmod(rank, self.tensor)
-        data_parallel, context = divmod(rest, self.context)
+        rest, context = divmod(rest, self.context)
+        pipeline, data_parallel = divmod(rest, self.data_parallel)
         replicate, shard = divmod(data_parallel, self.shard)
         return {
+            "pp": pipeline,
             "dp_replicate": replicate,
             "dp_shard": shard,
             "cp": context,
             "tp": tensor,
             "dp": data_parallel,
             "dp_shard_cp": shard * self.context + context,
-            "dp_cp": rest,
+            "dp_cp": data_parallel * self.context + context,
         }
 
 
@@ -222,6 +241,10 @@ class ModelParallelStrategy(MeshStrategy):
         data_parallel_replicate_size: int = 1,
         context_parallel_size: int = 1,
         context_parallel_load_balancing: bool = True,
+        pipeline_parallel_size: int = 1,
+        pipeline_schedule: str = "1F1B",
+        pipeline_microbatches: int | None = None,
+        pipeline_stages_per_rank: int | None = None,
         accelerator: Accelerator | str | None = None,
         parallel_devices: Sequence[torch.device] | None = None,
         cluster_environment: ClusterEnvironment | str | None = None,
@@ -269,6 +292,22 @@ class ModelParallelStrategy(MeshStrategy):
                 fix="pass True (chunks r and 2W-1-r, for causal masks) or False",
             )
         self.context_parallel_load_balancing = context_parallel_load_balancing
+        pipeline = _check_size("pipeline_parallel_size", pipeline_parallel_size)
+        if pipeline == "auto":
+            raise ConfigurationError(
+                "pipeline_parallel_size takes a positive int, not 'auto'",
+                value=pipeline,
+                fix="pass pipeline_parallel_size=1 (no pipeline), or the ranks the "
+                "model's stages are spread over",
+            )
+        self.pipeline_parallel_size = pipeline
+        self.pipeline_schedule = schedule_name(pipeline_schedule)
+        self.pipeline_stages_per_rank = stages_per_rank_of(
+            self.pipeline_schedule, pipeline_stages_per_rank
+        )
+        if pipeline_microbatches is not None:
+            _check_size("pipeline_microbatches", pipeline_microbatches)
+        self.pipeline_microbatches = pipeline_microbatches
         check_start_method(start_method)
         self.start_method = start_method
         super().__init__(
@@ -305,15 +344,23 @@ class ModelParallelStrategy(MeshStrategy):
         """
         world = self.world_size
         data, tensor = self.data_parallel_size, self.tensor_parallel_size
-        context = self.context_parallel_size
-        if world % context:
+        context, pipeline = self.context_parallel_size, self.pipeline_parallel_size
+        for name, size in (("pipeline", pipeline), ("context", context)):
+            if world % size:
+                raise ConfigurationError(
+                    f"{name}_parallel_size={size} does not divide the world of {world} ranks",
+                    value=size,
+                    fix=f"pass a {name}_parallel_size that divides {world}",
+                )
+        if world % (context * pipeline):
             raise ConfigurationError(
-                f"context_parallel_size={context} does not divide the world of {world} ranks",
-                value=context,
-                fix=f"pass a context_parallel_size that divides {world}",
+                f"pipeline_parallel_size={pipeline} x context_parallel_size={context} "
+                f"does not divide the world of {world} ranks",
+                value=(pipeline, context),
+                fix=f"pass sizes whose product divides {world}",
             )
-        # What the data- and tensor-parallel sizes share: the world less cp.
-        shared = world // context
+        # What the data- and tensor-parallel sizes share: the world less pp and cp.
+        shared = world // (context * pipeline)
         if data == "auto" and tensor == "auto":
             nodes = self.num_nodes
             data = nodes if shared % nodes == 0 else 1
@@ -322,12 +369,17 @@ class ModelParallelStrategy(MeshStrategy):
             tensor = self._leaves("tensor_parallel_size", "data_parallel_size", data, shared)
         elif data == "auto":
             data = self._leaves("data_parallel_size", "tensor_parallel_size", tensor, shared)
-        if data * context * tensor != world:
+        if pipeline * data * context * tensor != world:
+            with_pipeline = f"pipeline_parallel_size={pipeline} x " if pipeline > 1 else ""
             with_context = f" x context_parallel_size={context}" if context > 1 else ""
+            given = {"pp": pipeline, "dp": data, "cp": context, "tp": tensor}
             raise ConfigurationError(
-                f"data_parallel_size={data}{with_context} x tensor_parallel_size={tensor} is "
-                f"{data * context * tensor} ranks, and the world has {world}",
-                value=(data, context, tensor) if context > 1 else (data, tensor),
+                f"{with_pipeline}data_parallel_size={data}{with_context} x "
+                f"tensor_parallel_size={tensor} is {pipeline * data * context * tensor} "
+                f"ranks, and the world has {world}",
+                value=tuple(
+                    size for name, size in given.items() if name in ("dp", "tp") or size > 1
+                ),
                 fix=f"give sizes whose product is {world}, or leave one 'auto'",
             )
         replicate = self.data_parallel_replicate_size
@@ -339,16 +391,23 @@ class ModelParallelStrategy(MeshStrategy):
                 fix=f"pass a replica count that divides {data}",
             )
         return MeshShape(
-            replicate=replicate, shard=data // replicate, tensor=tensor, context=context
+            replicate=replicate,
+            shard=data // replicate,
+            tensor=tensor,
+            context=context,
+            pipeline=pipeline,
         )
 
     def _leaves(self, name: str, given_name: str, given: int, shared: int) -> int:
         if shared % given:
-            context = self.context_parallel_size
+            context, pipeline = self.context_parallel_size, self.pipeline_parallel_size
+            taken = " x ".join(
+                f"{name}_parallel_size of {size}"
+                for name, size in (("a pipeline", pipeline), ("a context", context))
+                if size > 1
+            )
             world = (
-                f"the world of {shared} ranks"
-                if context == 1
-                else f"the {shared} ranks a context_parallel_size of {context} leaves"
+                f"the {shared} ranks {taken} leaves" if taken else f"the world of {shared} ranks"
             )
             raise ConfigurationError(
                 f"{given_name}={given} does not divide {world}, so {name}='auto' has no "
@@ -361,7 +420,7 @@ class ModelParallelStrategy(MeshStrategy):
     @property
     @override
     def layout(self) -> ProcessLayout:
-        """The data-parallel rank and size from the mesh, and the ``tp`` (and ``cp``) coordinates.
+        """The data-parallel rank and size from the mesh, and the other dimensions' coordinates.
 
         Before the ranks exist (a launcher's process, which counts one), where the
         sizes cannot be laid out yet, the layout of that one process: the sizes are
@@ -374,7 +433,7 @@ class ModelParallelStrategy(MeshStrategy):
                 raise
             return super().layout
         where = shape.coordinates(self.global_rank)
-        named = ("cp", "tp") if shape.context > 1 else ("tp",)
+        named = [name for name in ("pp", "cp") if shape.sizes[name] > 1] + ["tp"]
         return ProcessLayout(
             world_size=self.world_size,
             global_rank=self.global_rank,
@@ -476,6 +535,85 @@ class ModelParallelStrategy(MeshStrategy):
         _ = self.device_mesh
         return self._groups["cp"] if self.mesh_shape.context > 1 else None
 
+    @property
+    def pipeline_group(self) -> dist.ProcessGroup | None:
+        """This rank's ``pp`` group, over which stages pass activations (``None``: pp = 1).
+
+        Raises:
+            ConfigurationError: `setup_environment` has not run yet.
+        """
+        _ = self.device_mesh
+        return self._groups["pp"] if self.mesh_shape.pipeline > 1 else None
+
+    def pipeline(
+        self,
+        module: torch.nn.Module,
+        loss_fn: LossFunction,
+        *,
+        units: Sequence[str] | None = None,
+        stages: Sequence[Sequence[str]] | None = None,
+        schedule: str | None = None,
+        microbatches: int | None = None,
+        stages_per_rank: int | None = None,
+    ) -> Pipeline:
+        """This rank's stages of ``module``, and the schedule to run them: a `Pipeline`.
+
+        Declare the stages by ``units`` (submodule names in the order ``forward``
+        runs them, split evenly) or by ``stages`` (one list of names per stage). Each
+        part the rank holds is a copy of ``module`` with the other stages'
+        submodules ``None`` (its ``forward`` skips those): parallelize and shard each
+        part over the mesh as you would the whole module, then set the pipeline up
+        with `setup_module` and make the optimizers over its parameters. Build the
+        whole module first, the same on every rank (on the meta device under
+        `model_sharded_context`, or seeded alike).
+
+        ``schedule``, ``microbatches`` and ``stages_per_rank`` default to the
+        strategy's ``pipeline_*`` arguments; the microbatches to the number of stages.
+        With ``pipeline_parallel_size=1`` the pipeline holds every stage of one rank
+        (GPipe or 1F1B with one stage: the whole module, run microbatch by microbatch).
+
+        Raises:
+            ConfigurationError: The stages do not fit the schedule or the module (a
+                name that is not a submodule, one named twice, a parameter in no
+                stage), or an unknown schedule.
+        """
+        from plait.strategies.pipeline import Pipeline, split_module  # noqa: PLC0415
+
+        name = schedule_name(schedule) if schedule is not None else self.pipeline_schedule
+        per_rank = (
+            self.pipeline_stages_per_rank
+            if schedule is None and stages_per_rank is None
+            else stages_per_rank_of(name, stages_per_rank)
+        )
+        shape = self.mesh_shape
+        rank = shape.coordinates(self.global_rank)["pp"]
+        parts, mine, count = split_module(
+            module,
+            stages=stages,
+            units=units,
+            schedule=name,
+            per_rank=per_rank,
+            rank=rank,
+            size=shape.pipeline,
+        )
+        chunks = microbatches if microbatches is not None else self.pipeline_microbatches
+        if chunks is not None:
+            _check_size("microbatches", chunks)
+        group = self.pipeline_group
+        ranks = shape.lines(["pp"])
+        [line] = [row for row in ranks.tolist() if self.global_rank in row]
+        return Pipeline(
+            parts,
+            stages=mine,
+            num_stages=count,
+            schedule=name,
+            microbatches=chunks if chunks is not None else count,
+            loss_fn=loss_fn,
+            group=group,
+            group_ranks=line,
+            device=self.root_device,
+        )
+
     def sequence_positions(self, length: int) -> torch.Tensor:
         """The global positions of the tokens this rank holds of a sequence of ``length``.
 
@@ -534,9 +672,10 @@ class ModelParallelStrategy(MeshStrategy):
 
     def _check_parallelized(self, module: torch.nn.Module) -> None:
         parameters = list(module.named_parameters())
-        if not parameters or self.world_size == 1:
-            return
         shape = self.mesh_shape
+        if not parameters or shape.world_size == shape.pipeline:
+            # One rank per stage: each holds its stages whole.
+            return
         # Named as its user knows it: the module inside a wrapper (the Trainer's).
         described = type(getattr(module, "module", module)).__name__
         if not any(is_dtensor(p) for _, p in parameters):
@@ -590,14 +729,54 @@ class ModelParallelStrategy(MeshStrategy):
         )
 
     @override
+    def clip_gradients(
+        self,
+        module: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        clip_val: float,
+        algorithm: GradientClipAlgorithm = "norm",
+    ) -> None:
+        """Clip by the norm of every gradient of the model, over all its pipeline stages.
+
+        Without a pipeline, as every strategy clips (a DTensor's norm is its whole
+        tensor's). With one, each rank holds its stages' gradients: their squared
+        norms are summed over the ``pp`` group first (the largest magnitude, for
+        ``"value"``, needs no sum: each rank clips its own).
+        """
+        if self.mesh_shape.pipeline == 1 or algorithm != "norm":
+            super().clip_gradients(module, optimizer, clip_val, algorithm)
+            return
+        parameters = [
+            parameter
+            for group in optimizer.param_groups
+            for parameter in group["params"]
+            if parameter.grad is not None
+        ]
+        norms = [_whole_norm(torch.linalg.vector_norm(p.grad)) for p in parameters]
+        squared = (
+            torch.stack(norms).square().sum() if norms else torch.zeros((), device=self.root_device)
+        )
+        dist.all_reduce(squared, group=self.pipeline_group)
+        total = squared.sqrt()
+        torch.nn.utils.clip_grads_with_norm_(parameters, clip_val, total)
+
+    @override
     def __repr__(self) -> str:
         return (
             f"{type(self).__name__}(data_parallel_size={self.data_parallel_size!r}, "
             f"tensor_parallel_size={self.tensor_parallel_size!r}, "
             f"data_parallel_replicate_size={self.data_parallel_replicate_size}, "
             f"context_parallel_size={self.context_parallel_size}, "
+            f"pipeline_parallel_size={self.pipeline_parallel_size}, "
             f"world_size={self.world_size}, device={str(self.root_device)!r})"
         )
+
+
+def _whole_norm(norm: torch.Tensor) -> torch.Tensor:
+    # A DTensor gradient's norm is a DTensor (partial or replicated): its whole value.
+    full = getattr(norm, "full_tensor", None)
+    value: torch.Tensor = full() if callable(full) else norm
+    return value
 
 
 def _mesh_dimensions_of(parameter: torch.Tensor) -> tuple[str, ...]:
