@@ -2,7 +2,8 @@
 
 The suite calls a mesh lane's factory with ``mesh_shape``, the sizes of the mesh's
 dimensions (`plait.conformance.ConformanceSuite.meshes`); these build
-`ModelParallelStrategy` from them: ``(data parallel, tensor parallel)``.
+`ModelParallelStrategy` from them: ``(data parallel, tensor parallel)``, or
+``(pipeline, data parallel, context parallel, tensor parallel)``.
 """
 
 from __future__ import annotations
@@ -12,14 +13,22 @@ from plait.strategies import ModelParallelStrategy
 
 
 def model_parallel_on(mesh_shape: tuple[int, ...]) -> ModelParallelStrategy:
-    """`ModelParallelStrategy` on the CPU over a (data parallel, tensor parallel) mesh."""
-    if len(mesh_shape) != 2:
+    """`ModelParallelStrategy` on the CPU over a (dp, tp) or (pp, dp, cp, tp) mesh."""
+    if len(mesh_shape) == 2:
+        pipeline, (data, tensor), context = 1, mesh_shape, 1
+    elif len(mesh_shape) == 4:
+        pipeline, data, context, tensor = mesh_shape
+    else:
         raise ConfigurationError(
-            f"mesh_shape={mesh_shape} must be (data parallel, tensor parallel)",
+            f"mesh_shape={mesh_shape} must be (data parallel, tensor parallel) or "
+            "(pipeline, data parallel, context parallel, tensor parallel)",
             value=mesh_shape,
-            fix="pass mesh_shape=(2, 2), say",
+            fix="pass mesh_shape=(2, 2) or (2, 1, 2, 1), say",
         )
-    data, tensor = mesh_shape
     return ModelParallelStrategy(
-        accelerator="cpu", data_parallel_size=data, tensor_parallel_size=tensor
+        accelerator="cpu",
+        data_parallel_size=data,
+        tensor_parallel_size=tensor,
+        context_parallel_size=context,
+        pipeline_parallel_size=pipeline,
     )

@@ -239,7 +239,7 @@ def test_every_registered_strategy_is_run_or_excused() -> None:
 
 
 MESH_STRATEGY: Final = f"{Path(__file__).with_name('mesh_strategies.py')}:model_parallel_on"
-"""``model_parallel`` built on a given (data parallel, tensor parallel) mesh."""
+"""``model_parallel`` built on a given (dp, tp) or (pp, dp, cp, tp) mesh."""
 
 
 class TestMeshDimensions(ConformanceSuite):
@@ -248,9 +248,14 @@ class TestMeshDimensions(ConformanceSuite):
     The grid and 25 drawn examples over the job and over each dimension's groups
     (100 a property on each mesh): the collectives over a dimension are those the
     other lanes prove over the job and its sub-groups, with the thorough profile.
+    (dp=2, tp=2), (dp=2) and (pp=2, cp=2): every dimension of the mesh is more than
+    one rank on one of them (a group of four is the world lane's).
     """
 
     strategies = (MESH_STRATEGY,)
     world_sizes = (2, 4)
-    meshes: ClassVar[dict[int, tuple[tuple[int, ...], ...]]] = {4: ((2, 2), (1, 4)), 2: ((2, 1),)}
+    meshes: ClassVar[dict[int, tuple[tuple[int, ...], ...]]] = {
+        4: ((2, 2), (2, 1, 2, 1)),
+        2: ((2, 1),),
+    }
     max_examples = 25
