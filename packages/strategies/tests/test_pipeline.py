@@ -184,3 +184,45 @@ def test_a_batch_that_does_not_split_and_a_missing_target_are_refused(
         pipeline.step(torch.zeros(6, 3))
     with pytest.raises(ConfigurationError, match="by its stages or by its units, one of the two"):
         strategy.pipeline(Stack(), nn.functional.mse_loss)
+
+
+@pytest.mark.parametrize(
+    ("sizes", "message"),
+    [
+        (
+            {"pipeline_parallel_size": 2, "context_parallel_size": 2},
+            "pipeline_parallel_size=2 x context_parallel_size=2 does not divide the world of 6",
+        ),
+        ({"pipeline_parallel_size": 4}, "pipeline_parallel_size=4 does not divide the world of 6"),
+        (
+            {"pipeline_parallel_size": 2, "tensor_parallel_size": 2},
+            "does not divide the 3 ranks a pipeline_parallel_size of 2 leaves",
+        ),
+        (
+            {"pipeline_parallel_size": 2, "data_parallel_size": 2, "tensor_parallel_size": 2},
+            "pipeline_parallel_size=2 x data_parallel_size=2 x tensor_parallel_size=2 is 8 ranks",
+        ),
+    ],
+)
+def test_pipeline_sizes_that_do_not_make_the_world_are_refused_naming_them(
+    monkeypatch: pytest.MonkeyPatch, sizes: dict[str, int], message: str
+) -> None:
+    # A job of 6 ranks, as torchrun describes one to rank 0.
+    for name, value in {
+        "TORCHELASTIC_RUN_ID": "sizes", "WORLD_SIZE": "6", "RANK": "0", "LOCAL_RANK": "0",
+        "LOCAL_WORLD_SIZE": "6", "GROUP_RANK": "0", "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": "29500",
+    }.items():  # fmt: skip
+        monkeypatch.setenv(name, value)
+    strategy = ModelParallelStrategy(
+        accelerator="cpu",
+        cluster_environment="torchelastic",
+        **sizes,  # type: ignore[arg-type]
+    )
+    assert strategy.world_size == 6
+    with pytest.raises(ConfigurationError, match=message):
+        _ = strategy.mesh_shape
+    fitting = ModelParallelStrategy(
+        accelerator="cpu", cluster_environment="torchelastic", pipeline_parallel_size=3
+    )
+    assert fitting.mesh_shape.sizes == {"pp": 3, "dp_replicate": 1, "dp_shard": 1, "cp": 1, "tp": 2}
