@@ -330,6 +330,7 @@ def main() -> None:
         "context-hsdp": (context_parallel_job.run, (2, 2, 2)),
         "pp-fsdp": (pipeline_job.fsdp, ()),
         "pp-tp": (pipeline_job.fsdp, (2,)),
+        "pp-cp": (pipeline_job.decoder, ()),
     })  # fmt: skip
     results |= launcher.launch(in_turn, root, {"4x1": (run, ("4x1",)), "1x4": (run, ("1x4",))})
     results |= MultiprocessingLauncher(2, start_method="fork").launch(in_turn, root, {
@@ -349,6 +350,7 @@ def main() -> None:
     results["pp-tp-1x1"] = pipeline_job.whole(root, "pp-tp-checkpoint")
     results["pp-plain"] = pipeline_job.plain()
     results["pp-plain-clipped"] = pipeline_job.plain(clip=True)
+    results["pp-cp-plain"] = pipeline_job.decoder_plain()
     (Path(root) / "results.json").write_text(json.dumps(results))
 
 

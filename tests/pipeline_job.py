@@ -12,7 +12,10 @@ Run by ``model_parallel_job.py``:
   checkpoint, 3 steps more; ``pp-tp`` (pp = 2 x tp = 2) the same with the layers
   split over tp; ``pp-resume`` (2 ranks, Interleaved1F1B: 4 stages where 2 were
   saved) and ``pp-1x1`` (one process, the whole model, no pipeline) resume the
-  checkpoint and must give the uninterrupted run's losses.
+  checkpoint and must give the uninterrupted run's losses;
+- ``pp-cp`` (4 ranks, pp = 2 x cp = 2): a decoder of two blocks with
+  context-parallel attention, the tokens' positions passed to every stage, against
+  the same decoder in one process (``pp-cp-plain``).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from pathlib import Path
 from typing import Final
 
 import torch
+from tests import context_parallel_job
 from torch import nn
 from typing_extensions import override
 
@@ -269,3 +273,100 @@ def whole(root: str, checkpoint: str = "pp-checkpoint") -> dict[str, object]:
         losses[str(step)] = float(loss.detach())
     strategy.teardown()
     return {"losses": losses}
+
+
+class DecoderBlock(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(context_parallel_job.DIM)
+        self.attention = context_parallel_job.Attention()
+        self.feed_forward = nn.Sequential(
+            nn.Linear(context_parallel_job.DIM, 2 * context_parallel_job.DIM),
+            nn.GELU(),
+            nn.Linear(2 * context_parallel_job.DIM, context_parallel_job.DIM),
+        )
+
+    @override
+    def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        h = x + self.attention(self.norm(x), positions)
+        out: torch.Tensor = h + self.feed_forward(h)
+        return out
+
+
+class Decoder(nn.Module):
+    """Two decoder blocks between an embedding and a head; positions per sample."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        dim = context_parallel_job.DIM
+        self.embed: nn.Module | None = nn.Linear(dim, dim)
+        self.layers = nn.ModuleDict({str(i): DecoderBlock() for i in range(2)})
+        self.head: nn.Module | None = nn.Linear(dim, 2)
+
+    @override
+    def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        # ``positions`` is (batch, tokens), every row the same: a keyword a pipeline
+        # splits into microbatches along dimension 0, as it does the inputs.
+        h = self.embed(x) if self.embed is not None else x
+        for layer in self.layers.values():
+            if layer is not None:
+                h = layer(h, positions[0])
+        return self.head(h) if self.head is not None else h
+
+
+DECODER_UNITS: Final = ("embed", "layers.0", "layers.1", "head")
+
+
+def decoder_plain() -> dict[str, float]:
+    """The decoder in one process, with no strategy."""
+    torch.manual_seed(0)
+    model = Decoder()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.01)
+    losses = {}
+    length = context_parallel_job.SEQUENCE
+    for step in range(SAVE_AT):
+        x, y = context_parallel_job.samples(step)
+        positions = torch.arange(length).expand(x.shape[0], length)
+        loss = loss_fn(model(x, positions), y)
+        loss.backward()  # type: ignore[no-untyped-call]
+        optimizer.step()
+        optimizer.zero_grad()
+        losses[str(step)] = float(loss.detach())
+    return losses
+
+
+def decoder(root: str) -> dict[str, object]:
+    """The decoder on pp = 2 x cp = 2: FSDP over dp_shard_cp on each stage."""
+    from torch.distributed.fsdp import fully_shard  # noqa: PLC0415
+
+    strategy = _strategy(
+        pipeline_parallel_size=2,
+        context_parallel_size=2,
+        data_parallel_size=1,
+        tensor_parallel_size=1,
+    )
+    torch.manual_seed(0)
+    pipeline = strategy.pipeline(Decoder(), loss_fn, units=DECODER_UNITS)
+    for part in pipeline.parts:
+        assert isinstance(part, Decoder)
+        for block in part.layers.values():
+            if isinstance(block, DecoderBlock):
+                block.attention.group = strategy.context_parallel_group
+                fully_shard(block, mesh=strategy.data_parallel_mesh, reshard_after_forward=False)
+        fully_shard(part, mesh=strategy.data_parallel_mesh, reshard_after_forward=False)
+    strategy.setup_module(pipeline)
+    [optimizer] = strategy.setup_optimizers([torch.optim.AdamW(pipeline.parameters(), lr=0.01)])
+    length = context_parallel_job.SEQUENCE
+    positions = strategy.sequence_positions(length)
+    losses: dict[str, float] = {}
+    for step in range(SAVE_AT):
+        x, y = context_parallel_job.samples(step)
+        x, y = strategy.shard_sequence(x), strategy.shard_sequence(y)
+        loss = pipeline.step(x, target=y, positions=positions.expand(x.shape[0], -1))
+        strategy.optimizer_step(optimizer)
+        strategy.zero_grad(optimizer)
+        # Every token of the step: averaged over the context-parallel ranks.
+        losses[str(step)] = float(strategy.reduce(loss, group="dp_cp"))
+    dimensions = list(strategy.device_mesh.mesh_dim_names or ())
+    strategy.teardown()
+    return {"losses": losses, "dimensions": dimensions}

@@ -269,6 +269,16 @@ def test_pipelines_with_fsdp_or_tensor_parallelism_train_and_resume_in_other_lay
     assert_losses_close(_losses(runs["pp-tp-1x1"]), later, 1e-5)
 
 
+@pytest.mark.slow
+def test_a_pipeline_of_context_parallel_decoder_blocks_trains_as_one_process_does(
+    runs: dict[str, dict[str, object]],
+) -> None:
+    # pp = 2 x cp = 2: each stage's attention over its cp group, the tokens'
+    # positions passed to every stage as a keyword, FSDP over dp_shard_cp.
+    assert_losses_close(_losses(runs["pp-cp"]), _losses(runs["pp-cp-plain"]), 1e-5)
+    assert runs["pp-cp"]["dimensions"] == ["pp", "dp_replicate", "dp_shard", "cp", "tp"]
+
+
 @pytest.mark.parametrize(
     ("options", "message"),
     [
