@@ -40,7 +40,7 @@ def test_an_unknown_section_is_refused_with_the_choices() -> None:
     assert run.returncode == 2
     choices = (
         "imports, cli, steps, ddp, fsdp, deepspeed, model_parallel, context_parallel, "
-        "collectives, scale, checkpoints, conformance"
+        "pipeline, collectives, scale, checkpoints, conformance"
     )
     assert f"unknown sections ['speed']: choose from {choices}" in run.stderr
 

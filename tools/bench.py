@@ -40,6 +40,10 @@ Sections:
                causal attention's forward and backward with plait's
                context_parallel_attention against the same exchange written by hand
                on torch's DTensor (tools/bench_context.py)
+  pipeline     two gloo processes, a stack of MLP blocks in two pipeline stages: seconds
+               per step (1F1B over 4 microbatches, then AdamW) with plait's Pipeline
+               against torch's PipelineStage and schedule made by hand on the same
+               group (tools/bench_pipeline.py)
 
                With --accelerator cuda, fsdp and deepspeed run on NCCL, one rank per
                GPU (at most 2), and add each rank's CUDA peak: the growth of
@@ -89,7 +93,7 @@ if TYPE_CHECKING:
 
 SECTIONS: Final = (
     "imports", "cli", "steps", "ddp", "fsdp", "deepspeed", "model_parallel",
-    "context_parallel", "collectives", "scale", "checkpoints", "conformance",
+    "context_parallel", "pipeline", "collectives", "scale", "checkpoints", "conformance",
 )  # fmt: skip
 IMPORTED: Final = ("plait.core", "plait.strategies", "plait.trainer", "lightning.pytorch")
 
@@ -598,6 +602,25 @@ def bench_context_parallel(rounds: int, steps: int, scratch: Path) -> list[Row]:
     ]  # fmt: skip
 
 
+PIPELINE_TOOL: Final = Path(__file__).resolve().with_name("bench_pipeline.py")
+
+
+def bench_pipeline(rounds: int, steps: int, scratch: Path) -> list[Row]:
+    """Seconds per step of a two-stage pipeline, plait's against torch's built by hand."""
+    out = scratch / "pipeline.json"
+    _checked_run(
+        [sys.executable, str(PIPELINE_TOOL), "--rounds", str(rounds), "--steps", str(steps),
+         "--out", str(out)],
+        "bench_pipeline",
+    )  # fmt: skip
+    figures: dict[str, list[float]] = json.loads(out.read_text(encoding="utf-8"))
+    hand = "torch's stage and schedule by hand"
+    return [
+        Row("pipeline", "training step, pp=2, 1F1B x 4 microbatches: Pipeline.step",
+            "s", figures["plait"], figures["hand"], hand),
+    ]  # fmt: skip
+
+
 # Collectives, in two gloo ranks.
 
 
@@ -993,6 +1016,7 @@ def main(argv: list[str] | None = None) -> int:
             1 if quick else rounds, 20 if quick else 100, 512, scratch
         ),
         "context_parallel": lambda: bench_context_parallel(rounds, 10 if quick else 50, scratch),
+        "pipeline": lambda: bench_pipeline(rounds, 20 if quick else 50, scratch),
         "collectives": lambda: bench_collectives(rounds, scratch),
         "scale": lambda: bench_scale(
             1 if quick else 3, [2, 4] if quick else [2, 4, 8, 16], scratch

@@ -185,3 +185,78 @@ def test_a_deterministic_run_on_the_gpu_trains_and_repeats_itself_exactly(
         torch.use_deterministic_algorithms(mode=False)
     assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
     assert all(torch.equal(first[key], second[key]) for key in first)
+
+
+def test_context_parallel_attention_on_nccl_is_scaled_dot_product_attention() -> None:
+    # A one-rank NCCL group: the all-gather's backward is NCCL's reduce-scatter (gloo
+    # has none), and the mask is made from the tokens' positions on the GPU.
+    import torch.distributed as dist  # noqa: PLC0415
+
+    from plait.strategies.context_parallel import context_parallel_attention  # noqa: PLC0415
+
+    store = dist.HashStore()
+    dist.init_process_group("nccl", store=store, rank=0, world_size=1)
+    try:
+        generator = torch.Generator(device="cuda").manual_seed(0)
+        q, k, v, grad = (
+            torch.randn(2, 4, 16, 8, device="cuda", generator=generator) for _ in range(4)
+        )
+        mine = [t.clone().requires_grad_() for t in (q, k, v)]
+        whole = [t.clone().requires_grad_() for t in (q, k, v)]
+        out = context_parallel_attention(
+            mine[0], mine[1], mine[2], group=dist.group.WORLD, positions=torch.arange(16),
+            is_causal=True,
+        )  # fmt: skip
+        expected = torch.nn.functional.scaled_dot_product_attention(
+            whole[0], whole[1], whole[2], is_causal=True
+        )
+        out.backward(grad)  # type: ignore[no-untyped-call]
+        expected.backward(grad)  # type: ignore[no-untyped-call]
+        torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-4)
+        for part, reference in zip(mine, whole, strict=True):
+            assert part.grad is not None
+            assert reference.grad is not None
+            torch.testing.assert_close(part.grad, reference.grad, rtol=1e-4, atol=1e-4)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_a_pipeline_on_the_gpu_trains_as_the_whole_model_does() -> None:
+    # Every stage on one rank (GPipe, 4 microbatches) on the GPU: the same steps as
+    # the whole model's.
+    from torch import nn  # noqa: PLC0415
+
+    from plait.strategies import ModelParallelStrategy  # noqa: PLC0415
+
+    class Stack(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layers = nn.ModuleDict({str(i): nn.Linear(16, 16) for i in range(4)})
+
+        @override
+        def forward(self, h: torch.Tensor) -> torch.Tensor:
+            for layer in self.layers.values():
+                if layer is not None:
+                    h = torch.tanh(layer(h))
+            return h
+
+    strategy = ModelParallelStrategy(accelerator="cuda", pipeline_schedule="GPipe")
+    strategy.setup_environment()
+    try:
+        torch.manual_seed(0)
+        whole = Stack().cuda()
+        units = [f"layers.{i}" for i in range(4)]
+        pipeline = strategy.pipeline(whole, nn.functional.mse_loss, units=units, microbatches=4)
+        strategy.setup_module(pipeline)
+        optimizers = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (pipeline, whole)]
+        x, y = torch.randn(8, 16, device="cuda"), torch.randn(8, 16, device="cuda")
+        for _ in range(3):
+            loss = pipeline.step(x, target=y)
+            expected = nn.functional.mse_loss(whole(x), y)
+            expected.backward()  # type: ignore[no-untyped-call]
+            for optimizer in optimizers:
+                optimizer.step()
+                optimizer.zero_grad()
+            assert float(loss) == pytest.approx(float(expected.detach()), rel=1e-4)
+    finally:
+        strategy.teardown()
