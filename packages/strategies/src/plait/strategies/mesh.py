@@ -20,6 +20,7 @@ from plait.core import ConfigurationError, SupportsLoadInPlace
 from plait.strategies import meta
 from plait.strategies.self_launching import SelfLaunchingStrategy
 from plait.strategies.state import (
+    WRAPPER_PREFIXES,
     check_state_fits,
     load_param_groups,
     module_state_of,
@@ -53,11 +54,23 @@ class NamedAsWhole(Protocol):
 
 
 def _renaming(module: torch.nn.Module, *, inward: bool) -> dict[str, str]:
-    # Names in the module to names in its state (outward), or back (inward).
-    if not isinstance(module, NamedAsWhole):
-        return {}
-    names = module.whole_names()
+    # Names in the module to names in its state (outward), or back (inward): those of
+    # every submodule named as a whole (a pipeline's stages, wherever they sit).
+    names: dict[str, str] = {}
+    for prefix, submodule in module.named_modules():
+        if isinstance(submodule, NamedAsWhole):
+            within = _unwrapped(prefix)
+            for own, whole in submodule.whole_names().items():
+                names[f"{within}{own}"] = f"{within}{whole}"
     return {whole: own for own, whole in names.items()} if inward else names
+
+
+def _unwrapped(prefix: str) -> str:
+    # A submodule's name as state dicts write it (no wrapper's), with its dot.
+    name = f"{prefix}." if prefix else ""
+    for wrapper in WRAPPER_PREFIXES:
+        name = name.replace(wrapper, "")
+    return name
 
 
 def _renamed_model(state: Mapping[str, object], names: Mapping[str, str]) -> StateDict:

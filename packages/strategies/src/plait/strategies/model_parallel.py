@@ -136,7 +136,9 @@ class MeshShape:
 
     def ranks(self) -> torch.Tensor:
         """The global ranks, shaped (``pp``, ``dp_replicate``, ``dp_shard``, ``cp``, ``tp``)."""
-        return torch.arange(self.world_size).view(
+        # On the CPU whatever the default device (the meta one, inside
+        # model_sharded_context): these are numbers, not a model's tensors.
+        return torch.arange(self.world_size, device="cpu").view(
             self.pipeline, self.replicate, self.shard, self.context, self.tensor
         )
 

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Final
 import torch
 import torch.distributed as dist
 from torch import nn
+from typing_extensions import override
 
 from plait.core import ConfigurationError
 
@@ -33,6 +34,8 @@ if TYPE_CHECKING:
 __all__ = [
     "SCHEDULES",
     "Pipeline",
+    "WholePipeline",
+    "check_declaration",
     "schedule_name",
     "split_module",
     "split_units",
@@ -248,6 +251,10 @@ class Pipeline(nn.Module):
         self._group_ranks = tuple(group_ranks)
         self._device = device
         self._schedule: _PipelineSchedule | None = None
+        self.gradient_scale = 1.0
+        # What `forward`'s loss is the sum of, beside its value: its gradient, when a
+        # backward pass reaches it, goes nowhere (the schedule ran the real one).
+        self._ran_backward = torch.zeros((), device=device, requires_grad=True)
 
     @property
     def has_first_stage(self) -> bool:
@@ -281,16 +288,28 @@ class Pipeline(nn.Module):
                 for part, index in zip(self.parts, self.stages, strict=True)
             ]
             schedule_class = get_schedule_class(self.schedule_name)
-            loss_fn = self.loss_fn
+            loss_fn = self._scaled_loss
             if self.schedule_name in _SINGLE:
                 self._schedule = schedule_class(
-                    stages[0], self.microbatches, loss_fn=loss_fn, scale_grads=True
+                    stages[0], self.microbatches, loss_fn=loss_fn, scale_grads=False
                 )
             else:
                 self._schedule = schedule_class(
-                    stages, self.microbatches, loss_fn=loss_fn, scale_grads=True
+                    stages, self.microbatches, loss_fn=loss_fn, scale_grads=False
                 )
         return self._schedule
+
+    @property
+    def _loss_factor(self) -> float:
+        # What each microbatch's loss is multiplied by before its backward: the mean
+        # over microbatches, and `gradient_scale`. (torch's own ``scale_grads``
+        # would divide every gradient at the end of a step, the ones accumulated
+        # from earlier steps too.)
+        return self.gradient_scale / self.microbatches
+
+    def _scaled_loss(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        # What the schedule's backward starts from.
+        return self.loss_fn(output, target) * self._loss_factor
 
     def _check_batch(self, args: Sequence[object]) -> None:
         for value in args:
@@ -328,6 +347,7 @@ class Pipeline(nn.Module):
         # The last stage's loss, the mean over microbatches, to every rank of the group.
         if self.has_last_stage:
             loss = torch.stack([value.detach().float() for value in losses]).mean()
+            loss = loss / self._loss_factor
         else:
             loss = torch.zeros((), device=self._device)
         if self._group_ranks and len(self._group_ranks) > 1:
@@ -366,6 +386,27 @@ class Pipeline(nn.Module):
             assert isinstance(output, torch.Tensor)
             losses.append(self.loss_fn(output, target.tensor_split(self.microbatches)[index]))
         return torch.stack([loss.detach().float() for loss in losses]).mean()
+
+    @override
+    def forward(
+        self, *args: torch.Tensor, target: torch.Tensor | None = None, **kwargs: object
+    ) -> torch.Tensor:
+        """The mean loss of the batch, on every rank: `step` in training, `evaluate` else.
+
+        In training mode with gradients enabled the schedule runs the forward and the
+        backward at once: the loss returned has already been back-propagated, and a
+        backward pass from it (``loss.backward()``, the Trainer's, a strategy's)
+        does nothing more. Under ``torch.no_grad`` or in ``eval()`` mode, the
+        forward alone (`evaluate`).
+
+        Under the Trainer, a step's gradients are those of the loss divided by the
+        batches accumulated: the Trainer sets `gradient_scale`.
+        """
+        if self.training and torch.is_grad_enabled():
+            loss = self.step(*args, target=target, **kwargs)
+            self._ran_backward.grad = None
+            return loss + self._ran_backward
+        return self.evaluate(*args, target=target, **kwargs)
 
     def step(
         self, *args: torch.Tensor, target: torch.Tensor | None = None, **kwargs: object
@@ -416,11 +457,87 @@ class Pipeline(nn.Module):
             return self._run("eval", args, target, kwargs)
 
 
+class WholePipeline(nn.Module):
+    """A module's pipeline where nothing splits it: the module whole, then the loss.
+
+    What ``Module.pipeline`` gives under a strategy without pipeline ranks (or with
+    ``pipeline_parallel_size=1``), so that one module runs everywhere: its
+    parameters, buffers and submodules are the network's own, under the same names
+    (a checkpoint of either loads into the other), and calling it gives the loss of
+    the network's output, to back-propagate as any loss.
+
+    Args:
+        network: The module the stages would be cut from.
+        loss_fn: The loss of the network's output and the target.
+    """
+
+    def __init__(self, network: nn.Module, loss_fn: LossFunction) -> None:
+        super().__init__()
+        # The network's own tables: the same names, and the same tensors.
+        self._modules = network._modules
+        self._parameters = network._parameters
+        self._buffers = network._buffers
+        object.__setattr__(self, "network", network)
+        self.loss_fn = loss_fn
+        self.gradient_scale = 1.0
+
+    network: nn.Module
+
+    @property
+    def parts(self) -> tuple[nn.Module, ...]:
+        """The one part: the network."""
+        return (self.network,)
+
+    @override
+    def forward(
+        self, *args: torch.Tensor, target: torch.Tensor | None = None, **kwargs: object
+    ) -> torch.Tensor:
+        """The loss of the network's output on ``args`` (and ``kwargs``) against ``target``."""
+        if target is None:
+            raise ConfigurationError(
+                "a pipeline computes the loss, and no target was given",
+                fix="pass target= (the same on every rank: only the last stage reads it)",
+            )
+        return self.loss_fn(self.network(*args, **kwargs), target)
+
+    @override
+    def train(self, mode: bool = True) -> WholePipeline:
+        self.network.training = mode
+        return super().train(mode)
+
+
 def stage_owner(schedule: str, stage: int, size: int) -> int:
     """The pipeline rank that holds ``stage`` under ``schedule`` with ``size`` ranks."""
     if schedule in _V_SHAPED:
         return stage if stage < size else 2 * size - 1 - stage
     return stage % size
+
+
+def check_declaration(
+    module: nn.Module,
+    *,
+    units: Sequence[str] | None,
+    stages: Sequence[Sequence[str]] | None,
+) -> None:
+    """Refuse a declaration of ``module``'s stages that no split could run.
+
+    Raises:
+        ConfigurationError: Neither or both of ``units`` and ``stages``; names that
+            are not submodules, a name given twice (or inside another), or parts of
+            the module that no name covers.
+    """
+    if (stages is None) == (units is None):
+        raise ConfigurationError(
+            "a pipeline is declared by its stages or by its units, one of the two",
+            value=(stages, units),
+            fix="pass units=[...] (submodules in forward order, split evenly) or "
+            "stages=[[...], ...] (one list of submodules per stage)",
+        )
+    if units is not None:
+        _check_stages(module, [[units] if isinstance(units, str) else list(units)])
+    else:
+        assert stages is not None
+        _check_stages(module, [[s] if isinstance(s, str) else list(s) for s in stages])
 
 
 def split_module(
@@ -441,13 +558,7 @@ def split_module(
             the module's parts.
     """
     num_stages = per_rank * size
-    if (stages is None) == (units is None):
-        raise ConfigurationError(
-            "a pipeline is declared by its stages or by its units, one of the two",
-            value=(stages, units),
-            fix="pass units=[...] (submodules in forward order, split evenly) or "
-            "stages=[[...], ...] (one list of submodules per stage)",
-        )
+    check_declaration(module, units=units, stages=stages)
     if stages is None:
         assert units is not None
         if isinstance(units, str):

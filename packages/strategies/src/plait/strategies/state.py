@@ -311,7 +311,7 @@ def _integer_keys(optimizer_state: Mapping[str, object]) -> StateDict:
 
 
 # The prefix activation checkpointing adds to a wrapped submodule's names.
-_WRAPPER_PREFIXES: Final = ("_checkpoint_wrapped_module.", "_orig_mod.")
+WRAPPER_PREFIXES: Final = ("_checkpoint_wrapped_module.", "_orig_mod.")
 
 
 def optimizer_parameter_names(
@@ -336,7 +336,7 @@ def parameter_names(module: torch.nn.Module, parameters: Sequence[torch.Tensor])
     ordered = []
     for parameter in parameters:
         name = names.get(id(parameter), "")
-        for prefix in _WRAPPER_PREFIXES:
+        for prefix in WRAPPER_PREFIXES:
             name = name.replace(prefix, "")
         ordered.append(name)
     return ordered

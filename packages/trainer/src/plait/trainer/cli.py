@@ -125,6 +125,19 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
         "(default: 1; an example whose attention takes it, such as decoder)",
     )
     parts.add_argument(
+        "--pipeline-parallel-size",
+        type=_at_least(1),
+        default=None,
+        help="with --strategy model_parallel: ranks the model's stages are spread over "
+        "(default: 1; an example that declares its stages, such as decoder)",
+    )
+    parts.add_argument(
+        "--pipeline-schedule",
+        default=None,
+        help="with --pipeline-parallel-size: torch's schedule (default: 1F1B; GPipe, "
+        "Interleaved1F1B, LoopedBFS, InterleavedZeroBubble, ZBVZeroBubble, DualPipeV)",
+    )
+    parts.add_argument(
         "--precision", default=None, help="32-true (default), bf16-mixed, 16-mixed, 64-true, ..."
     )
     output = parser.add_argument_group("output")
@@ -330,17 +343,30 @@ def _sbatch(arguments: argparse.Namespace) -> str:
 def _strategy(arguments: argparse.Namespace) -> str | Strategy:
     """The strategy's name, or the strategy made with the sizes given.
 
-    With ``--tensor-parallel-size`` or ``--context-parallel-size``, the strategy
+    With ``--tensor-parallel-size``, ``--context-parallel-size``,
+    ``--pipeline-parallel-size`` or ``--pipeline-schedule``, the strategy
     (``model_parallel``) is made with them.
 
     Raises:
-        ConfigurationError: A size given for a strategy that has no such ranks.
+        ConfigurationError: A size given for a strategy that has no such ranks, or
+            a schedule without a pipeline.
     """
-    sizes = {
-        name: size
-        for name in ("tensor_parallel_size", "context_parallel_size")
-        if (size := getattr(arguments, name, None)) is not None
-    }
+    names = (
+        "tensor_parallel_size",
+        "context_parallel_size",
+        "pipeline_parallel_size",
+        "pipeline_schedule",
+    )
+    sizes = {name: size for name in names if (size := getattr(arguments, name, None)) is not None}
+    if "pipeline_schedule" in sizes and sizes.get("pipeline_parallel_size", 1) == 1:
+        schedule = sizes["pipeline_schedule"]
+        raise ConfigurationError(
+            f"--pipeline-schedule {schedule} was given without a pipeline: "
+            "--pipeline-parallel-size is 1",
+            value=schedule,
+            fix=f"pass --pipeline-parallel-size 2 (say) with --pipeline-schedule {schedule}, "
+            "or drop --pipeline-schedule",
+        )
     if not sizes:
         return str(arguments.strategy)
     entry = StrategyRegistry.entry(arguments.strategy)  # an unknown name: did you mean
@@ -348,11 +374,10 @@ def _strategy(arguments: argparse.Namespace) -> str | Strategy:
     for name, size in sizes.items():
         if name not in accepted:
             flag = "--" + name.replace("_", "-")
-            what = (
-                "layer over tensor-parallel"
-                if name.startswith("tensor")
-                else ("sequence over context-parallel")
-            )
+            what = {
+                "tensor_parallel_size": "layer over tensor-parallel",
+                "context_parallel_size": "sequence over context-parallel",
+            }.get(name, "model's stages over pipeline")
             raise ConfigurationError(
                 f"{flag} {size} was given, and the strategy {arguments.strategy!r} splits "
                 f"no {what} ranks",

@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import inspect
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Final, Literal, TypeAlias
 
 import torch
 from typing_extensions import Self, override
 
-from plait.core import ConfigurationError, SupportsContextParallel, SupportsDeviceMesh
+from plait.core import (
+    ConfigurationError,
+    SupportsContextParallel,
+    SupportsDeviceMesh,
+    SupportsPipeline,
+)
 from plait.trainer.hparams import init_arguments, load_module, storable
 
 if TYPE_CHECKING:
@@ -296,6 +301,50 @@ class Module(torch.nn.Module):
         """
         strategy = self._context_parallel_strategy()
         return strategy.shard_sequence(tensor, dim) if strategy is not None else tensor
+
+    def pipeline(
+        self,
+        network: torch.nn.Module,
+        loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+        *,
+        units: Sequence[str] | None = None,
+        stages: Sequence[Sequence[str]] | None = None,
+    ) -> torch.nn.Module:
+        """``network`` as a pipeline: called with a batch and ``target=``, it gives the loss.
+
+        Under a strategy with pipeline ranks (``ModelParallelStrategy(
+        pipeline_parallel_size=N)``, `plait.core.SupportsPipeline`) this rank's stages
+        of ``network``, cut where ``units`` (its submodules' names in forward order,
+        split evenly) or ``stages`` (one list of names per stage) say, as a
+        `plait.strategies.pipeline.Pipeline`: its call runs the schedule's forward
+        and backward in training (the Trainer does not back-propagate again) and the
+        forward alone in validation, and returns the mean loss on every rank.
+        Anywhere else (another strategy, ``pipeline_parallel_size=1``, no trainer)
+        the network whole, as a `plait.strategies.pipeline.WholePipeline` under the
+        same parameter names: call it the same way.
+
+        Call it in `configure_model`, keeping the result where the network was
+        (``self.model = self.pipeline(self.model, loss_fn, units=...)``), then
+        parallelize each of its ``parts`` as you would the whole network; the
+        network's ``forward`` must skip a submodule that is ``None`` (another
+        stage's). Checkpoints keep the whole network's names either way.
+        """
+        from plait.strategies.pipeline import (  # noqa: PLC0415
+            Pipeline,
+            WholePipeline,
+            check_declaration,
+        )
+
+        if isinstance(network, Pipeline | WholePipeline):
+            return network  # a later run of the job: made already
+        trainer = self._trainer
+        strategy: object = trainer.strategy if trainer is not None else None
+        if isinstance(strategy, SupportsPipeline) and strategy.pipeline_parallel_size > 1:
+            return strategy.pipeline(network, loss_fn, units=units, stages=stages)
+        # Checked here too: a declaration that a pipeline would refuse is refused
+        # in one process, before it is run on many.
+        check_declaration(network, units=units, stages=stages)
+        return WholePipeline(network, loss_fn)
 
     def _context_parallel_strategy(self) -> SupportsContextParallel | None:
         trainer = self._trainer

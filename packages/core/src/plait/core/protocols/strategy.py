@@ -382,6 +382,34 @@ class SupportsContextParallel(Protocol):
 
 
 @runtime_checkable
+class SupportsPipeline(Protocol):
+    """A strategy that may spread a module's layers over pipeline ranks (``pp``).
+
+    `pipeline` cuts a module into stages (named by its submodules) and gives this
+    rank's, as a module whose call runs the pipeline schedule's forward and backward
+    and returns the loss on every rank. The Trainer's ``Module.pipeline`` calls it
+    where `pipeline_parallel_size` is more than 1, and keeps the module whole
+    otherwise.
+    """
+
+    @property
+    def pipeline_parallel_size(self) -> int:
+        """The ranks a module's stages are spread over (1: no pipeline)."""
+        ...
+
+    def pipeline(
+        self,
+        module: torch.nn.Module,
+        loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+        *,
+        units: Sequence[str] | None = None,
+        stages: Sequence[Sequence[str]] | None = None,
+    ) -> torch.nn.Module:
+        """This rank's stages of ``module``, declared by ``units`` or ``stages``."""
+        ...
+
+
+@runtime_checkable
 class SupportsProcessDataloader(Protocol):
     """A strategy that wraps the loaders it is fed from (a device loader, say)."""
 

@@ -11,21 +11,27 @@ Under ``ModelParallelStrategy`` the model parallelizes itself in `configure_mode
 tensor parallelism over ``tp`` (attention heads and the MLP's width), context
 parallelism over ``cp`` (every rank a slice of each sequence, attention through
 `plait.strategies.context_parallel.context_parallel_attention`), then FSDP over
-the strategy's ``data_parallel_mesh``. Under any other strategy it runs whole.
+the strategy's ``data_parallel_mesh``; with pipeline ranks (``pp``), cut into
+stages first (`Decoder.units`), each stage parallelized the same way. Under any
+other strategy it runs whole.
 """
 
 from __future__ import annotations
 
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 from typing_extensions import override
 
+from plait.core import ConfigurationError
 from plait.trainer.module import DataModule, Module
 
-__all__ = ["Decoder", "DecoderLM", "RepeatsData", "repeating_sequences"]
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
+
+__all__ = ["Decoder", "DecoderLM", "RepeatsData", "next_token_loss", "repeating_sequences"]
 
 VOCABULARY: Final = 32
 PERIOD: Final = 4
@@ -119,24 +125,49 @@ class Block(nn.Module):
 
 
 class Decoder(nn.Module):
-    """Token and position embeddings, `layers` blocks, a norm and the output head."""
+    """Token and position embeddings, `layers` blocks, a norm and the output head.
+
+    A pipeline stage holds some of them, the others ``None``: `forward` runs the
+    parts there are (`units` names them in the order it runs them).
+    """
 
     def __init__(self, dim: int = 64, heads: int = 4, layers: int = 2) -> None:
         super().__init__()
-        self.tokens = nn.Embedding(VOCABULARY, dim)
-        self.positions = nn.Embedding(LENGTH, dim)
+        self.tokens: nn.Module | None = nn.Embedding(VOCABULARY, dim)
+        self.positions: nn.Module | None = nn.Embedding(LENGTH, dim)
         self.blocks = nn.ModuleList(Block(dim, heads) for _ in range(layers))
-        self.norm = nn.LayerNorm(dim)
-        self.head = nn.Linear(dim, VOCABULARY)
+        self.norm: nn.Module | None = nn.LayerNorm(dim)
+        self.head: nn.Module | None = nn.Linear(dim, VOCABULARY)
+
+    def units(self) -> list[str]:
+        """The submodules in the order `forward` runs them: what pipeline stages cut."""
+        blocks = [f"blocks.{index}" for index in range(len(self.blocks))]
+        return ["tokens", "positions", *blocks, "norm", "head"]
 
     @override
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """Next-token scores of ``tokens`` at the global ``positions`` (one per token)."""
-        h = self.tokens(tokens) + self.positions(positions.to(tokens.device))
+        """Next-token scores of ``tokens`` at the global ``positions`` (one per token).
+
+        ``positions`` may be given per sample, ``(batch, tokens)`` (every row the
+        same), as a pipeline passes it to each stage; a stage that does not hold the
+        embeddings takes ``tokens`` as the hidden states of the stage before.
+        """
+        if positions.dim() == 2:
+            positions = positions[0]
+        h = self.tokens(tokens) if self.tokens is not None else tokens
+        if self.positions is not None:
+            h = h + self.positions(positions.to(tokens.device))
         for block in self.blocks:
-            h = block(h, positions)
-        logits: torch.Tensor = self.head(self.norm(h))
-        return logits
+            if block is not None:
+                h = block(h, positions)
+        if self.norm is not None:
+            h = self.norm(h)
+        return self.head(h) if self.head is not None else h
+
+
+def next_token_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy of every token's scores against the next token."""
+    return nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten())
 
 
 class DecoderLM(Module):
@@ -153,55 +184,46 @@ class DecoderLM(Module):
         super().__init__()
         self.save_hyperparameters()  # DecoderLM.load_from_checkpoint makes it again
         self.lr = lr
-        self.model = Decoder(dim, heads, layers)
+        self.model: nn.Module = Decoder(dim, heads, layers)  # a Pipeline once cut
+
+    @property
+    def pipelined(self) -> bool:
+        """Whether the model is cut into pipeline stages (the strategy has ``pp`` ranks)."""
+        from plait.strategies.pipeline import Pipeline  # noqa: PLC0415
+
+        return isinstance(self.model, Pipeline)
 
     @override
     def configure_model(self) -> None:
-        """Under ``ModelParallelStrategy``: split the heads and the MLPs, then shard.
+        """Under ``ModelParallelStrategy``: cut into stages, split the heads and MLPs, shard.
 
-        Tensor parallelism over ``tp`` (each rank its share of the heads and of the
-        MLP's width), the attention over this rank's ``cp`` group, then FSDP per
-        block and on the whole over the strategy's ``data_parallel_mesh``
-        (``dp_shard`` and ``cp`` together). Done once: a later run finds it done.
+        With pipeline ranks, the model is cut into stages (`Decoder.units`) and
+        each of this rank's is parallelized as the whole model would be: tensor
+        parallelism over ``tp`` (each rank its share of the heads and of the MLP's
+        width), the attention over this rank's ``cp`` group, then FSDP per block and
+        on the whole over the strategy's ``data_parallel_mesh`` (``dp_shard`` and
+        ``cp`` together). Done once: a later run finds it done.
         """
-        for block in self.model.blocks:
-            assert isinstance(block, Block)
-            block.attention.group = self.context_parallel_group  # None without cp
-        mesh = self.device_mesh
-        if mesh is None:
-            return  # no mesh: the strategy (DDP, FSDP, ...) takes the model whole
-        from plait.strategies.mesh import is_dtensor  # noqa: PLC0415 (only on a mesh)
         from plait.strategies.model_parallel import ModelParallelStrategy  # noqa: PLC0415
 
-        strategy = self.trainer.strategy
-        if not isinstance(strategy, ModelParallelStrategy):
-            return
-        data_parallel = strategy.data_parallel_mesh
+        strategy = self.trainer.strategy if self._trainer is not None else None
+        if isinstance(strategy, ModelParallelStrategy) and strategy.pipeline_parallel_size > 1:
+            units = self.model.units() if isinstance(self.model, Decoder) else []
+            self.model = self.pipeline(self.model, next_token_loss, units=units)
+        parts = getattr(self.model, "parts", None) or [self.model]
+        for part in parts:
+            for block in part.blocks:
+                if isinstance(block, Block):
+                    block.attention.group = self.context_parallel_group  # None without cp
+        mesh = self.device_mesh
+        if mesh is None or not isinstance(strategy, ModelParallelStrategy):
+            return  # no mesh: the strategy (DDP, FSDP, ...) takes the model whole
+        from plait.strategies.mesh import is_dtensor  # noqa: PLC0415 (only on a mesh)
 
         if any(is_dtensor(p) for p in self.model.parameters()):
             return
-        from torch.distributed.fsdp import fully_shard  # noqa: PLC0415
-
-        if mesh["tp"].size() > 1:
-            from torch.distributed.tensor.parallel import (  # noqa: PLC0415
-                ColwiseParallel,
-                RowwiseParallel,
-                parallelize_module,
-            )
-
-            plan = {
-                "attention.wq": ColwiseParallel(),
-                "attention.wk": ColwiseParallel(),
-                "attention.wv": ColwiseParallel(),
-                "attention.wo": RowwiseParallel(),
-                "up": ColwiseParallel(),
-                "down": RowwiseParallel(),
-            }
-            for block in self.model.blocks:
-                parallelize_module(block, mesh["tp"], plan)
-        for block in self.model.blocks:
-            fully_shard(block, mesh=data_parallel)
-        fully_shard(self.model, mesh=data_parallel)
+        for part in parts:
+            _parallelize(part, mesh, strategy.data_parallel_mesh)
 
     @override
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
@@ -209,22 +231,37 @@ class DecoderLM(Module):
         logits: torch.Tensor = self.model(tokens, self.sequence_positions(LENGTH))
         return logits
 
+    def _pipelined_loss(self, batch: object) -> torch.Tensor:
+        # The schedule runs the stages (forward and backward in training): the loss,
+        # on every rank; the scores stay on the last stage's rank.
+        assert isinstance(batch, list | tuple), "batches are (inputs, targets)"
+        inputs, targets = (self.shard_sequence(part) for part in batch)
+        positions = self.sequence_positions(LENGTH).expand(inputs.shape[0], -1)
+        loss: torch.Tensor = self.model(inputs, target=targets, positions=positions)
+        return loss
+
     def _loss_and_accuracy(self, batch: object) -> tuple[torch.Tensor, torch.Tensor]:
         assert isinstance(batch, list | tuple), "batches are (inputs, targets)"
         inputs, targets = (self.shard_sequence(part) for part in batch)
         logits = self(inputs)
-        loss = nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten())
+        loss = next_token_loss(logits, targets)
         accuracy = (logits.argmax(dim=-1) == targets).float().mean()
         return loss, accuracy
 
     @override
     def training_step(self, batch: object, batch_idx: int) -> torch.Tensor:
-        loss, _ = self._loss_and_accuracy(batch)
+        if self.pipelined:
+            loss = self._pipelined_loss(batch)
+        else:
+            loss, _ = self._loss_and_accuracy(batch)
         self.log("train_loss", loss, prog_bar=True)
         return loss
 
     @override
     def validation_step(self, batch: object, batch_idx: int) -> None:
+        if self.pipelined:  # no scores on most ranks: the loss alone
+            self.log("val_loss", self._pipelined_loss(batch), prog_bar=True, sync_dist=True)
+            return
         loss, accuracy = self._loss_and_accuracy(batch)
         self.log("val_loss", loss, sync_dist=True)
         self.log("val_acc", accuracy, prog_bar=True, sync_dist=True)
@@ -232,6 +269,13 @@ class DecoderLM(Module):
     @override
     def predict_step(self, batch: object, batch_idx: int) -> torch.Tensor:
         """The predicted next tokens: this rank's slice of each sequence under cp."""
+        if self.pipelined:
+            raise ConfigurationError(
+                "the decoder predicts whole: under a pipeline its scores are on the "
+                "last stage's rank only",
+                fix="predict in one process (plait predict --example decoder --ckpt-path "
+                "...), which reads the pipeline's checkpoint whole",
+            )
         tokens = batch[0] if isinstance(batch, list | tuple) else batch
         assert isinstance(tokens, torch.Tensor)
         predicted: torch.Tensor = self(self.shard_sequence(tokens)).argmax(dim=-1)
@@ -240,3 +284,42 @@ class DecoderLM(Module):
     @override
     def configure_optimizers(self) -> object:
         return torch.optim.AdamW(self.parameters(), lr=self.lr)
+
+
+def _parallelize(model: nn.Module, mesh: DeviceMesh, data_parallel: DeviceMesh) -> None:
+    # Tensor parallelism over tp (heads and the MLP's width), then FSDP per block and
+    # on the whole over the data-parallel mesh.
+    from torch.distributed.fsdp import fully_shard  # noqa: PLC0415
+
+    blocks = [block for block in getattr(model, "blocks", ()) if isinstance(block, Block)]
+    if mesh["tp"].size() > 1:
+        from torch.distributed.tensor.parallel import (  # noqa: PLC0415
+            ColwiseParallel,
+            RowwiseParallel,
+            parallelize_module,
+        )
+
+        plan = {
+            "attention.wq": ColwiseParallel(),
+            "attention.wk": ColwiseParallel(),
+            "attention.wv": ColwiseParallel(),
+            "attention.wo": RowwiseParallel(),
+            "up": ColwiseParallel(),
+            "down": RowwiseParallel(),
+        }
+        for block in blocks:
+            parallelize_module(block, mesh["tp"], plan)
+    # Under a pipeline the gathered parameters stay for the stage's microbatches.
+    stage = _cut(model)
+    for module in (*blocks, model):
+        if stage:
+            fully_shard(module, mesh=data_parallel, reshard_after_forward=False)
+        else:
+            fully_shard(module, mesh=data_parallel)
+
+
+def _cut(model: nn.Module) -> bool:
+    # Whether ``model`` is a pipeline stage's copy: some of its parts are None.
+    return any(part is None for part in model._modules.values()) or any(
+        block is None for block in getattr(model, "blocks", ())
+    )
