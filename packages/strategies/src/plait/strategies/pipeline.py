@@ -448,10 +448,10 @@ class Pipeline(nn.Module):
                 "stages are built for backward, and evaluating would fail on one rank "
                 "while the others wait for it",
                 value=self.schedule_name,
-                fix="train with a V-shaped schedule and evaluate through a pipeline of "
-                "the same model made with pipeline_schedule='1F1B' (or "
-                "'Interleaved1F1B'), loading the trained state into it; or train "
-                "with 'InterleavedZeroBubble'",
+                fix="evaluate from the trained checkpoint through a pipeline made with "
+                "pipeline_schedule='1F1B' or 'Interleaved1F1B' (plait validate "
+                "--pipeline-schedule 1F1B), or in one process without a pipeline; or "
+                "train with 'InterleavedZeroBubble', which evaluates",
             )
         with torch.no_grad():
             return self._run("eval", args, target, kwargs)
