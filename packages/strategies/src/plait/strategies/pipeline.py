@@ -450,7 +450,8 @@ class Pipeline(nn.Module):
                 value=self.schedule_name,
                 fix="evaluate from the trained checkpoint through a pipeline made with "
                 "pipeline_schedule='1F1B' or 'Interleaved1F1B' (plait validate "
-                "--pipeline-schedule 1F1B), or in one process without a pipeline; or "
+                "--pipeline-parallel-size N --pipeline-schedule 1F1B), or in one "
+                "process without a pipeline; or "
                 "train with 'InterleavedZeroBubble', which evaluates",
             )
         with torch.no_grad():
