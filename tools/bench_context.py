@@ -20,24 +20,22 @@ seconds per step of each side, a list over rounds, to ``--out``.
 from __future__ import annotations
 
 import argparse
-import gc
-import json
-import multiprocessing
-import os
-import time
+import functools
+import sys
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
+
+# Run as a script: the repository root holds the ``tools`` package its helper is in.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tools import two_ranks
 
 BATCH, HEADS, HEAD_DIM = 4, 8, 32
 
 
 def _rank(rank: int, port: int, args: argparse.Namespace) -> None:
-    os.environ.update({
-        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank),
-        "WORLD_SIZE": "2", "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": "2", "GROUP_RANK": "0",
-        "TORCHELASTIC_RUN_ID": "plait-bench", "PLAIT_CLUSTER_ENVIRONMENT": "torchelastic",
-    })  # fmt: skip
+    two_ranks.join_as(rank, port)
     import torch  # noqa: PLC0415
     import torch.distributed as dist  # noqa: PLC0415
     from torch.distributed.device_mesh import DeviceMesh  # noqa: PLC0415
@@ -98,23 +96,11 @@ def _rank(rank: int, port: int, args: argparse.Namespace) -> None:
     for mine, theirs in zip(step(plait), step(hand), strict=True):
         torch.testing.assert_close(mine, theirs, rtol=1e-5, atol=1e-5)
 
-    results: dict[str, list[float]] = {name: [] for name in sides}
-    gc.collect()
-    gc.disable()  # no collection inside a timing
-    for index in range(args.rounds + 1):
-        order = list(sides.items())
-        shift = index % len(order)  # each round, another side goes first
-        for name, side in [*order[shift:], *order[:shift]]:
-            dist.barrier(group=group)
-            start = time.perf_counter()
-            for _ in range(args.steps):
-                step(side)
-            seconds = (time.perf_counter() - start) / args.steps
-            if index:
-                results[name].append(seconds)
-    gc.enable()
-    if rank == 0:
-        Path(args.out).write_text(json.dumps(results), encoding="utf-8")
+    steps = {name: functools.partial(step, side) for name, side in sides.items()}
+    results = two_ranks.time_sides(
+        steps, rounds=args.rounds, steps=args.steps, barrier=lambda: dist.barrier(group=group)
+    )
+    two_ranks.write(rank, args.out, results)
     strategy.teardown()
 
 
@@ -128,18 +114,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.length % 4:
         parser.error(f"--length={args.length} must split into 4 chunks (2 ranks, load-balanced)")
-    from plait.core.network import free_port  # noqa: PLC0415
-
-    port = free_port()
-    context = multiprocessing.get_context("spawn")
-    ranks = [context.Process(target=_rank, args=(rank, port, args)) for rank in range(2)]
-    for process in ranks:
-        process.start()
-    for process in ranks:
-        process.join()
-    codes = [process.exitcode for process in ranks]
-    if any(codes):
-        raise SystemExit(f"the context-parallel ranks exited with {codes}")
+    two_ranks.start(_rank, args, "context-parallel")
 
 
 if __name__ == "__main__":

@@ -22,24 +22,21 @@ from __future__ import annotations
 
 import argparse
 import copy
-import gc
-import json
-import multiprocessing
-import os
-import time
+import sys
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
+
+# Run as a script: the repository root holds the ``tools`` package its helper is in.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tools import two_ranks
 
 WIDTH, DEPTH, BATCH, MICROBATCHES = 256, 8, 32, 4
 
 
 def _rank(rank: int, port: int, args: argparse.Namespace) -> None:  # noqa: PLR0915
-    os.environ.update({
-        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank),
-        "WORLD_SIZE": "2", "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": "2", "GROUP_RANK": "0",
-        "TORCHELASTIC_RUN_ID": "plait-bench", "PLAIT_CLUSTER_ENVIRONMENT": "torchelastic",
-    })  # fmt: skip
+    two_ranks.join_as(rank, port)
     import torch  # noqa: PLC0415
     import torch.distributed as dist  # noqa: PLC0415
     from torch import nn  # noqa: PLC0415
@@ -136,23 +133,10 @@ def _rank(rank: int, port: int, args: argparse.Namespace) -> None:  # noqa: PLR0
     if last:
         torch.testing.assert_close(mine, theirs, rtol=1e-5, atol=1e-6)
 
-    results: dict[str, list[float]] = {name: [] for name in sides}
-    gc.collect()
-    gc.disable()  # no collection inside a timing
-    for index in range(args.rounds + 1):
-        order = list(sides.items())
-        shift = index % len(order)  # each round, another side goes first
-        for name, side in [*order[shift:], *order[:shift]]:
-            dist.barrier(group=group)
-            start = time.perf_counter()
-            for _ in range(args.steps):
-                side()
-            seconds = (time.perf_counter() - start) / args.steps
-            if index:
-                results[name].append(seconds)
-    gc.enable()
-    if rank == 0:
-        Path(args.out).write_text(json.dumps(results), encoding="utf-8")
+    results = two_ranks.time_sides(
+        sides, rounds=args.rounds, steps=args.steps, barrier=lambda: dist.barrier(group=group)
+    )
+    two_ranks.write(rank, args.out, results)
     strategy.teardown()
 
 
@@ -164,18 +148,7 @@ def main() -> None:
     parser.add_argument("--schedule", default="1F1B", help="a torch schedule's name")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
-    from plait.core.network import free_port  # noqa: PLC0415
-
-    port = free_port()
-    context = multiprocessing.get_context("spawn")
-    ranks = [context.Process(target=_rank, args=(rank, port, args)) for rank in range(2)]
-    for process in ranks:
-        process.start()
-    for process in ranks:
-        process.join()
-    codes = [process.exitcode for process in ranks]
-    if any(codes):
-        raise SystemExit(f"the pipeline ranks exited with {codes}")
+    two_ranks.start(_rank, args, "pipeline")
 
 
 if __name__ == "__main__":
