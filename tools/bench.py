@@ -583,42 +583,38 @@ def bench_model_parallel(rounds: int, steps: int, width: int, scratch: Path) -> 
     return rows
 
 
-CONTEXT_TOOL: Final = Path(__file__).resolve().with_name("bench_context.py")
+TOOLS: Final = Path(__file__).resolve().parent
+
+
+def _plait_against_hand(
+    tool: str, section: str, measured: str, hand: str, *, rounds: int, steps: int, scratch: Path
+) -> list[Row]:
+    # A two-rank tool that times plait's side and the same work by hand, in turns.
+    out = scratch / f"{section}.json"
+    _checked_run(
+        [sys.executable, str(TOOLS / f"{tool}.py"), "--rounds", str(rounds),
+         "--steps", str(steps), "--out", str(out)],
+        tool,
+    )  # fmt: skip
+    figures: dict[str, list[float]] = json.loads(out.read_text(encoding="utf-8"))
+    return [Row(section, measured, "s", figures["plait"], figures["hand"], hand)]
 
 
 def bench_context_parallel(rounds: int, steps: int, scratch: Path) -> list[Row]:
     """Seconds per attention step over 2 context-parallel ranks, plait against by hand."""
-    out = scratch / "context-parallel.json"
-    _checked_run(
-        [sys.executable, str(CONTEXT_TOOL), "--rounds", str(rounds), "--steps", str(steps),
-         "--out", str(out)],
-        "bench_context",
+    return _plait_against_hand(
+        "bench_context", "context_parallel",
+        "causal attention step, cp=2: context_parallel_attention",
+        "the exchange by hand (DTensor)", rounds=rounds, steps=steps, scratch=scratch,
     )  # fmt: skip
-    figures: dict[str, list[float]] = json.loads(out.read_text(encoding="utf-8"))
-    hand = "the exchange by hand (DTensor)"
-    return [
-        Row("context_parallel", "causal attention step, cp=2: context_parallel_attention",
-            "s", figures["plait"], figures["hand"], hand),
-    ]  # fmt: skip
-
-
-PIPELINE_TOOL: Final = Path(__file__).resolve().with_name("bench_pipeline.py")
 
 
 def bench_pipeline(rounds: int, steps: int, scratch: Path) -> list[Row]:
     """Seconds per step of a two-stage pipeline, plait's against torch's built by hand."""
-    out = scratch / "pipeline.json"
-    _checked_run(
-        [sys.executable, str(PIPELINE_TOOL), "--rounds", str(rounds), "--steps", str(steps),
-         "--out", str(out)],
-        "bench_pipeline",
+    return _plait_against_hand(
+        "bench_pipeline", "pipeline", "training step, pp=2, 1F1B x 4 microbatches: Pipeline.step",
+        "torch's stage and schedule by hand", rounds=rounds, steps=steps, scratch=scratch,
     )  # fmt: skip
-    figures: dict[str, list[float]] = json.loads(out.read_text(encoding="utf-8"))
-    hand = "torch's stage and schedule by hand"
-    return [
-        Row("pipeline", "training step, pp=2, 1F1B x 4 microbatches: Pipeline.step",
-            "s", figures["plait"], figures["hand"], hand),
-    ]  # fmt: skip
 
 
 # Collectives, in two gloo ranks.
