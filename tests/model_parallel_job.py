@@ -337,6 +337,7 @@ def main() -> None:
         "pp-schedules": (pipeline_job.schedules, ()),
         "pp-broken": (pipeline_job.broken, ()),
         "pp-resume": (pipeline_job.resume, ()),
+        "pp-ddp": (pipeline_job.ddp, ()),
     })  # fmt: skip
     # After the forks: a process that computed with several threads first hands its
     # children an OpenMP pool that hangs them, and one that joined a process group

@@ -253,6 +253,31 @@ def resume(root: str) -> dict[str, object]:
     return {"losses": losses, "stages": list(pipeline.stages)}
 
 
+def ddp(root: str) -> dict[str, object]:
+    """The pp = 2 x dp = 2 checkpoint into plain DDP on 2 ranks: model and optimizer."""
+    from plait.strategies import DDPStrategy  # noqa: PLC0415
+
+    strategy = DDPStrategy(accelerator="cpu")
+    strategy.setup_environment()
+    torch.manual_seed(1)
+    model = Stack()
+    wrapped, [optimizer] = strategy.setup_module_and_optimizers(
+        model, [torch.optim.AdamW(model.parameters(), lr=0.01)]
+    )
+    state = {"model": wrapped, "optimizer": optimizer, "step": 0}
+    strategy.load_checkpoint(Path(root) / "pp-checkpoint", state)
+    losses: dict[str, float] = {}
+    for step in range(int(state["step"]), STEPS):  # type: ignore[call-overload]
+        x, y = samples(step)
+        loss = loss_fn(strategy.training_step(wrapped, _rows(strategy, x)), _rows(strategy, y))  # type: ignore[arg-type]
+        strategy.backward(loss, wrapped)
+        strategy.optimizer_step(optimizer)
+        strategy.zero_grad(optimizer)
+        losses[str(step)] = float(strategy.reduce(loss.detach()))
+    strategy.teardown()
+    return {"losses": losses}
+
+
 def whole(root: str, checkpoint: str = "pp-checkpoint") -> dict[str, object]:
     """A pipeline's checkpoint into the whole model, in one process, with no pipeline."""
     strategy = _strategy(data_parallel_size=1, tensor_parallel_size=1)

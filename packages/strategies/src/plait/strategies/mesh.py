@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 
     from plait.core.typing import Checkpoint, PathLike, StateDict
 
-__all__ = ["MeshStrategy", "is_dtensor"]
+__all__ = ["MeshStrategy", "NamedAsWhole", "is_dtensor", "names_parts_as_whole"]
 
 
 def is_dtensor(value: object) -> bool:
@@ -63,6 +63,11 @@ def _renaming(module: torch.nn.Module, *, inward: bool) -> dict[str, str]:
             for own, whole in submodule.whole_names().items():
                 names[f"{within}{own}"] = f"{within}{whole}"
     return {whole: own for own, whole in names.items()} if inward else names
+
+
+def names_parts_as_whole(module: torch.nn.Module) -> bool:
+    """Whether ``module`` holds parts keyed by another module's names (a pipeline's)."""
+    return any(isinstance(submodule, NamedAsWhole) for submodule in module.modules())
 
 
 def _unwrapped(prefix: str) -> str:

@@ -24,7 +24,7 @@ from typing_extensions import override
 from plait.core import ConfigurationError, ProcessLayout
 from plait.strategies import meta
 from plait.strategies.context_parallel import sequence_positions, shard_sequence
-from plait.strategies.mesh import MeshStrategy, is_dtensor
+from plait.strategies.mesh import MeshStrategy, is_dtensor, names_parts_as_whole
 from plait.strategies.parallel import DEFAULT_START_TIMEOUT, DEFAULT_TIMEOUT, process_group_options
 from plait.strategies.pipeline import schedule_name
 from plait.strategies.pipeline import stages_per_rank as stages_per_rank_of
@@ -32,6 +32,7 @@ from plait.strategies.self_launching import check_start_method
 
 if TYPE_CHECKING:
     from torch._C._distributed_c10d import Backend as C10dBackend
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
     from torch.distributed.device_mesh import DeviceMesh
 
     from plait.core import (
@@ -42,6 +43,7 @@ if TYPE_CHECKING:
         GradientClipAlgorithm,
         Precision,
     )
+    from plait.core.typing import StateDict
     from plait.strategies.collectives import DistributedCollectives
     from plait.strategies.pipeline import LossFunction, Pipeline
 
@@ -729,6 +731,35 @@ class ModelParallelStrategy(MeshStrategy):
             optimizer,
             "ModelParallelStrategy shards them: each rank would decide from its own shard",
         )
+
+    @override
+    def _optimizer_state(
+        self, module: torch.nn.Module, optimizer: torch.optim.Optimizer, options: StateDictOptions
+    ) -> StateDict:
+        """The optimizer's state; under a pipeline, its groups list every stage's parameters.
+
+        Each rank holds its stages' parameters: the names its groups list are
+        gathered over ``pp``, so that a checkpoint's groups are the whole model's
+        and load into an optimizer over the whole model (DDP's, one process's).
+        """
+        state = super()._optimizer_state(module, optimizer, options)
+        group = self.pipeline_group
+        if group is None or not names_parts_as_whole(module):
+            return state
+        groups = state.get("param_groups")
+        assert isinstance(groups, list)
+        mine = [list(entry["params"]) for entry in groups]
+        everyone: list[list[list[str]] | None] = [None] * self.mesh_shape.pipeline
+        dist.all_gather_object(everyone, mine, group=group)
+        return {
+            **state,
+            "param_groups": [
+                {**entry, "params": list(dict.fromkeys(
+                    name for ranks in everyone if ranks is not None for name in ranks[index]
+                ))}
+                for index, entry in enumerate(groups)
+            ],
+        }  # fmt: skip
 
     @override
     def clip_gradients(

@@ -392,11 +392,22 @@ def optimizer_state_keyed(
         **state,
         "state": {mapping.get(key, key): value for key, value in per_parameter.items()},
         "param_groups": [
-            {**group, "params": [mapping[key] for key in group.get("params", ())]}
+            {**group, "params": _in_order([mapping[key] for key in group.get("params", ())])}
             for group in groups
             if isinstance(group, Mapping)
         ],
     }
+
+
+def _in_order(keys: list[object]) -> list[object]:
+    # torch's loader pairs a group's saved parameters with the optimizer's by their
+    # order: positions go in the optimizer's order whatever order the names came in
+    # (a pipeline's stages list theirs stage by stage).
+    positions = [key for key in keys if isinstance(key, int)]
+    if len(positions) < len(keys):
+        return keys
+    ordered: list[object] = [*sorted(positions)]
+    return ordered
 
 
 def load_param_groups(optimizer: torch.optim.Optimizer, groups: object, source: object) -> None:
