@@ -288,6 +288,7 @@ def whole(root: str, checkpoint: str = "pp-checkpoint") -> dict[str, object]:
     )
     state = {"model": wrapped, "optimizer": optimizer, "step": 0}
     strategy.load_checkpoint(Path(root) / checkpoint, state)
+    loaded = {name: value.clone() for name, value in model.state_dict().items()}
     losses: dict[str, float] = {}
     for step in range(int(state["step"]), STEPS):  # type: ignore[call-overload]
         x, y = samples(step)
@@ -297,7 +298,16 @@ def whole(root: str, checkpoint: str = "pp-checkpoint") -> dict[str, object]:
         strategy.zero_grad(optimizer)
         losses[str(step)] = float(loss.detach())
     strategy.teardown()
-    return {"losses": losses}
+    # consolidate_checkpoint writes the whole model in one file: the tensors loaded.
+    from plait.strategies import consolidate_checkpoint  # noqa: PLC0415
+
+    whole_file = Path(root) / f"{checkpoint}.pt"
+    consolidate_checkpoint(Path(root) / checkpoint, whole_file)
+    consolidated = torch.load(whole_file, weights_only=True)["state_dict"]
+    same = consolidated.keys() == loaded.keys() and all(
+        torch.equal(consolidated[name], value) for name, value in loaded.items()
+    )
+    return {"losses": losses, "consolidated_whole": same}
 
 
 class DecoderBlock(nn.Module):

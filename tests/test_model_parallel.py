@@ -267,6 +267,9 @@ def test_pipelines_with_fsdp_or_tensor_parallelism_train_and_resume_in_other_lay
     assert_losses_close(_losses(runs["pp-resume"]), later, 1e-5)
     assert_losses_close(_losses(runs["pp-1x1"]), later, 1e-5)
     assert_losses_close(_losses(runs["pp-tp-1x1"]), later, 1e-5)
+    # consolidate_checkpoint gives the whole model: the tensors one process loaded.
+    assert runs["pp-1x1"]["consolidated_whole"] is True
+    assert runs["pp-tp-1x1"]["consolidated_whole"] is True
     # And into plain DDP on 2 ranks, whose optimizer takes the groups by position:
     # every stage's parameters are listed in the checkpoint's groups.
     assert_losses_close(_losses(runs["pp-ddp"]), later, 1e-5)
