@@ -994,9 +994,32 @@ def main(argv: list[str] | None = None) -> int:
     if placement.ranks < 1:
         parser.error("--accelerator cuda: this machine has no CUDA device; use --accelerator cpu")
 
-    scratch = args.json.resolve().parent
-    scratch.mkdir(parents=True, exist_ok=True)
-    quick = args.quick
+    report_dir = args.json.resolve().parent
+    report_dir.mkdir(parents=True, exist_ok=True)
+    # The sections' own figures go to a folder of their own, removed at the end: only
+    # the report stays beside where it was asked for.
+    with tempfile.TemporaryDirectory(prefix=".bench-", dir=report_dir) as temporary:
+        rows = _run_sections(sections, rounds, quick=args.quick, placement=placement,
+                             scratch=Path(temporary))  # fmt: skip
+    print_table(rows)
+    report = {
+        "machine": {
+            "python": platform.python_version(),
+            "cpus": os.cpu_count(),
+            "platform": platform.platform(),
+        },
+        "rounds": rounds,
+        "rows": [row.as_json() for row in rows],
+    }
+    args.json.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    print(f"\nwrote {args.json}")
+    return 0
+
+
+def _run_sections(
+    sections: list[str], rounds: int, *, quick: bool, placement: Placement, scratch: Path
+) -> list[Row]:
+    # Each section asked for, in the table's order; their files go under ``scratch``.
     runs: dict[str, Callable[[], list[Row]]] = {
         "imports": lambda: bench_imports(rounds),
         "cli": lambda: bench_cli(rounds, scratch),
@@ -1028,19 +1051,7 @@ def main(argv: list[str] | None = None) -> int:
     for name in SECTIONS:  # in the table's order, whatever order they were asked in
         if name in sections:
             rows += runs[name]()
-    print_table(rows)
-    report = {
-        "machine": {
-            "python": platform.python_version(),
-            "cpus": os.cpu_count(),
-            "platform": platform.platform(),
-        },
-        "rounds": rounds,
-        "rows": [row.as_json() for row in rows],
-    }
-    args.json.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
-    print(f"\nwrote {args.json}")
-    return 0
+    return rows
 
 
 if __name__ == "__main__":
