@@ -53,16 +53,16 @@ class NamedAsWhole(Protocol):
         ...
 
 
-def _renaming(module: torch.nn.Module, *, inward: bool) -> dict[str, str]:
-    # Names in the module to names in its state (outward), or back (inward): those of
-    # every submodule named as a whole (a pipeline's stages, wherever they sit).
+def _renaming(module: torch.nn.Module) -> dict[str, str]:
+    # Names in the module to names in its state: those of every submodule named as
+    # a whole (a pipeline's stages, wherever they sit).
     names: dict[str, str] = {}
     for prefix, submodule in module.named_modules():
         if isinstance(submodule, NamedAsWhole):
             within = _unwrapped(prefix)
             for own, whole in submodule.whole_names().items():
                 names[f"{within}{own}"] = f"{within}{whole}"
-    return {whole: own for own, whole in names.items()} if inward else names
+    return names
 
 
 def names_parts_as_whole(module: torch.nn.Module) -> bool:
@@ -257,13 +257,13 @@ class MeshStrategy(SelfLaunchingStrategy):
             # optimizer that never stepped is left, and saved, as it was.
             optimizer.state.clear()
             state = {**state, "state": {}}
-        return _renamed_optimizer(state, _renaming(module, inward=False))
+        return _renamed_optimizer(state, _renaming(module))
 
     def _module_state(self, module: torch.nn.Module, options: StateDictOptions) -> StateDict:
         from torch.distributed.checkpoint.state_dict import get_model_state_dict  # noqa: PLC0415
 
         state = get_model_state_dict(module, options=options)
-        return _renamed_model(state, _renaming(module, inward=False))
+        return _renamed_model(state, _renaming(module))
 
     @override
     def get_state_dict(
@@ -314,14 +314,14 @@ class MeshStrategy(SelfLaunchingStrategy):
         check_state_fits(live, module_state, source)
         full = not any(is_dtensor(value) for value in module_state.values())
         options = self._options(full=full)
-        inward = _renaming(module, inward=True)
+        outward = _renaming(module)
+        inward = {whole: own for own, whole in outward.items()}
         set_model_state_dict(module, _renamed_model(module_state, inward), options=options)
         if not optimizers:
             return
         saved = optimizer_states_of(state, len(optimizers), source)
         for optimizer, keyed in zip(optimizers, saved, strict=True):
             # Another strategy's (torch's) states are keyed by index; DCP's by name.
-            outward = _renaming(module, inward=False)
             names = [outward.get(n, n) for n in optimizer_parameter_names(module, optimizer)]
             optimizer_state = optimizer_state_keyed(keyed, names, by_name=True, source=source)
             if optimizer_state["state"]:
@@ -360,7 +360,7 @@ class MeshStrategy(SelfLaunchingStrategy):
         # state first (torch steps it with a learning rate of 0), to be overwritten.
         options = self._options(full=False)
         target: StateDict = {"state_dict": self._module_state(module, options)}
-        outward = _renaming(module, inward=False)
+        outward = _renaming(module)
         if self._optimizers and not weights_only:  # to go on training
             target["optimizer_states"] = [
                 _renamed_optimizer(

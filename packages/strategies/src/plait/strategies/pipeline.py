@@ -18,6 +18,7 @@ and `Pipeline.evaluate` (forward only).
 from __future__ import annotations
 
 import copy
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Final
 
@@ -199,7 +200,16 @@ def stage_module(module: nn.Module, drop: Sequence[str]) -> nn.Module:
     Names of parameters and buffers are the whole module's: the copy's state is a
     part of the whole one's.
     """
-    part = copy.deepcopy(module)
+    # The dropped submodules are not copied (a stage of a large model costs its own
+    # share, not the whole): the copy takes None for them, unless one is held under
+    # another name too, which keeps its copy there.
+    held = Counter(id(submodule) for _, submodule in module.named_modules(remove_duplicate=False))
+    skipped: dict[int, object] = {}
+    for name in drop:
+        submodule = module.get_submodule(name)
+        if held[id(submodule)] == 1:
+            skipped[id(submodule)] = None
+    part: nn.Module = copy.deepcopy(module, skipped)
     for name in drop:
         parent_name, _, leaf = name.rpartition(".")
         parent = part.get_submodule(parent_name) if parent_name else part
@@ -573,7 +583,6 @@ def split_module(
             value=len(stages),
             fix=f"declare {num_stages} stages, or pass units=[...] to split them evenly",
         )
-    _check_stages(module, stages)
     mine = stage_indices(schedule, rank, size, per_rank)
     everything = [name for stage in stages for name in stage]
     parts = [

@@ -223,7 +223,7 @@ class DecoderLM(Module):
         if any(is_dtensor(p) for p in self.model.parameters()):
             return
         for part in parts:
-            _parallelize(part, mesh, strategy.data_parallel_mesh)
+            _parallelize(part, mesh, strategy.data_parallel_mesh, stage=self.pipelined)
 
     @override
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
@@ -286,9 +286,11 @@ class DecoderLM(Module):
         return torch.optim.AdamW(self.parameters(), lr=self.lr)
 
 
-def _parallelize(model: nn.Module, mesh: DeviceMesh, data_parallel: DeviceMesh) -> None:
+def _parallelize(
+    model: nn.Module, mesh: DeviceMesh, data_parallel: DeviceMesh, *, stage: bool
+) -> None:
     # Tensor parallelism over tp (heads and the MLP's width), then FSDP per block and
-    # on the whole over the data-parallel mesh.
+    # on the whole over the data-parallel mesh; ``stage``: a pipeline stage's copy.
     from torch.distributed.fsdp import fully_shard  # noqa: PLC0415
 
     blocks = [block for block in getattr(model, "blocks", ()) if isinstance(block, Block)]
@@ -310,16 +312,8 @@ def _parallelize(model: nn.Module, mesh: DeviceMesh, data_parallel: DeviceMesh) 
         for block in blocks:
             parallelize_module(block, mesh["tp"], plan)
     # Under a pipeline the gathered parameters stay for the stage's microbatches.
-    stage = _cut(model)
     for module in (*blocks, model):
         if stage:
             fully_shard(module, mesh=data_parallel, reshard_after_forward=False)
         else:
             fully_shard(module, mesh=data_parallel)
-
-
-def _cut(model: nn.Module) -> bool:
-    # Whether ``model`` is a pipeline stage's copy: some of its parts are None.
-    return any(part is None for part in model._modules.values()) or any(
-        block is None for block in getattr(model, "blocks", ())
-    )
