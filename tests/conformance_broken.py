@@ -2,7 +2,7 @@
 
 The conformance suite must catch every one of them, naming the property broken
 (``test_conformance_catches.py``). Each is DDP with one collective changed the
-way a real implementation might get it wrong, or (the last two) a mesh strategy
+way a real implementation might get it wrong, or (the last three) a mesh strategy
 that reads the mesh's dimensions wrongly.
 """
 
@@ -22,6 +22,8 @@ from plait.strategies import DDPStrategy, ModelParallelStrategy
 from plait.strategies.collectives import DistributedCollectives
 
 if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
+
     from plait.core import Collectives
     from plait.core.typing import Group, ReduceOpLike
 
@@ -501,3 +503,41 @@ def reduces_over_the_world(mesh_shape: tuple[int, ...]) -> ModelParallelStrategy
 def reduces_over_the_wrong_dimension(mesh_shape: tuple[int, ...]) -> ModelParallelStrategy:
     """A mesh strategy that takes ``tp`` for ``dp_shard`` and ``dp_shard`` for ``tp``."""
     return _BrokenMesh(_over_the_other_dimension, mesh_shape)
+
+
+class _MeshOfSwappedGroups(ModelParallelStrategy):
+    """`ModelParallelStrategy` whose device mesh holds ``tp``'s groups as ``dp_shard``'s.
+
+    Its collectives run over the strategy's own groups, which are right; what takes
+    the mesh's groups (a pipeline's stages, FSDP, tensor parallelism) talks to the
+    wrong ranks.
+    """
+
+    _swapped: DeviceMesh | None = None
+
+    def __init__(self, mesh_shape: tuple[int, ...]) -> None:
+        data, tensor = mesh_shape
+        super().__init__(accelerator="cpu", data_parallel_size=data, tensor_parallel_size=tensor)
+
+    @property
+    @override
+    def device_mesh(self) -> DeviceMesh:
+        from torch.distributed.device_mesh import DeviceMesh  # noqa: PLC0415
+
+        mesh = super().device_mesh
+        if self._swapped is None:
+            names = mesh.mesh_dim_names
+            assert names is not None
+            swap = {"dp_shard": "tp", "tp": "dp_shard"}
+            self._swapped = DeviceMesh.from_group(
+                [mesh.get_group(swap.get(name, name)) for name in names],
+                mesh.device_type,
+                mesh=mesh.mesh,
+                mesh_dim_names=names,
+            )
+        return self._swapped
+
+
+def mesh_of_swapped_groups(mesh_shape: tuple[int, ...]) -> ModelParallelStrategy:
+    """A mesh strategy whose device mesh gives ``tp``'s group for ``dp_shard`` and back."""
+    return _MeshOfSwappedGroups(mesh_shape)

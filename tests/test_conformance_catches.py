@@ -289,3 +289,28 @@ def test_a_mesh_strategy_collecting_over_the_wrong_ranks_is_caught_in_every_run(
                     f"world_size={world_size}, backend='gloo', mesh={mesh}, "
                     f"dimension={dimension!r})"
                 ) in violation.snippet
+
+
+@pytest.mark.slow
+def test_a_mesh_whose_groups_are_not_its_coordinates_is_caught_by_point_to_point() -> None:
+    # Its collectives take the strategy's own groups, which are right, and pass; a
+    # pipeline's stages take the mesh's (dp_shard's is tp's), and would talk to the
+    # wrong ranks.
+    flaw = "mesh_of_swapped_groups"
+    with RankPool(f"{BROKEN}:{flaw}", world_size=4, mesh=(2, 2), deadline=10) as pool:
+        lane = pool.along("dp_shard")
+        assert prove(lane, BY_NAME["reduce_tensors"], max_examples=5, grid=False, seed=0) == 5
+        for seed in (0, 1):
+            with pytest.raises(ContractViolation) as caught:
+                prove(lane, BY_NAME["point_to_point"], max_examples=25, seed=seed)
+            violation = caught.value
+            assert violation.explicit, str(violation)
+            assert (
+                f"point_to_point failed for 'conformance_broken:{flaw}' (gloo, world size 4, "
+                "mesh 2x2, over 'dp_shard': groups [0, 2] and [1, 3]): rank 0 raised "
+                "ConfigurationError: device_mesh.get_group('dp_shard') holds the global ranks "
+                "[0, 1], but the mesh's coordinates put global rank 0 in the group [0, 2]"
+            ) in violation.headline
+        # Along tp the swapped mesh gives dp_shard's groups: caught there too.
+        with pytest.raises(ContractViolation, match=r"get_group\('tp'\) holds the global ranks"):
+            prove(pool.along("tp"), BY_NAME["point_to_point"], max_examples=25, seed=0)

@@ -20,7 +20,9 @@ from plait.conformance import (
     Call,
     ContractViolation,
     GroupCase,
+    Message,
     MismatchCase,
+    PointToPointCase,
     RankPool,
     ReduceCase,
     StrategyTarget,
@@ -462,3 +464,35 @@ def test_a_sub_group_failure_names_the_collectives_that_broke() -> None:
 
 def _ints_data(*values: int) -> TensorData:
     return _tensor(values, "int64")
+
+
+def test_a_point_to_point_failure_names_the_receiver_the_sender_and_the_order() -> None:
+    one = TensorSpec("float32", (2,), (1.5, -2.0))
+    two = TensorSpec("float32", (2,), (3.0, 4.0))
+    case = PointToPointCase((Message(0, 1, one), Message(0, 1, two), Message(1, 0, two)))
+    received = [describe_tensor(materialize(spec, torch.device("cpu"))) for spec in (one, two)]
+    whole = [Outcome(0, result=(received[1],)), Outcome(1, result=tuple(received))]
+    assert check(case, whole, ["cpu", "cpu"]) == []
+
+    crossed = [whole[0], Outcome(1, result=tuple(reversed(received)))]
+    problems = check(case, crossed, ["cpu", "cpu"])
+    assert problems == [
+        "rank 1: got [3.0, 4.0], expected [1.5, -2.0] (message 1 from rank 0, in the order sent)",
+        "rank 1: got [1.5, -2.0], expected [3.0, 4.0] (message 2 from rank 0, in the order sent)",
+    ]
+
+    lost = [Outcome(0, result=()), whole[1]]
+    assert check(case, lost, ["cpu", "cpu"]) == [
+        "rank 0: received (), not one tensor per message sent to it (1)"
+    ]
+    elsewhere = check(case, whole, ["cpu", "meta"])
+    assert elsewhere[0].startswith("rank 1: tensor on cpu, expected its root_device meta")
+    assert elsewhere[0].endswith("(message 1 from rank 0, in the order sent)")
+
+
+def test_a_message_goes_contiguous_to_another_rank() -> None:
+    spec = TensorSpec("float32", (2,), (1.0, 2.0))
+    with pytest.raises(ValueError, match="to another rank, not from 1 to itself"):
+        Message(1, 1, spec)
+    with pytest.raises(ValueError, match="contiguous, as a pipeline stage sends it"):
+        Message(0, 1, TensorSpec("float32", (2,), (1.0, 2.0), "strided"))

@@ -14,7 +14,16 @@ from collections.abc import Callable, Sequence
 import pytest
 import torch
 
-from plait.conformance import BroadcastCase, GroupCase, ReduceCase, TensorSpec, check, grid
+from plait.conformance import (
+    BroadcastCase,
+    GroupCase,
+    Message,
+    PointToPointCase,
+    ReduceCase,
+    TensorSpec,
+    check,
+    grid,
+)
 from plait.conformance.cases import (
     COMPLEX_DTYPES,
     FLOAT_DTYPES,
@@ -345,3 +354,105 @@ def test_the_audit_covers_every_dtype_the_grid_holds() -> None:
     held = {*INT_DTYPES, *FLOAT_DTYPES, *COMPLEX_DTYPES} - {"complex64"}
     # complex64 has no narrower complex dtype to slip to.
     assert audited == held
+
+
+Transport = Callable[[int, Message, Sequence[Message]], torch.Tensor]
+"""What a rank receives: ``(rank, a message to it, every message of the case) -> tensor``."""
+
+
+def _delivered(case: PointToPointCase, world_size: int, transport: Transport) -> list[Outcome]:
+    return [
+        Outcome(
+            rank,
+            result=tuple(
+                describe_tensor(transport(rank, message, case.messages))
+                for message in case.messages
+                if message.dst == rank
+            ),
+        )
+        for rank in range(world_size)
+    ]
+
+
+def _p2p_caught(world_size: int, transport: Transport) -> list[PointToPointCase]:
+    cases = [case for case in grid.point_to_point(world_size) if isinstance(case, PointToPointCase)]
+    return [
+        case
+        for case in cases
+        if check(case, _delivered(case, world_size, transport), ["cpu"] * world_size)
+    ]
+
+
+def _whole(rank: int, message: Message, messages: Sequence[Message]) -> torch.Tensor:
+    del rank, messages
+    return materialize(message.tensor, _CPU)
+
+
+def _from_the_first_sender(
+    rank: int, message: Message, messages: Sequence[Message]
+) -> torch.Tensor:
+    # Receives match any sender: each takes the first message posted to it of its shape.
+    first = next(
+        other
+        for other in messages
+        if other.dst == rank
+        and other.tensor.shape == message.tensor.shape
+        and other.tensor.dtype == message.tensor.dtype
+    )
+    return materialize(first.tensor, _CPU)
+
+
+def _last_posted_first(rank: int, message: Message, messages: Sequence[Message]) -> torch.Tensor:
+    # Messages between one pair cross: each receive gets another one's tensor.
+    same = [other for other in messages if other.dst == rank and other.src == message.src]
+    return materialize(same[len(same) - 1 - same.index(message)].tensor, _CPU)
+
+
+@pytest.mark.parametrize("world_size", WORLD_SIZES)
+def test_whole_messages_pass_every_point_to_point_example_of_the_grid(world_size: int) -> None:
+    assert _p2p_caught(world_size, _whole) == []
+    assert bool(grid.point_to_point(world_size)) == (world_size > 1)
+
+
+@pytest.mark.parametrize("world_size", WORLD_SIZES[2:])
+def test_a_receive_that_takes_any_sender_shows_where_one_rank_hears_from_several(
+    world_size: int,
+) -> None:
+    # Every rank sending to every other: each hears from two ranks or more.
+    assert _p2p_caught(world_size, _from_the_first_sender)
+
+
+@pytest.mark.parametrize("world_size", WORLD_SIZES[1:])
+def test_two_messages_between_one_pair_delivered_out_of_order_show(world_size: int) -> None:
+    caught = _p2p_caught(world_size, _last_posted_first)
+    # Among them the messages alike in dtype and shape: a transport that matches by
+    # size alone crosses them too.
+    assert any(
+        len({(m.tensor.dtype, m.tensor.shape) for m in case.messages}) == 1 for case in caught
+    )
+
+
+@pytest.mark.parametrize("world_size", WORLD_SIZES[1:])
+@pytest.mark.parametrize(
+    ("dtype", "carrier"),
+    [
+        (dtype, carrier)
+        for carriers_of in (_INT_CARRIERS, _FLOAT_CARRIERS)
+        for dtype, carriers in carriers_of.items()
+        for carrier in carriers
+        if (dtype, carrier) not in _REINTERPRETED
+    ],
+)
+def test_a_message_moved_through_a_narrower_dtype_shows_for_every_dtype(
+    world_size: int, dtype: str, carrier: str
+) -> None:
+    def through(rank: int, message: Message, messages: Sequence[Message]) -> torch.Tensor:
+        del rank, messages
+        sent = materialize(message.tensor, _CPU)
+        return (
+            sent.to(getattr(torch, carrier)).to(sent.dtype)
+            if message.tensor.dtype == dtype
+            else sent
+        )
+
+    assert _p2p_caught(world_size, through), f"{dtype} through {carrier} passes"

@@ -60,7 +60,7 @@ def test_every_case_type_of_the_contract_and_the_kit_has_a_kind_and_its_properti
         for value in vars(case_values).values()
         if isinstance(value, type) and value.__name__.endswith("Case")
     ]
-    assert len(collective) == 10  # nine of the contract's and the training kit's
+    assert len(collective) == 11  # ten of the contract's and the training kit's
     assert all(case_type in EXAMPLE_KINDS for case_type in collective)
     registered = [prop.name for prop in EXAMPLE_KINDS.properties()]
     for prop in (*PROPERTIES, *TRAINING_PROPERTIES):

@@ -37,10 +37,12 @@ __all__ = [
     "DecisionCase",
     "GroupCase",
     "Kind",
+    "Message",
     "MismatchCase",
     "ModelName",
     "Number",
     "OptimizerName",
+    "PointToPointCase",
     "ReduceCase",
     "SchedulerName",
     "StateValue",
@@ -235,6 +237,34 @@ class MismatchCase:
     """The ranks make calls that do not match: every rank must raise, none may hang."""
 
     calls: tuple[Call, ...]
+
+
+@attrs.frozen
+class Message:
+    """A tensor the rank at place ``src`` sends to the rank at place ``dst``."""
+
+    src: int
+    dst: int
+    tensor: TensorSpec
+
+    def __attrs_post_init__(self) -> None:
+        if self.src == self.dst:
+            raise ValueError(f"a message goes to another rank, not from {self.src} to itself")
+        if self.tensor.layout != "contiguous":
+            raise ValueError("a message's tensor is contiguous, as a pipeline stage sends it")
+
+
+@attrs.frozen
+class PointToPointCase:
+    """Each rank posts its sends and receives of ``messages`` at once, in their order.
+
+    As a pipeline schedule passes activations and gradients between stages: every
+    rank makes one ``torch.distributed.batch_isend_irecv`` over its group, an
+    ``isend`` of each message it is ``src`` of and an ``irecv`` of each it is
+    ``dst`` of, in the order of ``messages``, then waits for them all.
+    """
+
+    messages: tuple[Message, ...]
 
 
 @attrs.frozen

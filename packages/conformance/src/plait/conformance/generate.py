@@ -12,6 +12,7 @@ import functools
 import math
 from typing import Final
 
+import attrs
 import torch
 from hypothesis import strategies as st
 
@@ -29,8 +30,10 @@ from plait.conformance.cases import (
     Call,
     DecisionCase,
     GroupCase,
+    Message,
     MismatchCase,
     Number,
+    PointToPointCase,
     ReduceCase,
     TensorSpec,
     Value,
@@ -52,6 +55,7 @@ __all__ = [
     "int_bounds",
     "mismatch_cases",
     "objects",
+    "point_to_point_cases",
     "reduce_cases",
     "rounded",
     "shapes",
@@ -235,6 +239,32 @@ def broadcast_cases(draw: st.DrawFn, world_size: int) -> BroadcastCase:
 @functools.cache
 def _broadcast_values() -> st.SearchStrategy[object]:
     return _any_tensor() | objects()
+
+
+@st.composite
+def point_to_point_cases(draw: st.DrawFn, world_size: int) -> PointToPointCase:
+    """A pipeline's traffic, posted in any order, each message of any dtype and shape.
+
+    Each place sends to the next (activations, stage to stage), so every rank sends
+    or receives; then up to four more messages between any two places (gradients
+    back, the last stage's to the first in a looped schedule, several between one
+    pair).
+    """
+    places = st.integers(0, world_size - 1)
+    chain = [(place, place + 1) for place in range(world_size - 1)]
+    more = draw(
+        st.lists(st.tuples(places, places).filter(lambda pair: pair[0] != pair[1]), max_size=4),
+        label="more",
+    )
+    pairs = draw(st.permutations([*chain, *more]), label="order")
+    return PointToPointCase(
+        tuple(Message(src, dst, draw(_contiguous_tensor())) for src, dst in pairs)
+    )
+
+
+@st.composite
+def _contiguous_tensor(draw: st.DrawFn) -> TensorSpec:
+    return attrs.evolve(draw(_any_tensor()), layout="contiguous")
 
 
 @st.composite

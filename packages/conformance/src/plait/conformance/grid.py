@@ -34,6 +34,8 @@ import math
 from collections.abc import Sequence
 from typing import Final
 
+import attrs
+
 from plait.conformance.cases import (
     COMPLEX_DTYPES,
     DTYPES,
@@ -49,8 +51,10 @@ from plait.conformance.cases import (
     Case,
     DecisionCase,
     GroupCase,
+    Message,
     MismatchCase,
     Number,
+    PointToPointCase,
     ReduceCase,
     TensorSpec,
     Value,
@@ -73,6 +77,7 @@ __all__ = [
     "broadcast",
     "decisions",
     "mismatch",
+    "point_to_point",
     "reduce_numbers",
     "reduce_tensors",
     "sub_groups",
@@ -331,6 +336,54 @@ def all_gather(world_size: int) -> list[Case]:
         AllGatherCase(_per_rank("float32", None, world_size, shape, layout))
         for shape, layout in _LAYOUTS
     ]
+    return cases
+
+
+def _sent(
+    pairs: Sequence[tuple[int, int]], dtype: str, world_size: int, shape: tuple[int, ...] = (2,)
+) -> list[Message]:
+    # Each sender's values are its own, so a message from another rank shows.
+    return [Message(src, dst, _spec(dtype, None, world_size, src, shape)) for src, dst in pairs]
+
+
+def point_to_point(world_size: int) -> list[Case]:
+    """A pipeline's traffic: forward, back, around, every dtype, empty and scalar, all pairs.
+
+    The chain (each place to the next) is every schedule's forward; gradients go back
+    along it; a looped schedule's last stage sends to the first. Two messages between
+    one pair (of other shapes, then alike but for their values) go in the order they
+    were posted; every rank sending to every other shows a message delivered from or
+    to the wrong rank.
+    """
+    if world_size < 2:  # a message goes between two ranks
+        return []
+    chain = [(place, place + 1) for place in range(world_size - 1)]
+    back = [(dst, src) for src, dst in chain]
+    cases: list[Case] = [
+        PointToPointCase(tuple(_sent(chain, "float32", world_size))),
+        PointToPointCase(
+            tuple(
+                _sent(chain, "float32", world_size, (2, 3))
+                + _sent(back, "float64", world_size, (3,))
+            )
+        ),
+        PointToPointCase(tuple(_sent([*chain, (world_size - 1, 0)], "bfloat16", world_size, (4,)))),
+    ]
+    cases += [PointToPointCase(tuple(_sent(chain, dtype, world_size))) for dtype in DTYPES]
+    cases.append(
+        PointToPointCase(
+            tuple(_sent(chain, "int64", world_size, (0,)) + _sent(chain, "int64", world_size, ()))
+        )
+    )
+    # Twice between each pair, alike but for the values: only the order tells them apart.
+    first = _sent(chain, "float32", world_size, (3,))
+    second = [
+        Message(m.src, m.dst, attrs.evolve(m.tensor, values=tuple(-2 * v for v in m.tensor.values)))
+        for m in first
+    ]
+    cases.append(PointToPointCase((*first, *second)))
+    every = [(src, dst) for src in range(world_size) for dst in range(world_size) if src != dst]
+    cases.append(PointToPointCase(tuple(_sent(every, "float32", world_size))))
     return cases
 
 

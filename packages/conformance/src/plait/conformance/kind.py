@@ -74,6 +74,9 @@ class Property:
             `plait.conformance.grid`).
         over_groups: Whether it also runs over a mesh dimension's groups (a
             collective without a ``group`` cannot).
+        over_job: Whether the suite runs it over the whole job; ``False``: only
+            along a mesh's dimensions, over groups the strategy builds (a lane
+            without a mesh skips it).
         draws: Instead of ``cases``, the examples for a world size and what the
             strategy declares about training (the training properties).
         slower: How many times the pool's deadline an example may take.
@@ -87,6 +90,7 @@ class Property:
     max_examples: int | None = attrs.field(default=None, repr=False)
     grid: Callable[[int], Sequence[Case]] = attrs.field(default=lambda _world_size: (), repr=False)
     over_groups: bool = attrs.field(default=True, repr=False)
+    over_job: bool = attrs.field(default=True, repr=False)
     draws: Callable[[int, TrainingSemantics], SearchStrategy[Case]] | None = attrs.field(
         default=None, repr=False
     )

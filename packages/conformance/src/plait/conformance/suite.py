@@ -33,7 +33,8 @@ On each mesh every property runs over the whole job, then over each dimension th
 mesh names: every group along it runs the example at once, its ranks numbered by
 their place in the group (``src`` and the rows of ``all_gather``: the global rank at
 that place), each group judged on its own. ``reduce_boolean_decision`` takes no
-group, so it runs over the whole job only.
+group, so it runs over the whole job only; ``point_to_point`` (the messages a
+pipeline's stages pass, over the groups the mesh holds) runs along the dimensions only.
 """
 
 from __future__ import annotations
@@ -93,6 +94,8 @@ class Suite:
         lane: Lane = request.getfixturevalue("plait_lane")
         if lane.world_size < prop.min_world_size:
             pytest.skip(f"{name} needs {prop.min_world_size} ranks or more")
+        if not prop.over_job and not lane.target.mesh:
+            pytest.skip(f"{name} runs along a mesh's dimensions: this lane has no mesh")
         training = prop.draws is not None
         if training:
             self._training_lane(lane)
@@ -102,7 +105,7 @@ class Suite:
         seed: int = request.getfixturevalue("plait_seed")
         started = time.perf_counter()
         # Over the whole job; on a mesh, then over each dimension's groups.
-        lanes: list[RankPool | MeshDimension] = [pool]
+        lanes: list[RankPool | MeshDimension] = [pool] if prop.over_job else []
         if prop.over_groups:
             lanes += [pool.along(dimension) for dimension in pool.dimensions]
         count = 0
@@ -133,7 +136,11 @@ class Suite:
         over = None
         if pool.dimensions:
             dimensions = ", ".join(repr(dimension) for dimension in pool.dimensions)
-            over = f"the job, {dimensions}" if prop.over_groups else "the job"
+            over = (
+                ("the job, " if prop.over_job else "") + dimensions
+                if prop.over_groups
+                else "the job"
+            )
         record(request.node, examples=count, seconds=time.perf_counter() - started, over=over)
 
     def _examples(self, request: pytest.FixtureRequest, *, training: bool) -> int:
@@ -218,6 +225,11 @@ class ConformanceSuite(Suite):
         """barrier(timeout=...): raises, naming the rank that never came."""
         __tracebackhide__ = _only_violations
         self.prove_property("barrier_timeout", request)
+
+    def test_point_to_point(self, plait_lane: Lane, request: pytest.FixtureRequest) -> None:
+        """Point-to-point along each mesh dimension: a pipeline's messages arrive whole."""
+        __tracebackhide__ = _only_violations
+        self.prove_property("point_to_point", request)
 
     def test_mismatch(self, plait_lane: Lane, request: pytest.FixtureRequest) -> None:
         """Mismatched calls: every rank raises CollectiveMismatchError, none hangs."""

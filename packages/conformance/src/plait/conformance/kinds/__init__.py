@@ -20,6 +20,7 @@ from plait.conformance.kinds.collective import CollectiveKind
 from plait.conformance.kinds.decision import DECISION, DecisionKind
 from plait.conformance.kinds.groups import SUB_GROUPS, GroupKind
 from plait.conformance.kinds.mismatch import MISMATCH, MismatchKind
+from plait.conformance.kinds.point_to_point import POINT_TO_POINT, PointToPointKind
 from plait.conformance.kinds.reduce import REDUCE_NUMBERS, REDUCE_TENSORS, ReduceKind
 
 __all__ = [
@@ -33,6 +34,7 @@ __all__ = [
     "DecisionKind",
     "GroupKind",
     "MismatchKind",
+    "PointToPointKind",
     "ReduceKind",
 ]
 
@@ -45,6 +47,7 @@ PROPERTIES: Final = (
     DECISION,
     BARRIER,
     BARRIER_TIMEOUT,
+    POINT_TO_POINT,
     MISMATCH,
     BAD_ARGUMENTS,
 )
