@@ -61,6 +61,21 @@ def test_saves_run_in_order_and_load_sees_the_last(tmp_path: Path) -> None:
     io.teardown()
 
 
+def test_it_saves_again_after_teardown_as_a_trainer_run_after_another_needs(
+    tmp_path: Path,
+) -> None:
+    io = AsyncCheckpointIO()
+    io.save_checkpoint({"step": 1}, tmp_path / "a.pt")
+    io.teardown()
+    io.teardown()  # twice, as a strategy torn down again: nothing left to finish
+
+    io.save_checkpoint({"step": 2}, tmp_path / "b.pt")
+    assert io.load_checkpoint(tmp_path / "a.pt") == {"step": 1}
+    assert io.load_checkpoint(tmp_path / "b.pt") == {"step": 2}
+    io.teardown()
+    assert not [t for t in threading.enumerate() if t.name.startswith("plait-checkpoint")]
+
+
 def test_a_failed_background_save_surfaces_on_the_next_call(tmp_path: Path) -> None:
     inner = FailingIO()
     io = AsyncCheckpointIO(inner)

@@ -6,8 +6,11 @@ import csv
 import io
 import os
 import pickle
-from collections.abc import Iterable, Iterator
+import threading
+import warnings
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 import torch
@@ -15,6 +18,7 @@ from rich.console import Console
 from torch.utils.data import DataLoader, TensorDataset
 from typing_extensions import override
 
+from plait.checkpoint_io import AsyncCheckpointIO, TorchCheckpointIO
 from plait.core import (
     CheckpointError,
     ConfigurationError,
@@ -36,6 +40,9 @@ from plait.trainer import (
     Trainer,
 )
 from plait.trainer.checkpointing import newest_checkpoint
+
+if TYPE_CHECKING:
+    from plait.core.typing import PathLike
 
 
 def _xy(batch: object) -> tuple[torch.Tensor, torch.Tensor]:
@@ -912,3 +919,84 @@ def test_the_trainer_calls_the_strategys_lifecycle_hooks_on_every_run(tmp_path: 
         "test_start", "test_end", "teardown",
         "predict_start", "predict_end", "teardown",
     ]  # fmt: skip
+
+
+class _HeldIO(TorchCheckpointIO):
+    """Writes a save only once someone waits for it: a background write that lags."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = threading.Event()
+
+    @override
+    def save_checkpoint(self, checkpoint: Mapping[str, object], path: PathLike) -> None:
+        assert self.gate.wait(timeout=60), "nobody waited for the save"
+        super().save_checkpoint(checkpoint, path)
+
+
+class _LaggingAsyncIO(AsyncCheckpointIO):
+    """`AsyncCheckpointIO` whose saves land only when it is waited on."""
+
+    def __init__(self) -> None:
+        self.held = _HeldIO()
+        super().__init__(self.held)
+
+    @override
+    def wait(self) -> None:
+        self.held.gate.set()
+        try:
+            super().wait()
+        finally:
+            self.held.gate.clear()
+
+
+def test_model_checkpoint_removes_what_it_supersedes_while_saves_lag_in_the_background(
+    tmp_path: Path,
+) -> None:
+    checkpoint = ModelCheckpoint(tmp_path / "ckpt", save_top_k=1)
+    trainer = _trainer(tmp_path, max_epochs=3, callbacks=[checkpoint], plugins=[_LaggingAsyncIO()])
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "was to be removed, and is already gone"
+        trainer.fit(Regressor(), _loader(n=16), _loader(n=16, shuffle=False))
+
+    assert sorted(os.listdir(tmp_path / "ckpt")) == ["epoch=2-step=6.ckpt", "last.ckpt"]
+    assert list(checkpoint.best_k_models) == [str(tmp_path / "ckpt" / "epoch=2-step=6.ckpt")]
+
+
+def test_a_background_checkpoint_io_saves_in_a_fit_after_a_validate(tmp_path: Path) -> None:
+    # A Trainer tears its strategy (and its checkpoint IO) down after each run: the
+    # same IO must save in the next run, and in another Trainer's.
+    io = AsyncCheckpointIO()
+    folder = tmp_path / "ckpt"
+    trainer = _trainer(
+        tmp_path,
+        max_epochs=2,
+        callbacks=[ModelCheckpoint(folder, save_top_k=-1)],
+        plugins=[io],
+    )
+    model = Regressor()
+
+    trainer.validate(model, _loader(n=16, shuffle=False))
+    trainer.fit(model, _loader(n=16), _loader(n=16, shuffle=False))
+    trainer.validate(model, _loader(n=16, shuffle=False))
+    again = _trainer(
+        tmp_path,
+        max_epochs=3,
+        callbacks=[ModelCheckpoint(folder, save_top_k=-1)],
+        plugins=[io],
+    )
+    again.fit(
+        model,
+        _loader(n=16),
+        _loader(n=16, shuffle=False),
+        ckpt_path=str(folder / "epoch=1-step=4.ckpt"),
+    )
+
+    assert sorted(os.listdir(folder)) == [
+        "epoch=0-step=2.ckpt",
+        "epoch=1-step=4.ckpt",
+        "epoch=2-step=6.ckpt",
+        "last.ckpt",
+    ]
+    assert torch.load(folder / "epoch=2-step=6.ckpt", weights_only=True)["global_step"] == 6

@@ -85,7 +85,9 @@ class AsyncCheckpointIO:
     A save that fails in the background is never lost: its error is raised, as a
     `CheckpointError`, by the next call (save, load, remove, `wait`) or at teardown.
     Loading and removing wait for pending saves first, so they see every save made
-    before them.
+    before them. `teardown` finishes every save and stops the thread; a save after it
+    starts a new one (a Trainer tears its strategy down after each ``validate`` or
+    ``fit``, and the next one saves again).
 
     With ``keep_buffers``, the CPU copies of a snapshot are kept once its save is
     written, and the next snapshot copies into them: its call returns in a third of
@@ -104,7 +106,7 @@ class AsyncCheckpointIO:
         self.checkpoint_io: CheckpointIO = checkpoint_io or TorchCheckpointIO()
         self.keep_buffers = keep_buffers
         self._buffers: StagingBuffers | None = None
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="plait-checkpoint")
+        self._executor: ThreadPoolExecutor | None = None
         self._pending: list[tuple[str, Future[None]]] = []
 
     @property
@@ -129,6 +131,10 @@ class AsyncCheckpointIO:
             buffers.start()
         copied = snapshot(checkpoint, buffers)
         assert isinstance(copied, dict)
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(
+                max_workers=1, thread_name_prefix="plait-checkpoint"
+            )
         future = self._executor.submit(self.checkpoint_io.save_checkpoint, copied, path)
         self._pending.append((os.fspath(path), future))
 
@@ -155,13 +161,17 @@ class AsyncCheckpointIO:
     def teardown(self) -> None:
         """Finish every pending save, stop the thread, and tear down the wrapped IO.
 
+        The IO stays usable: the next save starts a thread again.
+
         Raises:
             CheckpointError: A background save failed.
         """
         try:
             self.wait()
         finally:
-            self._executor.shutdown(wait=True)
+            executor, self._executor = self._executor, None
+            if executor is not None:
+                executor.shutdown(wait=True)
             self.checkpoint_io.teardown()
 
     def _raise_failures(self, *, block: bool) -> None:

@@ -11,6 +11,7 @@ from typing_extensions import override
 
 from plait.core import (
     ConfigurationError,
+    SupportsAsyncCheckpoint,
     SupportsCopyCheckpoint,
     SupportsPartialCleanup,
     is_collective,
@@ -263,6 +264,11 @@ class ModelCheckpoint(Callback):
     @staticmethod
     def _remove(trainer: Trainer, path: str) -> None:
         fs_path = path if "://" in path else os.path.abspath(path)
+        checkpoint_io = trainer.strategy.checkpoint_io
+        if isinstance(checkpoint_io, SupportsAsyncCheckpoint):
+            # A save still in the background is not on disk yet: it is not gone.
+            # (Removing waits for it anyway.)
+            checkpoint_io.wait()
         if "://" not in fs_path and not os.path.exists(fs_path):
             # Removed by hand, or by a run that went on from an earlier checkpoint:
             # nothing is lost, so training goes on.
