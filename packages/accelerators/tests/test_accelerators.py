@@ -8,6 +8,7 @@ from plait.accelerators import (
     CPUAccelerator,
     CUDAAccelerator,
     MPSAccelerator,
+    TPUAccelerator,
     XLAAccelerator,
     auto_accelerator,
     available_accelerators,
@@ -50,6 +51,11 @@ def test_names_build_their_accelerator(name: str, kind: type) -> None:
 
     assert type(accelerator) is kind
     assert isinstance(accelerator, Accelerator)
+
+
+def test_lightnings_older_name_of_the_xla_accelerator_is_the_same_class() -> None:
+    assert TPUAccelerator is XLAAccelerator
+    assert type(AcceleratorRegistry.get("tpu")) is TPUAccelerator
 
 
 def test_the_cpu_runs_n_processes_on_the_cpu() -> None:

@@ -1,4 +1,6 @@
 import logging
+import sys
+import types
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -9,6 +11,7 @@ import torch.distributed as dist
 from plait.core import (
     ConfigurationError,
     get_global_rank,
+    publish_rank,
     rank_zero_debug,
     rank_zero_info,
     rank_zero_only,
@@ -115,3 +118,38 @@ def test_rank_zero_warn_points_at_the_caller(monkeypatch: pytest.MonkeyPatch) ->
     assert [str(w.message) for w in caught] == ["careful"]
     assert caught[0].category is DeprecationWarning
     assert caught[0].filename == __file__
+
+
+class _RankZeroOnly:
+    """A stand-in for lightning_utilities' ``rank_zero_only``: it keeps a ``rank``."""
+
+    rank: int | None = None
+
+
+def _lightning_utilities_switch(monkeypatch: pytest.MonkeyPatch) -> _RankZeroOnly:
+    """The stand-in, loaded as lightning_utilities' module."""
+    module = types.ModuleType("lightning_utilities.core.rank_zero")
+    switch = _RankZeroOnly()
+    module.rank_zero_only = switch  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    return switch
+
+
+def test_the_rank_is_given_to_lightning_utilities_where_a_project_loaded_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    switch = _lightning_utilities_switch(monkeypatch)
+    monkeypatch.setenv("RANK", "3")
+
+    publish_rank()
+    assert switch.rank == 3
+    publish_rank(1)
+    assert switch.rank == 1
+
+
+def test_publishing_the_rank_never_imports_lightning_utilities(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delitem(sys.modules, "lightning_utilities.core.rank_zero", raising=False)
+    publish_rank(0)
+    assert "lightning_utilities.core.rank_zero" not in sys.modules

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+import types
 from collections.abc import Iterator
 from pathlib import Path
 from typing import cast
@@ -23,6 +24,7 @@ from plait.core import (
 from plait.environments import LocalEnvironment
 from plait.precision import MixedPrecision
 from plait.strategies import DDPStrategy
+from plait.strategies.base import BaseStrategy
 from plait.trainer import ModelCheckpoint, Module, Trainer, connect
 from plait.trainer.torch_flags import CUBLAS_WORKSPACE, TorchFlags
 
@@ -485,3 +487,28 @@ def test_gradient_clip_val_zero_means_no_clipping_as_in_lightning(tmp_path: Path
     assert trainer.gradient_clip_val is None
     with pytest.raises(ConfigurationError, match="gradient_clip_val=-1"):
         Trainer(accelerator="cpu", gradient_clip_val=-1, logger=False)
+
+
+class _RankZeroOnly:
+    """A stand-in for lightning_utilities' ``rank_zero_only``: it keeps a ``rank``."""
+
+    rank: int | None = None
+
+
+def test_a_trainer_and_its_strategy_set_lightning_utilities_rank_as_lightning_does(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # torchmetrics and many projects' loggers call lightning_utilities' rank_zero_only,
+    # which raises until its rank is set.
+    module = types.ModuleType("lightning_utilities.core.rank_zero")
+    switch = _RankZeroOnly()
+    module.rank_zero_only = switch  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+
+    Trainer(accelerator="cpu", logger=False, enable_progress_bar=False)
+    assert switch.rank == 0
+    # A rank's strategy says its own rank as it sets its process up (the part of
+    # set-up every strategy runs, before a parallel one joins its group).
+    monkeypatch.setattr(DDPStrategy, "global_rank", property(lambda self: 1))
+    BaseStrategy.setup_environment(DDPStrategy(accelerator="cpu"))
+    assert switch.rank == 1

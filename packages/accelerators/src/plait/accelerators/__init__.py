@@ -3,6 +3,7 @@
 CPU, CUDA, MPS and XLA devices, each meeting the `plait.core.Accelerator` protocol,
 registered in `plait.core.AcceleratorRegistry` as ``cpu``, ``cuda`` (alias ``gpu``),
 ``mps``, ``xla`` (alias ``tpu``) and ``auto`` (the best available).
+`TPUAccelerator`, the XLA accelerator's older name in Lightning, is `XLAAccelerator`.
 """
 
 from plait.accelerators.auto import auto_accelerator, available_accelerators
@@ -13,11 +14,15 @@ from plait.accelerators.devices import parse_device_spec
 from plait.accelerators.mps import MPSAccelerator
 from plait.accelerators.xla import XLAAccelerator
 
+TPUAccelerator = XLAAccelerator
+"""Lightning's older name of `XLAAccelerator`: the same class."""
+
 __all__ = [
     "CPUAccelerator",
     "CUDAAccelerator",
     "DeviceAccelerator",
     "MPSAccelerator",
+    "TPUAccelerator",
     "XLAAccelerator",
     "auto_accelerator",
     "available_accelerators",

@@ -71,6 +71,7 @@ from plait.core.protocols import (
 )
 from plait.core.rank import (
     get_global_rank,
+    publish_rank,
     rank_zero_debug,
     rank_zero_info,
     rank_zero_only,
@@ -177,6 +178,7 @@ __all__ = [
     "is_method_environment",
     "is_module_available",
     "listening_socket",
+    "publish_rank",
     "rank_zero_debug",
     "rank_zero_info",
     "rank_zero_only",

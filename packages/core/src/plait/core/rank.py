@@ -20,6 +20,7 @@ from plait.core.errors import ConfigurationError
 __all__ = [
     "RANK_ENV_VARS",
     "get_global_rank",
+    "publish_rank",
     "rank_zero_debug",
     "rank_zero_info",
     "rank_zero_only",
@@ -73,6 +74,33 @@ def get_global_rank(environ: Mapping[str, str] | None = None) -> int:
             )
         return rank
     return 0
+
+
+_RANK_ZERO_SWITCHES: Final = ("lightning_utilities.core.rank_zero",)
+"""Modules whose ``rank_zero_only`` keeps a rank of its own (``rank_zero_only.rank``).
+
+lightning_utilities' raises ``The `rank_zero_only.rank` needs to be set before use``
+until someone sets it; torchmetrics, and many projects' loggers, call it.
+"""
+
+
+def publish_rank(rank: int | None = None) -> None:
+    """Give ``rank`` to the libraries that keep a rank-zero switch of their own.
+
+    lightning_utilities' ``rank_zero_only`` (which torchmetrics and projects written
+    for Lightning call) reads ``rank_zero_only.rank``, which Lightning sets and plait
+    sets here: where the module is loaded, never importing it. plait calls it when
+    ``plait.trainer`` is imported, when a Trainer is made, and when a strategy sets
+    up its process (with the rank it runs as).
+
+    Args:
+        rank: This process's global rank; by default `get_global_rank`'s.
+    """
+    for name in _RANK_ZERO_SWITCHES:
+        module = sys.modules.get(name)
+        switch = getattr(module, "rank_zero_only", None)
+        if switch is not None:
+            switch.rank = get_global_rank() if rank is None else rank
 
 
 @overload

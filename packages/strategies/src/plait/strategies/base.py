@@ -20,6 +20,7 @@ from plait.core import (
     GradientClipAlgorithm,
     Precision,
     ProcessLayout,
+    publish_rank,
 )
 from plait.strategies.checkpoints import Checkpoints
 from plait.strategies.data import DistributedLoader, setup_dataloader
@@ -213,7 +214,12 @@ class BaseStrategy(Lifecycle, Remakeable, abc.ABC):
     # Set-up.
 
     def setup_environment(self) -> None:
-        """Make this process's device current (parallel strategies also join the group)."""
+        """Make this process's device current (parallel strategies also join the group).
+
+        It also gives this process's rank to libraries that keep one of their own
+        (`plait.core.publish_rank`).
+        """
+        publish_rank(self.global_rank)
         self.accelerator.setup_device(self.root_device)
 
     def model_to_device(self, module: torch.nn.Module) -> torch.nn.Module:

@@ -7,6 +7,7 @@
 `TensorBoardLogger`, `MLFlowLogger`). ``plait fit --example digits`` runs the bundled example.
 """
 
+from plait.core import publish_rank
 from plait.trainer.callbacks import (
     Callback,
     EarlyStopping,
@@ -21,6 +22,8 @@ from plait.trainer.module import DataModule, Module
 from plait.trainer.optim import SchedulerConfig
 from plait.trainer.stopping import TrainingStopped
 from plait.trainer.trainer import Trainer
+
+publish_rank()  # lightning_utilities' rank_zero_only, where a project loaded it first
 
 __all__ = [
     "CSVLogger",

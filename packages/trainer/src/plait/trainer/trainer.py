@@ -19,6 +19,7 @@ from plait.core import (
     GradientClipAlgorithm,
     Precision,
     Strategy,
+    publish_rank,
     rank_zero_info,
 )
 from plait.trainer.attach import Attached, Run, attach, restore
@@ -211,6 +212,7 @@ class Trainer:
         stop_signals: Literal["auto"] | Sequence[str | int] = "auto",
         stop_timeout: float | timedelta | None = STOP_TIMEOUT,
     ) -> None:
+        publish_rank()  # lightning_utilities' rank_zero_only, where a project loaded it
         self.limits = Limits.resolve(
             max_epochs=max_epochs,
             max_steps=max_steps,
