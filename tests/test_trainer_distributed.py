@@ -65,6 +65,12 @@ def test_fit_on_two_ranks_syncs_metrics_without_truncating_and_every_launcher_ru
         if strategy == "ddp":  # rank 1 runs the script too
             expected["job-1.json"] = [2, 1, 1]
         assert jobs == expected
+        # A test after the fit adds its row below the fit's rows, in the same file.
+        logged = result["logged"]
+        assert isinstance(logged, list)
+        assert any("train_seen" in row for row in logged[:-1]), logged
+        assert any("val_seen" in row for row in logged[:-1]), logged
+        assert any("test_loss" in row for row in logged[-1:]), logged
         # Each rank profiled its own steps.
         for rank in (0, 1):
             report = (root / "profiles" / f"fit-rank{rank}-simple.txt").read_text()

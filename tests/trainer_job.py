@@ -537,15 +537,24 @@ def _losses(log_dir: str) -> list[float]:
 def _fit(
     arguments: argparse.Namespace, train: DataLoader[object], val: DataLoader[object]
 ) -> dict[str, object]:
-    trainer = _trainer(arguments, max_epochs=2, profiler="simple")
-    model = Toy()
+    logger = CSVLogger(arguments.root, name="logs")
+    trainer = _trainer(arguments, max_epochs=2, profiler="simple", logger=logger)
+    model = GoesOn()  # Toy, with a test step
     trainer.fit(model, train, val)
+    metrics = dict(trainer.callback_metrics)
     # Every process that ran fit (or waited for it) says which job it was part of.
     job = [trainer.world_size, trainer.num_nodes, trainer.global_rank]
     Path(arguments.root, f"job-{os.environ.get('RANK', '0')}.json").write_text(json.dumps(job))
     weights = {k: v.flatten().tolist() for k, v in model.state_dict().items()}
-    return {"metrics": trainer.callback_metrics, "global_step": trainer.global_step,
-            "weights": weights}  # fmt: skip
+    # What a user does next: test, whose rows go below the fit's in the same file.
+    trainer.test(model, val)
+    logged = None
+    if trainer.is_global_zero:  # the rank that writes the file
+        with open(os.path.join(logger.log_dir, CSVLogger.FILE_NAME)) as file:
+            logged = [sorted(name for name, value in row.items() if value and name != "step")
+                      for row in csv.DictReader(file)]  # fmt: skip
+    return {"metrics": metrics, "global_step": trainer.global_step,
+            "weights": weights, "logged": logged}  # fmt: skip
 
 
 def _same_steps(

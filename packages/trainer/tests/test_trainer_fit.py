@@ -558,6 +558,37 @@ def test_csv_and_tensorboard_loggers_record_the_metrics(tmp_path: Path) -> None:
     assert [event.step for event in accumulator.Scalars("val_loss")] == [8, 16]
 
 
+def test_a_test_after_a_fit_adds_its_rows_below_the_fits_from_another_copy_of_the_logger(
+    tmp_path: Path,
+) -> None:
+    # Spawned ranks (ddp_spawn), or a relaunched rank 0, log through a copy of the
+    # logger that holds none of the fit's rows: it must continue the file.
+    logger = CSVLogger(tmp_path)
+    assert logger.log_dir.endswith("version_0")
+    copy = pickle.loads(pickle.dumps(logger))
+    model = Regressor()
+    _trainer(tmp_path, max_epochs=2, logger=logger, log_every_n_steps=2).fit(
+        model, _loader(), _loader(shuffle=False)
+    )
+    with open(logger.path) as file:
+        fitted = list(csv.DictReader(file))
+
+    _trainer(tmp_path, logger=copy).test(model, _loader(shuffle=False))
+
+    with open(logger.path) as file:
+        reader = csv.DictReader(file)
+        rows = list(reader)
+        columns = reader.fieldnames or []
+    assert [row["step"] for row in rows[: len(fitted)]] == [row["step"] for row in fitted]
+    assert [row["train_loss_step"] for row in rows[: len(fitted)]] == [
+        row["train_loss_step"] for row in fitted
+    ]
+    assert len(rows) == len(fitted) + 1
+    assert rows[-1]["test_loss"]
+    assert not rows[-1]["train_loss_step"]
+    assert {"train_loss_step", "val_loss", "test_loss"} <= set(columns)
+
+
 @pytest.mark.parametrize("kind", [CSVLogger, TensorBoardLogger])
 def test_a_logger_sent_to_spawned_ranks_names_the_directory_they_write(
     tmp_path: Path, kind: type[CSVLogger | TensorBoardLogger]

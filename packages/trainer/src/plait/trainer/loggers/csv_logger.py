@@ -25,6 +25,10 @@ class CSVLogger(VersionedDirectory):
     step (epoch values at the step where the epoch ended). Settings go to
     ``hparams.json`` beside it.
 
+    A file already there is continued, never replaced: a ``test`` after a ``fit``
+    adds its rows below the fit's, also where the rows are written by another
+    process's copy of the logger than the fit's (spawned ranks, a relaunched rank 0).
+
     Args:
         save_dir: The root directory.
         name: The experiment's directory under it.
@@ -42,6 +46,7 @@ class CSVLogger(VersionedDirectory):
         super().__init__(save_dir, name, version)
         self._columns: list[str] = ["step"]
         self._rows: list[dict[str, object]] = []
+        self._read = False
 
     @property
     def path(self) -> str:
@@ -50,6 +55,8 @@ class CSVLogger(VersionedDirectory):
 
     def log_metrics(self, metrics: Mapping[str, Number], step: int) -> None:
         """Add a row (rewriting the file when a new metric adds a column)."""
+        if not self._read:
+            self._read_existing()
         row: dict[str, object] = {"step": step, **metrics}
         self._rows.append(row)
         new = [name for name in metrics if name not in self._columns]
@@ -63,6 +70,18 @@ class CSVLogger(VersionedDirectory):
             return
         with open(self.path, "a", newline="") as file:
             csv.DictWriter(file, fieldnames=self._columns).writerow(row)
+
+    def _read_existing(self) -> None:
+        """Take in the rows of a file this copy of the logger did not write."""
+        self._read = True
+        if self._rows or not os.path.isfile(self.path):
+            return
+        with open(self.path, newline="") as file:
+            reader = csv.DictReader(file)
+            rows: list[dict[str, object]] = [dict(row) for row in reader]
+            columns = list(reader.fieldnames or ())
+        self._columns = [*columns, *(name for name in self._columns if name not in columns)]
+        self._rows = rows
 
     def log_hyperparams(self, params: Mapping[str, object]) -> None:
         """Write ``hparams.json`` (values that JSON cannot hold are written as text)."""
