@@ -162,6 +162,29 @@ def test_every_manual_step_tells_the_callbacks_before_it_steps(tmp_path: Path) -
     assert seen == expected
 
 
+def test_manual_backward_calls_the_backward_hooks_around_each_pass(tmp_path: Path) -> None:
+    seen: list[str] = []
+
+    class Recorded(TwoParts):
+        @override
+        def on_before_backward(self, loss: torch.Tensor) -> None:
+            seen.append(f"before {loss.requires_grad}")
+
+        @override
+        def on_after_backward(self) -> None:
+            seen.append(f"after {self.head.weight.grad is not None}")
+
+        @override
+        def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+            seen.append("step")
+
+    _trainer(tmp_path, max_epochs=1, limit_train_batches=2).fit(Recorded(), _loader())
+
+    # Each batch: the head's pass and step, then the encoder's pass (a step every second).
+    first = ["before True", "after True", "step", "before True", "after True"]
+    assert seen == [*first, *first, "step"]
+
+
 def test_a_stepping_inside_toggle_model_without_sync_is_refused(tmp_path: Path) -> None:
     class StepsTooEarly(TwoParts):
         @override

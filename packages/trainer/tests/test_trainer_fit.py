@@ -8,7 +8,7 @@ import os
 import pickle
 import threading
 import warnings
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -1031,3 +1031,96 @@ def test_a_background_checkpoint_io_saves_in_a_fit_after_a_validate(tmp_path: Pa
         "last.ckpt",
     ]
     assert torch.load(folder / "epoch=2-step=6.ckpt", weights_only=True)["global_step"] == 6
+
+
+_HOOKS = (
+    "on_fit_start", "on_train_start", "on_train_epoch_start", "on_train_batch_start",
+    "on_before_backward", "on_after_backward", "on_before_optimizer_step",
+    "on_train_batch_end", "on_train_epoch_end", "on_train_end", "on_fit_end",
+    "on_validation_start", "on_validation_epoch_start", "on_validation_epoch_end",
+    "on_validation_end", "on_test_start", "on_test_epoch_start", "on_test_epoch_end",
+    "on_test_end", "on_predict_start", "on_predict_end",
+)  # fmt: skip
+"""Every hook of the module that Lightning code overrides, as Lightning names them."""
+
+
+class _Hooked(Regressor):
+    """Records each hook the Trainer calls on the module, with the optimizer's step."""
+
+    def __init__(self) -> None:
+        super().__init__(dropout=0.0)
+        self.called: list[str] = []
+        for name in _HOOKS:
+            setattr(self, name, self._recorder(name))
+
+    def _recorder(self, name: str) -> Callable[..., None]:
+        def record(*args: object) -> None:
+            if name == "on_before_backward":
+                loss = args[0]
+                assert isinstance(loss, torch.Tensor)
+                assert loss.requires_grad
+            if name == "on_after_backward":
+                assert all(p.grad is not None for p in self.parameters())
+            self.called.append(name)
+
+        return record
+
+
+class _RecordingCallback(Callback):
+    def __init__(self) -> None:
+        self.called: list[str] = []
+
+    @override
+    def on_train_start(self, trainer: Trainer, module: Module) -> None:
+        self.called.append("on_train_start")
+
+    @override
+    def on_train_end(self, trainer: Trainer, module: Module) -> None:
+        self.called.append("on_train_end")
+
+    @override
+    def on_before_backward(self, trainer: Trainer, module: Module, loss: torch.Tensor) -> None:
+        self.called.append("on_before_backward")
+
+    @override
+    def on_after_backward(self, trainer: Trainer, module: Module) -> None:
+        self.called.append("on_after_backward")
+
+
+def test_the_module_and_callback_hooks_lightning_code_overrides_are_called_in_order(
+    tmp_path: Path,
+) -> None:
+    model = _Hooked()
+    callback = _RecordingCallback()
+    trainer = _trainer(
+        tmp_path,
+        max_epochs=1,
+        limit_train_batches=2,
+        limit_val_batches=1,
+        num_sanity_val_steps=0,
+        callbacks=[callback],
+    )
+
+    trainer.fit(model, _loader(), _loader(shuffle=False))
+    batch = [
+        "on_train_batch_start", "on_before_backward", "on_after_backward",
+        "on_before_optimizer_step", "on_train_batch_end",
+    ]  # fmt: skip
+    assert model.called == [
+        "on_fit_start", "on_train_start", "on_train_epoch_start", *batch, *batch,
+        "on_validation_start", "on_validation_epoch_start", "on_validation_epoch_end",
+        "on_validation_end", "on_train_epoch_end", "on_train_end", "on_fit_end",
+    ]  # fmt: skip
+    assert callback.called == [
+        "on_train_start",
+        *["on_before_backward", "on_after_backward"] * 2,
+        "on_train_end",
+    ]
+
+    model.called.clear()
+    trainer.test(model, _loader(n=8, shuffle=False))
+    trainer.predict(model, _loader(n=8, shuffle=False))
+    assert model.called == [
+        "on_test_start", "on_test_epoch_start", "on_test_epoch_end", "on_test_end",
+        "on_predict_start", "on_predict_end",
+    ]  # fmt: skip

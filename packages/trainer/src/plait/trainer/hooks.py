@@ -96,8 +96,13 @@ class Hooks:
         self._batch_start = _doing(callbacks, "on_train_batch_start")
         self._batch_end = _doing(callbacks, "on_train_batch_end")
         self._before_optimizer_step = _doing(callbacks, "on_before_optimizer_step")
+        self._before_backward = _doing(callbacks, "on_before_backward")
+        self._after_backward = _doing(callbacks, "on_after_backward")
         self._module_batch_start = _does(module, "on_train_batch_start")
         self._module_batch_end = _does(module, "on_train_batch_end")
+        self._module_before_optimizer_step = _does(module, "on_before_optimizer_step")
+        self._module_before_backward = _does(module, "on_before_backward")
+        self._module_after_backward = _does(module, "on_after_backward")
 
     # A run.
 
@@ -158,10 +163,16 @@ class Hooks:
         """The training loop starts (after the sanity check)."""
         if self.strategy is not None:
             self.strategy.on_train_start()
+        self.module.on_train_start()
+        for callback in self.callbacks:
+            callback.on_train_start(self.trainer, self.module)
 
     @_profiled
     def on_train_end(self) -> None:
         """The training loop reached its end (not when it failed or was stopped)."""
+        self.module.on_train_end()
+        for callback in self.callbacks:
+            callback.on_train_end(self.trainer, self.module)
         if self.strategy is not None:
             self.strategy.on_train_end()
 
@@ -202,11 +213,31 @@ class Hooks:
             module.on_train_batch_end(output, batch, batch_idx)
 
     @_profiled
+    def on_before_backward(self, loss: torch.Tensor) -> None:
+        """A backward pass of ``loss`` is about to run."""
+        trainer, module = self.trainer, self.module
+        for callback in self._before_backward:
+            callback.on_before_backward(trainer, module, loss)
+        if self._module_before_backward:
+            module.on_before_backward(loss)
+
+    @_profiled
+    def on_after_backward(self) -> None:
+        """A backward pass ran (gradients not yet clipped)."""
+        trainer, module = self.trainer, self.module
+        for callback in self._after_backward:
+            callback.on_after_backward(trainer, module)
+        if self._module_after_backward:
+            module.on_after_backward()
+
+    @_profiled
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
         """An optimizer is about to step (gradients are final and clipped)."""
         trainer, module = self.trainer, self.module
         for callback in self._before_optimizer_step:
             callback.on_before_optimizer_step(trainer, module, optimizer)
+        if self._module_before_optimizer_step:
+            module.on_before_optimizer_step(optimizer)
 
     # Evaluation and prediction.
 
@@ -217,10 +248,11 @@ class Hooks:
         strategy = self.strategy
         if strategy is not None:
             (strategy.on_validation_start if validating else strategy.on_test_start)()
+        module = self.module
+        (module.on_validation_start if validating else module.on_test_start)()
         for callback in self.callbacks:
             hook = callback.on_validation_start if validating else callback.on_test_start
             hook(self.trainer, self.module)
-        module = self.module
         (module.on_validation_epoch_start if validating else module.on_test_epoch_start)()
 
     def on_evaluation_batch_end(
@@ -242,7 +274,9 @@ class Hooks:
 
     @_profiled
     def on_evaluation_end(self, stage: Stage) -> None:
-        """A validation or test loop ended: the callbacks, once its values are published."""
+        """A validation or test loop ended: the module and callbacks, its values published."""
+        module = self.module
+        (module.on_validation_end if stage == "validate" else module.on_test_end)()
         for callback in self.callbacks:
             hook = callback.on_validation_end if stage == "validate" else callback.on_test_end
             hook(self.trainer, self.module)
@@ -255,6 +289,7 @@ class Hooks:
         """Prediction starts."""
         if self.strategy is not None:
             self.strategy.on_predict_start()
+        self.module.on_predict_start()
         for callback in self.callbacks:
             callback.on_predict_start(self.trainer, self.module)
 
@@ -267,6 +302,7 @@ class Hooks:
     @_profiled
     def on_predict_end(self) -> None:
         """Prediction ended."""
+        self.module.on_predict_end()
         for callback in self.callbacks:
             callback.on_predict_end(self.trainer, self.module)
         if self.strategy is not None:

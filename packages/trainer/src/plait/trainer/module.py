@@ -490,7 +490,9 @@ class Module(torch.nn.Module):
                 "optimizers yourself, or return the loss and drop manual_backward",
             )
         attached = self._running("manual_backward")
+        attached.hooks.on_before_backward(loss)
         attached.hooks.trainer.strategy.backward(loss, attached.wrapped)
+        attached.hooks.on_after_backward()
 
     def toggle_optimizer(self, optimizer: TrainerOptimizer | torch.optim.Optimizer) -> None:
         """Until `untoggle_optimizer`, the other optimizers' parameters take no gradients.
@@ -574,6 +576,12 @@ class Module(torch.nn.Module):
     def on_fit_end(self) -> None:
         """Once, after the last epoch, on every rank."""
 
+    def on_train_start(self) -> None:
+        """When the training loop starts (after the sanity check), on every rank."""
+
+    def on_train_end(self) -> None:
+        """When the training loop reached its end (not when it failed), on every rank."""
+
     def on_train_epoch_start(self) -> None:
         """Before each training epoch."""
 
@@ -586,17 +594,44 @@ class Module(torch.nn.Module):
     def on_train_batch_end(self, outputs: StepOutput, batch: object, batch_idx: int) -> None:
         """After each training batch."""
 
+    def on_before_backward(self, loss: torch.Tensor) -> None:
+        """Before the backward pass of ``loss`` (the Trainer's, or `manual_backward`'s)."""
+
+    def on_after_backward(self) -> None:
+        """After a backward pass, before the gradients are clipped or stepped with."""
+
+    def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        """After the gradients are final (and clipped), before ``optimizer`` steps."""
+
+    def on_validation_start(self) -> None:
+        """Before a validation run (before `on_validation_epoch_start`)."""
+
+    def on_validation_end(self) -> None:
+        """After a validation run, its values folded into ``trainer.callback_metrics``."""
+
     def on_validation_epoch_start(self) -> None:
         """Before each validation run."""
 
     def on_validation_epoch_end(self) -> None:
         """After each validation run; logged epoch values are not folded yet."""
 
+    def on_test_start(self) -> None:
+        """Before the test run (before `on_test_epoch_start`)."""
+
+    def on_test_end(self) -> None:
+        """After the test run, its values folded into ``trainer.callback_metrics``."""
+
     def on_test_epoch_start(self) -> None:
         """Before the test run."""
 
     def on_test_epoch_end(self) -> None:
         """After the test run."""
+
+    def on_predict_start(self) -> None:
+        """Before the predict run."""
+
+    def on_predict_end(self) -> None:
+        """After the predict run."""
 
     def on_save_checkpoint(self, checkpoint: Checkpoint) -> None:
         """Add to (or change) ``checkpoint`` before it is written."""

@@ -274,11 +274,14 @@ class AutomaticOptimization(Optimization):
         if loss is not None:
             if self.accumulate > 1:
                 loss = loss / self.accumulate
+            hooks = self.hooks
+            hooks.on_before_backward(loss)
             if timing:
                 with self.region("backward"):
                     strategy.backward(loss, wrapped)
             else:
                 strategy.backward(loss, wrapped)
+            hooks.on_after_backward()
         return output
 
     def _step_with_closure(self, batch: object, batch_idx: int) -> StepOutput:
@@ -299,7 +302,9 @@ class AutomaticOptimization(Optimization):
                     f"{type(optimizer).__name__} steps with a closure that needs the loss",
                     fix="return the loss on every batch",
                 )
+            self.hooks.on_before_backward(loss)
             strategy.backward(loss, wrapped)
+            self.hooks.on_after_backward()
             if self.clip_val is not None:
                 strategy.clip_gradients(wrapped, optimizer, self.clip_val, self.clip_algorithm)
             self.hooks.on_before_optimizer_step(optimizer)

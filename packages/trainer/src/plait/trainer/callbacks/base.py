@@ -49,6 +49,12 @@ class Callback:
     def on_fit_end(self, trainer: Trainer, module: Module) -> None:
         """After the last training epoch."""
 
+    def on_train_start(self, trainer: Trainer, module: Module) -> None:
+        """When the training loop starts (after the sanity check)."""
+
+    def on_train_end(self, trainer: Trainer, module: Module) -> None:
+        """When the training loop reached its end (not when it failed)."""
+
     def on_train_epoch_start(self, trainer: Trainer, module: Module) -> None:
         """Before each training epoch."""
 
@@ -69,6 +75,12 @@ class Callback:
         batch_idx: int,
     ) -> None:
         """After each training batch (and the optimizer step, when one was taken)."""
+
+    def on_before_backward(self, trainer: Trainer, module: Module, loss: torch.Tensor) -> None:
+        """Before the backward pass of ``loss``."""
+
+    def on_after_backward(self, trainer: Trainer, module: Module) -> None:
+        """After a backward pass, before the gradients are clipped or stepped with."""
 
     def on_before_optimizer_step(
         self, trainer: Trainer, module: Module, optimizer: torch.optim.Optimizer
