@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import csv
 import io
+import logging
 import os
 import pickle
+import re
 import threading
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -1124,3 +1127,125 @@ def test_the_module_and_callback_hooks_lightning_code_overrides_are_called_in_or
         "on_test_start", "on_test_epoch_start", "on_test_epoch_end", "on_test_end",
         "on_predict_start", "on_predict_end",
     ]  # fmt: skip
+
+
+def test_model_checkpoint_formats_a_filename_as_it_is_without_auto_inserted_names(
+    tmp_path: Path,
+) -> None:
+    checkpoint = ModelCheckpoint(
+        tmp_path / "ckpt",
+        filename="epoch_{epoch:03d}",
+        auto_insert_metric_name=False,
+        save_top_k=-1,
+        save_last=False,
+    )
+    _trainer(tmp_path, max_epochs=2, callbacks=[checkpoint]).fit(Regressor(), _loader(n=16))
+
+    assert sorted(os.listdir(tmp_path / "ckpt")) == ["epoch_000.ckpt", "epoch_001.ckpt"]
+
+
+def test_a_weights_only_checkpoint_validates_and_is_refused_as_a_place_to_resume(
+    tmp_path: Path,
+) -> None:
+    checkpoint = ModelCheckpoint(tmp_path / "ckpt", save_weights_only=True)
+    model = Regressor(dropout=0.0)
+    trainer = _trainer(tmp_path, max_epochs=1, callbacks=[checkpoint])
+    trainer.fit(model, _loader(n=16))
+
+    saved = torch.load(tmp_path / "ckpt" / "last.ckpt", weights_only=True)
+    assert saved["plait"]["weights_only"] is True
+    assert "optimizer_states" not in saved
+    assert "lr_schedulers" not in saved
+    assert saved["state_dict"].keys() == model.state_dict().keys()
+    assert saved["global_step"] == 2
+    fresh = Regressor(dropout=0.0)
+    validated = _trainer(tmp_path).validate(
+        fresh, _loader(n=16, shuffle=False), ckpt_path=str(tmp_path / "ckpt" / "last.ckpt")
+    )
+    same = _trainer(tmp_path).validate(model, _loader(n=16, shuffle=False))
+    assert validated == same
+
+    again = _trainer(tmp_path, max_epochs=2, callbacks=[ModelCheckpoint(tmp_path / "ckpt")])
+    with pytest.raises(CheckpointError, match="holds the module's weights only") as refused:
+        again.fit(Regressor(), _loader(n=16), ckpt_path="last")
+    assert "save_weights_only=False" in str(refused.value)
+
+
+@pytest.mark.parametrize(
+    ("save_on_train_epoch_end", "saved_at"),
+    [(None, [2, 4, 6, 8]), (False, [2, 4, 6, 8]), (True, [4, 8])],
+)
+def test_model_checkpoint_saves_after_validations_in_the_middle_of_an_epoch(
+    tmp_path: Path, save_on_train_epoch_end: bool | None, saved_at: list[int]
+) -> None:
+    checkpoint = ModelCheckpoint(
+        tmp_path / "ckpt",
+        save_top_k=-1,
+        save_last=False,
+        save_on_train_epoch_end=save_on_train_epoch_end,
+    )
+    trainer = _trainer(tmp_path, max_epochs=2, val_check_interval=0.5, callbacks=[checkpoint])
+    trainer.fit(Regressor(), _loader(n=32), _loader(n=8, shuffle=False))
+
+    steps = sorted(
+        int(name.split("step=")[1].split(".")[0]) for name in os.listdir(tmp_path / "ckpt")
+    )
+    assert steps == saved_at
+
+
+def test_model_checkpoint_saves_by_the_time_passed_and_only_then(tmp_path: Path) -> None:
+    # Any interval a batch outlasts saves after every batch; one no run reaches, never.
+    every = ModelCheckpoint(
+        tmp_path / "often",
+        train_time_interval=timedelta(microseconds=1),
+        save_top_k=-1,
+        save_last=False,
+    )
+    never = ModelCheckpoint(
+        tmp_path / "never", train_time_interval=timedelta(days=1), save_top_k=-1, save_last=False
+    )
+    _trainer(tmp_path, max_epochs=2, callbacks=[every]).fit(Regressor(), _loader(n=16))
+    _trainer(tmp_path, max_epochs=2, callbacks=[never]).fit(Regressor(), _loader(n=16))
+
+    assert len(os.listdir(tmp_path / "often")) == 4
+    assert not (tmp_path / "never").exists() or not os.listdir(tmp_path / "never")
+
+
+def test_a_verbose_model_checkpoint_says_what_it_keeps_and_removes(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    checkpoint = ModelCheckpoint(tmp_path / "ckpt", monitor="val_loss", verbose=True)
+    with caplog.at_level(logging.INFO, logger="plait"):
+        _trainer(tmp_path, max_epochs=3, callbacks=[checkpoint]).fit(
+            Regressor(), _loader(n=16), _loader(n=8, shuffle=False)
+        )
+
+    said = [
+        record.getMessage()
+        for record in caplog.records
+        if "ModelCheckpoint," in record.getMessage()
+    ]
+    assert len(said) == 3
+    assert said[0].startswith("ModelCheckpoint, epoch 0, global step 2: 'val_loss' reached ")
+    assert "saving " in said[0]
+    assert any("removing " in line or "not among the best 1" in line for line in said[1:])
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        (
+            {"every_n_train_steps": 5, "train_time_interval": timedelta(minutes=1)},
+            "both every_n_train_steps and train_time_interval",
+        ),
+        ({"train_time_interval": 30}, "train_time_interval=30 must be a positive timedelta"),
+        ({"train_time_interval": timedelta(0)}, "must be a positive timedelta"),
+        ({"save_weights_only": "yes"}, "save_weights_only='yes' must be True or False"),
+        ({"save_on_train_epoch_end": 1.5}, "save_on_train_epoch_end=1.5 must be None"),
+    ],
+)
+def test_model_checkpoint_refuses_settings_that_cannot_hold(
+    settings: dict[str, object], message: str
+) -> None:
+    with pytest.raises(ConfigurationError, match=re.escape(message)):
+        ModelCheckpoint(**settings)  # type: ignore[arg-type]

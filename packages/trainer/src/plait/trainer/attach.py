@@ -266,7 +266,7 @@ def restore(strategy: Strategy, attached: Attached, run: Run) -> None:
         return
     module = attached.module
     checkpoint = strategy.read_checkpoint(run.ckpt_path, module)
-    check_checkpoint(checkpoint, run.ckpt_path)
+    check_checkpoint(checkpoint, run.ckpt_path, run.stage)
     attached.hooks.on_load_checkpoint(checkpoint)
     optimizers = attached.optimizers if run.stage == "fit" else []
     strategy.set_state_dict(module, optimizers, checkpoint, source=run.ckpt_path)

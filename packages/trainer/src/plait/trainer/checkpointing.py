@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import glob
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import timedelta
 from typing import TYPE_CHECKING, Final
 
@@ -43,12 +43,23 @@ CHECKPOINT_FORMAT: Final = 1
 """The layout version of the checkpoints the trainer writes."""
 
 
-def check_checkpoint(checkpoint: Checkpoint, path: PathLike | None) -> None:
-    """Refuse a checkpoint the trainer did not write.
+def check_checkpoint(checkpoint: Checkpoint, path: PathLike | None, stage: str = "fit") -> None:
+    """Refuse a checkpoint the trainer did not write, or one of weights only to resume.
 
     Raises:
-        CheckpointError: It lacks the module's state or the loops' position.
+        CheckpointError: It lacks the module's state or the loops' position, or
+            ``stage`` is ``"fit"`` and it holds the weights only.
     """
+    header = checkpoint.get("plait")
+    if stage == "fit" and isinstance(header, Mapping) and header.get("weights_only"):
+        raise CheckpointError(
+            str(path),
+            "holds the module's weights only (saved with save_weights_only=True): no "
+            "optimizer state, schedulers or random states to resume training from",
+            fix="pass it to validate, test or predict (ckpt_path=...), or load its "
+            "weights (model.load_state_dict(torch.load(path)['state_dict'])) and fit "
+            "without ckpt_path; to resume, save with save_weights_only=False",
+        )
     missing = [key for key in ("state_dict", "loops") if key not in checkpoint]
     if missing:
         raise CheckpointError(
@@ -89,14 +100,34 @@ class Checkpointer:
         self.callbacks = callbacks
         self.timeout = timeout
 
-    def build(self, attached: Attached) -> Checkpoint:
-        """The checkpoint of the run as it stands (collective: every rank calls it)."""
+    def build(self, attached: Attached, *, weights_only: bool = False) -> Checkpoint:
+        """The checkpoint of the run as it stands (collective: every rank calls it).
+
+        With ``weights_only``, the module's state, its hyperparameters and where the
+        run stood, without optimizers, schedulers, callbacks or random states: enough
+        to validate, test, predict or start training afresh, not to resume.
+        """
         strategy, progress = self.strategy, self.progress
         module = attached.module
-        states = gather_objects(strategy, rng_state())
         metrics = self.results.active
+        header: dict[str, object] = {
+            "format": CHECKPOINT_FORMAT,
+            "module": class_path(type(module)),
+        }
+        if weights_only:
+            weights: Checkpoint = {
+                "plait": {**header, "weights_only": True},
+                "hyper_parameters": dict(module.hparams),
+                "epoch": progress.current_epoch,
+                "global_step": progress.global_step,
+                "loops": progress.state_dict(None),
+                "state_dict": strategy.get_state_dict(module, [])["state_dict"],
+            }
+            attached.hooks.on_save_checkpoint(weights)
+            return weights
+        states = gather_objects(strategy, rng_state())
         checkpoint: Checkpoint = {
-            "plait": {"format": CHECKPOINT_FORMAT, "module": class_path(type(module))},
+            "plait": header,
             # What load_from_checkpoint makes the module again from.
             "hyper_parameters": dict(module.hparams),
             "epoch": progress.current_epoch,
@@ -113,11 +144,11 @@ class Checkpointer:
         attached.hooks.on_save_checkpoint(checkpoint)
         return checkpoint
 
-    def save(self, attached: Attached, path: PathLike) -> None:
+    def save(self, attached: Attached, path: PathLike, *, weights_only: bool = False) -> None:
         """Build the checkpoint and save it at ``path`` (every rank calls it)."""
         strategy = self.strategy
         with attached.hooks.profiler.region("save_checkpoint"):
-            strategy.save_checkpoint(self.build(attached), path)
+            strategy.save_checkpoint(self.build(attached, weights_only=weights_only), path)
         # A save of a large model may take longer than any collective should: the
         # wait for it has a bound of its own.
         strategy.barrier("save_checkpoint", timeout=self.timeout)

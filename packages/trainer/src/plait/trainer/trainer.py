@@ -693,8 +693,12 @@ class Trainer:
         # The trainer travels to the ranks between runs: nothing of a run goes with it.
         return {**self.__dict__, "_attached": None}
 
-    def save_checkpoint(self, path: PathLike) -> None:
+    def save_checkpoint(self, path: PathLike, weights_only: bool = False) -> None:
         """Save the whole run at ``path``, to resume from; every rank must call it.
+
+        With ``weights_only``, the module's state alone (with its hyperparameters and
+        where the run stood): for validate, test, predict or a fresh fit, not to
+        resume (``fit(ckpt_path=...)`` refuses it).
 
         Raises:
             ConfigurationError: No run is in progress (a checkpoint is of a running fit).
@@ -708,7 +712,7 @@ class Trainer:
                 fix="call it from a callback or hook during fit (ModelCheckpoint does), "
                 "or export the module's weights with torch.save(model.state_dict(), path)",
             )
-        self._checkpointer.save(attached, path)
+        self._checkpointer.save(attached, path, weights_only=weights_only)
 
     def load_checkpoint(self, path: PathLike) -> Checkpoint:
         """Read a checkpoint, its tensors on the CPU."""

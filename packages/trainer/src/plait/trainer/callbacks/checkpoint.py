@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 import os
 import re
+import time
+from datetime import timedelta
 from typing import TYPE_CHECKING, Final, Literal
 
 from typing_extensions import override
@@ -15,6 +17,7 @@ from plait.core import (
     SupportsCopyCheckpoint,
     SupportsPartialCleanup,
     is_collective,
+    rank_zero_info,
     rank_zero_warn,
 )
 from plait.core.errors import suggest
@@ -65,6 +68,21 @@ class ModelCheckpoint(Callback):
         save_last: Also keep ``last.ckpt``, the latest state, for resuming.
         every_n_epochs: Save at the end of every n-th epoch.
         every_n_train_steps: Save every n optimizer steps instead of per epoch.
+        train_time_interval: Save once this much time has passed since the last
+            save (or the start), checked after each training batch (rank 0's clock
+            decides, for every rank).
+        save_on_train_epoch_end: Save at each training epoch's end (``True``), or
+            after each validation run of the fit instead (``False``: a fit that
+            does not validate then saves nothing). By default
+            at each epoch's end, and also after a validation in the middle of an
+            epoch (``val_check_interval`` below an epoch), as Lightning does.
+        save_weights_only: Save the module's weights only (with its hyperparameters
+            and where the run stood): smaller files for validate, test, predict or a
+            fresh fit, that ``fit(ckpt_path=...)`` refuses to resume from.
+        auto_insert_metric_name: Write each field of ``filename`` as ``name=value``;
+            ``False`` formats ``filename`` as it is (``"epoch_{epoch:03d}"`` gives
+            ``epoch_000.ckpt``).
+        verbose: Say on rank 0 what each save keeps and removes, and why.
 
     Raises:
         ConfigurationError: An argument is out of range, or ``save_top_k`` above 1
@@ -84,6 +102,11 @@ class ModelCheckpoint(Callback):
         save_last: bool = True,
         every_n_epochs: int = 1,
         every_n_train_steps: int | None = None,
+        train_time_interval: timedelta | None = None,
+        save_on_train_epoch_end: bool | None = None,
+        save_weights_only: bool = False,
+        auto_insert_metric_name: bool = True,
+        verbose: bool = False,
     ) -> None:
         if mode not in ("min", "max"):
             raise ConfigurationError.invalid_choice("mode", mode, ("min", "max"))
@@ -104,6 +127,42 @@ class ModelCheckpoint(Callback):
                 minimum=1,
                 example="every_n_train_steps=100",
             )
+        given: object = train_time_interval  # as called, whatever the annotation says
+        if given is not None and (not isinstance(given, timedelta) or given <= timedelta(0)):
+            raise ConfigurationError(
+                f"train_time_interval={train_time_interval!r} must be a positive timedelta",
+                value=train_time_interval,
+                fix="pass e.g. train_time_interval=datetime.timedelta(minutes=30)",
+            )
+        chosen = [
+            name
+            for name, value in (
+                ("every_n_train_steps", every_n_train_steps),
+                ("train_time_interval", train_time_interval),
+            )
+            if value is not None
+        ]
+        if len(chosen) > 1:
+            raise ConfigurationError(
+                f"ModelCheckpoint was given both {chosen[0]} and {chosen[1]}: each sets "
+                "when to save, and only one can",
+                fix="keep one of them (every_n_epochs applies when neither is given)",
+            )
+        for name, flag in (
+            ("save_weights_only", save_weights_only),
+            ("auto_insert_metric_name", auto_insert_metric_name),
+            ("verbose", verbose),
+        ):
+            if not isinstance(flag, bool):
+                raise ConfigurationError(
+                    f"{name}={flag!r} must be True or False", value=flag, fix=f"pass {name}=True"
+                )
+        if save_on_train_epoch_end not in (None, True, False):
+            raise ConfigurationError(
+                f"save_on_train_epoch_end={save_on_train_epoch_end!r} must be None, True or False",
+                value=save_on_train_epoch_end,
+                fix="pass save_on_train_epoch_end=False to save after each validation",
+            )
         self.dirpath = os.fspath(dirpath) if dirpath is not None else None
         self.filename = filename
         self.monitor = monitor
@@ -112,6 +171,12 @@ class ModelCheckpoint(Callback):
         self.save_last = save_last
         self.every_n_epochs = every_n_epochs
         self.every_n_train_steps = every_n_train_steps
+        self.train_time_interval = train_time_interval
+        self.save_on_train_epoch_end = save_on_train_epoch_end
+        self.save_weights_only = save_weights_only
+        self.auto_insert_metric_name = auto_insert_metric_name
+        self.verbose = verbose
+        self._last_time: float | None = None
         self.best_k_models: dict[str, float] = {}
         self.best_model_path = ""
         self.best_model_score: float | None = None
@@ -163,6 +228,10 @@ class ModelCheckpoint(Callback):
         return os.path.join(self.dirpath, LAST_NAME + self.FILE_EXTENSION)
 
     @override
+    def on_train_start(self, trainer: Trainer, module: Module) -> None:
+        self._last_time = time.monotonic()
+
+    @override
     def on_train_batch_end(
         self, trainer: Trainer, module: Module, outputs: StepOutput, batch: object, batch_idx: int
     ) -> None:
@@ -172,6 +241,14 @@ class ModelCheckpoint(Callback):
         step = trainer.global_step
         if every is not None and step > 0 and step % every == 0 and step != self._last_saved_step:
             self._save(trainer)
+        interval = self.train_time_interval
+        if interval is not None and step != self._last_saved_step:
+            now = time.monotonic()
+            started = self._last_time if self._last_time is not None else now
+            due = now - started >= interval.total_seconds()
+            # Clocks differ between ranks: rank 0's decides, so every rank saves together.
+            if trainer.strategy.broadcast(due, src=0):
+                self._save(trainer)
 
     @override
     def on_train_epoch_end(self, trainer: Trainer, module: Module) -> None:
@@ -179,8 +256,27 @@ class ModelCheckpoint(Callback):
             return
         if (
             self.every_n_train_steps is None
+            and self.train_time_interval is None
+            and self.save_on_train_epoch_end is not False
             and (trainer.current_epoch + 1) % self.every_n_epochs == 0
+            and trainer.global_step != self._last_saved_step
         ):
+            self._save(trainer)
+
+    @override
+    def on_validation_end(self, trainer: Trainer, module: Module) -> None:
+        if trainer.fast_dev_run or trainer.sanity_checking or trainer.state_stage != "fit":
+            return
+        if self.every_n_train_steps is not None or self.train_time_interval is not None:
+            return
+        if self.save_on_train_epoch_end is True:
+            return
+        if self.save_on_train_epoch_end is None:
+            interval = trainer.limits.val_check_interval
+            if isinstance(interval, float) and interval == 1.0:
+                return  # validation at the epoch's end: the epoch's end saves
+        epoch_due = (trainer.current_epoch + 1) % self.every_n_epochs == 0
+        if epoch_due and trainer.global_step != self._last_saved_step:
             self._save(trainer)
 
     def _score(self, trainer: Trainer) -> float | None:
@@ -218,7 +314,9 @@ class ModelCheckpoint(Callback):
             if self.monitor not in (None, "epoch", "step") and score is not None:
                 name += f"-{self.monitor}={score:.4g}"  # epoch and step are named already
         else:
-            template = _FIELD.sub(lambda match: f"{match.group(1)}={match.group(0)}", self.filename)
+            template = self.filename
+            if self.auto_insert_metric_name:
+                template = _FIELD.sub(lambda match: f"{match.group(1)}={match.group(0)}", template)
             try:
                 name = template.format(**values)
             except KeyError as error:
@@ -233,6 +331,7 @@ class ModelCheckpoint(Callback):
 
     def _save(self, trainer: Trainer) -> None:
         self._last_saved_step = trainer.global_step
+        self._last_time = time.monotonic()
         # Rank 0 decides: the monitored value may differ between ranks that do not
         # sync it, and every rank must take part in the same saves.
         plan = self._plan(trainer) if trainer.is_global_zero else None
@@ -241,11 +340,14 @@ class ModelCheckpoint(Callback):
         # already count them, or a run resumed from one would remove files that
         # are gone and keep files it no longer knows.
         self._apply(keep, remove, score)
+        if self.verbose and trainer.is_global_zero:
+            self._say(trainer, keep, remove, score)
         if self.save_last:
             self.last_model_path = self.last_path()
         checkpoint_io = trainer.strategy.checkpoint_io
+        weights_only = self.save_weights_only
         if keep is not None:
-            trainer.save_checkpoint(keep)
+            trainer.save_checkpoint(keep, weights_only=weights_only)
         if self.save_last:
             if (
                 keep is not None
@@ -255,11 +357,26 @@ class ModelCheckpoint(Callback):
                 if trainer.is_global_zero:
                     checkpoint_io.copy_checkpoint(keep, self.last_path())
             else:
-                trainer.save_checkpoint(self.last_path())
+                trainer.save_checkpoint(self.last_path(), weights_only=weights_only)
         # Every rank: a collective checkpoint IO removes on every rank, any other on
         # rank 0 alone (the strategy knows which).
         for path in remove:
             self._remove(trainer, path)
+
+    def _say(
+        self, trainer: Trainer, keep: str | None, remove: list[str], score: float | None
+    ) -> None:
+        where = f"epoch {trainer.current_epoch}, global step {trainer.global_step}"
+        if self.monitor is None:
+            said = f"saving {keep}" if keep else "nothing to keep"
+        elif keep is None:
+            shown = "none" if score is None else f"{score:.5g}"
+            said = f"{self.monitor!r} is {shown}, not among the best {self.save_top_k}"
+        else:
+            best = "none" if self.best_model_score is None else f"{self.best_model_score:.5g}"
+            said = f"{self.monitor!r} reached {score:.5g} (best {best}), saving {keep}"
+        gone = f"; removing {', '.join(remove)}" if remove else ""
+        rank_zero_info(f"ModelCheckpoint, {where}: {said}{gone}")
 
     @staticmethod
     def _remove(trainer: Trainer, path: str) -> None:
