@@ -1249,3 +1249,81 @@ def test_model_checkpoint_refuses_settings_that_cannot_hold(
 ) -> None:
     with pytest.raises(ConfigurationError, match=re.escape(message)):
         ModelCheckpoint(**settings)  # type: ignore[arg-type]
+
+
+class _Stalled(Regressor):
+    """Validation that never improves: early stopping's patience runs out."""
+
+    @override
+    def validation_step(self, batch: object, batch_idx: int) -> None:
+        self.log("val_loss", 1.0)
+
+
+@pytest.mark.parametrize(
+    ("check_on_train_epoch_end", "stopped_at_step"),
+    # Validating twice an epoch: by default each validation is a check (improve
+    # once, then 3 without: the 4th validation, in the 2nd epoch); at the epoch's
+    # end only, the 4th epoch.
+    [(None, 8), (False, 8), (True, 16)],
+)
+def test_early_stopping_checks_after_each_validation_where_a_fit_validates_mid_epoch(
+    tmp_path: Path, check_on_train_epoch_end: bool | None, stopped_at_step: int
+) -> None:
+    stopper = EarlyStopping(
+        "val_loss", patience=2, check_on_train_epoch_end=check_on_train_epoch_end
+    )
+    trainer = _trainer(tmp_path, max_epochs=20, val_check_interval=0.5, callbacks=[stopper])
+
+    trainer.fit(_Stalled(), _loader(n=32), _loader(n=8, shuffle=False))
+
+    assert stopper.wait_count == 3
+    assert trainer.global_step == stopped_at_step
+
+
+def test_early_stopping_that_is_not_strict_warns_once_and_never_stops_without_its_metric(
+    tmp_path: Path,
+) -> None:
+    stopper = EarlyStopping("val_acc", strict=False)
+    trainer = _trainer(tmp_path, max_epochs=3, callbacks=[stopper])
+
+    with pytest.warns(UserWarning, match=r"strict=False\) found no such metric") as caught:
+        trainer.fit(Regressor(), _loader(n=16), _loader(n=8, shuffle=False))
+
+    assert len([w for w in caught if "found no such metric" in str(w.message)]) == 1
+    assert trainer.current_epoch == 3
+    assert stopper.stopped_epoch is None
+    strict = _trainer(tmp_path, max_epochs=3, callbacks=[EarlyStopping("val_acc")])
+    with pytest.raises(ConfigurationError, match="or pass strict=False"):
+        strict.fit(Regressor(), _loader(n=16), _loader(n=8, shuffle=False))
+
+
+def test_a_verbose_early_stopping_says_how_each_check_went(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    stopper = EarlyStopping("val_loss", patience=1, verbose=True)
+    with caplog.at_level(logging.INFO, logger="plait"):
+        _trainer(tmp_path, max_epochs=5, callbacks=[stopper]).fit(
+            _Stalled(), _loader(n=16), _loader(n=8, shuffle=False)
+        )
+
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("EarlyStopping:")]
+    assert said == [
+        "EarlyStopping: val_loss improved to 1 (min_delta 0.0)",
+        "EarlyStopping: val_loss = 1 did not improve on 1 for 1 check(s) (patience 1)",
+        "EarlyStopping: val_loss = 1 did not improve on 1 for 2 check(s) (patience 1)",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"strict": "no"}, "strict='no' must be True or False"),
+        ({"verbose": 1}, "verbose=1 must be True or False"),
+        ({"check_on_train_epoch_end": "yes"}, "check_on_train_epoch_end='yes' must be None"),
+    ],
+)
+def test_early_stopping_refuses_settings_that_cannot_hold(
+    settings: dict[str, object], message: str
+) -> None:
+    with pytest.raises(ConfigurationError, match=re.escape(message)):
+        EarlyStopping("val_loss", **settings)  # type: ignore[arg-type]
