@@ -1327,3 +1327,40 @@ def test_early_stopping_refuses_settings_that_cannot_hold(
 ) -> None:
     with pytest.raises(ConfigurationError, match=re.escape(message)):
         EarlyStopping("val_loss", **settings)  # type: ignore[arg-type]
+
+
+def test_a_stop_asked_before_min_epochs_waits_for_them(tmp_path: Path) -> None:
+    # Patience runs out at the 4th epoch's check; min_epochs holds training to 6.
+    stopper = EarlyStopping("val_loss", patience=2)
+    trainer = _trainer(tmp_path, max_epochs=20, min_epochs=6, callbacks=[stopper])
+
+    trainer.fit(_Stalled(), _loader(n=16), _loader(n=8, shuffle=False))
+
+    assert stopper.stopped_epoch == 5  # the last check asked again
+    assert trainer.current_epoch == 6
+    assert trainer.should_stop
+
+
+def test_a_stop_asked_before_min_steps_waits_for_them(tmp_path: Path) -> None:
+    stopper = EarlyStopping("val_loss", patience=0)
+    trainer = _trainer(tmp_path, max_epochs=20, min_steps=9, callbacks=[stopper])
+
+    trainer.fit(_Stalled(), _loader(n=16), _loader(n=8, shuffle=False))
+
+    assert trainer.global_step == 10  # 2 steps an epoch: the 5th epoch's end is past 9
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"min_epochs": 5, "max_epochs": 3}, "min_epochs=5 is above max_epochs=3"),
+        ({"min_steps": 50, "max_steps": 10}, "min_steps=50 is above max_steps=10"),
+        ({"min_epochs": -1}, "min_epochs"),
+        ({"min_steps": 1.5}, "min_steps"),
+    ],
+)
+def test_minimums_that_cannot_hold_are_refused(
+    tmp_path: Path, settings: dict[str, object], message: str
+) -> None:
+    with pytest.raises(ConfigurationError, match=re.escape(message)):
+        _trainer(tmp_path, **settings)

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Final, Literal, TypeAlias
 
 import attrs
 
-from plait.core import ConfigurationError
+from plait.core import ConfigurationError, rank_zero_info
 from plait.trainer.checks import check_count
 from plait.trainer.data import check_limit, limit_batches
 
@@ -43,6 +43,8 @@ class Limits:
         fast_dev_run: Batches of each stage in a debugging run (0: not one).
         in_order: Train on the same batches every epoch (``overfit_batches``).
         sanity_batches: Validation batches run before training (-1: all of them).
+        min_epochs: Epochs to train before a stop that was asked for is taken.
+        min_steps: Optimizer steps to take before a stop that was asked for is taken.
     """
 
     max_epochs: int | None
@@ -53,6 +55,8 @@ class Limits:
     fast_dev_run: int = 0
     in_order: bool = False
     sanity_batches: int = 0
+    min_epochs: int = 0
+    min_steps: int = 0
 
     @classmethod
     def resolve(
@@ -61,6 +65,8 @@ class Limits:
         max_epochs: int | None,
         max_steps: int,
         limit_train_batches: int | float,
+        min_epochs: int | None = None,
+        min_steps: int | None = None,
         limit_val_batches: int | float,
         limit_test_batches: int | float,
         limit_predict_batches: int | float,
@@ -91,6 +97,26 @@ class Limits:
         if max_epochs is not None:
             check_count("max_epochs", max_epochs, minimum=1, example="max_epochs=10")
         check_count("max_steps", max_steps, minimum=-1, example="max_steps=1000 (or -1: no limit)")
+        least_epochs = 0
+        if min_epochs is not None:
+            least_epochs = check_count("min_epochs", min_epochs, minimum=0, example="min_epochs=5")
+            if max_epochs is not None and least_epochs > max_epochs:
+                raise ConfigurationError(
+                    f"min_epochs={min_epochs} is above max_epochs={max_epochs}: training "
+                    "would have to stop before it may",
+                    value=min_epochs,
+                    fix=f"pass min_epochs={max_epochs} or less, or a larger max_epochs",
+                )
+        least_steps = 0
+        if min_steps is not None:
+            least_steps = check_count("min_steps", min_steps, minimum=0, example="min_steps=100")
+            if max_steps != -1 and least_steps > max_steps:
+                raise ConfigurationError(
+                    f"min_steps={min_steps} is above max_steps={max_steps}: training "
+                    "would have to stop before it may",
+                    value=min_steps,
+                    fix=f"pass min_steps={max_steps} or less, or a larger max_steps",
+                )
         given: dict[Stage, int | float] = {
             "fit": limit_train_batches,
             "validate": limit_val_batches,
@@ -134,6 +160,8 @@ class Limits:
             check_val_every_n_epoch=check_val_every_n_epoch,
             in_order=overfit != 0,
             sanity_batches=num_sanity_val_steps,
+            min_epochs=least_epochs,
+            min_steps=least_steps,
         )
 
     def batches_of(self, stage: Stage, available: int | None) -> int | None:
@@ -145,10 +173,29 @@ class Limits:
         return self.max_steps != -1 and progress.global_step >= self.max_steps
 
     def done(self, progress: Progress) -> bool:
-        """Whether training is over: asked to stop, or a limit reached."""
-        if progress.should_stop or self.steps_reached(progress):
+        """Whether training is over: a limit reached, or asked to stop once it may.
+
+        A stop asked for before ``min_epochs`` and ``min_steps`` are reached waits
+        for them (``should_stop`` stays set, and is taken then).
+        """
+        if self.steps_reached(progress):
             return True
-        return self.max_epochs is not None and progress.current_epoch >= self.max_epochs
+        if self.max_epochs is not None and progress.current_epoch >= self.max_epochs:
+            return True
+        if not progress.should_stop:
+            return False
+        if self.may_stop(progress):
+            return True
+        rank_zero_info(
+            f"a stop was asked for at epoch {progress.current_epoch}, step "
+            f"{progress.global_step}; training goes on to min_epochs={self.min_epochs} "
+            f"and min_steps={self.min_steps}"
+        )
+        return False
+
+    def may_stop(self, progress: Progress) -> bool:
+        """Whether ``min_epochs`` and ``min_steps`` are reached."""
+        return progress.current_epoch >= self.min_epochs and progress.global_step >= self.min_steps
 
     def validation_every(self, total: int | None) -> int | None:
         """Validate every this many batches of an epoch of ``total`` (``None``: at its end)."""

@@ -91,6 +91,9 @@ class Trainer:
         max_epochs: Stop after this many epochs (1000 when neither this nor
             ``max_steps`` is given).
         max_steps: Stop after this many optimizer steps (-1: no limit).
+        min_epochs: Train at least this many epochs: a stop asked before (by
+            `EarlyStopping`, or ``trainer.should_stop``) waits until then.
+        min_steps: Train at least this many optimizer steps, likewise.
         limit_train_batches: Train on only this many batches (an int) or this
             fraction of the loader (a float) each epoch.
         limit_val_batches: Validate on only this many batches, or this fraction.
@@ -186,6 +189,8 @@ class Trainer:
         callbacks: Sequence[Callback] | Callback | None = None,
         max_epochs: int | None = None,
         max_steps: int = -1,
+        min_epochs: int | None = None,
+        min_steps: int | None = None,
         limit_train_batches: int | float = 1.0,
         limit_val_batches: int | float = 1.0,
         limit_test_batches: int | float = 1.0,
@@ -216,6 +221,8 @@ class Trainer:
         self.limits = Limits.resolve(
             max_epochs=max_epochs,
             max_steps=max_steps,
+            min_epochs=min_epochs,
+            min_steps=min_steps,
             limit_train_batches=limit_train_batches,
             limit_val_batches=limit_val_batches,
             limit_test_batches=limit_test_batches,
