@@ -1364,3 +1364,77 @@ def test_minimums_that_cannot_hold_are_refused(
 ) -> None:
     with pytest.raises(ConfigurationError, match=re.escape(message)):
         _trainer(tmp_path, **settings)
+
+
+@pytest.mark.parametrize(
+    ("name", "folder"),
+    [(None, ""), ("", ""), ("csv/", "csv"), ("runs/a", os.path.join("runs", "a"))],
+)
+def test_a_file_logger_writes_under_the_experiment_name_as_lightning_joins_it(
+    tmp_path: Path, name: str | None, folder: str
+) -> None:
+    logger = CSVLogger(tmp_path, name=name)
+    assert logger.log_dir == os.path.join(tmp_path, folder, "version_0")
+
+
+@pytest.mark.parametrize("name", ["../elsewhere", "/tmp/abs", 3])
+def test_a_file_logger_refuses_a_name_that_leaves_save_dir(tmp_path: Path, name: object) -> None:
+    with pytest.raises(ConfigurationError, match="name="):
+        CSVLogger(tmp_path, name=name)  # type: ignore[arg-type]
+
+
+def test_loggers_put_their_prefix_before_every_metric_name(tmp_path: Path) -> None:
+    pytest.importorskip("tensorboard")
+    csv_logger = CSVLogger(tmp_path, prefix="fold1")
+    board = TensorBoardLogger(tmp_path, name="board", prefix="fold1")
+    trainer = _trainer(tmp_path, max_epochs=1, logger=[csv_logger, board], log_every_n_steps=1)
+
+    trainer.fit(Regressor(), _loader(n=16), _loader(n=8, shuffle=False))
+
+    with open(csv_logger.path) as file:
+        columns = csv.DictReader(file).fieldnames or []
+    assert {"fold1-train_loss_step", "fold1-val_loss"} <= set(columns)
+    assert not [c for c in columns if c != "step" and not c.startswith("fold1-")]
+    from tensorboard.backend.event_processing.event_accumulator import (  # noqa: PLC0415 (optional)
+        EventAccumulator,
+    )
+
+    accumulator = EventAccumulator(board.log_dir)
+    accumulator.Reload()
+    scalars = accumulator.Tags()["scalars"]
+    assert "fold1-val_loss" in scalars
+
+
+class _Graphed(Regressor):
+    def __init__(self, lr: float = 0.01) -> None:
+        super().__init__(lr=lr)
+        self.save_hyperparameters()
+        self.example_input_array = torch.zeros(2, 4)
+
+
+def test_tensorboard_logs_the_graph_and_the_hparams_placeholder_as_lightning(
+    tmp_path: Path,
+) -> None:
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import (  # noqa: PLC0415 (optional)
+        EventAccumulator,
+    )
+
+    graphed = TensorBoardLogger(tmp_path, name="graphed", log_graph=True)
+    _trainer(tmp_path, max_epochs=1, logger=graphed).fit(_Graphed(), _loader(n=16))
+    plain = TensorBoardLogger(tmp_path, name="plain", default_hp_metric=False)
+    _trainer(tmp_path, max_epochs=1, logger=plain).fit(_Graphed(), _loader(n=16))
+
+    seen = {}
+    for logger in (graphed, plain):
+        accumulator = EventAccumulator(logger.log_dir)
+        accumulator.Reload()
+        seen[logger.name] = accumulator.Tags()
+    assert seen["graphed"]["graph"]
+    assert "hp_metric" in seen["graphed"]["scalars"]
+    assert not seen["plain"]["graph"]
+    assert "hp_metric" not in seen["plain"]["scalars"]
+
+    without = TensorBoardLogger(tmp_path, name="without", log_graph=True)
+    with pytest.warns(UserWarning, match="has no example_input_array"):
+        _trainer(tmp_path, max_epochs=1, logger=without).fit(Regressor(), _loader(n=16))

@@ -11,10 +11,15 @@ import attrs
 import torch
 from typing_extensions import override
 
-from plait.core import SupportsModelShardedContext, rank_zero_info
+from plait.core import (
+    SupportsModelShardedContext,
+    SupportsShardedModule,
+    rank_zero_info,
+    rank_zero_warn,
+)
 from plait.trainer.checkpointing import check_checkpoint
 from plait.trainer.hooks import Hooks
-from plait.trainer.loggers import SupportsConnect
+from plait.trainer.loggers import SupportsConnect, SupportsLogGraph
 from plait.trainer.module import ModuleData, overrides
 from plait.trainer.optim import parse_optimizers
 from plait.trainer.optimization import TrainerOptimizer, check_closure_optimizers
@@ -163,7 +168,10 @@ def attach(trainer: Trainer, module: Module, run: Run) -> Iterator[Attached]:
         hooks.setup(stage)
         if strategy.is_global_zero:
             _start_loggers(trainer, module)
-        yield _set_up(trainer, module, run, hooks)
+        attached = _set_up(trainer, module, run, hooks)
+        if strategy.is_global_zero:
+            _log_graphs(trainer, attached)
+        yield attached
         status = "success"
     except BaseException as error:
         hooks.on_exception(error)
@@ -190,6 +198,25 @@ def _start_loggers(trainer: Trainer, module: Module) -> None:
             logger.connect()
         if module.logs_hyperparameters:
             logger.log_hyperparams(dict(module.hparams))
+
+
+def _log_graphs(trainer: Trainer, attached: Attached) -> None:
+    """Give the set-up module to the loggers that record its graph (rank 0 alone)."""
+    graphing = [logger for logger in trainer.loggers if isinstance(logger, SupportsLogGraph)]
+    if not graphing:
+        return
+    strategy = trainer.strategy
+    if isinstance(strategy, SupportsShardedModule) and strategy.shards_module:
+        # A trace on rank 0 alone would gather the shards without the other ranks.
+        rank_zero_warn(
+            f"the module's graph is not logged: {type(strategy).__name__} shards it "
+            "over the ranks, and tracing it on rank 0 alone would wait for the others"
+        )
+        return
+    module = attached.module
+    with torch.no_grad():
+        for logger in graphing:
+            logger.log_graph(module)
 
 
 def _set_up(trainer: Trainer, module: Module, run: Run, hooks: Hooks) -> Attached:

@@ -5,7 +5,7 @@ One module each, as the callbacks are: `CSVLogger`, `TensorBoardLogger` (the
 turns the Trainer's ``logger=`` into a list of them.
 """
 
-from plait.trainer.loggers.base import Logger, SupportsConnect, next_version
+from plait.trainer.loggers.base import Logger, SupportsConnect, SupportsLogGraph, next_version
 from plait.trainer.loggers.csv_logger import CSVLogger
 from plait.trainer.loggers.mlflow_logger import MLFlowLogger, TrackingClient
 from plait.trainer.loggers.resolve import is_logger, resolve_loggers
@@ -16,6 +16,7 @@ __all__ = [
     "Logger",
     "MLFlowLogger",
     "SupportsConnect",
+    "SupportsLogGraph",
     "TensorBoardLogger",
     "TrackingClient",
     "is_logger",

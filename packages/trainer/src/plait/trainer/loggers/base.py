@@ -12,9 +12,19 @@ from typing_extensions import override
 from plait.core import ConfigurationError
 
 if TYPE_CHECKING:
+    import torch
+
     from plait.trainer.metrics import Number
 
-__all__ = ["Logger", "SupportsConnect", "VersionedDirectory", "next_version"]
+__all__ = [
+    "Logger",
+    "SupportsConnect",
+    "SupportsLogGraph",
+    "VersionedDirectory",
+    "check_prefix",
+    "experiment_path",
+    "next_version",
+]
 
 _VERSION = re.compile(r"version_(\d+)")
 
@@ -58,21 +68,64 @@ def next_version(root: str) -> int:
     return max(taken, default=-1) + 1
 
 
+@runtime_checkable
+class SupportsLogGraph(Protocol):
+    """A logger that can record the module's computational graph when a run starts."""
+
+    def log_graph(self, module: torch.nn.Module) -> None:
+        """Record ``module``'s graph (on global rank 0, once the module is set up)."""
+        ...
+
+
+def experiment_path(name: str | None) -> str:
+    """``name`` as a relative directory (``""``: none), as the file loggers take it.
+
+    ``None`` and ``""`` put the versions straight under ``save_dir``; ``"csv/"`` and
+    ``"runs/a"`` are directories under it.
+
+    Raises:
+        ConfigurationError: It is not a string, is absolute, or leaves ``save_dir``.
+    """
+    given: object = name  # checked as given
+    if given is None or given == "":
+        return ""
+    if not isinstance(given, str):
+        raise ConfigurationError(
+            f"name={given!r} must be a directory name (a string) or None",
+            value=given,
+            fix="pass e.g. name='plait_logs', or None to write under save_dir itself",
+        )
+    folder = os.path.normpath(given)
+    if os.path.isabs(folder) or folder == os.pardir or folder.startswith(os.pardir + os.sep):
+        raise ConfigurationError(
+            f"name={given!r} leaves save_dir: it names the experiment's directory under it",
+            value=given,
+            fix="pass a relative name (name='csv'), and the root as save_dir",
+        )
+    return "" if folder == os.curdir else folder
+
+
+def check_prefix(prefix: object) -> str:
+    """``prefix`` (put before every metric name, joined with ``-``), checked.
+
+    Raises:
+        ConfigurationError: It is not a string.
+    """
+    if not isinstance(prefix, str):
+        raise ConfigurationError(
+            f"prefix={prefix!r} must be a string", value=prefix, fix="pass e.g. prefix='fold1'"
+        )
+    return prefix
+
+
 class VersionedDirectory:
     """A run's directory, ``save_dir/name/version_N``: what the file loggers write in."""
 
     def __init__(
-        self, save_dir: str | os.PathLike[str], name: str, version: int | str | None
+        self, save_dir: str | os.PathLike[str], name: str | None, version: int | str | None
     ) -> None:
-        given: object = name  # checked as given
-        if not isinstance(given, str) or not given or os.sep in given:
-            raise ConfigurationError(
-                f"name={name!r} must be a non-empty directory name",
-                value=name,
-                fix="pass e.g. name='plait_logs'",
-            )
         self.save_dir = os.fspath(save_dir)
-        self.name = name
+        self.name = experiment_path(name)
         self._version = version
 
     @override

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from typing_extensions import override
 
-from plait.trainer.loggers.base import VersionedDirectory
+from plait.trainer.loggers.base import VersionedDirectory, check_prefix
 
 if TYPE_CHECKING:
     from plait.trainer.metrics import Number
@@ -31,8 +31,11 @@ class CSVLogger(VersionedDirectory):
 
     Args:
         save_dir: The root directory.
-        name: The experiment's directory under it.
+        name: The experiment's directory under it (``None``: the versions go
+            straight under ``save_dir``; ``"runs/a"``: nested).
         version: The run's version; the next free number by default.
+        prefix: Put before every metric name, joined with ``-`` (``prefix="fold1"``
+            logs ``fold1-val_loss``).
     """
 
     FILE_NAME = "metrics.csv"
@@ -40,10 +43,13 @@ class CSVLogger(VersionedDirectory):
     def __init__(
         self,
         save_dir: str | os.PathLike[str] = ".",
-        name: str = "plait_logs",
+        name: str | None = "plait_logs",
         version: int | str | None = None,
+        *,
+        prefix: str = "",
     ) -> None:
         super().__init__(save_dir, name, version)
+        self.prefix = check_prefix(prefix)
         self._columns: list[str] = ["step"]
         self._rows: list[dict[str, object]] = []
         self._read = False
@@ -57,6 +63,8 @@ class CSVLogger(VersionedDirectory):
         """Add a row (rewriting the file when a new metric adds a column)."""
         if not self._read:
             self._read_existing()
+        if self.prefix:
+            metrics = {f"{self.prefix}-{name}": value for name, value in metrics.items()}
         row: dict[str, object] = {"step": step, **metrics}
         self._rows.append(row)
         new = [name for name in metrics if name not in self._columns]

@@ -4,20 +4,35 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
+import torch
 from typing_extensions import override
 
-from plait.core import MissingDependencyError, is_module_available
-from plait.trainer.loggers.base import VersionedDirectory
+from plait.core import (
+    ConfigurationError,
+    MissingDependencyError,
+    is_module_available,
+    rank_zero_warn,
+)
+from plait.trainer.loggers.base import VersionedDirectory, check_prefix
 
 if TYPE_CHECKING:
+    from collections.abc import Iterator
+
     from torch.utils.tensorboard import SummaryWriter
 
     from plait.trainer.metrics import Number
 
 __all__ = ["TensorBoardLogger"]
+
+
+class _SummaryFile(Protocol):
+    """The event file of a ``SummaryWriter``: where a summary protobuf is written."""
+
+    def add_summary(self, summary: object) -> None: ...
 
 
 class TensorBoardLogger(VersionedDirectory):
@@ -27,8 +42,15 @@ class TensorBoardLogger(VersionedDirectory):
 
     Args:
         save_dir: The root directory (``tensorboard --logdir <save_dir>`` shows it).
-        name: The experiment's directory under it.
+        name: The experiment's directory under it (``None``: the versions go
+            straight under ``save_dir``; ``"runs/a"``: nested).
         version: The run's version; the next free number by default.
+        log_graph: Add the module's graph when a run starts, traced from its
+            ``example_input_array`` (where the strategy does not shard the module).
+        default_hp_metric: With the hyperparameters, log ``hp_metric = -1`` (a
+            placeholder TensorBoard's HPARAMS tab lists them by; log ``hp_metric``
+            yourself to fill it).
+        prefix: Put before every metric name, joined with ``-``.
 
     Raises:
         MissingDependencyError: tensorboard is not installed.
@@ -37,8 +59,12 @@ class TensorBoardLogger(VersionedDirectory):
     def __init__(
         self,
         save_dir: str | os.PathLike[str] = ".",
-        name: str = "plait_logs",
+        name: str | None = "plait_logs",
         version: int | str | None = None,
+        *,
+        log_graph: bool = False,
+        default_hp_metric: bool = True,
+        prefix: str = "",
     ) -> None:
         if not is_module_available("tensorboard"):
             raise MissingDependencyError(
@@ -47,6 +73,16 @@ class TensorBoardLogger(VersionedDirectory):
                 module="tensorboard",
             )
         super().__init__(save_dir, name, version)
+        for argument, flag in (("log_graph", log_graph), ("default_hp_metric", default_hp_metric)):
+            if not isinstance(flag, bool):
+                raise ConfigurationError(
+                    f"{argument}={flag!r} must be True or False",
+                    value=flag,
+                    fix=f"pass {argument}=True",
+                )
+        self.prefix = check_prefix(prefix)
+        self._log_graph = log_graph
+        self._default_hp_metric = default_hp_metric
         self._writer: SummaryWriter | None = None
 
     @override
@@ -65,12 +101,49 @@ class TensorBoardLogger(VersionedDirectory):
 
     def log_metrics(self, metrics: Mapping[str, Number], step: int) -> None:
         """Add each metric as a scalar at ``step``."""
+        prefix = f"{self.prefix}-" if self.prefix else ""
         for name, value in metrics.items():
-            self.writer.add_scalar(name, value, global_step=step)
+            self.writer.add_scalar(prefix + name, value, global_step=step)
 
     def log_hyperparams(self, params: Mapping[str, object]) -> None:
-        """Add the settings as a text summary."""
-        self.writer.add_text("hparams", json.dumps(dict(params), indent=2, default=repr))
+        """Add the settings as a text summary and to the HPARAMS tab (with ``hp_metric``)."""
+        from torch.utils.tensorboard.summary import hparams  # noqa: PLC0415 (optional, slow)
+
+        writer = self.writer
+        writer.add_text("hparams", json.dumps(dict(params), indent=2, default=repr))
+        flat = dict(_flattened(params))
+        metrics = {"hp_metric": -1.0} if self._default_hp_metric else {}
+        experiment, start, end = hparams(flat, metrics)  # type: ignore[no-untyped-call]
+        # Typed None in torch's stubs; an open writer holds its event file's writer.
+        file_writer: _SummaryFile | None = getattr(writer, "file_writer", None)
+        if file_writer is None:
+            return
+        for summary in (experiment, start, end):
+            file_writer.add_summary(summary)
+        if self._default_hp_metric:
+            writer.add_scalar("hp_metric", -1.0, global_step=0)
+
+    def log_graph(self, module: torch.nn.Module) -> None:
+        """Add ``module``'s graph, traced from its ``example_input_array`` (with ``log_graph``)."""
+        if not self._log_graph:
+            return
+        example = getattr(module, "example_input_array", None)
+        if example is None:
+            rank_zero_warn(
+                "TensorBoardLogger(log_graph=True) could not add the module's graph: "
+                f"{type(module).__name__} has no example_input_array (set "
+                "self.example_input_array = torch.rand(...) in __init__)"
+            )
+            return
+        device = next(module.parameters(), torch.empty(0)).device
+        inputs = example.to(device) if isinstance(example, torch.Tensor) else example
+        with warnings.catch_warnings():
+            # The writer traces with torch.jit.trace, which torch now warns of: the
+            # graph is the writer's to draw, and it draws it.
+            warnings.filterwarnings(
+                "ignore", r"`torch\.jit\.trace(_method)?` is deprecated", DeprecationWarning
+            )
+            self.writer.add_graph(module, inputs)
 
     def finalize(self, status: str) -> None:
         """Flush and close the event file."""
@@ -81,3 +154,17 @@ class TensorBoardLogger(VersionedDirectory):
     @override
     def __repr__(self) -> str:
         return f"TensorBoardLogger(save_dir={self.save_dir!r}, name={self.name!r})"
+
+
+def _flattened(params: Mapping[str, object], prefix: str = "") -> Iterator[tuple[str, object]]:
+    """Nested settings as ``a/b`` names, each value one TensorBoard's HPARAMS tab holds."""
+    for key, value in params.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            yield from _flattened(value, f"{name}/")
+        elif isinstance(value, bool | int | float | str) or (
+            isinstance(value, torch.Tensor) and value.numel() == 1
+        ):
+            yield name, value
+        else:
+            yield name, repr(value)
