@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 
@@ -11,7 +12,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from typing_extensions import override
 
 from plait.core import CheckpointError, ConfigurationError, seed_everything
-from plait.trainer import CSVLogger, Module, Trainer
+from plait.trainer import CSVLogger, DataModule, Module, Trainer
 
 
 class Sized(Module):
@@ -84,13 +85,99 @@ def test_a_name_that_is_no_argument_is_refused_with_the_arguments() -> None:
 
 
 def test_a_value_a_checkpoint_cannot_hold_as_data_is_refused_naming_ignore() -> None:
-    class WithModule(Module):
-        def __init__(self, backbone: torch.nn.Module) -> None:
+    class WithFactory(Module):
+        def __init__(self, optimizer: object) -> None:
             super().__init__()
             self.save_hyperparameters()
 
-    with pytest.raises(ConfigurationError, match=r"ignore=\['backbone'\]"):
-        WithModule(torch.nn.Linear(1, 1))
+    with pytest.raises(ConfigurationError, match=r"ignore=\['optimizer'\]"):
+        WithFactory(functools.partial(torch.optim.Adam, lr=0.1))
+
+
+class WithNet(Module):
+    """A module given its network, as Lightning templates write it (``net: nn.Module``)."""
+
+    def __init__(self, net: torch.nn.Module, lr: float = 0.1) -> None:
+        super().__init__()
+        self.save_hyperparameters(logger=False)
+        self.net = net
+
+    @override
+    def training_step(self, batch: object, batch_idx: int) -> torch.Tensor:
+        assert isinstance(batch, list)
+        (x,) = batch
+        loss: torch.Tensor = self.net(x).pow(2).mean()
+        return loss
+
+    @override
+    def configure_optimizers(self) -> object:
+        return torch.optim.SGD(self.hparams.net.parameters(), lr=self.hparams.lr)
+
+
+def test_a_module_argument_is_kept_in_hparams_and_left_out_of_checkpoints(
+    tmp_path: Path,
+) -> None:
+    net = torch.nn.Linear(2, 1)
+    with pytest.warns(UserWarning, match=r"'net' are modules: kept in self.hparams"):
+        model = WithNet(net, lr=0.05)
+    assert model.hparams.net is net
+    trainer = _fit(tmp_path, model, logger=CSVLogger(tmp_path))
+    callback = trainer.checkpoint_callback
+    assert callback is not None
+
+    saved = torch.load(callback.last_model_path, weights_only=True)
+    assert saved["hyper_parameters"] == {"lr": 0.05}
+    assert not (tmp_path / "plait_logs" / "version_0" / "hparams.json").exists()  # logger=False
+    with pytest.warns(UserWarning, match="are modules"):
+        loaded = WithNet.load_from_checkpoint(callback.last_model_path, net=torch.nn.Linear(2, 1))
+    torch.testing.assert_close(loaded.net.weight, net.weight, rtol=0, atol=0)
+    with pytest.raises(ConfigurationError, match="net"):
+        WithNet.load_from_checkpoint(callback.last_model_path)
+
+
+class Data(DataModule):
+    """A data module with hyperparameters, reading its trainer in setup."""
+
+    def __init__(self, batch_size: int = 4, lr: float = 0.1) -> None:
+        self.save_hyperparameters()
+        self.world_sizes: list[int] = []
+
+    @override
+    def setup(self, stage: str) -> None:
+        assert self.trainer is not None
+        self.world_sizes.append(self.trainer.world_size)
+
+    @override
+    def train_dataloader(self) -> DataLoader[tuple[torch.Tensor, ...]]:
+        return DataLoader(TensorDataset(torch.randn(16, 2)), batch_size=self.hparams.batch_size)
+
+
+def test_a_data_module_saves_hyperparameters_and_knows_its_trainer(tmp_path: Path) -> None:
+    data = Data(batch_size=8)
+    assert data.hparams == {"batch_size": 8, "lr": 0.1}
+    logger = CSVLogger(tmp_path)
+    trainer = Trainer(
+        accelerator="cpu",
+        default_root_dir=tmp_path,
+        enable_progress_bar=False,
+        logger=logger,
+        max_epochs=1,
+    )
+
+    trainer.fit(Sized(5), datamodule=data)
+
+    assert data.world_sizes == [1]
+    assert trainer.global_step == 2  # 16 samples in batches of 8
+    logged = json.loads((Path(logger.log_dir) / "hparams.json").read_text())
+    assert logged == {"width": 5, "lr": 0.1, "act": "tanh", "batch_size": 8}
+    callback = trainer.checkpoint_callback
+    assert callback is not None
+    saved = torch.load(callback.last_model_path, weights_only=True)
+    assert saved["datamodule_hyper_parameters"] == {"batch_size": 8, "lr": 0.1}
+
+    clashing = Trainer(accelerator="cpu", default_root_dir=tmp_path, enable_progress_bar=False)
+    with pytest.raises(ConfigurationError, match=r"both save the hyperparameter\(s\) \['lr'\]"):
+        clashing.fit(Sized(5, lr=0.5), datamodule=Data())
 
 
 def test_a_checkpoint_makes_the_module_again_with_its_weights(tmp_path: Path) -> None:

@@ -12,6 +12,7 @@ import torch
 from typing_extensions import override
 
 from plait.core import (
+    ConfigurationError,
     SupportsModelShardedContext,
     SupportsShardedModule,
     rank_zero_info,
@@ -19,6 +20,7 @@ from plait.core import (
 )
 from plait.trainer.checkpointing import check_checkpoint
 from plait.trainer.hooks import Hooks
+from plait.trainer.hparams import saved
 from plait.trainer.loggers import SupportsConnect, SupportsLogGraph
 from plait.trainer.module import ModuleData, overrides
 from plait.trainer.optim import parse_optimizers
@@ -118,6 +120,7 @@ class Attached:
         hooks: The run's callbacks and module hooks.
         handles: The optimizers as `Module.optimizers` returns them.
         checkpoint: The checkpoint the run started from, loaded already.
+        datamodule: The run's data module, when the user gave one.
     """
 
     module: Module
@@ -128,6 +131,7 @@ class Attached:
     hooks: Hooks
     handles: list[TrainerOptimizer]
     checkpoint: Checkpoint | None
+    datamodule: DataModule | None = None
 
 
 @contextlib.contextmanager
@@ -155,6 +159,7 @@ def attach(trainer: Trainer, module: Module, run: Run) -> Iterator[Attached]:
         )
         trainer.torch_flags.apply()
         if datamodule is not None and not isinstance(datamodule, ModuleData):
+            datamodule.trainer = trainer
             if strategy.is_global_zero:
                 datamodule.prepare_data()
             strategy.barrier("prepare_data")
@@ -167,7 +172,7 @@ def attach(trainer: Trainer, module: Module, run: Run) -> Iterator[Attached]:
         module.setup(stage)
         hooks.setup(stage)
         if strategy.is_global_zero:
-            _start_loggers(trainer, module)
+            _start_loggers(trainer, module, datamodule)
         attached = _set_up(trainer, module, run, hooks)
         if strategy.is_global_zero:
             _log_graphs(trainer, attached)
@@ -191,13 +196,35 @@ def attach(trainer: Trainer, module: Module, run: Run) -> Iterator[Attached]:
         trainer.results.end_run()
 
 
-def _start_loggers(trainer: Trainer, module: Module) -> None:
+def _start_loggers(trainer: Trainer, module: Module, datamodule: DataModule | None) -> None:
+    params = logged_hyperparameters(module, datamodule)
     for logger in trainer.loggers:
         # A logger's service unreachable or refused: said before training.
         if isinstance(logger, SupportsConnect):
             logger.connect()
-        if module.logs_hyperparameters:
-            logger.log_hyperparams(dict(module.hparams))
+        if params:
+            logger.log_hyperparams(params)
+
+
+def logged_hyperparameters(module: Module, datamodule: DataModule | None) -> dict[str, object]:
+    """The module's and the data module's hyperparameters, as the loggers get them.
+
+    Raises:
+        ConfigurationError: Both hold a name, with different values.
+    """
+    params = saved(module.hparams) if module.logs_hyperparameters else {}
+    if datamodule is None or isinstance(datamodule, ModuleData):
+        return params
+    data = saved(datamodule.hparams) if datamodule.logs_hyperparameters else {}
+    clashing = sorted(name for name in set(params) & set(data) if params[name] != data[name])
+    if clashing:
+        raise ConfigurationError(
+            f"the module and the data module both save the hyperparameter(s) {clashing}, "
+            "with different values: the loggers would get one of them",
+            value=clashing,
+            fix="rename one, or leave it out of one with save_hyperparameters(ignore=[...])",
+        )
+    return {**params, **data}
 
 
 def _log_graphs(trainer: Trainer, attached: Attached) -> None:
@@ -278,6 +305,7 @@ def _set_up(trainer: Trainer, module: Module, run: Run, hooks: Hooks) -> Attache
             for optimizer in prepared
         ],
         checkpoint=None,
+        datamodule=None if isinstance(run.datamodule, ModuleData) else run.datamodule,
     )
 
 

@@ -18,7 +18,7 @@ from plait.core import (
 )
 from plait.trainer.callbacks.checkpoint import ModelCheckpoint
 from plait.trainer.gather import gather_objects
-from plait.trainer.hparams import class_path
+from plait.trainer.hparams import class_path, saved
 from plait.trainer.state import rng_state
 
 if TYPE_CHECKING:
@@ -117,7 +117,7 @@ class Checkpointer:
         if weights_only:
             weights: Checkpoint = {
                 "plait": {**header, "weights_only": True},
-                "hyper_parameters": dict(module.hparams),
+                "hyper_parameters": saved(module.hparams),
                 "epoch": progress.current_epoch,
                 "global_step": progress.global_step,
                 "loops": progress.state_dict(None),
@@ -129,7 +129,7 @@ class Checkpointer:
         checkpoint: Checkpoint = {
             "plait": header,
             # What load_from_checkpoint makes the module again from.
-            "hyper_parameters": dict(module.hparams),
+            "hyper_parameters": saved(module.hparams),
             "epoch": progress.current_epoch,
             "global_step": progress.global_step,
             "loops": progress.state_dict(
@@ -141,6 +141,9 @@ class Checkpointer:
             "callbacks": {c.state_key: c.state_dict() for c in self.callbacks},
             "rng_states": states,
         }
+        datamodule = attached.datamodule
+        if datamodule is not None and datamodule.hparams:
+            checkpoint["datamodule_hyper_parameters"] = saved(datamodule.hparams)
         attached.hooks.on_save_checkpoint(checkpoint)
         return checkpoint
 

@@ -10,14 +10,21 @@ from typing import TYPE_CHECKING, TypeVar
 
 import torch
 
-from plait.core import CheckpointError, ConfigurationError
+from plait.core import CheckpointError, ConfigurationError, rank_zero_warn
 from plait.strategies.export import read_whole
 
 if TYPE_CHECKING:
     from plait.core.typing import PathLike
     from plait.trainer.module import Module
 
-__all__ = ["class_path", "init_arguments", "load_module", "storable"]
+__all__ = [
+    "caller_arguments",
+    "class_path",
+    "init_arguments",
+    "load_module",
+    "saved",
+    "storable",
+]
 
 M = TypeVar("M", bound="Module")
 
@@ -61,6 +68,48 @@ def init_arguments(
         )
     chosen = names or list(values)
     return {name: values[name] for name in chosen if name not in set(ignore)}
+
+
+def caller_arguments(names: Sequence[str], ignore: Sequence[str] | str) -> dict[str, object]:
+    """The arguments of the ``__init__`` that called ``save_hyperparameters``, checked.
+
+    Modules among them (a ``net`` argument, say) are kept, with a warning: their
+    weights are the state dict's, so checkpoints and loggers leave them out (`saved`),
+    and `load_from_checkpoint` takes them again by name. Every other value must be
+    plain data (`storable`).
+
+    Raises:
+        ConfigurationError: A name is not an argument, or a value is not plain data.
+    """
+    frame = inspect.currentframe()
+    # This function, then save_hyperparameters, then the __init__ that called it.
+    caller = frame.f_back.f_back if frame is not None and frame.f_back is not None else None
+    if caller is None:  # pragma: no cover - only without Python frames
+        raise ConfigurationError(
+            "save_hyperparameters cannot see the arguments of its caller",
+            fix="pass them to self.hparams.update(...) yourself",
+        )
+    ignored = [ignore] if isinstance(ignore, str) else list(ignore)
+    values = init_arguments(caller, names, ignored)
+    del frame, caller
+    modules = sorted(name for name, value in values.items() if isinstance(value, torch.nn.Module))
+    if modules:
+        shown = ", ".join(repr(name) for name in modules)
+        rank_zero_warn(
+            f"the hyperparameter(s) {shown} are modules: kept in self.hparams, left out of "
+            "checkpoints and logs (their weights are in the state dict); pass them to "
+            f"load_from_checkpoint(path, {modules[0]}=...), or save_hyperparameters("
+            f"ignore=[{shown}]) to keep them out of hparams too"
+        )
+    storable(saved(values))
+    return values
+
+
+def saved(hparams: Mapping[str, object]) -> dict[str, object]:
+    """What checkpoints and loggers hold of ``hparams``: all but modules."""
+    return {
+        name: value for name, value in hparams.items() if not isinstance(value, torch.nn.Module)
+    }
 
 
 def storable(values: Mapping[str, object]) -> None:

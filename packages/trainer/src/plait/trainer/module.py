@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Final, Literal, TypeAlias
 
@@ -15,7 +14,7 @@ from plait.core import (
     SupportsDeviceMesh,
     SupportsPipeline,
 )
-from plait.trainer.hparams import init_arguments, load_module, storable
+from plait.trainer.hparams import caller_arguments, load_module
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
@@ -142,23 +141,16 @@ class Module(torch.nn.Module):
         `load_from_checkpoint` can make the module again) and, with ``logger``, to
         the loggers' ``log_hyperparams`` when a run starts.
 
+        A module among them (a ``net`` argument) is kept in `hparams` with a warning,
+        and left out of checkpoints and logs (its weights are the state dict's):
+        pass it to `load_from_checkpoint` again.
+
         Raises:
             ConfigurationError: A name is not an argument, or a value is not plain
-                data (numbers, strings, lists, dicts): ignore it and pass it to
-                `load_from_checkpoint` instead.
+                data (numbers, strings, lists, dicts) nor a module: ignore it and
+                pass it to `load_from_checkpoint` instead.
         """
-        frame = inspect.currentframe()
-        caller = frame.f_back if frame is not None else None
-        if caller is None:  # pragma: no cover - only without Python frames
-            raise ConfigurationError(
-                "save_hyperparameters cannot see the arguments of its caller",
-                fix="pass them to self.hparams.update(...) yourself",
-            )
-        ignored = [ignore] if isinstance(ignore, str) else list(ignore)
-        values = init_arguments(caller, names, ignored)
-        del frame, caller
-        storable(values)
-        self.hparams.update(values)
+        self.hparams.update(caller_arguments(names, ignore))
         self.__dict__["_log_hyperparams"] = logger
 
     @property
@@ -676,8 +668,42 @@ class DataModule:
     ``setup(stage)`` runs on every rank before the loaders are asked for, with
     ``stage`` one of ``"fit"``, ``"validate"``, ``"test"``, ``"predict"``;
     ``prepare_data()`` runs once per job, on global rank 0, before it (download
-    there, never in ``setup``).
+    there, never in ``setup``). ``self.trainer`` is the trainer of the running run
+    (``self.trainer.world_size`` in ``setup``), ``None`` outside one.
     """
+
+    trainer: Trainer | None = None
+    """The trainer of the running run, set before ``prepare_data`` and ``setup``."""
+
+    def save_hyperparameters(
+        self, *names: str, ignore: Sequence[str] | str = (), logger: bool = True
+    ) -> None:
+        """Save the calling ``__init__``'s arguments as `hparams`, in checkpoints and logs.
+
+        As `Module.save_hyperparameters`: checkpoints hold them as
+        ``"datamodule_hyper_parameters"``, and the loggers get them with the
+        module's (a name both hold with different values is refused when a run
+        starts).
+
+        Raises:
+            ConfigurationError: A name is not an argument, or a value is not plain data.
+        """
+        self.hparams.update(caller_arguments(names, ignore))
+        self._log_hyperparams = logger
+
+    @property
+    def hparams(self) -> HyperParameters:
+        """The hyperparameters `save_hyperparameters` saved (empty by default)."""
+        found = self.__dict__.get("_hparams")
+        if found is None:
+            found = self.__dict__["_hparams"] = HyperParameters()
+        assert isinstance(found, HyperParameters)
+        return found
+
+    @property
+    def logs_hyperparameters(self) -> bool:
+        """Whether the loggers get the hyperparameters (``save_hyperparameters(logger=...)``)."""
+        return bool(self.__dict__.get("_log_hyperparams", True)) and bool(self.hparams)
 
     def prepare_data(self) -> None:
         """Fetch or write data once per job (rank 0 only)."""
