@@ -65,6 +65,9 @@ def test_fit_on_two_ranks_syncs_metrics_without_truncating_and_every_launcher_ru
         if strategy == "ddp":  # rank 1 runs the script too
             expected["job-1.json"] = [2, 1, 1]
         assert jobs == expected
+        # trainer.model is the module as the strategy wrapped it, on every rank.
+        wrapped = {path.name: path.read_text() for path in root.glob("model-*.txt")}
+        assert wrapped == dict.fromkeys(("model-0.txt", "model-1.txt"), "ddp=True")
         # A test after the fit adds its row below the fit's rows, in the same file.
         logged = result["logged"]
         assert isinstance(logged, list)

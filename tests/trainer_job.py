@@ -508,6 +508,16 @@ def _after_the_job(
     return {"error": None}
 
 
+class RecordModel(Callback):
+    """Each rank writes what ``trainer.model`` is once training starts."""
+
+    @override
+    def on_train_start(self, trainer: Trainer, module: Module) -> None:
+        root = trainer.default_root_dir
+        ddp = isinstance(trainer.model, torch.nn.parallel.DistributedDataParallel)
+        Path(root, f"model-{trainer.global_rank}.txt").write_text(f"ddp={ddp}")
+
+
 class StopOnRankOne(Callback):
     @override
     def on_train_epoch_end(self, trainer: Trainer, module: Module) -> None:
@@ -538,7 +548,9 @@ def _fit(
     arguments: argparse.Namespace, train: DataLoader[object], val: DataLoader[object]
 ) -> dict[str, object]:
     logger = CSVLogger(arguments.root, name="logs")
-    trainer = _trainer(arguments, max_epochs=2, profiler="simple", logger=logger)
+    trainer = _trainer(
+        arguments, max_epochs=2, profiler="simple", logger=logger, callbacks=[RecordModel()]
+    )
     model = GoesOn()  # Toy, with a test step
     trainer.fit(model, train, val)
     metrics = dict(trainer.callback_metrics)

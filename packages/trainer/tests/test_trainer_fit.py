@@ -37,7 +37,9 @@ from plait.trainer import (
     EarlyStopping,
     LearningRateMonitor,
     ModelCheckpoint,
+    ModelSummary,
     Module,
+    RichModelSummary,
     RichProgressBar,
     TensorBoardLogger,
     Trainer,
@@ -1438,3 +1440,71 @@ def test_tensorboard_logs_the_graph_and_the_hparams_placeholder_as_lightning(
     without = TensorBoardLogger(tmp_path, name="without", log_graph=True)
     with pytest.warns(UserWarning, match="has no example_input_array"):
         _trainer(tmp_path, max_epochs=1, logger=without).fit(Regressor(), _loader(n=16))
+
+
+def test_trainer_model_is_the_module_the_run_trains_as_the_strategy_wrapped_it(
+    tmp_path: Path,
+) -> None:
+    seen: dict[str, object] = {}
+
+    class Looks(Regressor):
+        @override
+        def configure_optimizers(self) -> object:
+            seen["configure_optimizers"] = self.trainer.model
+            return super().configure_optimizers()
+
+        @override
+        def on_train_start(self) -> None:
+            seen["on_train_start"] = self.trainer.model
+
+    model = Looks()
+    trainer = _trainer(tmp_path, max_epochs=1)
+    assert trainer.model is None
+    trainer.fit(model, _loader(n=16))
+
+    # On one device the strategy wraps nothing: the module itself, before and after
+    # set-up (DDP's wrapper where DDP wraps it: tests/trainer_job.py).
+    assert seen["configure_optimizers"] is model
+    assert seen["on_train_start"] is model
+    assert trainer.model is None  # the run is over
+
+
+def test_model_summary_says_the_layers_and_counts_at_fit_start(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    model = Regressor()
+    model.net[2].weight.requires_grad = False  # 16 of the 97 parameters frozen
+    with caplog.at_level(logging.INFO, logger="plait"):
+        _trainer(tmp_path, max_epochs=1, callbacks=[ModelSummary(max_depth=2)]).fit(
+            model, _loader(n=16)
+        )
+
+    said = "\n".join(r.getMessage() for r in caplog.records if "Trainable params" in r.getMessage())
+    lines = said.strip().splitlines()
+    assert lines[0].split() == ["|", "Name", "|", "Type", "|", "Params", "|", "Mode"]
+    assert [line.split(" | ")[1].strip() for line in lines[2:6]] == [
+        "net", "net.0", "net.1", "net.2",
+    ]  # fmt: skip
+    assert [cell.strip() for cell in lines[2].split(" | ")[2:]] == ["Sequential", "97", "train"]
+    assert "81       Trainable params" in said
+    assert "16       Non-trainable params" in said
+    assert "97       Total params" in said
+
+
+def test_a_rich_model_summary_draws_a_table(tmp_path: Path) -> None:
+    out = io.StringIO()
+    console = Console(file=out, width=100, color_system=None)
+    _trainer(tmp_path, max_epochs=1, callbacks=[RichModelSummary(console=console)]).fit(
+        Regressor(), _loader(n=16)
+    )
+
+    drawn = out.getvalue()
+    assert "Sequential" in drawn
+    assert "Total params: 97" in drawn
+    # Lightning's Trainer argument adds one; none unless asked.
+    assert any(
+        isinstance(c, ModelSummary) for c in _trainer(tmp_path, enable_model_summary=True).callbacks
+    )
+    assert not any(isinstance(c, ModelSummary) for c in _trainer(tmp_path).callbacks)
+    with pytest.raises(ConfigurationError, match="max_depth=-2 must be an int of -1 or more"):
+        ModelSummary(max_depth=-2)

@@ -13,6 +13,8 @@ from plait.trainer.callbacks import (
     EarlyStopping,
     LearningRateMonitor,
     ModelCheckpoint,
+    ModelSummary,
+    RichModelSummary,
     RichProgressBar,
 )
 from plait.trainer.connector import Connection, connect
@@ -35,8 +37,10 @@ __all__ = [
     "Logger",
     "MLFlowLogger",
     "ModelCheckpoint",
+    "ModelSummary",
     "Module",
     "Outcome",
+    "RichModelSummary",
     "RichProgressBar",
     "SchedulerConfig",
     "TensorBoardLogger",

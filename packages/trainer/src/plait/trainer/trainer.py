@@ -113,6 +113,8 @@ class Trainer:
             default.
         enable_progress_bar: Draw a progress bar on global rank 0.
         enable_checkpointing: Add a `ModelCheckpoint` when none is given.
+        enable_model_summary: Add a `ModelSummary` when none is given (``False`` by
+            default, where Lightning's is ``True``: no table unless asked).
         deterministic: ``True``: torch uses deterministic algorithms only (others
             raise), and ``CUBLAS_WORKSPACE_CONFIG`` is set to ``:4096:8`` unless set
             already, as cuBLAS needs; ``"warn"``: the same, others warn; ``False``:
@@ -203,6 +205,7 @@ class Trainer:
         gradient_clip_algorithm: GradientClipAlgorithm = "norm",
         default_root_dir: PathLike | None = None,
         enable_progress_bar: bool = True,
+        enable_model_summary: bool = False,
         enable_checkpointing: bool = True,
         deterministic: Deterministic = None,
         benchmark: bool | None = None,
@@ -274,7 +277,11 @@ class Trainer:
         self.compile_options = compile_options(compile)
         self.loggers = resolve_loggers(logger, self.default_root_dir)
         self.callbacks = resolve_callbacks(
-            callbacks, enable_progress_bar, enable_checkpointing, debug=debug
+            callbacks,
+            enable_progress_bar,
+            enable_checkpointing,
+            debug=debug,
+            summary=enable_model_summary,
         )
         # What outlives a run: the counters, and the values logged.
         self.progress = Progress()
@@ -292,6 +299,7 @@ class Trainer:
         )
         # What a run holds in this rank, while it runs.
         self._attached: Attached | None = None
+        self._module: Module | None = None
         # Starting the ranks, and handing rank 0's result back.
         self._launch = Launch(self, self._checkpointer)
         self.trained_checkpoint_path: str | None = None
@@ -461,6 +469,19 @@ class Trainer:
     def attached(self) -> Attached | None:
         """What the run in progress holds in this rank (module, wrapper, optimizers...)."""
         return self._attached
+
+    @property
+    def model(self) -> torch.nn.Module | None:
+        """The module the run in progress trains, as the strategy wrapped it (DDP's, ...).
+
+        The module itself where the strategy does not wrap it, and before the
+        strategy sets it up (in ``configure_model`` and ``configure_optimizers``);
+        ``None`` outside a run.
+        """
+        attached = self._attached
+        if attached is not None and attached.wrapped is not attached.steps:
+            return attached.wrapped
+        return self._module
 
     @property
     def optimizers(self) -> list[torch.optim.Optimizer]:
@@ -643,6 +664,7 @@ class Trainer:
         self._launch.begin()
         self.state_stage = run.stage
         module.trainer = self
+        self._module = module
         strategy = self.strategy
         try:
             with attach(self, module, run) as attached:
@@ -663,6 +685,7 @@ class Trainer:
             # Only the strategy holds the wrapper after this: it releases it (while it
             # still holds its process group) in its teardown.
             self._attached = None
+            self._module = None
             module.trainer = None
             strategy.teardown()
 
@@ -698,7 +721,7 @@ class Trainer:
     @override
     def __getstate__(self) -> dict[str, object]:
         # The trainer travels to the ranks between runs: nothing of a run goes with it.
-        return {**self.__dict__, "_attached": None}
+        return {**self.__dict__, "_attached": None, "_module": None}
 
     def save_checkpoint(self, path: PathLike, weights_only: bool = False) -> None:
         """Save the whole run at ``path``, to resume from; every rank must call it.

@@ -1,9 +1,10 @@
-"""Callbacks: the hook API, checkpoints, early stopping, learning rates and progress."""
+"""Callbacks: the hook API, checkpoints, early stopping, learning rates, progress, summaries."""
 
 from plait.trainer.callbacks.base import Callback
 from plait.trainer.callbacks.checkpoint import ModelCheckpoint
 from plait.trainer.callbacks.early_stopping import EarlyStopping
 from plait.trainer.callbacks.lr_monitor import LearningRateMonitor
+from plait.trainer.callbacks.model_summary import ModelSummary, RichModelSummary
 from plait.trainer.callbacks.progress import RichProgressBar
 
 __all__ = [
@@ -11,5 +12,7 @@ __all__ = [
     "EarlyStopping",
     "LearningRateMonitor",
     "ModelCheckpoint",
+    "ModelSummary",
+    "RichModelSummary",
     "RichProgressBar",
 ]

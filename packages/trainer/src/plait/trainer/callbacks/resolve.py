@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from plait.core import ConfigurationError
 from plait.trainer.callbacks.base import Callback
 from plait.trainer.callbacks.checkpoint import ModelCheckpoint
+from plait.trainer.callbacks.model_summary import ModelSummary
 from plait.trainer.callbacks.progress import RichProgressBar
 
 __all__ = ["resolve_callbacks"]
@@ -18,12 +19,14 @@ def resolve_callbacks(
     checkpointing: bool,
     *,
     debug: bool,
+    summary: bool = False,
 ) -> list[Callback]:
     """The Trainer's callbacks: checked, with a progress bar and a `ModelCheckpoint` added.
 
     A progress bar is added where ``progress`` asks and none is given, a
-    `ModelCheckpoint` where ``checkpointing`` asks (and not ``debug``); checkpoint
-    callbacks go last, so that they save the others' newest state.
+    `ModelSummary` where ``summary`` asks and none is given, a `ModelCheckpoint`
+    where ``checkpointing`` asks (and not ``debug``); checkpoint callbacks go last,
+    so that they save the others' newest state.
 
     Raises:
         ConfigurationError: A callback is not a `Callback`, two share a state key, or a
@@ -48,6 +51,14 @@ def resolve_callbacks(
         )
     if progress and not any(isinstance(c, RichProgressBar) for c in given):
         given.insert(0, RichProgressBar())
+    if summary is not False and not isinstance(summary, bool):
+        raise ConfigurationError(
+            f"enable_model_summary={summary!r} must be True or False",
+            value=summary,
+            fix="pass enable_model_summary=True",
+        )
+    if summary and not any(isinstance(c, ModelSummary) for c in given):
+        given.append(ModelSummary())
     has_checkpoint = any(isinstance(c, ModelCheckpoint) for c in given)
     if checkpointing and not has_checkpoint and not debug:
         given.append(ModelCheckpoint())
