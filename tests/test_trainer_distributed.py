@@ -67,7 +67,10 @@ def test_fit_on_two_ranks_syncs_metrics_without_truncating_and_every_launcher_ru
         assert jobs == expected
         # trainer.model is the module as the strategy wrapped it, on every rank.
         wrapped = {path.name: path.read_text() for path in root.glob("model-*.txt")}
-        assert wrapped == dict.fromkeys(("model-0.txt", "model-1.txt"), "ddp=True")
+        # A rank's strategy says the job's world size (the caller's, under ddp_spawn,
+        # is no rank).
+        said = "ddp=True DDPStrategy(backend='gloo', world_size=2, device='cpu')"
+        assert wrapped == dict.fromkeys(("model-0.txt", "model-1.txt"), said)
         # A test after the fit adds its row below the fit's rows, in the same file.
         logged = result["logged"]
         assert isinstance(logged, list)

@@ -509,13 +509,14 @@ def _after_the_job(
 
 
 class RecordModel(Callback):
-    """Each rank writes what ``trainer.model`` is once training starts."""
+    """Each rank writes what ``trainer.model`` is once training starts, and its strategy."""
 
     @override
     def on_train_start(self, trainer: Trainer, module: Module) -> None:
         root = trainer.default_root_dir
         ddp = isinstance(trainer.model, torch.nn.parallel.DistributedDataParallel)
-        Path(root, f"model-{trainer.global_rank}.txt").write_text(f"ddp={ddp}")
+        said = repr(trainer.strategy)
+        Path(root, f"model-{trainer.global_rank}.txt").write_text(f"ddp={ddp} {said}")
 
 
 class StopOnRankOne(Callback):

@@ -507,3 +507,12 @@ def test_a_subclass_prints_as_itself() -> None:
     assert repr(TunedDDP()) == "TunedDDP(backend='gloo', world_size=1, device='cpu')"
     assert repr(TunedFSDP()).startswith("TunedFSDP(sharding_strategy='FULL_SHARD', ")
     assert repr(DDPStrategy()).startswith("DDPStrategy(")
+
+
+def test_the_process_that_launches_the_ranks_does_not_describe_its_own_world_as_the_jobs() -> None:
+    # Under a spawning launcher the caller is no rank: its world is of one.
+    spawning = DDPStrategy(accelerator="cpu", parallel_devices=[torch.device("cpu")] * 2)
+    assert repr(spawning) == (
+        "DDPStrategy(backend='gloo', world_size=1 here, 2 processes per node when "
+        "launched, device='cpu')"
+    )

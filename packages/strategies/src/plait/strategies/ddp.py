@@ -389,7 +389,7 @@ class DDPStrategy(SelfLaunchingStrategy):
     def __repr__(self) -> str:
         return (
             f"{type(self).__name__}(backend={self.process_group_backend!r}, "
-            f"world_size={self.world_size}, device={str(self.root_device)!r})"
+            f"{self.size_text()}, device={str(self.root_device)!r})"
         )
 
 

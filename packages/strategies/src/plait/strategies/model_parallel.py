@@ -801,7 +801,7 @@ class ModelParallelStrategy(MeshStrategy):
             f"data_parallel_replicate_size={self.data_parallel_replicate_size}, "
             f"context_parallel_size={self.context_parallel_size}, "
             f"pipeline_parallel_size={self.pipeline_parallel_size}, "
-            f"world_size={self.world_size}, device={str(self.root_device)!r})"
+            f"{self.size_text()}, device={str(self.root_device)!r})"
         )
 
 

@@ -117,6 +117,17 @@ class SelfLaunchingStrategy(ParallelStrategy):
         """
         return max(1, self.world_size // max(1, self.num_processes))
 
+    def size_text(self) -> str:
+        """``world_size=N`` where its ranks run; in the process that launches them, their number.
+
+        The process that calls ``fit`` under a spawning launcher is not one of the
+        ranks: its own world is of one, which a description must not pass off as the
+        job's.
+        """
+        if self.world_size == 1 and self.num_processes > 1:
+            return f"world_size=1 here, {self.num_processes} processes per node when launched"
+        return f"world_size={self.world_size}"
+
     @property
     def launcher(self) -> Launcher:
         """What starts the ranks: nothing, when a scheduler or launcher already did."""
