@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 import logging
 import os
 import pickle
@@ -1508,3 +1509,17 @@ def test_a_rich_model_summary_draws_a_table(tmp_path: Path) -> None:
     assert not any(isinstance(c, ModelSummary) for c in _trainer(tmp_path).callbacks)
     with pytest.raises(ConfigurationError, match="max_depth=-2 must be an int of -1 or more"):
         ModelSummary(max_depth=-2)
+
+
+def test_callback_metrics_answer_item_as_lightnings_tensors_do(tmp_path: Path) -> None:
+    trainer = _trainer(tmp_path, max_epochs=1)
+    trainer.fit(Regressor(), _loader(n=16), _loader(n=8, shuffle=False))
+
+    metrics = trainer.callback_metrics
+    value = metrics["val_loss"].item()  # type: ignore[union-attr]
+    assert type(value) is float
+    assert value == metrics["val_loss"]
+    assert type(metrics["val_seen"].item()) is int  # type: ignore[union-attr]
+    assert metrics["val_seen"] == 8
+    assert json.loads(json.dumps(metrics))["val_seen"] == 8
+    assert pickle.loads(pickle.dumps(metrics)) == metrics

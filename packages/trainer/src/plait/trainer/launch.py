@@ -26,6 +26,7 @@ from plait.core import (
 )
 from plait.core.seed import SEED_ENV_VAR
 from plait.trainer.attach import Run
+from plait.trainer.metrics import held
 from plait.trainer.state import rng_state, set_rng_state
 
 if TYPE_CHECKING:
@@ -259,7 +260,8 @@ class Launch:
                 if state is not None:
                     callback.load_state_dict(state)
             results = trainer.results
-            results.callback_metrics = dict(outcome.callback_metrics)
+            # However the outcome travelled, the values answer .item() here too.
+            results.callback_metrics = {k: held(v) for k, v in outcome.callback_metrics.items()}
             results.logged_metrics = dict(outcome.logged_metrics)
             results.progress_bar_metrics = dict(outcome.progress_bar_metrics)
             results.log_dir = outcome.log_dir

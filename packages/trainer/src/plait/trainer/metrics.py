@@ -18,10 +18,51 @@ if TYPE_CHECKING:
     from plait.core.typing import Group
     from plait.trainer.module import LogValue, ReduceFx
 
-__all__ = ["MetricOptions", "Metrics", "Number", "metric_group", "to_number"]
+__all__ = [
+    "MetricFloat",
+    "MetricInt",
+    "MetricOptions",
+    "Metrics",
+    "Number",
+    "held",
+    "metric_group",
+    "to_number",
+]
 
 Number = float | int
 """A logged value once recorded: a Python number."""
+
+
+class MetricFloat(float):
+    """A logged float as ``trainer.callback_metrics`` holds it: ``.item()`` answers too.
+
+    Lightning holds its values as tensors, and code written for it reads them with
+    ``.item()``; everything else (arithmetic, comparisons, JSON) sees a float.
+    """
+
+    __slots__ = ()
+
+    def item(self) -> float:
+        """The value as a plain float (as a one-element tensor's ``item()`` gives it)."""
+        return float(self)
+
+
+class MetricInt(int):
+    """A logged int as ``trainer.callback_metrics`` holds it: ``.item()`` answers too."""
+
+    __slots__ = ()
+
+    def item(self) -> int:
+        """The value as a plain int."""
+        return int(self)
+
+
+def held(value: Number) -> Number:
+    """``value`` as the callback metrics hold it (a `MetricFloat` or `MetricInt`)."""
+    if isinstance(value, bool):  # a bool cannot be subclassed: it stays as it is
+        return value
+    return MetricInt(value) if isinstance(value, int) else MetricFloat(value)
+
 
 _EPOCH_OPS: Final[dict[str, str]] = {"max": "max", "min": "min"}
 _FINGERPRINT_BYTES: Final = 6  # exact in an int64, and in a float64

@@ -10,7 +10,7 @@ from typing_extensions import override
 
 from plait.core import ConfigurationError
 from plait.trainer.data import first_tensor_length
-from plait.trainer.metrics import Metrics, Number, metric_group
+from plait.trainer.metrics import Metrics, Number, held, metric_group
 
 if TYPE_CHECKING:
     from plait.core import Strategy
@@ -109,7 +109,7 @@ class Results:
         for name, value in values.items():
             options = metrics.options[name]
             key = f"{name}_step" if options.on_epoch else name
-            self.callback_metrics[key] = value
+            self.callback_metrics[key] = held(value)
             if options.prog_bar:
                 self.progress_bar_metrics[name] = value
             if options.logger:
@@ -125,9 +125,9 @@ class Results:
         to_log: dict[str, Number] = {}
         for name, value in values.items():
             both = training and options[name].on_step
-            self.callback_metrics[name] = value
+            self.callback_metrics[name] = held(value)
             if both:
-                self.callback_metrics[f"{name}_epoch"] = value
+                self.callback_metrics[f"{name}_epoch"] = held(value)
             if options[name].prog_bar:
                 self.progress_bar_metrics[name] = value
             if options[name].logger:
