@@ -10,6 +10,7 @@ The conformance guide's audit table is this file, in words.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Final
 
 import pytest
 import torch
@@ -258,17 +259,18 @@ def _moved(case: BroadcastCase | AllGatherCase, carrier: str) -> list[Outcome]:
     return [Outcome(rank, result=result) for rank in range(len(specs))]
 
 
+_LOSSY: Final = [
+    (dtype, carrier)
+    for carriers_of in (_INT_CARRIERS, _FLOAT_CARRIERS)
+    for dtype, carriers in carriers_of.items()
+    for carrier in carriers
+    if (dtype, carrier) not in _REINTERPRETED  # the same bits arrive: nothing is lost
+]
+"""Each dtype and a carrier that moves it with a loss."""
+
+
 @pytest.mark.parametrize("world_size", WORLD_SIZES)
-@pytest.mark.parametrize(
-    ("dtype", "carrier"),
-    [
-        (dtype, carrier)
-        for carriers_of in (_INT_CARRIERS, _FLOAT_CARRIERS)
-        for dtype, carriers in carriers_of.items()
-        for carrier in carriers
-        if (dtype, carrier) not in _REINTERPRETED  # the same bits arrive: nothing is lost
-    ],
-)
+@pytest.mark.parametrize(("dtype", "carrier"), _LOSSY)
 def test_broadcast_and_all_gather_through_a_narrower_dtype_show_for_every_dtype(
     world_size: int, dtype: str, carrier: str
 ) -> None:
@@ -433,16 +435,7 @@ def test_two_messages_between_one_pair_delivered_out_of_order_show(world_size: i
 
 
 @pytest.mark.parametrize("world_size", WORLD_SIZES[1:])
-@pytest.mark.parametrize(
-    ("dtype", "carrier"),
-    [
-        (dtype, carrier)
-        for carriers_of in (_INT_CARRIERS, _FLOAT_CARRIERS)
-        for dtype, carriers in carriers_of.items()
-        for carrier in carriers
-        if (dtype, carrier) not in _REINTERPRETED
-    ],
-)
+@pytest.mark.parametrize(("dtype", "carrier"), _LOSSY)
 def test_a_message_moved_through_a_narrower_dtype_shows_for_every_dtype(
     world_size: int, dtype: str, carrier: str
 ) -> None:

@@ -21,7 +21,9 @@ class Sized(Module):
     def __init__(self, width: int, lr: float = 0.1, *, act: str = "tanh", **extra: object) -> None:
         super().__init__()
         self.save_hyperparameters(ignore="extra")
-        self.net = torch.nn.Sequential(torch.nn.Linear(2, width), torch.nn.Linear(width, 1))
+        self.net: torch.nn.Module = torch.nn.Sequential(
+            torch.nn.Linear(2, width), torch.nn.Linear(width, 1)
+        )
 
     @override
     def training_step(self, batch: object, batch_idx: int) -> torch.Tensor:
@@ -94,24 +96,16 @@ def test_a_value_a_checkpoint_cannot_hold_as_data_is_refused_naming_ignore() -> 
         WithFactory(functools.partial(torch.optim.Adam, lr=0.1))
 
 
-class WithNet(Module):
-    """A module given its network, as Lightning templates write it (``net: nn.Module``)."""
+class WithNet(Sized):
+    """A module given its network, as Lightning templates write it (``net: nn.Module``).
+
+    Sized's step and optimizer, over the network it is given.
+    """
 
     def __init__(self, net: torch.nn.Module, lr: float = 0.1) -> None:
-        super().__init__()
+        Module.__init__(self)  # not Sized's: the network is given
         self.save_hyperparameters(logger=False)
         self.net = net
-
-    @override
-    def training_step(self, batch: object, batch_idx: int) -> torch.Tensor:
-        assert isinstance(batch, list)
-        (x,) = batch
-        loss: torch.Tensor = self.net(x).pow(2).mean()
-        return loss
-
-    @override
-    def configure_optimizers(self) -> object:
-        return torch.optim.SGD(self.hparams.net.parameters(), lr=self.hparams.lr)
 
 
 def test_a_module_argument_is_kept_in_hparams_and_left_out_of_checkpoints(

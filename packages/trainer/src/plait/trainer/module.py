@@ -34,6 +34,7 @@ __all__ = [
     "Module",
     "ModuleData",
     "ReduceFx",
+    "SavesHyperParameters",
     "StepOutput",
     "defines",
     "overrides",
@@ -73,7 +74,50 @@ class HyperParameters(dict[str, object]):
         self[name] = value
 
 
-class Module(torch.nn.Module):
+class SavesHyperParameters:
+    """``save_hyperparameters`` and ``hparams``, as a `Module` and a `DataModule` have them."""
+
+    def save_hyperparameters(
+        self, *names: str, ignore: Sequence[str] | str = (), logger: bool = True
+    ) -> None:
+        """Save the calling ``__init__``'s arguments as `hparams`, in checkpoints and logs.
+
+        Call it in ``__init__``: the arguments (all, or those named; less those in
+        ``ignore``) become `hparams`, go into every checkpoint (so that
+        `Module.load_from_checkpoint` can make the module again; a data module's as
+        ``"datamodule_hyper_parameters"``) and, with ``logger``, to the loggers'
+        ``log_hyperparams`` when a run starts (a module's and a data module's
+        together: a name both hold with different values is refused).
+
+        A module among them (a ``net`` argument) is kept in `hparams` with a warning,
+        and left out of checkpoints and logs (its weights are the state dict's):
+        pass it to `Module.load_from_checkpoint` again.
+
+        Raises:
+            ConfigurationError: A name is not an argument, or a value is not plain
+                data (numbers, strings, lists, dicts) nor a module: ignore it and
+                pass it to `Module.load_from_checkpoint` instead.
+        """
+        self.hparams.update(caller_arguments(names, ignore))
+        # Through __dict__: a torch module's attribute setting is its own.
+        self.__dict__["_log_hyperparams"] = logger
+
+    @property
+    def hparams(self) -> HyperParameters:
+        """The hyperparameters `save_hyperparameters` saved (empty by default)."""
+        found = self.__dict__.get("_hparams")
+        if found is None:
+            found = self.__dict__["_hparams"] = HyperParameters()
+        assert isinstance(found, HyperParameters)
+        return found
+
+    @property
+    def logs_hyperparameters(self) -> bool:
+        """Whether the loggers get the hyperparameters (``save_hyperparameters(logger=...)``)."""
+        return bool(self.__dict__.get("_log_hyperparams", True)) and bool(self.hparams)
+
+
+class Module(SavesHyperParameters, torch.nn.Module):
     """A `torch.nn.Module` that knows how to train itself: override its steps.
 
     Only `training_step` and `configure_optimizers` are needed for `Trainer.fit`;
@@ -129,43 +173,7 @@ class Module(torch.nn.Module):
         """Whether a trainer runs this module now."""
         return self._trainer is not None
 
-    # Hyperparameters.
-
-    def save_hyperparameters(
-        self, *names: str, ignore: Sequence[str] | str = (), logger: bool = True
-    ) -> None:
-        """Save the calling ``__init__``'s arguments as `hparams`, in checkpoints and logs.
-
-        Call it in ``__init__``: the arguments (all, or those named; less those in
-        ``ignore``) become `hparams`, go into every checkpoint (so that
-        `load_from_checkpoint` can make the module again) and, with ``logger``, to
-        the loggers' ``log_hyperparams`` when a run starts.
-
-        A module among them (a ``net`` argument) is kept in `hparams` with a warning,
-        and left out of checkpoints and logs (its weights are the state dict's):
-        pass it to `load_from_checkpoint` again.
-
-        Raises:
-            ConfigurationError: A name is not an argument, or a value is not plain
-                data (numbers, strings, lists, dicts) nor a module: ignore it and
-                pass it to `load_from_checkpoint` instead.
-        """
-        self.hparams.update(caller_arguments(names, ignore))
-        self.__dict__["_log_hyperparams"] = logger
-
-    @property
-    def hparams(self) -> HyperParameters:
-        """The hyperparameters `save_hyperparameters` saved (empty by default)."""
-        found = self.__dict__.get("_hparams")
-        if found is None:
-            found = self.__dict__["_hparams"] = HyperParameters()
-        assert isinstance(found, HyperParameters)
-        return found
-
-    @property
-    def logs_hyperparameters(self) -> bool:
-        """Whether the loggers get the hyperparameters (``save_hyperparameters(logger=...)``)."""
-        return bool(self.__dict__.get("_log_hyperparams", True)) and bool(self.hparams)
+    # Hyperparameters: `SavesHyperParameters`'s.
 
     @classmethod
     def load_from_checkpoint(
@@ -662,7 +670,7 @@ def _handle_of(
     )
 
 
-class DataModule:
+class DataModule(SavesHyperParameters):
     """The data of a run, kept apart from the model: override the loaders you have.
 
     ``setup(stage)`` runs on every rank before the loaders are asked for, with
@@ -674,36 +682,6 @@ class DataModule:
 
     trainer: Trainer | None = None
     """The trainer of the running run, set before ``prepare_data`` and ``setup``."""
-
-    def save_hyperparameters(
-        self, *names: str, ignore: Sequence[str] | str = (), logger: bool = True
-    ) -> None:
-        """Save the calling ``__init__``'s arguments as `hparams`, in checkpoints and logs.
-
-        As `Module.save_hyperparameters`: checkpoints hold them as
-        ``"datamodule_hyper_parameters"``, and the loggers get them with the
-        module's (a name both hold with different values is refused when a run
-        starts).
-
-        Raises:
-            ConfigurationError: A name is not an argument, or a value is not plain data.
-        """
-        self.hparams.update(caller_arguments(names, ignore))
-        self._log_hyperparams = logger
-
-    @property
-    def hparams(self) -> HyperParameters:
-        """The hyperparameters `save_hyperparameters` saved (empty by default)."""
-        found = self.__dict__.get("_hparams")
-        if found is None:
-            found = self.__dict__["_hparams"] = HyperParameters()
-        assert isinstance(found, HyperParameters)
-        return found
-
-    @property
-    def logs_hyperparameters(self) -> bool:
-        """Whether the loggers get the hyperparameters (``save_hyperparameters(logger=...)``)."""
-        return bool(self.__dict__.get("_log_hyperparams", True)) and bool(self.hparams)
 
     def prepare_data(self) -> None:
         """Fetch or write data once per job (rank 0 only)."""
