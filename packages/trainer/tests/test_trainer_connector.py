@@ -14,7 +14,7 @@ from plait.core import (
     PrecisionRegistry,
     StrategyRegistry,
 )
-from plait.environments import LocalEnvironment
+from plait.environments import LightningEnvironment, LocalEnvironment
 from plait.precision import TruePrecision
 from plait.strategies import DDPStrategy, SingleDeviceStrategy
 from plait.trainer import Trainer, connect
@@ -319,3 +319,25 @@ def test_one_visible_gpu_for_processes_plait_starts_is_still_too_few(
 
     with pytest.raises(ConfigurationError, match="asks for 2 cuda devices, but this machine has 1"):
         connect(accelerator="cuda", strategy="ddp", devices=2)
+
+
+def test_an_environment_given_as_a_plugin_is_used_without_reading_the_schedulers_variables(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # An interactive shell inside an allocation: some of SLURM's variables, not all.
+    for name in SLURM_TASK_3:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("SLURM_JOB_ID", "4242")
+    monkeypatch.setenv("SLURM_NTASKS", "4")
+    with pytest.raises(ConfigurationError, match="SLURM_JOB_NODELIST is not set"):
+        connect(accelerator="cpu", strategy="ddp", devices=2)
+
+    # Lightning's way to turn detection off: its default environment, as a plugin.
+    connection = connect(
+        accelerator="cpu", strategy="ddp", devices=2, plugins=[LightningEnvironment()]
+    )
+
+    strategy = connection.strategy
+    assert isinstance(strategy, DDPStrategy)
+    assert isinstance(strategy.cluster_environment, LocalEnvironment)
+    assert any("given as a plugin" in reason for reason in connection.reasons)

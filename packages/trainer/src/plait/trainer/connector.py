@@ -276,8 +276,11 @@ def connect(
             )
         instance = strategy
     built_accelerator = _accelerator(accelerator, instance, reasons)
-    detection = detect_environment()
-    environment = parts.get("cluster_environment", detection.environment)
+    given = parts.get("cluster_environment")
+    # An environment given as a plugin is the one: the scheduler's variables are not
+    # read at all (a job's partial SLURM variables must not refuse it).
+    detection = None if given is not None else detect_environment()
+    environment = given if detection is None else detection.environment
     assert isinstance(environment, ClusterEnvironment)  # sorted by protocol
     if devices == "auto" and environment.creates_processes_externally:
         # The launcher decided: as many devices as it started processes on this node.
@@ -286,7 +289,7 @@ def connect(
     indices, parallel_devices = _devices(built_accelerator, devices, environment, reasons)
     _no_float16_autocast_on_the_cpu(parts, parallel_devices, reasons)
     environment.validate_settings(len(indices), num_nodes)
-    if "cluster_environment" in parts:
+    if detection is None:
         reasons.append(f"cluster environment {environment!r}: given as a plugin")
     else:
         reasons.append(f"cluster environment: {detection.reason}")

@@ -182,6 +182,7 @@ class ModelCheckpoint(Callback):
         self.best_model_score: float | None = None
         self.last_model_path = ""
         self._last_saved_step = -1
+        self._last_saved_at = (-1, -1)
 
     @property
     @override
@@ -259,7 +260,7 @@ class ModelCheckpoint(Callback):
             and self.train_time_interval is None
             and self.save_on_train_epoch_end is not False
             and (trainer.current_epoch + 1) % self.every_n_epochs == 0
-            and trainer.global_step != self._last_saved_step
+            and self._where(trainer) != self._last_saved_at
         ):
             self._save(trainer)
 
@@ -276,8 +277,13 @@ class ModelCheckpoint(Callback):
             if isinstance(interval, float) and interval == 1.0:
                 return  # validation at the epoch's end: the epoch's end saves
         epoch_due = (trainer.current_epoch + 1) % self.every_n_epochs == 0
-        if epoch_due and trainer.global_step != self._last_saved_step:
+        if epoch_due and self._where(trainer) != self._last_saved_at:
             self._save(trainer)
+
+    @staticmethod
+    def _where(trainer: Trainer) -> tuple[int, int]:
+        # A validation at an epoch's last batch and the epoch's end are one save.
+        return trainer.current_epoch, trainer.global_step
 
     def _score(self, trainer: Trainer) -> float | None:
         if self.monitor is None:
@@ -331,6 +337,7 @@ class ModelCheckpoint(Callback):
 
     def _save(self, trainer: Trainer) -> None:
         self._last_saved_step = trainer.global_step
+        self._last_saved_at = self._where(trainer)
         self._last_time = time.monotonic()
         # Rank 0 decides: the monitored value may differ between ranks that do not
         # sync it, and every rank must take part in the same saves.
