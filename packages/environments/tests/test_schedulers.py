@@ -1,3 +1,5 @@
+import os
+
 import pytest
 
 from plait.core import ClusterEnvironment, ConfigurationError, MissingDependencyError
@@ -302,3 +304,15 @@ def test_a_missing_variable_the_scheduler_always_sets_is_named(torchrun: dict[st
 
     with pytest.raises(ConfigurationError, match="the variable GROUP_RANK is not set"):
         TorchElasticEnvironment.from_environ(torchrun)
+
+
+def test_every_built_in_environment_tears_down_as_lightnings_do_leaving_the_variables(
+    monkeypatch: pytest.MonkeyPatch, torchrun: dict[str, str]
+) -> None:
+    # Read, never written: tearing one down leaves the process's variables as they were.
+    for name, value in torchrun.items():
+        monkeypatch.setenv(name, value)
+    before = dict(os.environ)
+    for environment in (TorchElasticEnvironment.from_environ(), LocalEnvironment.from_environ()):
+        environment.teardown()
+    assert dict(os.environ) == before

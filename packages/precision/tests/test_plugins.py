@@ -64,6 +64,9 @@ def test_mixed_precision_computes_in_the_low_dtype_and_keeps_float32_weights() -
     assert output.dtype == torch.bfloat16
     assert layer.weight.dtype == torch.float32
     assert precision.convert_output(output).dtype == torch.float32
+    # Lightning's name of the same context.
+    with precision.autocast_context_manager():
+        assert layer(torch.randn(2, 4)).dtype == torch.bfloat16
 
 
 def test_true_precision_makes_new_tensors_in_its_dtype_during_forward() -> None:

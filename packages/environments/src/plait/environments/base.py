@@ -95,6 +95,13 @@ class BaseEnvironment:
         """Whether the current process's variables show this environment."""
         return self.matches(os.environ) is not None
 
+    def teardown(self) -> None:
+        """At the end of a job, as Lightning's environments have it: nothing to undo.
+
+        An environment here only reads the scheduler's variables; it sets none, so
+        none is left behind to clear.
+        """
+
     @property
     def creates_processes_externally(self) -> bool:
         """Whether the scheduler starts the processes (so plait only joins them)."""

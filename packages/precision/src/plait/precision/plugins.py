@@ -268,6 +268,10 @@ class MixedPrecision(ClippingHooks):
         """Autocast to the dtype for ``device_type``."""
         return torch.autocast(self.device_type, dtype=self.dtype)
 
+    def autocast_context_manager(self) -> AbstractContextManager[object]:
+        """`forward_context`, under the name Lightning's mixed precision gives it."""
+        return self.forward_context()
+
     def tensor_init_context(self) -> AbstractContextManager[object]:
         """Nothing: the parameters stay float32, autocast casts per operation."""
         return _NOTHING
