@@ -1413,6 +1413,12 @@ class _Graphed(Regressor):
         super().__init__(lr=lr)
         self.save_hyperparameters()
         self.example_input_array = torch.zeros(2, 4)
+        self.training_at_start: bool | None = None
+
+    @override
+    def on_train_start(self) -> None:
+        # The graph is traced in eval mode, after set-up: training goes on in train mode.
+        self.training_at_start = self.training
 
 
 def test_tensorboard_logs_the_graph_and_the_hparams_placeholder_as_lightning(
@@ -1424,7 +1430,9 @@ def test_tensorboard_logs_the_graph_and_the_hparams_placeholder_as_lightning(
     )
 
     graphed = TensorBoardLogger(tmp_path, name="graphed", log_graph=True)
-    _trainer(tmp_path, max_epochs=1, logger=graphed).fit(_Graphed(), _loader(n=16))
+    traced = _Graphed()
+    _trainer(tmp_path, max_epochs=1, logger=graphed).fit(traced, _loader(n=16))
+    assert traced.training_at_start is True
     plain = TensorBoardLogger(tmp_path, name="plain", default_hp_metric=False)
     _trainer(tmp_path, max_epochs=1, logger=plain).fit(_Graphed(), _loader(n=16))
 

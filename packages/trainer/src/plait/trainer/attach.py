@@ -171,8 +171,10 @@ def attach(trainer: Trainer, module: Module, run: Run) -> Iterator[Attached]:
             strategy.barrier("module prepare_data")
         module.setup(stage)
         hooks.setup(stage)
+        # On every rank, so that a clash is refused alike everywhere.
+        params = logged_hyperparameters(module, datamodule)
         if strategy.is_global_zero:
-            _start_loggers(trainer, module, datamodule)
+            _start_loggers(trainer, params)
         attached = _set_up(trainer, module, run, hooks)
         if strategy.is_global_zero:
             _log_graphs(trainer, attached)
@@ -196,8 +198,7 @@ def attach(trainer: Trainer, module: Module, run: Run) -> Iterator[Attached]:
         trainer.results.end_run()
 
 
-def _start_loggers(trainer: Trainer, module: Module, datamodule: DataModule | None) -> None:
-    params = logged_hyperparameters(module, datamodule)
+def _start_loggers(trainer: Trainer, params: dict[str, object]) -> None:
     for logger in trainer.loggers:
         # A logger's service unreachable or refused: said before training.
         if isinstance(logger, SupportsConnect):
@@ -241,9 +242,16 @@ def _log_graphs(trainer: Trainer, attached: Attached) -> None:
         )
         return
     module = attached.module
-    with torch.no_grad():
-        for logger in graphing:
-            logger.log_graph(module)
+    training = module.training
+    # In eval mode: a layer that meets the other ranks in training (SyncBatchNorm)
+    # computes alone from its running statistics.
+    module.eval()
+    try:
+        with torch.no_grad():
+            for logger in graphing:
+                logger.log_graph(module)
+    finally:
+        module.train(training)
 
 
 def _set_up(trainer: Trainer, module: Module, run: Run, hooks: Hooks) -> Attached:
