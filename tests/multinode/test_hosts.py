@@ -191,11 +191,16 @@ def test_a_num_nodes_that_disagrees_with_torchrun_is_refused_on_every_host(
         two_hosts, ["--no-python", *plait_fit(tmp_path, "--num-nodes", "1")], tmp_path
     )
 
+    refusal = "torchrun formed a job of 2 node(s) (GROUP_WORLD_SIZE), but num_nodes=1"
+    # No host hangs, and the refusal is said. A host whose worker had not said it yet
+    # may instead see its torchrun agent lose the rendezvous store, which the other
+    # host's agent held and took with it when its worker refused (a race of torchrun's).
+    assert any(refusal in run.stderr for run in done), [run.stderr[-4000:] for run in done]
     for run in done:
         assert run.returncode != 0
-        assert (
-            "torchrun formed a job of 2 node(s) (GROUP_WORLD_SIZE), but num_nodes=1" in run.stderr
-        ), run.stderr[-4000:]  # all of it, should torchrun's own rendezvous fail first
+        assert refusal in run.stderr or "RendezvousConnectionError" in run.stderr, run.stderr[
+            -4000:
+        ]
 
 
 ELASTIC_PROGRAM = (str(SCRIPT), "ddp", "2", "max_epochs=2", "ckpt_path='last'", "num_nodes=2")
