@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from typing_extensions import override
@@ -23,6 +23,7 @@ __all__ = [
     "VersionedDirectory",
     "check_prefix",
     "experiment_path",
+    "flatten_params",
     "next_version",
 ]
 
@@ -103,6 +104,16 @@ def experiment_path(name: str | None) -> str:
             fix="pass a relative name (name='csv'), and the root as save_dir",
         )
     return "" if folder == os.curdir else folder
+
+
+def flatten_params(params: Mapping[str, object], prefix: str = "") -> Iterator[tuple[str, object]]:
+    """Nested settings as ``a/b`` names and their values (an empty mapping is a value)."""
+    for key, value in params.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping) and value:
+            yield from flatten_params(value, f"{name}/")
+        else:
+            yield name, value
 
 
 def check_prefix(prefix: object) -> str:

@@ -19,6 +19,7 @@ from plait.core import (
     is_module_available,
     rank_zero_warn,
 )
+from plait.trainer.loggers.base import flatten_params
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -385,7 +386,7 @@ class MLFlowLogger:
         validation = importlib.import_module("mlflow.utils.validation")
         limit = int(getattr(validation, "MAX_PARAM_VAL_LENGTH", 250))
         new: dict[str, str] = {}
-        for key, value in _flatten(params):
+        for key, value in flatten_params(params):
             text = str(value)
             if len(text) > limit:
                 rank_zero_warn(
@@ -431,15 +432,6 @@ class MLFlowLogger:
             f"MLFlowLogger(experiment_name={self.experiment_name!r}, "
             f"tracking_uri={self.tracking_uri!r})"
         )
-
-
-def _flatten(params: Mapping[str, object], prefix: str = "") -> Iterator[tuple[str, object]]:
-    for key, value in params.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, Mapping) and value:
-            yield from _flatten(value, f"{name}/")
-        else:
-            yield name, value
 
 
 def _chunks(entries: list[_T], size: int) -> Iterator[list[_T]]:

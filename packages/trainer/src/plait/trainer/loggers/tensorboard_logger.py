@@ -17,7 +17,7 @@ from plait.core import (
     is_module_available,
     rank_zero_warn,
 )
-from plait.trainer.loggers.base import VersionedDirectory, check_prefix
+from plait.trainer.loggers.base import VersionedDirectory, check_prefix, flatten_params
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -111,7 +111,7 @@ class TensorBoardLogger(VersionedDirectory):
 
         writer = self.writer
         writer.add_text("hparams", json.dumps(dict(params), indent=2, default=repr))
-        flat = dict(_flattened(params))
+        flat = dict(_holdable(params))
         metrics = {"hp_metric": -1.0} if self._default_hp_metric else {}
         experiment, start, end = hparams(flat, metrics)  # type: ignore[no-untyped-call]
         # Typed None in torch's stubs; an open writer holds its event file's writer.
@@ -156,13 +156,10 @@ class TensorBoardLogger(VersionedDirectory):
         return f"TensorBoardLogger(save_dir={self.save_dir!r}, name={self.name!r})"
 
 
-def _flattened(params: Mapping[str, object], prefix: str = "") -> Iterator[tuple[str, object]]:
+def _holdable(params: Mapping[str, object]) -> Iterator[tuple[str, object]]:
     """Nested settings as ``a/b`` names, each value one TensorBoard's HPARAMS tab holds."""
-    for key, value in params.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, Mapping):
-            yield from _flattened(value, f"{name}/")
-        elif isinstance(value, bool | int | float | str) or (
+    for name, value in flatten_params(params):
+        if isinstance(value, bool | int | float | str) or (
             isinstance(value, torch.Tensor) and value.numel() == 1
         ):
             yield name, value
