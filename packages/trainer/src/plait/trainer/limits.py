@@ -197,12 +197,18 @@ class Limits:
         """Whether ``min_epochs`` and ``min_steps`` are reached."""
         return progress.current_epoch >= self.min_epochs and progress.global_step >= self.min_steps
 
+    @property
+    def validates_at_epoch_end(self) -> bool:
+        """Whether a fit's validation runs at each epoch's end only (not within one)."""
+        interval = self.val_check_interval
+        return isinstance(interval, float) and interval == 1.0
+
     def validation_every(self, total: int | None) -> int | None:
         """Validate every this many batches of an epoch of ``total`` (``None``: at its end)."""
         interval = self.val_check_interval
         if isinstance(interval, int):
             return interval
-        if interval == 1.0 or total is None:
+        if self.validates_at_epoch_end or total is None:
             return None
         return max(1, math.floor(total * interval))
 

@@ -181,8 +181,7 @@ class ModelCheckpoint(Callback):
         self.best_model_path = ""
         self.best_model_score: float | None = None
         self.last_model_path = ""
-        self._last_saved_step = -1
-        self._last_saved_at = (-1, -1)
+        self._last_saved_at = (-1, -1)  # (epoch, global step) of the last save
 
     @property
     @override
@@ -240,10 +239,10 @@ class ModelCheckpoint(Callback):
             return
         every = self.every_n_train_steps
         step = trainer.global_step
-        if every is not None and step > 0 and step % every == 0 and step != self._last_saved_step:
+        if every is not None and step > 0 and step % every == 0 and step != self._last_saved_at[1]:
             self._save(trainer)
         interval = self.train_time_interval
-        if interval is not None and step != self._last_saved_step:
+        if interval is not None and step != self._last_saved_at[1]:
             now = time.monotonic()
             started = self._last_time if self._last_time is not None else now
             due = now - started >= interval.total_seconds()
@@ -272,10 +271,8 @@ class ModelCheckpoint(Callback):
             return
         if self.save_on_train_epoch_end is True:
             return
-        if self.save_on_train_epoch_end is None:
-            interval = trainer.limits.val_check_interval
-            if isinstance(interval, float) and interval == 1.0:
-                return  # validation at the epoch's end: the epoch's end saves
+        if self.save_on_train_epoch_end is None and trainer.limits.validates_at_epoch_end:
+            return  # validation at the epoch's end: the epoch's end saves
         epoch_due = (trainer.current_epoch + 1) % self.every_n_epochs == 0
         if epoch_due and self._where(trainer) != self._last_saved_at:
             self._save(trainer)
@@ -336,7 +333,6 @@ class ModelCheckpoint(Callback):
         return os.path.join(self.dirpath, name.replace(os.sep, "_") + self.FILE_EXTENSION)
 
     def _save(self, trainer: Trainer) -> None:
-        self._last_saved_step = trainer.global_step
         self._last_saved_at = self._where(trainer)
         self._last_time = time.monotonic()
         # Rank 0 decides: the monitored value may differ between ranks that do not

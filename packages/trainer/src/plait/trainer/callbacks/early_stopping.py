@@ -162,9 +162,7 @@ class EarlyStopping(Callback):
         if self.check_on_train_epoch_end is not None:
             return self.check_on_train_epoch_end
         limits = trainer.limits
-        interval = limits.val_check_interval
-        at_epoch_end = isinstance(interval, float) and interval == 1.0
-        return at_epoch_end and limits.check_val_every_n_epoch == 1
+        return limits.validates_at_epoch_end and limits.check_val_every_n_epoch == 1
 
     @override
     def on_train_epoch_end(self, trainer: Trainer, module: Module) -> None:
