@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 import attrs
 from typing_extensions import override
@@ -117,14 +117,22 @@ class ModelSummary(Callback):
         rank_zero_info("\n" + render(summary))
 
 
+_HEADER: Final = ("", "Name", "Type", "Params", "Mode")
+
+
+def _cells(summary: Summary) -> list[tuple[str, ...]]:
+    """Each layer's row of the table, as text, under `_HEADER`."""
+    rows = enumerate(summary.rows)
+    return [
+        (str(i), row.name, row.kind, readable(row.parameters), "train" if row.training else "eval")
+        for i, row in rows
+    ]
+
+
 def render(summary: Summary) -> str:
     """The summary as plain text: a table of the layers, then the totals."""
-    header = ("", "Name", "Type", "Params", "Mode")
-    lines: list[Sequence[str]] = [header]
-    for index, row in enumerate(summary.rows):
-        mode = "train" if row.training else "eval"
-        lines.append((str(index), row.name, row.kind, readable(row.parameters), mode))
-    widths = [max(len(line[column]) for line in lines) for column in range(len(header))]
+    lines: list[Sequence[str]] = [_HEADER, *_cells(summary)]
+    widths = [max(len(line[column]) for line in lines) for column in range(len(_HEADER))]
     text = []
     for number, line in enumerate(lines):
         cells = (cell.ljust(width) for cell, width in zip(line, widths, strict=True))
@@ -165,11 +173,10 @@ class RichModelSummary(ModelSummary):
         console = self._console if self._console is not None else Console(stderr=True)
         if summary.rows:
             table = Table(header_style="bold magenta")
-            for column in ("", "Name", "Type", "Params", "Mode"):
+            for column in _HEADER:
                 table.add_column(column, justify="right" if column == "Params" else "left")
-            for index, row in enumerate(summary.rows):
-                mode = "train" if row.training else "eval"
-                table.add_row(str(index), row.name, row.kind, readable(row.parameters), mode)
+            for cells in _cells(summary):
+                table.add_row(*cells)
             console.print(table)
         console.print(
             f"[bold]Trainable params[/]: {readable(summary.trainable)}\n"
