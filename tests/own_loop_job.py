@@ -47,8 +47,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from plait.core import Strategy, StrategyRegistry, seed_everything
-from plait.strategies import consolidate_checkpoint
+from plait.core import ConfigurationError, Strategy, StrategyRegistry, seed_everything
+from plait.strategies import BaseStrategy, consolidate_checkpoint
 from plait.strategies.launchers import MultiprocessingLauncher
 
 # What the imports made lives as long as the process: the collector never scans it again.
@@ -107,6 +107,37 @@ def probe(strategy: Strategy, model: nn.Module) -> float:
     return float(strategy.reduce(output.float().sum(), reduce_op="sum"))
 
 
+def gradient_norm(
+    strategy: Strategy, model: nn.Module, optimizer: torch.optim.Optimizer
+) -> float | str:
+    """Fabric's ``clip_gradients_norm`` with a bound no gradient reaches: the total norm."""
+    assert isinstance(strategy, BaseStrategy)
+    try:
+        return float(strategy.clip_gradients_norm(model, optimizer, max_norm=1e9))
+    except ConfigurationError:  # DeepSpeed's engine clips inside its step
+        return "refused"
+
+
+def loads_bare_state(strategy: Strategy, model: nn.Module, root: str, name: str) -> list[float]:
+    """A file of a module's bare ``state_dict()`` (Fabric's ``load_raw``), loaded into ``model``.
+
+    The exported weights doubled, saved as ``torch.save(state_dict)`` writes them; the
+    probe of the loaded model, and what a plain module holding them gives (times the
+    ranks the probe sums over).
+    """
+    bare = Path(root) / f"{name}-bare.pt"
+    plain = nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 1))
+    exported = torch.load(Path(root) / f"{name}-export.pt")["state_dict"]
+    plain.load_state_dict({key: 2 * value for key, value in exported.items()})
+    if strategy.is_global_zero:
+        torch.save(plain.state_dict(), bare)
+    strategy.barrier("bare state written")
+    strategy.load_checkpoint(bare, model)
+    generator = torch.Generator().manual_seed(1)
+    expected = float(plain(torch.randn(4, 6, generator=generator)).sum()) * strategy.world_size
+    return [probe(strategy, model), expected]
+
+
 def run(name: str, root: str, mode: str, source: str | None = None) -> dict[str, object]:
     """One rank's loop: the mean losses by step, and what loading left over."""
     seed_everything(0)
@@ -141,6 +172,7 @@ def run(name: str, root: str, mode: str, source: str | None = None) -> dict[str,
         left = dict(strategy.load_checkpoint(path, state, weights_only=mode == "weights"))
     rank = strategy.global_rank
     losses: dict[str, float] = {}
+    norms: dict[str, float | str] = {}
     start = state["step"]
     assert isinstance(start, int)
     # One process trains on every rank's samples: the same run as two ranks' (the
@@ -165,6 +197,8 @@ def run(name: str, root: str, mode: str, source: str | None = None) -> dict[str,
                 loss = nn.functional.mse_loss(prediction.float(), y) / pieces
                 strategy.backward(loss, model)
             total += loss.item()
+        if mode == "big":
+            norms[str(step + 1)] = gradient_norm(strategy, model, optimizer)
         strategy.optimizer_step(optimizer)
         strategy.zero_grad(optimizer)
         scheduler.step()
@@ -174,10 +208,18 @@ def run(name: str, root: str, mode: str, source: str | None = None) -> dict[str,
             strategy.save_checkpoint(state, Path(root) / f"{name}-{mode}-step{step + 1}")
             if mode == "full" and step + 1 == SAVE_AT:
                 strategy.save_checkpoint(state, Path(root) / f"{name}-step{SAVE_AT}")
+    bare: list[float] = []
     if mode == "full":
         strategy.export_checkpoint(model, Path(root) / f"{name}-export.pt")
+        bare = loads_bare_state(strategy, model, root, name)
     strategy.teardown()
-    return {"losses": losses, "left": None if left is None else sorted(left), "alone": alone}
+    return {
+        "losses": losses,
+        "left": None if left is None else sorted(left),
+        "alone": alone,
+        "norms": norms,
+        "bare": bare,
+    }
 
 
 def runs(name: str, root: str, modes: tuple[str, ...], source: str | None) -> list[object]:

@@ -92,6 +92,7 @@ def run_and_check(
     later = every[SAVE_AT:]
 
     reference = _losses(runs[names[0]]["full"])
+    undeep = next(name for name in names if not name.startswith("deepspeed"))
     for name, run in runs.items():
         full, resumed, big = (_losses(run[mode]) for mode in ("full", "resumed", "big"))
         assert sorted(full, key=int) == every, name
@@ -110,6 +111,17 @@ def run_and_check(
         # Two micro-batches (the first inside no_sync) step as one twice the size.
         assert _close(big, full, every), (name, big, full)
         assert full[str(STEPS)] < full["1"], name  # and it learns
+        # Fabric's clip_gradients_norm gives the whole model's gradient norm, the same
+        # on every strategy (DeepSpeed's engine clips in its step, and says so).
+        norms = run["big"]["norms"]
+        if name.startswith("deepspeed"):
+            assert set(norms.values()) == {"refused"}, name
+        else:
+            assert sorted(norms, key=int) == every, name
+            assert _close(norms, runs[undeep]["big"]["norms"], every), (name, norms)
+        # A module's bare state_dict() file (Fabric's load_raw) loads into the model.
+        loaded, expected = run["full"]["bare"]
+        assert loaded == pytest.approx(expected, rel=1e-5), name
 
         # One file a plain module loads: exported in the run, or consolidated after.
         exported = torch.load(root / f"{name}-export.pt")["state_dict"]

@@ -72,16 +72,27 @@ class ClippingHooks:
 
     def clip_by(
         self, optimizer: torch.optim.Optimizer, clip_val: float, algorithm: GradientClipAlgorithm
-    ) -> None:
-        """Clip with the hook of ``algorithm``: `clip_grad_by_norm` or `clip_grad_by_value`."""
-        if algorithm == "norm":
-            self.clip_grad_by_norm(optimizer, clip_val)
-        else:
-            self.clip_grad_by_value(optimizer, clip_val)
+    ) -> torch.Tensor | None:
+        """Clip with the hook of ``algorithm``: `clip_grad_by_norm` or `clip_grad_by_value`.
 
-    def clip_grad_by_norm(self, optimizer: torch.optim.Optimizer, clip_val: float) -> None:
-        """Scale the gradients down to a total norm of ``clip_val`` (a hook to override)."""
-        torch.nn.utils.clip_grad_norm_(parameters_with_gradients(optimizer), clip_val)
+        Returns:
+            What `clip_grad_by_norm` returned (the total norm before clipping), or
+            ``None`` by value.
+        """
+        if algorithm == "norm":
+            return self.clip_grad_by_norm(optimizer, clip_val)
+        self.clip_grad_by_value(optimizer, clip_val)
+        return None
+
+    def clip_grad_by_norm(
+        self, optimizer: torch.optim.Optimizer, clip_val: float
+    ) -> torch.Tensor | None:
+        """Scale the gradients down to a total norm of ``clip_val`` (a hook to override).
+
+        Returns:
+            The gradients' total norm before clipping (an override may return ``None``).
+        """
+        return torch.nn.utils.clip_grad_norm_(parameters_with_gradients(optimizer), clip_val)
 
     def clip_grad_by_value(self, optimizer: torch.optim.Optimizer, clip_val: float) -> None:
         """Clamp each gradient to ``[-clip_val, clip_val]`` (a hook to override)."""
@@ -177,14 +188,17 @@ class TruePrecision(ClippingHooks):
         optimizer: torch.optim.Optimizer,
         clip_val: float,
         algorithm: GradientClipAlgorithm = "norm",
-    ) -> None:
+    ) -> torch.Tensor | None:
         """Clip by total norm (`clip_grad_by_norm`) or by value (`clip_grad_by_value`).
 
         ``clip_val`` 0 clips nothing, as in Lightning.
+
+        Returns:
+            By norm, the total norm before clipping; ``None`` by value or unclipped.
         """
         if not check_clip(clip_val, algorithm):
-            return
-        self.clip_by(optimizer, clip_val, algorithm)
+            return None
+        return self.clip_by(optimizer, clip_val, algorithm)
 
     def state_dict(self) -> StateDict:
         """Nothing to save: the format has no state."""
@@ -318,16 +332,20 @@ class MixedPrecision(ClippingHooks):
         optimizer: torch.optim.Optimizer,
         clip_val: float,
         algorithm: GradientClipAlgorithm = "norm",
-    ) -> None:
+    ) -> torch.Tensor | None:
         """Clip by total norm or value (`clip_grad_by_norm`, `clip_grad_by_value`), unscaled.
 
         ``clip_val`` 0 clips nothing, as in Lightning.
+
+        Returns:
+            By norm, the unscaled total norm before clipping; ``None`` by value or
+            unclipped.
         """
         if not check_clip(clip_val, algorithm):
-            return
+            return None
         if self.scaler is not None:
             self.scaler.unscale_(optimizer)
-        self.clip_by(optimizer, clip_val, algorithm)
+        return self.clip_by(optimizer, clip_val, algorithm)
 
     def state_dict(self) -> StateDict:
         """The gradient scaler's state, if there is a scaler."""

@@ -31,6 +31,7 @@ from plait.strategies.parts import one_precision, resolve_parts
 from plait.strategies.rebind import rebind_optimizers, replaced_parameters
 from plait.strategies.remake import Remakeable
 from plait.strategies.state import (
+    check_state_fits,
     load_module_state,
     module_state_of,
     optimizer_parameter_names,
@@ -253,6 +254,10 @@ class BaseStrategy(Lifecycle, Remakeable, abc.ABC):
         rebind_optimizers(optimizers, self._replaced_parameters)
         return list(optimizers)
 
+    def setup_optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+        """`setup_optimizers` for one optimizer (Fabric's call)."""
+        return self.setup_optimizers([optimizer])[0]
+
     def setup_module_and_optimizers(
         self, module: torch.nn.Module, optimizers: Sequence[torch.optim.Optimizer]
     ) -> tuple[torch.nn.Module, list[torch.optim.Optimizer]]:
@@ -347,14 +352,29 @@ class BaseStrategy(Lifecycle, Remakeable, abc.ABC):
             state_dict: The state, by the user module's names.
             strict: Refuse a key the module lacks or one it has that the state lacks
                 (naming them); with ``False`` the state's keys the module has are
-                loaded and the rest of the module is left as it was.
+                loaded and the rest of the module is left as it was. Where the
+                strategy holds the module whole and loads it as PyTorch does, the
+                module's own ``load_state_dict`` is called with the state as given
+                and ``strict=False``, as Lightning calls it.
 
         Raises:
             CheckpointError: ``strict`` and the keys differ (each is named), or a
                 tensor's shape differs.
         """
+        source = "the state dict given"
+        plain = type(self).set_state_dict is BaseStrategy.set_state_dict
+        if not strict and plain and not self.shards_module:
+            # The module's own load_state_dict, told strict=False with the state as given,
+            # as Lightning calls it (a module that renames old keys in its override sees
+            # them); shapes checked first, for the message.
+            inner = self.unwrap_module(module)
+            own = inner.state_dict()
+            common = {key: value for key, value in state_dict.items() if key in own}
+            check_state_fits({key: own[key] for key in common}, common, source)
+            inner.load_state_dict(state_dict, strict=False)
+            return
         state = self.module_state_fitted(module, state_dict) if not strict else dict(state_dict)
-        self.set_state_dict(module, (), {"state_dict": state}, source="the state dict given")
+        self.set_state_dict(module, (), {"state_dict": state}, source=source)
 
     def module_state_fitted(
         self, module: torch.nn.Module, state_dict: Mapping[str, object]
@@ -418,12 +438,83 @@ class BaseStrategy(Lifecycle, Remakeable, abc.ABC):
         optimizer: torch.optim.Optimizer,
         clip_val: float,
         algorithm: GradientClipAlgorithm = "norm",
-    ) -> None:
+    ) -> torch.Tensor | None:
         """Clip ``optimizer``'s gradients through the precision plugin (unscaled first).
 
         A strategy whose gradients are sharded overrides it to clip by the global norm.
+
+        Returns:
+            By norm, the gradients' total norm before clipping (what the precision
+            plugin returned); ``None`` by value, or with ``clip_val`` 0.
         """
-        self.precision.clip_gradients(module, optimizer, clip_val, algorithm)
+        return self.precision.clip_gradients(module, optimizer, clip_val, algorithm)
+
+    def clip_gradients_norm(
+        self,
+        module: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        max_norm: float,
+        norm_type: float = 2.0,
+        error_if_nonfinite: bool = True,
+    ) -> torch.Tensor:
+        """Scale ``optimizer``'s gradients down to a total norm of ``max_norm``: Fabric's call.
+
+        `clip_gradients` by norm, on every strategy alike (the norm of sharded
+        gradients and of every pipeline stage's is the whole model's).
+
+        Returns:
+            The gradients' total norm before clipping, a tensor holding one number
+            (the same on every rank).
+
+        Raises:
+            ConfigurationError: ``max_norm`` is not a positive number, ``norm_type``
+                is not 2 (plait clips by the Euclidean norm, the one it sums over
+                shards and stages), or the strategy clips inside its optimizer step
+                (DeepSpeed) and has no norm to give before it.
+            RuntimeError: ``error_if_nonfinite`` and the norm is inf or nan (the
+                gradients are then as clipping left them).
+        """
+        given: object = max_norm
+        if isinstance(given, bool) or not isinstance(given, int | float) or not given > 0:
+            raise ConfigurationError(
+                f"max_norm={max_norm!r} must be a number above 0",
+                value=max_norm,
+                fix="pass e.g. max_norm=1.0; not to clip, leave the call out",
+            )
+        if norm_type != 2:
+            raise ConfigurationError(
+                f"norm_type={norm_type!r}: plait clips by the Euclidean norm (2), the one it "
+                "sums over shards and pipeline stages",
+                value=norm_type,
+                choices=["2.0"],
+                fix="pass norm_type=2.0, or clip each value with clip_gradients_value",
+            )
+        norm = self.clip_gradients(module, optimizer, max_norm, "norm")
+        if norm is None:
+            raise ConfigurationError(
+                f"{type(self).__name__} clips the gradients inside its optimizer step and has "
+                "no norm to give back before it; the bound is set for that step",
+                value=type(self).__name__,
+                fix="call strategy.clip_gradients(model, optimizer, max_norm) instead",
+            )
+        full_tensor = getattr(norm, "full_tensor", None)  # a DTensor's: the whole norm
+        total = full_tensor() if callable(full_tensor) else norm
+        assert isinstance(total, torch.Tensor)
+        if error_if_nonfinite and not bool(torch.isfinite(total)):
+            raise RuntimeError(
+                f"the gradients' total norm is {total.item()}: they hold inf or nan and cannot "
+                "be clipped (pass error_if_nonfinite=False to go on, as a gradient scaler does)"
+            )
+        return total
+
+    def clip_gradients_value(
+        self, module: torch.nn.Module, optimizer: torch.optim.Optimizer, clip_val: float
+    ) -> None:
+        """Clamp each of ``optimizer``'s gradients to ``[-clip_val, clip_val]``: Fabric's call.
+
+        `clip_gradients` by value (unscaled first).
+        """
+        self.clip_gradients(module, optimizer, clip_val, "value")
 
     def zero_grad(self, optimizer: torch.optim.Optimizer) -> None:
         """Drop ``optimizer``'s gradients (set to ``None``) after its step."""
@@ -613,7 +704,11 @@ class BaseStrategy(Lifecycle, Remakeable, abc.ABC):
         return self._checkpoints.collective
 
     def save_checkpoint(self, checkpoint: Mapping[str, object], path: PathLike) -> None:
-        """Write ``checkpoint`` (live objects or plain entries) at ``path`` (`Checkpoints.save`)."""
+        """Write ``checkpoint`` (live objects or plain entries) at ``path`` (`Checkpoints.save`).
+
+        Fabric's order, ``save_checkpoint(path, state)``, is taken too at run time (a
+        path is never a checkpoint, so the two cannot be confused).
+        """
         self._checkpoints.save(checkpoint, path)
 
     def load_checkpoint(

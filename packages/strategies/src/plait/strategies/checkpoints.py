@@ -21,6 +21,7 @@ from plait.core import (
     CheckpointError,
     CheckpointFormat,
     CheckpointIORegistry,
+    ConfigurationError,
     Strategy,
     SupportsAsyncCheckpoint,
     SupportsFormat,
@@ -28,12 +29,52 @@ from plait.core import (
     detect_checkpoint_format,
     is_collective,
 )
-from plait.strategies.state import NAMES_KEY, Leftover, LiveState
+from plait.strategies.state import NAMES_KEY, Leftover, LiveState, module_state_of
 
 if TYPE_CHECKING:
     from plait.core.typing import Checkpoint, PathLike, StateDict
 
-__all__ = ["Checkpoints", "CheckpointsHost"]
+__all__ = ["Checkpoints", "CheckpointsHost", "checkpoint_and_path"]
+
+
+def checkpoint_and_path(
+    first: Mapping[str, object] | PathLike, second: PathLike | Mapping[str, object]
+) -> tuple[Mapping[str, object], PathLike]:
+    """``(checkpoint, path)`` from a save's two arguments, in either order.
+
+    Lightning's strategies take ``(checkpoint, path)`` and Fabric's ``(path, state)``;
+    a path is never a mapping, so either order is read unambiguously.
+
+    Raises:
+        ConfigurationError: Not one mapping and one path (a string or ``os.PathLike``).
+    """
+    if isinstance(first, Mapping) and isinstance(second, str | os.PathLike):
+        return first, second
+    if isinstance(second, Mapping) and isinstance(first, str | os.PathLike):
+        return second, first
+    raise ConfigurationError(
+        f"save_checkpoint takes a checkpoint (a mapping) and a path, and was given a "
+        f"{type(first).__name__} and a {type(second).__name__}",
+        value=(first, second),
+        fix="strategy.save_checkpoint({'model': model, 'optimizer': optimizer}, path)",
+    )
+
+
+def bare_module_state(checkpoint: Checkpoint) -> Checkpoint:
+    """``checkpoint`` as a checkpoint of a module, if it is a module's bare ``state_dict()``.
+
+    A mapping without the module's entry (``"state_dict"``) whose values are all
+    tensors (``_extra_state`` entries aside) is a module's state as
+    ``torch.save(model.state_dict(), path)`` writes it; anything else is returned as
+    it is.
+    """
+    if "state_dict" in checkpoint or NAMES_KEY in checkpoint or not checkpoint:
+        return checkpoint
+    bare = all(
+        isinstance(value, torch.Tensor) or key.endswith("_extra_state")
+        for key, value in checkpoint.items()
+    )
+    return {"state_dict": dict(checkpoint)} if bare else checkpoint
 
 
 class CheckpointsHost(Strategy, Protocol):
@@ -107,9 +148,12 @@ class Checkpoints:
         `load_checkpoint` with the same mapping restores each one in place. A
         checkpoint of plain entries (a `get_state_dict` result, say) is written as it is.
 
+        Fabric's order, ``(path, state)``, is read as well (`checkpoint_and_path`).
+
         Raises:
             ConfigurationError: The mapping holds two modules, optimizers without
-                their module, or a name the checkpoint keeps for itself.
+                their module, or a name the checkpoint keeps for itself; or the two
+                arguments are not a mapping and a path.
 
         Where rank 0 writes alone, the other ranks return before it has written: a
         loop that reads it back on them waits first (``strategy.barrier()``; the
@@ -119,6 +163,7 @@ class Checkpoints:
         `load` waits for such a save on every rank.
         """
         strategy = self._strategy
+        checkpoint, path = checkpoint_and_path(checkpoint, path)
         live = LiveState.of(checkpoint)
         if live.is_live:
             checkpoint = self.of(live)
@@ -155,6 +200,9 @@ class Checkpoints:
 
         Without ``state`` nothing is restored: the whole checkpoint is returned, its
         tensors on the CPU (`read_checkpoint`).
+
+        Given the module alone, a file of its bare ``state_dict()`` (``torch.save(
+        model.state_dict(), path)``, what Fabric's ``load_raw`` reads) loads too.
 
         Where rank 0 alone writes through an IO that saves in the background
         (``checkpoint_io="async"``), every rank first waits until rank 0's saves are
@@ -204,12 +252,16 @@ class Checkpoints:
         # Without optimizers (the module alone, or weights_only) no optimizer's state
         # is read or restored: each optimizer of the strategy's stays as it was.
         alone = not live.optimizers
+        # The module alone may be given a file of its bare state_dict() (Fabric's load_raw).
+        raw = isinstance(state, torch.nn.Module)
         if strict:
             checkpoint = strategy.read_checkpoint(path, live.module, weights_only=alone)
+            checkpoint = bare_module_state(checkpoint) if raw else checkpoint
         else:
-            checkpoint = self._loose(path, live, weights_only=alone)
+            checkpoint = self._loose(path, live, weights_only=alone, raw=raw)
         live.check_held(checkpoint, given, os.fspath(path))  # before anything is restored
         if live.module is not None:
+            module_state_of(checkpoint, os.fspath(path))  # a checkpoint of a module at all
             optimizers = live.order_optimizers(checkpoint, os.fspath(path))
             if optimizers and "optimizer_states" not in checkpoint:
                 raise CheckpointError(
@@ -221,12 +273,18 @@ class Checkpoints:
                 )
             strategy.set_state_dict(live.module, optimizers, checkpoint, source=os.fspath(path))
         left = live.restore(checkpoint, given, os.fspath(path))
+        unread: list[str] = []
         if alone:
             for key in ("optimizer_states", "precision", NAMES_KEY):
                 left.pop(key, None)
-        return Leftover(left)
+            names = checkpoint.get(NAMES_KEY)
+            saved = names.get("optimizers") if isinstance(names, Mapping) else None
+            unread = [name for name in saved or () if isinstance(name, str)]
+        return Leftover(left, unread=unread, source=os.fspath(path))
 
-    def _loose(self, path: PathLike, live: LiveState, *, weights_only: bool) -> Checkpoint:
+    def _loose(
+        self, path: PathLike, live: LiveState, *, weights_only: bool, raw: bool
+    ) -> Checkpoint:
         """The checkpoint, read whole, fitted to what ``live`` holds (``strict=False``).
 
         The state's entries the checkpoint lacks are taken out of ``live`` (they stay
@@ -235,6 +293,7 @@ class Checkpoints:
         """
         strategy = self._strategy
         checkpoint = dict(strategy.read_checkpoint(path, weights_only=weights_only))
+        checkpoint = bare_module_state(checkpoint) if raw else checkpoint
         live.stateful = {k: v for k, v in live.stateful.items() if k in checkpoint}
         live.values = {k: v for k, v in live.values.items() if k in checkpoint}
         saved = checkpoint.get("state_dict")

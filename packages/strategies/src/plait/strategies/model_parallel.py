@@ -768,7 +768,7 @@ class ModelParallelStrategy(MeshStrategy):
         optimizer: torch.optim.Optimizer,
         clip_val: float,
         algorithm: GradientClipAlgorithm = "norm",
-    ) -> None:
+    ) -> torch.Tensor | None:
         """Clip by the norm of every gradient of the model, over all its pipeline stages.
 
         Without a pipeline, as every strategy clips (a DTensor's norm is its whole
@@ -777,8 +777,7 @@ class ModelParallelStrategy(MeshStrategy):
         ``"value"``, needs no sum: each rank clips its own).
         """
         if self.mesh_shape.pipeline == 1 or algorithm != "norm":
-            super().clip_gradients(module, optimizer, clip_val, algorithm)
-            return
+            return super().clip_gradients(module, optimizer, clip_val, algorithm)
         parameters = [
             parameter
             for group in optimizer.param_groups
@@ -792,6 +791,7 @@ class ModelParallelStrategy(MeshStrategy):
         dist.all_reduce(squared, group=self.pipeline_group)
         total = squared.sqrt()
         torch.nn.utils.clip_grads_with_norm_(parameters, clip_val, total)
+        return total
 
     @override
     def __repr__(self) -> str:

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Final
 
 import torch
+from typing_extensions import override
 
 from plait.core import CheckpointError, ConfigurationError, Stateful
 
@@ -16,6 +17,7 @@ if TYPE_CHECKING:
 __all__ = [
     "Leftover",
     "LiveState",
+    "UnreadEntryError",
     "check_state_fits",
     "load_module_state",
     "load_param_groups",
@@ -234,12 +236,51 @@ def check_state_fits(
         )
 
 
+class UnreadEntryError(CheckpointError, KeyError):
+    """An optimizer's entry asked of what `load_checkpoint` gave back, which left it unread.
+
+    A `KeyError` too, as any missing key of a dictionary raises.
+    """
+
+    @override
+    def __str__(self) -> str:
+        return Exception.__str__(self)  # the message itself, not KeyError's quoted repr
+
+
 class Leftover(dict[str, object]):
     """What `load_checkpoint` gave back: the checkpoint's entries nothing in the state took.
 
     A plain dictionary, marked so that passing it on to `set_state_dict` (which
     takes what `read_checkpoint` returns) is refused with the line to write.
+    Loading the module without its optimizers leaves their states unread (an
+    evaluation never reads gigabytes of moments): asking it for one of them, by
+    the name it was saved under (``rest["optimizer"]``), says so, with the calls
+    that restore or read it.
+
+    Args:
+        entries: The entries left over.
+        unread: The names of the optimizers saved in the checkpoint and left unread.
+        source: The checkpoint's path, for the message.
     """
+
+    def __init__(
+        self, entries: Mapping[str, object], *, unread: Sequence[str] = (), source: str = ""
+    ) -> None:
+        super().__init__(entries)
+        self.unread = tuple(unread)
+        self.source = source
+
+    def __missing__(self, key: str) -> object:
+        if key not in self.unread:
+            raise KeyError(key)
+        raise UnreadEntryError(
+            self.source,
+            f"holds the optimizer {key!r}, whose state load_checkpoint leaves unread when the "
+            "state it restores into holds no optimizer (the module alone, or weights_only=True)",
+            fix=f"restore it with the module: strategy.load_checkpoint(path, {{'model': model, "
+            f"{key!r}: optimizer}}); or read it without restoring anything: "
+            "strategy.read_checkpoint(path)['optimizer_states']",
+        )
 
 
 def module_state_of(state: Mapping[str, object], source: object) -> StateDict:
@@ -263,7 +304,13 @@ def module_state_of(state: Mapping[str, object], source: object) -> StateDict:
             "model), then strategy.set_state_dict(model, [optimizer], checkpoint)",
         )
     if not isinstance(module_state, Mapping):
-        raise CheckpointError(str(source), "holds no module state ('state_dict')")
+        raise CheckpointError(
+            str(source),
+            "holds no module state ('state_dict')",
+            fix="load a checkpoint saved with the module in it; a file of a module's bare "
+            "state_dict() (torch.save(model.state_dict(), path)) loads into the module "
+            "alone: strategy.load_checkpoint(path, model)",
+        )
     return dict(module_state)
 
 

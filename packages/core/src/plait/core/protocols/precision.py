@@ -87,8 +87,13 @@ class Precision(Protocol):
         optimizer: torch.optim.Optimizer,
         clip_val: float,
         algorithm: GradientClipAlgorithm = "norm",
-    ) -> None:
-        """Clip the gradients of ``optimizer``'s parameters, unscaled first."""
+    ) -> torch.Tensor | None:
+        """Clip the gradients of ``optimizer``'s parameters, unscaled first.
+
+        Returns:
+            By norm, the gradients' total norm before clipping where the plugin
+            knows it; otherwise ``None``.
+        """
         ...
 
     def state_dict(self) -> StateDict:

@@ -177,8 +177,13 @@ class Strategy(Collectives, Protocol):
         optimizer: torch.optim.Optimizer,
         clip_val: float,
         algorithm: GradientClipAlgorithm = "norm",
-    ) -> None:
-        """Clip ``optimizer``'s gradients (unscaled first; by the global norm if sharded)."""
+    ) -> torch.Tensor | None:
+        """Clip ``optimizer``'s gradients (unscaled first; by the global norm if sharded).
+
+        Returns:
+            By norm, the gradients' total norm before clipping where the strategy
+            knows it then; otherwise ``None``.
+        """
         ...
 
     def zero_grad(self, optimizer: torch.optim.Optimizer) -> None:

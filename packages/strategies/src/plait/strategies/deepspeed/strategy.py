@@ -609,6 +609,28 @@ class DeepSpeedStrategy(SelfLaunchingStrategy):
         """Nothing: the engine clears the gradients in its step."""
 
     @override
+    def clip_gradients_norm(
+        self,
+        module: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        max_norm: float,
+        norm_type: float = 2.0,
+        error_if_nonfinite: bool = True,
+    ) -> torch.Tensor:
+        """Refused: the engine clips inside its step, and has no norm to give before it.
+
+        Raises:
+            ConfigurationError: Always, before anything is set, with the calls to make.
+        """
+        raise ConfigurationError(
+            "DeepSpeed clips the gradients inside its engine's step, and has no norm to give "
+            "back before it",
+            value="clip_gradients_norm",
+            fix="call strategy.clip_gradients(model, optimizer, max_norm), the bound the step "
+            "clips to (or set 'gradient_clipping' in the DeepSpeed config)",
+        )
+
+    @override
     def clip_gradients(
         self,
         module: torch.nn.Module,

@@ -158,10 +158,10 @@ class XLAStrategy(OnXLADevice, ParallelStrategy):
         optimizer: torch.optim.Optimizer,
         clip_val: float,
         algorithm: GradientClipAlgorithm = "norm",
-    ) -> None:
+    ) -> torch.Tensor | None:
         """Clip the gradients averaged across replicas, as DDP does."""
         self._average_gradients(optimizer)
-        super().clip_gradients(module, optimizer, clip_val, algorithm)
+        return super().clip_gradients(module, optimizer, clip_val, algorithm)
 
     @override
     def optimizer_step(
