@@ -23,7 +23,7 @@ from plait.core import (
 )
 from plait.environments import LocalEnvironment
 from plait.precision import MixedPrecision
-from plait.strategies import DDPStrategy
+from plait.strategies import DDPStrategy, ModelParallelStrategy
 from plait.strategies.base import BaseStrategy
 from plait.trainer import ModelCheckpoint, Module, Trainer, connect
 from plait.trainer.torch_flags import CUBLAS_WORKSPACE, TorchFlags
@@ -349,6 +349,14 @@ def test_16_mixed_by_name_on_the_cpu_is_bf16_mixed_with_a_warning_as_in_lightnin
     assert precision.compute_dtype == torch.bfloat16
     assert not precision.needs_scaler
     assert any("bf16-mixed" in line for line in trainer.reasons)
+
+
+@pytest.mark.parametrize("by", ["name", "instance"])
+def test_16_mixed_on_model_parallel_is_refused_on_the_cpu_too_as_in_lightning(by: str) -> None:
+    # Not trained in bf16 instead: the strategy refuses a gradient scaler everywhere.
+    strategy = "model_parallel" if by == "name" else ModelParallelStrategy()
+    with pytest.raises(ConfigurationError, match=r"float16 mixed precision is not supported"):
+        Trainer(accelerator="cpu", strategy=strategy, precision="16-mixed", logger=False)
 
 
 def test_16_mixed_given_as_a_plugin_on_the_cpu_stays_float16() -> None:

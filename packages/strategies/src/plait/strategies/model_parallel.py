@@ -14,7 +14,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Mapping, Sequence
 from datetime import timedelta
-from typing import TYPE_CHECKING, Final, Literal
+from typing import TYPE_CHECKING, ClassVar, Final, Literal
 
 import attrs
 import torch
@@ -233,6 +233,10 @@ class ModelParallelStrategy(MeshStrategy):
             does not divide the data-parallel size, or a checkpoint IO that writes on
             rank 0 alone.
     """
+
+    refuses_gradient_scaler: ClassVar[bool] = True
+    """A gradient scaler cannot unscale DTensor gradients: ``"16-mixed"`` is refused
+    everywhere, never turned into ``"bf16-mixed"`` on the CPU by the Trainer."""
 
     _groups: Mapping[str, dist.ProcessGroup | None] = {}
     _flattened: Mapping[str, DeviceMesh] = {}

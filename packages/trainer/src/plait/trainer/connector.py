@@ -287,7 +287,6 @@ def connect(
         devices = max(1, environment.world_size // num_nodes)
         reasons.append(f"devices={devices}: the processes launched per node")
     indices, parallel_devices = _devices(built_accelerator, devices, environment, reasons)
-    _no_float16_autocast_on_the_cpu(parts, parallel_devices, reasons)
     environment.validate_settings(len(indices), num_nodes)
     if detection is None:
         reasons.append(f"cluster environment {environment!r}: given as a plugin")
@@ -298,6 +297,7 @@ def connect(
         assert isinstance(strategy, str)
         name, why = _strategy_name(strategy, processes, environment.creates_processes_externally)
         entry = StrategyRegistry.entry(name)
+        _no_float16_autocast_on_the_cpu(parts, parallel_devices, reasons, entry.factory)
         arguments = _arguments_for(
             entry.factory,
             entry.name,
@@ -309,6 +309,7 @@ def connect(
         built = StrategyRegistry.get(name, **arguments)
         reasons.append(f"strategy {entry.name!r}: {why} ({built!r})")
     else:
+        _no_float16_autocast_on_the_cpu(parts, parallel_devices, reasons, type(instance))
         built = _rebuilt(
             instance,
             parts=parts,
@@ -331,15 +332,23 @@ def connect(
 
 
 def _no_float16_autocast_on_the_cpu(
-    parts: dict[str, object], parallel_devices: list[torch.device], reasons: list[str]
+    parts: dict[str, object],
+    parallel_devices: list[torch.device],
+    reasons: list[str],
+    strategy: object,
 ) -> None:
     """``"16-mixed"`` by name on the CPU is ``"bf16-mixed"``, with a warning, as in Lightning.
 
     The CPU's autocast to float16 is slow and loses range; bfloat16 needs no scaler.
-    A plugin given as an instance is used as it is.
+    A plugin given as an instance is used as it is, and so is the name where the
+    ``strategy`` (its class or factory) says it refuses a gradient scaler
+    (``refuses_gradient_scaler``): that strategy refuses ``"16-mixed"`` everywhere,
+    as Lightning's does, rather than training in another precision than asked.
     """
     name = parts.get("precision")
     if not isinstance(name, str) or not parallel_devices or parallel_devices[0].type != "cpu":
+        return
+    if getattr(strategy, "refuses_gradient_scaler", False) is True:
         return
     precision = PrecisionRegistry.get(name, device_type="cpu")
     if not (
