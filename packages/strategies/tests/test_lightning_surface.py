@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pickle
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -11,9 +12,10 @@ import torch
 from torch import nn
 from typing_extensions import override
 
+from plait.accelerators import CPUAccelerator
 from plait.core import CheckpointError, ConfigurationError
 from plait.precision import MixedPrecision, TruePrecision
-from plait.strategies import DDPStrategy, SingleDeviceStrategy
+from plait.strategies import DDPStrategy, ModelParallelStrategy, SingleDeviceStrategy
 
 
 def test_tensors_made_in_the_init_context_are_on_the_device_in_the_precisions_dtype() -> None:
@@ -260,3 +262,35 @@ def test_clip_gradients_norm_gives_the_norm_unscaled_under_16_mixed() -> None:
     norm = strategy.clip_gradients_norm(model, optimizer, max_norm=100.0)
 
     assert norm.item() == pytest.approx(5.0)  # the scale (1024) divided out
+
+
+def test_parts_are_assignable_before_set_up_as_in_lightning() -> None:
+    strategy = DDPStrategy(accelerator="cpu")
+
+    strategy.accelerator = CPUAccelerator()
+    strategy.parallel_devices = [torch.device("cpu")] * 2
+    strategy.precision_plugin = "bf16-mixed"
+    strategy.checkpoint_io = "async"
+
+    assert isinstance(strategy.accelerator, CPUAccelerator)
+    assert strategy.parallel_devices == [torch.device("cpu")] * 2
+    assert strategy.precision.compute_dtype == torch.bfloat16
+    assert type(strategy.checkpoint_io).__name__ == "AsyncCheckpointIO"
+    # The ranks a launcher starts are made with the parts assigned.
+    copy = pickle.loads(pickle.dumps(strategy))
+    assert copy.parallel_devices == [torch.device("cpu")] * 2
+    assert copy.precision.name == "bf16-mixed"
+    assert type(copy.checkpoint_io).__name__ == "AsyncCheckpointIO"
+
+
+def test_an_assigned_part_the_strategy_refuses_leaves_it_as_it_was() -> None:
+    strategy = ModelParallelStrategy()
+
+    with pytest.raises(ConfigurationError, match="float16 mixed precision is not supported"):
+        strategy.precision = "16-mixed"
+    assert isinstance(strategy.precision, TruePrecision)
+    single = SingleDeviceStrategy("cpu")
+    single.setup_module(nn.Linear(1, 1))
+    with pytest.raises(ConfigurationError, match=r"cannot change once the strategy is set up"):
+        single.precision = "bf16-true"
+    single.teardown()

@@ -96,23 +96,69 @@ class BaseStrategy(Lifecycle, Remakeable, abc.ABC):
 
     @property
     def accelerator(self) -> Accelerator:
-        """The device kind the strategy runs on."""
+        """The device kind the strategy runs on.
+
+        Assignable before the strategy is set up, as in Lightning (`assign_part`).
+        """
         return self._accelerator
+
+    @accelerator.setter
+    def accelerator(self, accelerator: Accelerator | str) -> None:
+        self.assign_part("accelerator", accelerator)
 
     @property
     def precision(self) -> Precision:
-        """The numeric format of the model and its gradients."""
+        """The numeric format of the model and its gradients (assignable, `assign_part`)."""
         return self._precision
+
+    @precision.setter
+    def precision(self, precision: Precision | str) -> None:
+        self.assign_part("precision", precision)
 
     @property
     def precision_plugin(self) -> Precision:
-        """The precision, under its other name."""
+        """The precision, under its other name (assignable, `assign_part`)."""
         return self._precision
+
+    @precision_plugin.setter
+    def precision_plugin(self, precision: Precision | str) -> None:
+        self.assign_part("precision", precision)
 
     @property
     def checkpoint_io(self) -> CheckpointIO:
-        """How checkpoints are written and read."""
+        """How checkpoints are written and read (assignable, `assign_part`)."""
         return self._checkpoint_io
+
+    @checkpoint_io.setter
+    def checkpoint_io(self, checkpoint_io: CheckpointIO | str) -> None:
+        self.assign_part("checkpoint_io", checkpoint_io)
+
+    @property
+    def is_set_up(self) -> bool:
+        """Whether a module has been set up (a parallel strategy: or its group joined)."""
+        return self._model is not None
+
+    def assign_part(self, name: str, value: object) -> None:
+        """Give the strategy another part, as ``strategy.accelerator = ...`` does in Lightning.
+
+        The strategy is made anew with it (`remake_in_place`): every check its
+        constructor makes runs again (an accelerator that does not fit the
+        devices, a precision the strategy refuses), and ranks launched later are
+        made with the part too.
+
+        Raises:
+            ConfigurationError: The strategy is set up already (its module, or its
+                process group, was made with the old part), or refuses the part.
+        """
+        if self.is_set_up:
+            raise ConfigurationError(
+                f"{type(self).__name__}.{name} cannot change once the strategy is set up: its "
+                f"module or process group was made with {getattr(self, name)!r}",
+                value=value,
+                fix=f"assign it before setup (or before the Trainer runs), or make the "
+                f"strategy with it: strategy.replace({name}=...)",
+            )
+        self.remake_in_place(**{name: value})
 
     @property
     def checkpoints(self) -> Checkpoints:

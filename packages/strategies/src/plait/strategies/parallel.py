@@ -339,8 +339,21 @@ class ParallelStrategy(BaseStrategy):
 
     @property
     def parallel_devices(self) -> list[torch.device]:
-        """The device of each process on a node: those given, else this process's."""
+        """The device of each process on a node: those given, else this process's.
+
+        Assignable before the strategy is set up, as in Lightning (`assign_part`).
+        """
         return list(self._parallel_devices) if self._parallel_devices else [self.root_device]
+
+    @parallel_devices.setter
+    def parallel_devices(self, devices: Sequence[torch.device]) -> None:
+        self.assign_part("parallel_devices", list(devices))
+
+    @property
+    @override
+    def is_set_up(self) -> bool:
+        """Whether the module is set up or the process group joined."""
+        return super().is_set_up or self._collectives is not None
 
     @property
     def process_group(self) -> dist.ProcessGroup:

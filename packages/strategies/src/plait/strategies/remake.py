@@ -81,6 +81,29 @@ class Remakeable:
         Raises:
             ConfigurationError: The constructor does not take one of ``changes``.
         """
+        args, kwargs = self._changed(changes)
+        factory: Callable[..., Self] = type(self)
+        return factory(*args, **kwargs)
+
+    def remake_in_place(self, **changes: object) -> None:
+        """Make this object anew with `arguments` and ``changes``, as `replace` would.
+
+        For a part assigned before the object is used (``strategy.accelerator =
+        ...``, as Lightning code does): every check of the constructor runs again,
+        and the recorded arguments change with it, so that a rank in another
+        process is made with the part too. A copy is made first, so that a change
+        the constructor refuses leaves this object as it was.
+
+        Raises:
+            ConfigurationError: The constructor does not take one of ``changes``,
+                or refuses them.
+        """
+        self.replace(**changes)  # refused here, before anything of this object changes
+        args, kwargs = self._changed(changes)
+        type(self).__init__(self, *args, **kwargs)
+        self._arguments = (tuple(args), kwargs)
+
+    def _changed(self, changes: dict[str, object]) -> tuple[list[object], dict[str, object]]:
         for name in changes:
             if not self.accepts(name):
                 raise ConfigurationError(
@@ -93,8 +116,8 @@ class Remakeable:
         args, kwargs = self._arguments
         names = self._positional_names()
         given = list(args)
+        changes = dict(changes)
         for index, name in enumerate(names[: len(args)]):
             if name in changes:
                 given[index] = changes.pop(name)
-        factory: Callable[..., Self] = type(self)
-        return factory(*given, **{**kwargs, **changes})
+        return given, {**kwargs, **changes}
