@@ -64,6 +64,15 @@ DDP_VARIANTS: Final = (
 """``ddp`` with another launcher or wrapper option, or a sharded optimizer: DDP's
 collectives, which the conformance ranks call without the launcher."""
 
+LAUNCHED_ALIKE: Final = {
+    "ddp_fork_find_unused_parameters_true": "ddp_find_unused_parameters_true",
+    "ddp_spawn_find_unused_parameters_true": "ddp_find_unused_parameters_true",
+}
+"""Lightning's names for a proven variant started by another launcher: the conformance
+and training ranks never use the launcher, so each is proven under the name it maps to
+(its settings are that name's but for ``start_method``, checked below). The
+``ddp_notebook_`` spelling is an alias of the ``ddp_fork_`` one."""
+
 OWN_COLLECTIVES: Final = ("example_bytes_ddp",)
 """A third party's DDP with collectives of its own (``ParallelStrategy.make_collectives``)."""
 
@@ -103,6 +112,7 @@ MULTI_PROCESS: Final = tuple(
     and name not in NOT_ON_CPU
     and name not in ONE_PROCESS
     and name not in DDP_VARIANTS
+    and name not in LAUNCHED_ALIKE
     and name not in FSDP_VARIANTS
     and name not in DEEPSPEED_VARIANTS
     and name not in OWN_COLLECTIVES
@@ -213,7 +223,7 @@ def test_every_registered_strategy_is_run_or_excused() -> None:
     assert set(DDP_OPTIONS) <= set(DDP_VARIANTS)
     # An alias is proven under the name it repeats, which is proven itself.
     assert {"modelparallelstrategy": "model_parallel"}.items() <= ALIASES.items()
-    assert set(ALIASES.values()) <= set(MULTI_PROCESS) | {
+    assert set(ALIASES.values()) <= set(MULTI_PROCESS) | set(LAUNCHED_ALIKE) | {
         name
         for names in (
             DDP_VARIANTS,
@@ -235,7 +245,20 @@ def test_every_registered_strategy_is_run_or_excused() -> None:
         | set(ONE_PROCESS)
         | set(NOT_ON_CPU)
         | set(ALIASES)
+        | set(LAUNCHED_ALIKE)
     )
+
+
+def test_a_name_launched_alike_is_its_proven_variant_under_another_launcher() -> None:
+    for name, proven in LAUNCHED_ALIKE.items():
+        entry, target = StrategyRegistry.entry(name), StrategyRegistry.entry(proven)
+        settings = dict(entry.init_params)
+        assert settings.pop("start_method") != target.init_params["start_method"], name
+        assert (entry.factory, settings) == (
+            target.factory,
+            {k: v for k, v in target.init_params.items() if k != "start_method"},
+        ), name
+        assert proven in DDP_VARIANTS, name
 
 
 MESH_STRATEGY: Final = f"{Path(__file__).with_name('mesh_strategies.py')}:model_parallel_on"

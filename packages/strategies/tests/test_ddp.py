@@ -264,6 +264,13 @@ def test_every_ddp_name_is_registered() -> None:
         default = StrategyRegistry.get(name, accelerator="cpu")
         assert isinstance(default, DDPStrategy)
         assert (default.start_method, default.ddp_kwargs) == (start_method, {})
+        # and for unused parameters tolerated, under that launcher
+        tolerant = StrategyRegistry.get(name.replace("_false", "_true"), accelerator="cpu")
+        assert isinstance(tolerant, DDPStrategy)
+        assert (tolerant.start_method, tolerant.ddp_kwargs) == (
+            start_method,
+            {"find_unused_parameters": True},
+        )
 
 
 def test_a_strategy_registers_with_a_decorator_as_in_lightning() -> None:

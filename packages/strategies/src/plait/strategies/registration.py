@@ -71,7 +71,8 @@ def register(registry: Registry[Strategy]) -> None:
         description="DDP that tolerates parameters unused in a step",
         start_method="popen", find_unused_parameters=True,
     )  # fmt: skip
-    # Lightning's names for DDP's default (find_unused_parameters=False), each launcher.
+    # Lightning's names for DDP's default (find_unused_parameters=False), each launcher,
+    # and for its unused parameters tolerated under the other launchers.
     for prefix, start_method in (
         ("ddp", "popen"),
         ("ddp_spawn", "spawn"),
@@ -83,6 +84,12 @@ def register(registry: Registry[Strategy]) -> None:
             description=f"'{prefix}' (find_unused_parameters=False, DDP's default)",
             start_method=start_method,
         )  # fmt: skip
+        if prefix != "ddp":
+            registry.register(
+                f"{prefix}_find_unused_parameters_true", DDPStrategy,
+                description=f"'{prefix}' that tolerates parameters unused in a step",
+                start_method=start_method, find_unused_parameters=True,
+            )  # fmt: skip
     registry.register_lazily(
         "ddp_sharded", _DDP_SHARDED,
         description="DDP with optimizer state sharded across ranks (ZeRO stage 1)",
