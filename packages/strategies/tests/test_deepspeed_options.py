@@ -504,3 +504,15 @@ def test_a_client_entry_named_as_one_of_the_engines_is_kept_apart_with_a_warning
     assert "global_steps" not in client  # the engine's own stays the engine's
     saved = {**client, "global_steps": 123, "module": {}}  # what the engine writes beside
     assert client_entries(saved) == {"global_steps": 7, "epoch": 2}
+
+
+def test_devices_other_than_the_local_ranks_are_refused_as_in_lightning() -> None:
+    # The engine puts each process on the device of its local rank, whatever it is given.
+    with pytest.raises(ConfigurationError, match=r"CUDA_VISIBLE_DEVICES=1,3 and pass devices=2"):
+        DeepSpeedStrategy(
+            accelerator="cuda", parallel_devices=[torch.device("cuda", 1), torch.device("cuda", 3)]
+        )
+    made = DeepSpeedStrategy(
+        accelerator="cuda", parallel_devices=[torch.device("cuda", 0), torch.device("cuda", 1)]
+    )
+    assert made.parallel_devices == [torch.device("cuda", 0), torch.device("cuda", 1)]

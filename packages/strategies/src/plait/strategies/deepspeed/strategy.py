@@ -113,6 +113,27 @@ def _cast_floating(data: object, dtype: torch.dtype) -> object:
     return data
 
 
+def _check_device_indices(devices: Sequence[torch.device] | None) -> None:
+    """Refuse devices other than those of the local ranks: DeepSpeed's engine takes those.
+
+    The engine puts each process on the device numbered by its local rank, whatever
+    device the strategy was given (Lightning refuses the same).
+
+    Raises:
+        ConfigurationError: A device index is not its process's local rank.
+    """
+    indices = [device.index for device in devices or () if device.index is not None]
+    if not indices or indices == list(range(len(indices))):
+        return
+    raise ConfigurationError(
+        f"DeepSpeed puts each process on the device of its local rank ({list(range(len(indices)))}"
+        f"), and the devices asked for are {indices}",
+        value=indices,
+        fix=f"choose the devices with CUDA_VISIBLE_DEVICES={','.join(map(str, indices))} and "
+        f"pass devices={len(indices)}",
+    )
+
+
 def _check_flag(name: str, value: object) -> bool:
     if not isinstance(value, bool):
         raise ConfigurationError(
@@ -175,15 +196,17 @@ class DeepSpeedStrategy(SelfLaunchingStrategy):
             boundary.
         exclude_frozen_parameters: Leave parameters that do not train
             (``requires_grad=False``) out of saved checkpoints.
-
-    Without ``config``, the path in ``PL_DEEPSPEED_CONFIG_PATH`` (Lightning's
-    variable) is read, if set.
         start_method: How the ranks are started when no scheduler did: ``"popen"``
             (run the program again) or one of torch.multiprocessing's.
 
+    Without ``config``, the path in ``PL_DEEPSPEED_CONFIG_PATH`` (Lightning's
+    variable) is read, if set.
+
     Raises:
         ConfigurationError: deepspeed is not installed, an option is out of range or
-            cannot go with another, or the config conflicts with them.
+            cannot go with another, the config conflicts with them, or a device's
+            index is not its process's local rank (the engine would take that one:
+            choose devices with ``CUDA_VISIBLE_DEVICES``).
     """
 
     def __init__(
@@ -274,6 +297,7 @@ class DeepSpeedStrategy(SelfLaunchingStrategy):
         super().__init__(
             **process_group_options(locals(), checkpoint_io=DeepSpeedCheckpointIO(self))
         )
+        _check_device_indices(parallel_devices)
         declared = declared_keys()
         check_supported(declared)
         user = read_config(config)
