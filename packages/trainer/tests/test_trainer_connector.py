@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import sys
 from collections.abc import Iterator
 
 import pytest
@@ -341,3 +342,40 @@ def test_an_environment_given_as_a_plugin_is_used_without_reading_the_schedulers
     assert isinstance(strategy, DDPStrategy)
     assert isinstance(strategy.cluster_environment, LocalEnvironment)
     assert any("given as a plugin" in reason for reason in connection.reasons)
+
+
+@pytest.fixture
+def four_gpus(monkeypatch: pytest.MonkeyPatch) -> None:
+    """This machine says it has four CUDA GPUs (nothing is put on them here)."""
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    for name in SLURM_TASK_3:
+        monkeypatch.delenv(name, raising=False)
+
+
+def test_dp_drives_the_gpus_asked_for_from_one_process_as_in_lightning(four_gpus: None) -> None:
+    connection = connect(accelerator="cuda", strategy="dp", devices=2)
+
+    assert type(connection.strategy).__name__ == "DataParallelStrategy"
+    assert connection.strategy.world_size == 1
+    assert (connection.num_processes, connection.devices) == (1, (0, 1))
+    assert connection.strategy.root_device == torch.device("cuda", 0)
+
+
+def test_auto_devices_in_a_notebook_take_one_gpu_as_in_lightning(
+    monkeypatch: pytest.MonkeyPatch, four_gpus: None
+) -> None:
+    monkeypatch.setattr(sys, "ps1", ">>> ", raising=False)  # as a REPL or notebook has it
+
+    auto = connect(accelerator="cuda")
+
+    assert isinstance(auto.strategy, SingleDeviceStrategy)
+    assert auto.num_processes == 1
+    assert any("uses 1 of the 4 GPUs" in reason for reason in auto.reasons)
+    # Asked for by number, they are all used, by ranks forked from the session.
+    every = connect(accelerator="cuda", devices=4)
+    assert isinstance(every.strategy, DDPStrategy)
+    assert (every.num_processes, every.strategy.start_method) == (4, "fork")
+    # Outside a notebook, 'auto' is every GPU.
+    monkeypatch.delattr(sys, "ps1")
+    assert connect(accelerator="cuda").num_processes == 4

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 import torch
 from torch.nn import DataParallel
@@ -33,6 +33,10 @@ class DataParallelStrategy(OneProcessStrategy):
     Raises:
         ConfigurationError: There is no CUDA device, or a device is not a CUDA one.
     """
+
+    one_process_over_devices: ClassVar[bool] = True
+    """One process drives every device it is given: ``Trainer(strategy="dp",
+    devices=2)`` asks for two GPUs, not two processes."""
 
     def __init__(
         self,

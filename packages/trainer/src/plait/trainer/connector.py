@@ -61,17 +61,21 @@ class Connection:
         devices: The device indices the job uses on each node.
         num_nodes: How many nodes the job spans.
         reasons: One line per choice: what was chosen and why.
+        one_process_per_node: The strategy drives every device of a node from one
+            process (``dp``'s DataParallel), instead of one process per device.
     """
 
     strategy: Strategy
     devices: tuple[int, ...]
     num_nodes: int
     reasons: tuple[str, ...]
+    one_process_per_node: bool = False
 
     @property
     def num_processes(self) -> int:
         """Processes in the whole job."""
-        return len(self.devices) * self.num_nodes
+        per_node = 1 if self.one_process_per_node else len(self.devices)
+        return per_node * self.num_nodes
 
 
 def _kind_of(plugin: object) -> str | None:
@@ -286,6 +290,7 @@ def connect(
         # The launcher decided: as many devices as it started processes on this node.
         devices = max(1, environment.world_size // num_nodes)
         reasons.append(f"devices={devices}: the processes launched per node")
+    devices = _one_gpu_in_a_notebook(built_accelerator, devices, environment, reasons)
     indices, parallel_devices = _devices(built_accelerator, devices, environment, reasons)
     environment.validate_settings(len(indices), num_nodes)
     if detection is None:
@@ -293,10 +298,13 @@ def connect(
     else:
         reasons.append(f"cluster environment: {detection.reason}")
     processes = len(indices) * num_nodes
+    one_process = False
     if instance is None:
         assert isinstance(strategy, str)
         name, why = _strategy_name(strategy, processes, environment.creates_processes_externally)
         entry = StrategyRegistry.entry(name)
+        one_process = _one_process_over_devices(entry.factory)
+        processes = num_nodes if one_process else processes
         _no_float16_autocast_on_the_cpu(parts, parallel_devices, reasons, entry.factory)
         arguments = _arguments_for(
             entry.factory,
@@ -309,6 +317,8 @@ def connect(
         built = StrategyRegistry.get(name, **arguments)
         reasons.append(f"strategy {entry.name!r}: {why} ({built!r})")
     else:
+        one_process = _one_process_over_devices(type(instance))
+        processes = num_nodes if one_process else processes
         _no_float16_autocast_on_the_cpu(parts, parallel_devices, reasons, type(instance))
         built = _rebuilt(
             instance,
@@ -328,7 +338,49 @@ def connect(
         )
     for line in reasons:
         log.info("plait: %s", line)
-    return Connection(strategy=built, devices=indices, num_nodes=num_nodes, reasons=tuple(reasons))
+    return Connection(
+        strategy=built,
+        devices=indices,
+        num_nodes=num_nodes,
+        reasons=tuple(reasons),
+        one_process_per_node=one_process,
+    )
+
+
+def _one_process_over_devices(strategy: object) -> bool:
+    """Whether ``strategy`` (its class or factory) drives a node's devices from one process.
+
+    A strategy says so with ``one_process_over_devices = True`` (DataParallel's).
+    """
+    return getattr(strategy, "one_process_over_devices", False) is True
+
+
+def _one_gpu_in_a_notebook(
+    accelerator: Accelerator,
+    devices: DeviceSpec,
+    environment: ClusterEnvironment,
+    reasons: list[str],
+) -> DeviceSpec:
+    """``devices="auto"`` on several CUDA GPUs in a notebook or REPL is one GPU, as in Lightning.
+
+    Processes forked from an interactive session that has touched CUDA cannot use it;
+    asking for the devices by number (``devices=4``) starts ``ddp_notebook`` over them.
+    """
+    if (
+        devices != "auto"
+        or environment.creates_processes_externally
+        or getattr(accelerator, "device_type", None) != "cuda"
+        or not interactive()
+    ):
+        return devices
+    count = accelerator.auto_device_count()
+    if count <= 1:
+        return devices
+    reasons.append(
+        f"devices=1: 'auto' in an interactive session uses 1 of the {count} GPUs, as "
+        f"Lightning does (pass devices={count} for ddp_notebook over all of them)"
+    )
+    return 1
 
 
 def _no_float16_autocast_on_the_cpu(

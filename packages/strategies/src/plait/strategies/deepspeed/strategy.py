@@ -122,7 +122,9 @@ def _check_device_indices(devices: Sequence[torch.device] | None) -> None:
     Raises:
         ConfigurationError: A device index is not its process's local rank.
     """
-    indices = [device.index for device in devices or () if device.index is not None]
+    # torch types an index as an int; a device made without one (cpu, "cuda") has None.
+    given: list[int | None] = [device.index for device in devices or ()]
+    indices = [index for index in given if index is not None]
     if not indices or indices == list(range(len(indices))):
         return
     raise ConfigurationError(
