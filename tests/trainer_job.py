@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
 import torch
+import torchmetrics
 from torch.utils.data import DataLoader, Sampler, TensorDataset
 from typing_extensions import override
 
@@ -336,6 +337,22 @@ class Hyper(Module):
     @override
     def configure_optimizers(self) -> object:
         return torch.optim.SGD(self.parameters(), lr=self.hparams.lr)
+
+
+class CountsWithAMetric(Module):
+    """Counts the validation samples with a torchmetrics object, as Lightning code does."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = torch.nn.Linear(4, 1)
+        self.seen = torchmetrics.SumMetric()
+
+    @override
+    def validation_step(self, batch: object, batch_idx: int) -> None:
+        x, _ = _xy(batch)
+        self.layer(x)
+        self.seen.update(torch.tensor(float(len(x))))
+        self.log("seen", self.seen)
 
 
 class UnevenSampler(Sampler[int]):
@@ -805,7 +822,14 @@ def main() -> None:
         first.fit(Toy(), odd, val)
         second = _trainer(arguments, max_epochs=1)
         second.fit(Toy(), custom)
-        result = {"padded_steps": first.global_step, "custom_steps": second.global_step}
+        # 7 samples: 4 on rank 0 (2 batches of 3), 3 on rank 1, which repeats its batch.
+        third = _trainer(arguments)
+        [counted] = third.validate(CountsWithAMetric(), DataLoader(dataset(7), batch_size=3))
+        result = {
+            "padded_steps": first.global_step,
+            "custom_steps": second.global_step,
+            "metric_counted": counted["seen"],
+        }
     elif arguments.scenario == "accumulate":
         # 5 batches per rank, accumulating 2 by 2: steps after batches 2, 4 and 5.
         trainer = _trainer(

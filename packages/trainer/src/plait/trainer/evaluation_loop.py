@@ -11,6 +11,7 @@ from plait.precision import map_tensors
 from plait.trainer.batches import evaluation_loader, even_batches
 from plait.trainer.data import length
 from plait.trainer.gather import gather_objects
+from plait.trainer.metric_objects import states_kept
 from plait.trainer.metrics import Metrics, Number
 from plait.trainer.state import to_device
 
@@ -105,7 +106,7 @@ class EvaluationLoop(_RunsSteps):
         for batch_idx, batch, real in even_batches(strategy, prepared, total):
             on_device = to_device(batch, strategy.root_device)
             if not real:
-                _pad(results, step, wrapped, on_device, batch_idx)
+                _pad(results, attached.module, step, wrapped, on_device, batch_idx=batch_idx)
                 continue
             results.current_batch = on_device
             with region(step_name):
@@ -143,7 +144,14 @@ class PredictionLoop(_RunsSteps):
         for batch_idx, batch, real in even_batches(strategy, prepared, total):
             on_device = to_device(batch, strategy.root_device)
             if not real:
-                _pad(results, strategy.predict_step, wrapped, on_device, batch_idx)
+                _pad(
+                    results,
+                    attached.module,
+                    strategy.predict_step,
+                    wrapped,
+                    on_device,
+                    batch_idx=batch_idx,
+                )
                 continue
             results.current_batch = on_device
             with hooks.profiler.region("predict_step"):
@@ -164,13 +172,15 @@ class PredictionLoop(_RunsSteps):
 
 def _pad(
     results: Results,
+    module: torch.nn.Module,
     step: Callable[..., object],
     wrapped: torch.nn.Module,
     batch: object,
+    *,
     batch_idx: int,
 ) -> None:
     # A forward that keeps this rank in step with ranks holding more batches: its
-    # output, its logged values and its hooks are dropped, so that every sample
-    # counts once.
-    with results.discarding():
+    # output, its logged values, its hooks and what it adds to the module's metric
+    # objects (torchmetrics') are dropped, so that every sample counts once.
+    with results.discarding(), states_kept(module):
         step(wrapped, batch, batch_idx)

@@ -12,6 +12,7 @@ import torch
 
 from plait.core import CollectiveCall, CollectiveMismatchError, ConfigurationError
 from plait.trainer.gather import gather_objects
+from plait.trainer.metric_objects import MetricObject, batch_value
 
 if TYPE_CHECKING:
     from plait.core import Collectives, ProcessLayout
@@ -189,6 +190,8 @@ class Metrics:
         self.step_values: dict[str, Number] = {}
         self.options: dict[str, MetricOptions] = {}
         self._pending: dict[str, tuple[Number, float]] = {}  # step values to sync
+        # Metric objects logged this epoch (torchmetrics'): computed and reset at its end.
+        self._objects: dict[str, tuple[MetricObject, MetricOptions]] = {}
 
     def record(
         self,
@@ -253,6 +256,9 @@ class Metrics:
                 fix="log a metric with the same options every time, or give it another name",
             )
         self.options[name] = options
+        if isinstance(value, MetricObject):
+            self._record_object(name, value, options)
+            return
         number = to_number(name, value)
         if options.on_step and sync_dist:
             # Synced at the end of the step, all together, once the ranks agree on
@@ -264,6 +270,21 @@ class Metrics:
         if options.on_epoch:
             accumulator = self._epoch.setdefault(name, _Accumulator(options))
             accumulator.add(number, float(batch_size) if reduce_fx == "mean" else 1.0)
+
+    def _record_object(self, name: str, metric: MetricObject, options: MetricOptions) -> None:
+        # Its batch value now; its epoch value is its own compute() at the epoch's end,
+        # synced by the metric itself (sync_dist and reduce_fx do not apply).
+        self._objects[name] = (metric, options)
+        if options.on_step:
+            try:
+                self.step_values[name] = to_number(name, batch_value(name, metric))
+            except ValueError as error:
+                raise ConfigurationError(
+                    str(error),
+                    value=name,
+                    fix="call the metric on the batch (self.train_acc(preds, target)) before "
+                    "logging it per step, or log it per epoch only (on_step=False)",
+                ) from error
 
     def start_step(self) -> None:
         """Forget the previous step's values.
@@ -344,17 +365,24 @@ class Metrics:
             CollectiveMismatchError: The ranks sync different metric names.
         """
         names = sorted(self._epoch)
+        objects = sorted(name for name, (_, options) in self._objects.items() if options.on_epoch)
+        # A metric object's compute() syncs over the ranks: every rank must call it too.
         agree_on_names(
             [
                 f"{n}:{self._epoch[n].options.reduce_fx}"
                 for n in names
                 if self._epoch[n].options.sync_dist
-            ],
+            ]
+            + [f"{n}:metric object" for n in objects],
             "self.log(on_epoch, sync_dist=True)",
             collectives,
             world_size,
         )
         values: dict[str, Number] = {}
+        for name in objects:
+            values[name] = to_number(name, self._objects[name][0].compute())
+        for metric, _ in self._objects.values():
+            metric.reset()  # as Lightning: each logged metric object starts the next epoch afresh
         synced_sums = [n for n in names if self._epoch[n].options.reduce_fx in ("mean", "sum")]
         local = [n for n in synced_sums if not self._epoch[n].options.sync_dist]
         synced = [n for n in synced_sums if self._epoch[n].options.sync_dist]
@@ -421,4 +449,5 @@ class Metrics:
 
     def epoch_options(self) -> Mapping[str, MetricOptions]:
         """The options of the metrics with epoch values."""
-        return {name: acc.options for name, acc in self._epoch.items()}
+        objects = {name: opts for name, (_, opts) in self._objects.items() if opts.on_epoch}
+        return {**objects, **{name: acc.options for name, acc in self._epoch.items()}}

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from plait.core import GradientClipAlgorithm
     from plait.core.typing import Checkpoint, PathLike
     from plait.trainer.attach import Attached
+    from plait.trainer.metric_objects import MetricObject
     from plait.trainer.optimization import TrainerOptimizer
     from plait.trainer.trainer import Trainer
 
@@ -40,8 +41,8 @@ __all__ = [
     "overrides",
 ]
 
-LogValue: TypeAlias = "torch.Tensor | float | int | bool"
-"""What `Module.log` takes: a number or a one-element tensor."""
+LogValue: TypeAlias = "torch.Tensor | float | int | bool | MetricObject"
+"""What `Module.log` takes: a number, a one-element tensor, or a metric object (torchmetrics')."""
 
 ReduceFx: TypeAlias = Literal["mean", "sum", "max", "min"]
 """How `Module.log` folds a metric's values over an epoch (and over ranks)."""
@@ -400,7 +401,12 @@ class Module(SavesHyperParameters, torch.nn.Module):
 
         Args:
             name: The metric's name, e.g. ``"val_loss"``.
-            value: A number or a one-element tensor.
+            value: A number or a one-element tensor; or a metric object that keeps its
+                own state (a torchmetrics ``Metric``, `MetricObject`), as Lightning
+                takes one: per step its value for the batch it was last called on,
+                per epoch its ``compute()`` (which syncs over the ranks itself, so
+                ``sync_dist`` and ``reduce_fx`` do not apply), and it is reset when
+                the epoch ends.
             prog_bar: Show it in the progress bar.
             logger: Send it to the loggers.
             on_step: Record each value as it comes; by default in training only.
