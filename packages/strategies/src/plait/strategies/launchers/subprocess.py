@@ -44,6 +44,7 @@ from plait.strategies.launchers.children import (
     warn_if_oversubscribed,
     watch,
 )
+from plait.strategies.launchers.hydra_app import current_hydra_run
 from plait.strategies.launchers.multiprocessing import pickled_work, unpickled_work
 
 __all__ = [
@@ -76,13 +77,26 @@ is gone: the verdict comes once the failed rank has exited, which a loaded machi
 take longer than the grace period for."""
 
 
-def _program() -> list[str]:
-    # Run the program as it was run: as a module (python -m pkg) or as a script.
+def _program(rank: int) -> tuple[list[str], str | None]:
+    """The command that runs the program again as ``rank``, and the folder to run it in.
+
+    As it was run: as a module (``python -m pkg``) or as a script. A Hydra app's
+    rank repeats this job, in this run's folder (`plait.strategies.launchers.hydra_app`),
+    from the folder the program was started in.
+    """
     main = sys.modules["__main__"]
     spec = getattr(main, "__spec__", None)
     if spec is not None and spec.name not in ("__main__", None):
-        return [sys.executable, "-m", spec.name.removesuffix(".__main__"), *sys.argv[1:]]
-    return [sys.executable, *sys.argv]
+        program = [sys.executable, "-m", spec.name.removesuffix(".__main__")]
+    else:
+        program = [sys.executable, sys.argv[0]]
+    hydra = current_hydra_run()
+    if hydra is None:
+        return [*program, *sys.argv[1:]], None
+    if spec is None or spec.name in ("__main__", None):
+        # A script's path as given, from where the program started.
+        program[1] = os.path.join(hydra.original_cwd, sys.argv[0])
+    return hydra.command(program, sys.argv[1:], rank), hydra.original_cwd
 
 
 def _write_error_file(
@@ -475,7 +489,8 @@ class SubprocessScriptLauncher:
                     ERROR_FILE_VARIABLE: str(error_file),
                     PARENT_VARIABLE: str(os.getpid()),
                 }
-                popen = subprocess.Popen(_program(), env=environment)
+                command, cwd = _program(rank)
+                popen = subprocess.Popen(command, env=environment, cwd=cwd)
                 process = _Process(popen, error_file)
                 children.append(Child(rank=rank, handle=process, traceback=process.traceback))
         except BaseException:
