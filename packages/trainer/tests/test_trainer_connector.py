@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import logging
+import shutil
 import sys
+import warnings
 from collections.abc import Iterator
 
 import pytest
@@ -379,3 +381,19 @@ def test_auto_devices_in_a_notebook_take_one_gpu_as_in_lightning(
     # Outside a notebook, 'auto' is every GPU.
     monkeypatch.delattr(sys, "ps1")
     assert connect(accelerator="cuda").num_processes == 4
+
+
+def test_srun_on_the_path_but_unused_is_hinted_as_in_lightning(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for name in SLURM_TASK_3:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(shutil, "which", lambda name: f"/usr/bin/{name}")
+
+    with pytest.warns(UserWarning, match=r"start it with srun: srun python"):
+        connection = connect(accelerator="cpu", devices=2)
+    assert "srun is available but did not start this job" in connection.reasons
+    # One process starts nothing on other hosts: nothing to hint.
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        connect(accelerator="cpu", devices=1)

@@ -10,6 +10,8 @@ treated exactly as a built-in one. Anything that cannot work together raises
 from __future__ import annotations
 
 import logging
+import os
+import shutil
 import sys
 import warnings
 from collections.abc import Callable, Mapping, Sequence, Sized
@@ -41,6 +43,7 @@ from plait.trainer.checks import check_count
 
 if TYPE_CHECKING:
     from plait.core.typing import DeviceSpec
+    from plait.environments import Detection
 
 __all__ = ["Connection", "Plugin", "connect"]
 
@@ -298,6 +301,7 @@ def connect(
     else:
         reasons.append(f"cluster environment: {detection.reason}")
     processes = len(indices) * num_nodes
+    _srun_unused(detection, processes, reasons)
     one_process = False
     if instance is None:
         assert isinstance(strategy, str)
@@ -345,6 +349,28 @@ def connect(
         reasons=tuple(reasons),
         one_process_per_node=one_process,
     )
+
+
+def _srun_unused(detection: Detection | None, processes: int, reasons: list[str]) -> None:
+    """Warn, as Lightning does, where ``srun`` is on the PATH and this job was not started by it.
+
+    Only where no scheduler's variables were found (nor an environment given), for a
+    job of several processes, which plait then starts on this machine alone: on a
+    SLURM login or allocation node, that is rarely what was meant.
+    """
+    if detection is None or detection.variables or processes <= 1:
+        return
+    if shutil.which("srun") is None:
+        return
+    command = " ".join(["srun", os.path.basename(sys.executable), *sys.argv])
+    warnings.warn(
+        "the srun command is available, and this job was not started by it: plait starts "
+        f"its {processes} processes on this machine alone; to run it on SLURM, start it "
+        f"with srun: {command[:80]}",
+        UserWarning,
+        stacklevel=4,
+    )
+    reasons.append("srun is available but did not start this job")
 
 
 def _one_process_over_devices(strategy: object) -> bool:
