@@ -18,7 +18,7 @@ from plait.core import (
     rank_zero_info,
     rank_zero_warn,
 )
-from plait.trainer.checkpointing import check_checkpoint
+from plait.trainer.checkpointing import check_checkpoint, from_lightning
 from plait.trainer.hooks import Hooks
 from plait.trainer.hparams import saved
 from plait.trainer.loggers import SupportsConnect, SupportsLogGraph
@@ -328,7 +328,7 @@ def restore(strategy: Strategy, attached: Attached, run: Run) -> None:
     if not run.ckpt_path:
         return
     module = attached.module
-    checkpoint = strategy.read_checkpoint(run.ckpt_path, module)
+    checkpoint = from_lightning(strategy.read_checkpoint(run.ckpt_path, module))
     check_checkpoint(checkpoint, run.ckpt_path, run.stage)
     attached.hooks.on_load_checkpoint(checkpoint)
     optimizers = attached.optimizers if run.stage == "fit" else []

@@ -32,8 +32,11 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CHECKPOINT_FORMAT",
+    "LIGHTNING_LAYOUT",
+    "LIGHTNING_VERSION_KEY",
     "Checkpointer",
     "check_checkpoint",
+    "from_lightning",
     "is_checkpoint",
     "newest_checkpoint",
     "resolve_checkpoint",
@@ -41,6 +44,66 @@ __all__ = [
 
 CHECKPOINT_FORMAT: Final = 1
 """The layout version of the checkpoints the trainer writes."""
+
+LIGHTNING_VERSION_KEY: Final = "pytorch-lightning_version"
+"""The entry every checkpoint Lightning's Trainer writes holds: its version."""
+
+LIGHTNING_LAYOUT: Final = "2.0.0"
+"""What the trainer's checkpoints hold under `LIGHTNING_VERSION_KEY`: the Lightning
+release whose layout their ``state_dict``, ``hyper_parameters``, ``epoch``,
+``global_step``, ``optimizer_states`` and ``lr_schedulers`` follow, so that
+Lightning's tooling (``LightningModule.load_from_checkpoint``) reads them, and runs
+none of its migrations of older layouts over them."""
+
+# Where Lightning's precision plugins keep their state (a gradient scaler's): under
+# the plugin's class name.
+_LIGHTNING_PRECISION_KEYS: Final = ("MixedPrecision", "MixedPrecisionPlugin", "FSDPPrecision")
+
+
+def _nested(mapping: object, *keys: str) -> object:
+    for key in keys:
+        if not isinstance(mapping, Mapping):
+            return None
+        mapping = mapping.get(key)
+    return mapping
+
+
+def from_lightning(checkpoint: Checkpoint) -> Checkpoint:
+    """A checkpoint Lightning's Trainer wrote, in the layout this trainer resumes from.
+
+    The module's and optimizers' states, the schedulers', the hyperparameters, the
+    epoch and the global step are the same entries in both. Lightning's loops are
+    read for where the epoch stood (its batches done, whether it ran to its end),
+    and a gradient scaler's state is moved to where the precision plugin reads it.
+    Lightning's callbacks keep their states under keys and in layouts of their own:
+    they are left out, with a warning naming them. Any other checkpoint is returned
+    as it is.
+    """
+    if LIGHTNING_VERSION_KEY not in checkpoint or "plait" in checkpoint:
+        return checkpoint
+    converted = dict(checkpoint)
+    loop = _nested(checkpoint, "loops", "fit_loop")
+    batches = _nested(loop, "epoch_loop.batch_progress")
+    done = _nested(batches, "current", "completed")
+    epoch = checkpoint.get("epoch", 0)
+    converted["loops"] = {
+        "epoch": epoch if isinstance(epoch, int) else 0,
+        "batches_done": done if isinstance(done, int) else 0,
+        "epoch_done": bool(_nested(batches, "is_last_batch")),
+        "train_metrics": None,
+    }
+    for key in _LIGHTNING_PRECISION_KEYS:
+        state = converted.pop(key, None)
+        if isinstance(state, Mapping) and state:
+            converted["precision"] = {"scaler": dict(state)}
+    callbacks = converted.pop("callbacks", None)
+    if isinstance(callbacks, Mapping) and callbacks:
+        rank_zero_warn(
+            f"the checkpoint was written by Lightning {checkpoint[LIGHTNING_VERSION_KEY]}: its "
+            f"callbacks' states ({', '.join(map(str, callbacks))}) are in Lightning's layout "
+            "and are not restored; the module, optimizers, schedulers, epoch and step are"
+        )
+    return converted
 
 
 def check_checkpoint(checkpoint: Checkpoint, path: PathLike | None, stage: str = "fit") -> None:
@@ -117,6 +180,7 @@ class Checkpointer:
         if weights_only:
             weights: Checkpoint = {
                 "plait": {**header, "weights_only": True},
+                LIGHTNING_VERSION_KEY: LIGHTNING_LAYOUT,
                 "hyper_parameters": saved(module.hparams),
                 "epoch": progress.current_epoch,
                 "global_step": progress.global_step,
@@ -128,6 +192,7 @@ class Checkpointer:
         states = gather_objects(strategy, rng_state())
         checkpoint: Checkpoint = {
             "plait": header,
+            LIGHTNING_VERSION_KEY: LIGHTNING_LAYOUT,
             # What load_from_checkpoint makes the module again from.
             "hyper_parameters": saved(module.hparams),
             "epoch": progress.current_epoch,
