@@ -26,6 +26,7 @@ from plait.precision import MixedPrecision
 from plait.strategies import DDPStrategy, ModelParallelStrategy
 from plait.strategies.base import BaseStrategy
 from plait.trainer import ModelCheckpoint, Module, Trainer, connect
+from plait.trainer.layer_sync import TorchSyncBatchNorm
 from plait.trainer.torch_flags import CUBLAS_WORKSPACE, TorchFlags
 
 # Parts written as Lightning's documentation writes them, with only the imports changed.
@@ -336,6 +337,76 @@ def test_sync_batchnorm_turns_every_batch_norm_into_a_sync_one_on_several_proces
     assert flags.prepare(module, processes=2) is module
     assert type(module[1]).__name__ == "SyncBatchNorm"
     assert module[1].weight is weight  # the optimizers' parameters stay
+
+
+def test_torch_sync_batch_norm_reverts_to_batch_norms_holding_the_same_state() -> None:
+    module = torch.nn.Sequential(
+        torch.nn.Conv2d(1, 2, 1),
+        torch.nn.BatchNorm2d(2),
+        torch.nn.Flatten(),
+        torch.nn.BatchNorm1d(8),
+    )
+    module(torch.randn(4, 1, 2, 2))  # running statistics to keep
+    before = {key: value.clone() for key, value in module.state_dict().items()}
+    weight = module[1].weight
+    sync = TorchSyncBatchNorm()
+
+    assert sync.apply(module) is module
+    assert [type(layer).__name__ for layer in module][1::2] == ["SyncBatchNorm"] * 2
+    assert sync.revert(module) is module
+
+    assert not any(isinstance(layer, torch.nn.SyncBatchNorm) for layer in module.modules())
+    assert module[1].weight is weight  # the optimizers' parameters stay
+    assert module.state_dict().keys() == before.keys()
+    for key, value in module.state_dict().items():
+        assert torch.equal(value, before[key]), key
+    module(torch.randn(4, 1, 2, 2))  # trains in one process again
+    with pytest.raises(ValueError, match="at least 2 dimensions"):
+        module[3](torch.randn(8))
+
+
+class _Marking:
+    """A layer sync of a user's: notes the layers it synchronised, and forgets them."""
+
+    def __init__(self, *, replace: bool = False) -> None:
+        self.replace = replace
+        self.synced: set[int] = set()
+
+    def apply(self, model: torch.nn.Module) -> torch.nn.Module:
+        self.synced |= {id(layer) for layer in model.modules()}
+        return torch.nn.Sequential(model) if self.replace else model
+
+    def revert(self, model: torch.nn.Module) -> torch.nn.Module:
+        self.synced -= {id(layer) for layer in model.modules()}
+        return model
+
+
+def test_a_layer_sync_plugin_of_a_users_is_applied_on_several_processes_and_reverted() -> None:
+    layer_sync = _Marking()
+    trainer = Trainer(accelerator="cpu", devices=2, plugins=[layer_sync], logger=False)
+    flags = trainer.torch_flags
+    module = torch.nn.Sequential(torch.nn.Linear(2, 2))
+
+    assert flags.layer_sync is layer_sync
+    assert flags.prepare(module, processes=1) is module
+    assert not layer_sync.synced  # one process: nothing to synchronise
+    assert flags.prepare(module, processes=2) is module
+    assert id(module[0]) in layer_sync.synced
+    flags.revert(module, processes=2)
+    assert not layer_sync.synced
+    with pytest.raises(ConfigurationError, match=r"_Marking\.apply returned another module"):
+        TorchFlags(layer_sync=_Marking(replace=True)).prepare(module, processes=2)
+
+
+def test_torch_sync_batch_norm_as_a_plugin_is_sync_batchnorm() -> None:
+    # On the CPU torch cannot synchronise batch norms: refused, as sync_batchnorm=True is.
+    with pytest.raises(ConfigurationError, match=r"TorchSyncBatchNorm\) on cpu"):
+        Trainer(accelerator="cpu", devices=2, plugins=[TorchSyncBatchNorm()], logger=False)
+    with pytest.raises(ConfigurationError, match="were both given"):
+        Trainer(accelerator="cpu", sync_batchnorm=True, plugins=[TorchSyncBatchNorm()])
+    one = Trainer(accelerator="cpu", devices=1, plugins=[TorchSyncBatchNorm()], logger=False)
+    assert one.torch_flags.sync_batchnorm
+    assert isinstance(one.torch_flags.layer_sync, TorchSyncBatchNorm)
 
 
 # Precision.

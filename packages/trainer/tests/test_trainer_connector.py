@@ -242,7 +242,7 @@ def test_a_precision_the_device_cannot_run_is_refused_by_what_the_plugin_declare
 def test_a_plugin_of_no_known_kind() -> None:
     message = _error(plugins=[object()])
 
-    assert "neither a Precision, a CheckpointIO nor a ClusterEnvironment" in message
+    assert "neither a Precision, a CheckpointIO, a ClusterEnvironment nor a LayerSync" in message
 
 
 def test_an_unknown_plugin_name() -> None:

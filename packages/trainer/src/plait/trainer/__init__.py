@@ -19,6 +19,7 @@ from plait.trainer.callbacks import (
 )
 from plait.trainer.connector import Connection, connect
 from plait.trainer.launch import Outcome
+from plait.trainer.layer_sync import LayerSync, TorchSyncBatchNorm
 from plait.trainer.loggers import CSVLogger, Logger, MLFlowLogger, TensorBoardLogger
 from plait.trainer.module import DataModule, Module
 from plait.trainer.optim import SchedulerConfig
@@ -33,6 +34,7 @@ __all__ = [
     "Connection",
     "DataModule",
     "EarlyStopping",
+    "LayerSync",
     "LearningRateMonitor",
     "Logger",
     "MLFlowLogger",
@@ -44,6 +46,7 @@ __all__ = [
     "RichProgressBar",
     "SchedulerConfig",
     "TensorBoardLogger",
+    "TorchSyncBatchNorm",
     "Trainer",
     "TrainingStopped",
     "connect",

@@ -189,6 +189,8 @@ def attach(trainer: Trainer, module: Module, run: Run) -> Iterator[Attached]:
     finally:
         hooks.teardown(stage)
         module.teardown(stage)
+        # The layers synchronised at set-up are plain again, as the module was given.
+        trainer.torch_flags.revert(module, strategy.world_size)
         report = trainer.profiler.stop()
         if report is not None:
             rank_zero_info(f"profile of {stage}: {report} (one per rank)")

@@ -40,6 +40,7 @@ from plait.core import (
 from plait.environments import detect_environment
 from plait.strategies.remake import accepts
 from plait.trainer.checks import check_count
+from plait.trainer.layer_sync import LayerSync
 
 if TYPE_CHECKING:
     from plait.core.typing import DeviceSpec
@@ -49,7 +50,7 @@ __all__ = ["Connection", "Plugin", "connect"]
 
 log = logging.getLogger("plait.trainer")
 
-Plugin = Precision | CheckpointIO | ClusterEnvironment | str
+Plugin = Precision | CheckpointIO | ClusterEnvironment | LayerSync | str
 """What ``plugins=[...]`` holds: part instances, or names from the part registries."""
 
 _PART_ARGUMENTS: Final = ("accelerator", "precision", "checkpoint_io", "cluster_environment")
@@ -66,6 +67,8 @@ class Connection:
         reasons: One line per choice: what was chosen and why.
         one_process_per_node: The strategy drives every device of a node from one
             process (``dp``'s DataParallel), instead of one process per device.
+        layer_sync: The layer sync given as a plugin (`TorchSyncBatchNorm`...), which
+            the Trainer applies to the module; ``None``.
     """
 
     strategy: Strategy
@@ -73,6 +76,7 @@ class Connection:
     num_nodes: int
     reasons: tuple[str, ...]
     one_process_per_node: bool = False
+    layer_sync: LayerSync | None = None
 
     @property
     def num_processes(self) -> int:
@@ -89,7 +93,9 @@ def _kind_of(plugin: object) -> str | None:
     ):
         if isinstance(plugin, protocol):
             return kind
-    return "cluster_environment" if as_cluster_environment(plugin) is not None else None
+    if as_cluster_environment(plugin) is not None:
+        return "cluster_environment"
+    return "layer_sync" if isinstance(plugin, LayerSync) else None
 
 
 def _named_kind(name: str) -> str:
@@ -124,7 +130,7 @@ def _sort_plugins(plugins: Sequence[Plugin] | Plugin | None) -> dict[str, object
         if kind is None:
             raise ConfigurationError(
                 f"the plugin {plugin!r} is a {type(plugin).__name__}, which is neither a "
-                "Precision, a CheckpointIO nor a ClusterEnvironment",
+                "Precision, a CheckpointIO, a ClusterEnvironment nor a LayerSync",
                 value=plugin,
                 fix="implement one of those protocols of plait.core, or pass the object "
                 "where it belongs (strategy=..., accelerator=...)",
@@ -263,6 +269,8 @@ def connect(
     check_count("num_nodes", num_nodes, minimum=1, example="num_nodes=1 on one machine")
     reasons: list[str] = []
     parts = _sort_plugins(plugins)
+    layer_sync = parts.pop("layer_sync", None)  # the Trainer's, not the strategy's
+    assert layer_sync is None or isinstance(layer_sync, LayerSync)
     if precision is not None:
         if "precision" in parts:
             raise ConfigurationError(
@@ -307,8 +315,7 @@ def connect(
         assert isinstance(strategy, str)
         name, why = _strategy_name(strategy, processes, environment.creates_processes_externally)
         entry = StrategyRegistry.entry(name)
-        one_process = _one_process_over_devices(entry.factory)
-        processes = num_nodes if one_process else processes
+        one_process, processes = _processes(entry.factory, processes, num_nodes)
         _no_float16_autocast_on_the_cpu(parts, parallel_devices, reasons, entry.factory)
         arguments = _arguments_for(
             entry.factory,
@@ -321,8 +328,7 @@ def connect(
         built = StrategyRegistry.get(name, **arguments)
         reasons.append(f"strategy {entry.name!r}: {why} ({built!r})")
     else:
-        one_process = _one_process_over_devices(type(instance))
-        processes = num_nodes if one_process else processes
+        one_process, processes = _processes(type(instance), processes, num_nodes)
         _no_float16_autocast_on_the_cpu(parts, parallel_devices, reasons, type(instance))
         built = _rebuilt(
             instance,
@@ -348,6 +354,7 @@ def connect(
         num_nodes=num_nodes,
         reasons=tuple(reasons),
         one_process_per_node=one_process,
+        layer_sync=layer_sync,
     )
 
 
@@ -373,12 +380,15 @@ def _srun_unused(detection: Detection | None, processes: int, reasons: list[str]
     reasons.append("srun is available but did not start this job")
 
 
-def _one_process_over_devices(strategy: object) -> bool:
-    """Whether ``strategy`` (its class or factory) drives a node's devices from one process.
+def _processes(strategy: object, processes: int, num_nodes: int) -> tuple[bool, int]:
+    """Whether ``strategy`` drives a node's devices from one process; the job's processes.
 
-    A strategy says so with ``one_process_over_devices = True`` (DataParallel's).
+    ``strategy`` is its class or factory; it says so with ``one_process_over_devices
+    = True`` (DataParallel's). The processes are one per device asked for, or one
+    per node.
     """
-    return getattr(strategy, "one_process_over_devices", False) is True
+    one = getattr(strategy, "one_process_over_devices", False) is True
+    return one, num_nodes if one else processes
 
 
 def _one_gpu_in_a_notebook(

@@ -82,8 +82,9 @@ class Trainer:
         num_nodes: Machines in the job (started by torchrun or a scheduler).
         precision: ``"32-true"`` by default; ``"bf16-mixed"``, ``"16-mixed"``,
             ``"64-true"``, ... or a `Precision`.
-        plugins: A precision, checkpoint IO or cluster environment, each at most
-            once (instances, or precision and checkpoint IO names).
+        plugins: A precision, checkpoint IO, cluster environment or layer sync
+            (`TorchSyncBatchNorm`, or a `LayerSync` of yours), each at most once
+            (instances, or precision and checkpoint IO names).
         logger: ``True`` for a `CSVLogger` under ``default_root_dir``, ``False``
             for none, or loggers of your own.
         callbacks: Callbacks to run; a `ModelCheckpoint` and a `RichProgressBar`
@@ -271,7 +272,9 @@ class Trainer:
             plugins=plugins,
         )
         self.log_every_n_steps = log_every_n_steps
-        self.torch_flags = TorchFlags.resolve(deterministic, benchmark, sync_batchnorm)
+        self.torch_flags = TorchFlags.resolve(
+            deterministic, benchmark, sync_batchnorm, self.connection.layer_sync
+        )
         self.torch_flags.check_device(self.strategy, self.num_processes)
         self.profiler = make_profiler(profiler)
         self.compile_options = compile_options(compile)
