@@ -316,3 +316,21 @@ def test_every_built_in_environment_tears_down_as_lightnings_do_leaving_the_vari
     for environment in (TorchElasticEnvironment.from_environ(), LocalEnvironment.from_environ()):
         environment.teardown()
     assert dict(os.environ) == before
+
+
+def test_lightnings_setters_take_the_value_an_environment_holds_and_refuse_another(
+    slurm: dict[str, str],
+) -> None:
+    # A strategy ported from Lightning sets what it read: that goes on. Another value
+    # is refused, naming the variable, rather than ignored.
+    env = SLURMEnvironment.from_environ(slurm)
+    env.set_world_size(4)
+    env.set_global_rank(3)
+
+    with pytest.raises(ConfigurationError, match=r"holds world_size=4 \(from SLURM_NTASKS\)"):
+        env.set_world_size(8)
+    with pytest.raises(ConfigurationError, match=r"set_global_rank\(0\)") as caught:
+        env.set_global_rank(0)
+    assert caught.value.fix is not None
+    assert "attrs.evolve(environment, global_rank=0)" in caught.value.fix
+    assert (env.world_size, env.global_rank) == (4, 3)

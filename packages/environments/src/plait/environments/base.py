@@ -95,6 +95,39 @@ class BaseEnvironment:
         """Whether the current process's variables show this environment."""
         return self.matches(os.environ) is not None
 
+    def set_world_size(self, size: int) -> None:
+        """Lightning's setter: the world size stands as read, so ``size`` must be it.
+
+        An environment is read once from the variables the scheduler (or plait's
+        launcher) set, and is frozen: a strategy ported from Lightning that sets the
+        value it reads again goes on; another value is refused rather than ignored.
+
+        Raises:
+            ConfigurationError: ``size`` is not the world size the environment holds.
+        """
+        self._set("world_size", size)
+
+    def set_global_rank(self, rank: int) -> None:
+        """Lightning's setter: the global rank stands as read, so ``rank`` must be it.
+
+        Raises:
+            ConfigurationError: ``rank`` is not the global rank the environment holds.
+        """
+        self._set("global_rank", rank)
+
+    def _set(self, field: str, value: int) -> None:
+        held = getattr(self, field)
+        if value == held:
+            return
+        raise ConfigurationError(
+            f"{self.name}: set_{field}({value!r}), and the environment holds {field}="
+            f"{held}{self._from(field)}; a plait environment is read once and frozen",
+            value=value,
+            fix=f"make the environment with the value instead "
+            f"(attrs.evolve(environment, {field}={value!r}), or {type(self).__name__}("
+            f"..., {field}={value!r})), or set the variable it is read from",
+        )
+
     def teardown(self) -> None:
         """At the end of a job, as Lightning's environments have it: nothing to undo.
 

@@ -32,6 +32,7 @@ from plait.strategies.job import end_job
 from plait.strategies.parallel import PROCESS_GROUP_BACKENDS, ParallelStrategy
 from plait.strategies.process_group import init_distributed
 from plait.strategies.single_device import SingleDeviceStrategy
+from plait.strategies.state import UnreadEntryError
 
 if TYPE_CHECKING:
     from plait.strategies.deepspeed import DeepSpeedStrategy
@@ -68,6 +69,7 @@ __all__ = [
     "SingleDeviceXLAStrategy",
     "Strategy",
     "StrategyRegistry",
+    "UnreadEntryError",
     "XLAFSDPStrategy",
     "XLAStrategy",
     "consolidate_checkpoint",
