@@ -36,6 +36,7 @@ from plait.core import (
     SupportsReplace,
     as_accelerator,
     as_cluster_environment,
+    rank_zero_warn,
 )
 from plait.environments import detect_environment
 from plait.strategies.remake import accepts
@@ -370,12 +371,11 @@ def _srun_unused(detection: Detection | None, processes: int, reasons: list[str]
     if shutil.which("srun") is None:
         return
     command = " ".join(["srun", os.path.basename(sys.executable), *sys.argv])
-    warnings.warn(
+    rank_zero_warn(  # once: the ranks plait starts make their Trainer too
         "the srun command is available, and this job was not started by it: plait starts "
         f"its {processes} processes on this machine alone; to run it on SLURM, start it "
         f"with srun: {command[:80]}",
-        UserWarning,
-        stacklevel=4,
+        stacklevel=3,
     )
     reasons.append("srun is available but did not start this job")
 

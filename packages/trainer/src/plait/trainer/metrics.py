@@ -256,7 +256,8 @@ class Metrics:
                 fix="log a metric with the same options every time, or give it another name",
             )
         self.options[name] = options
-        if isinstance(value, MetricObject):
+        # A number or a tensor first: a protocol's isinstance is the slower check.
+        if not isinstance(value, torch.Tensor | int | float) and isinstance(value, MetricObject):
             self._record_object(name, value, options)
             return
         number = to_number(name, value)
