@@ -383,13 +383,19 @@ def test_auto_devices_in_a_notebook_take_one_gpu_as_in_lightning(
     assert connect(accelerator="cuda").num_processes == 4
 
 
-def test_srun_on_the_path_but_unused_is_hinted_as_in_lightning(
+def test_srun_unused_inside_an_allocation_is_hinted_as_in_lightning(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     for name in SLURM_TASK_3:
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setattr(shutil, "which", lambda name: f"/usr/bin/{name}")
+    # A machine with SLURM's commands and no allocation: nothing to hint.
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        connect(accelerator="cpu", devices=2)
 
+    monkeypatch.setenv("SLURM_JOB_ID", "4242")  # salloc, or sbatch without srun
     with pytest.warns(UserWarning, match=r"start it with srun: srun python"):
         connection = connect(accelerator="cpu", devices=2)
     assert "srun is available but did not start this job" in connection.reasons

@@ -360,15 +360,18 @@ def connect(
 
 
 def _srun_unused(detection: Detection | None, processes: int, reasons: list[str]) -> None:
-    """Warn, as Lightning does, where ``srun`` is on the PATH and this job was not started by it.
+    """Warn, as Lightning does, where ``srun`` could have started this job and did not.
 
-    Only where no scheduler's variables were found (nor an environment given), for a
-    job of several processes, which plait then starts on this machine alone: on a
-    SLURM login or allocation node, that is rarely what was meant.
+    Inside a SLURM allocation (``SLURM_JOB_ID`` is set: ``salloc``, or a batch
+    script that runs the program without ``srun``), where no scheduler's variables
+    were found (nor an environment given), for a job of several processes, which
+    plait then starts on this node alone. Lightning warns wherever ``srun`` is on
+    the PATH; a machine with SLURM's commands installed and no allocation is told
+    nothing.
     """
     if detection is None or detection.variables or processes <= 1:
         return
-    if shutil.which("srun") is None:
+    if "SLURM_JOB_ID" not in os.environ or shutil.which("srun") is None:
         return
     command = " ".join(["srun", os.path.basename(sys.executable), *sys.argv])
     rank_zero_warn(  # once: the ranks plait starts make their Trainer too
