@@ -29,7 +29,13 @@ from plait.core import (
     detect_checkpoint_format,
     is_collective,
 )
-from plait.strategies.state import NAMES_KEY, Leftover, LiveState, module_state_of
+from plait.strategies.state import (
+    NAMES_KEY,
+    Leftover,
+    LiveState,
+    module_state_of,
+    saved_optimizer_names,
+)
 
 if TYPE_CHECKING:
     from plait.core.typing import Checkpoint, PathLike, StateDict
@@ -277,9 +283,7 @@ class Checkpoints:
         if alone:
             for key in ("optimizer_states", "precision", NAMES_KEY):
                 left.pop(key, None)
-            names = checkpoint.get(NAMES_KEY)
-            saved = names.get("optimizers") if isinstance(names, Mapping) else None
-            unread = [name for name in saved or () if isinstance(name, str)]
+            unread = saved_optimizer_names(checkpoint) or []
         return Leftover(left, unread=unread, source=os.fspath(path))
 
     def _loose(

@@ -26,6 +26,7 @@ __all__ = [
     "optimizer_state_keyed",
     "optimizer_states_of",
     "parameter_names",
+    "saved_optimizer_names",
 ]
 
 # A checkpoint's own entries: the module's state, the optimizers', the precision's,
@@ -173,9 +174,8 @@ class LiveState:
         Raises:
             CheckpointError: The checkpoint saved other optimizers by name.
         """
-        names = checkpoint.get(NAMES_KEY)
-        saved = names.get("optimizers") if isinstance(names, Mapping) else None
-        if not isinstance(saved, list) or not self.optimizers:
+        saved = saved_optimizer_names(checkpoint)
+        if saved is None or not self.optimizers:
             return list(self.optimizers.values())  # by position (a Trainer's checkpoint)
         if sorted(saved) != sorted(self.optimizers):
             raise CheckpointError(
@@ -185,6 +185,19 @@ class LiveState:
                 fix="load into the names the checkpoint was saved with",
             )
         return [self.optimizers[name] for name in saved]
+
+
+def saved_optimizer_names(checkpoint: Mapping[str, object]) -> list[str] | None:
+    """The names the optimizers were saved under (``NAMES_KEY``), in their order.
+
+    ``None`` for a checkpoint that records none (a Trainer's: its optimizers go by
+    position).
+    """
+    names = checkpoint.get(NAMES_KEY)
+    saved = names.get("optimizers") if isinstance(names, Mapping) else None
+    if not isinstance(saved, list):
+        return None
+    return [name for name in saved if isinstance(name, str)]
 
 
 def load_module_state(module: torch.nn.Module, state: Mapping[str, object], source: object) -> None:

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["MetricObject", "batch_value", "states_kept"]
+__all__ = ["MetricObject", "states_kept"]
 
 
 @runtime_checkable
@@ -41,23 +41,6 @@ class MetricObject(Protocol):
     def reset(self) -> None:
         """Forget every batch."""
         ...
-
-
-def batch_value(name: str, metric: MetricObject) -> object:
-    """The value ``metric`` gave for the batch it was last called on (its ``_forward_cache``).
-
-    Raises:
-        ValueError: It was never called on a batch (only ``update`` was): the batch's
-            value is unknown. `Metrics.record` turns it into a `ConfigurationError`.
-    """
-    value = getattr(metric, "_forward_cache", None)
-    if value is None:
-        raise ValueError(
-            f"self.log({name!r}, metric, on_step=True): the metric has no value for this "
-            "batch, because it was updated (metric.update(...)) rather than called "
-            "(metric(preds, target))"
-        )
-    return value
 
 
 @contextlib.contextmanager

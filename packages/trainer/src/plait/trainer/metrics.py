@@ -12,7 +12,7 @@ import torch
 
 from plait.core import CollectiveCall, CollectiveMismatchError, ConfigurationError
 from plait.trainer.gather import gather_objects
-from plait.trainer.metric_objects import MetricObject, batch_value
+from plait.trainer.metric_objects import MetricObject
 
 if TYPE_CHECKING:
     from plait.core import Collectives, ProcessLayout
@@ -276,16 +276,20 @@ class Metrics:
         # Its batch value now; its epoch value is its own compute() at the epoch's end,
         # synced by the metric itself (sync_dist and reduce_fx do not apply).
         self._objects[name] = (metric, options)
-        if options.on_step:
-            try:
-                self.step_values[name] = to_number(name, batch_value(name, metric))
-            except ValueError as error:
-                raise ConfigurationError(
-                    str(error),
-                    value=name,
-                    fix="call the metric on the batch (self.train_acc(preds, target)) before "
-                    "logging it per step, or log it per epoch only (on_step=False)",
-                ) from error
+        if not options.on_step:
+            return
+        # What the metric gave for the batch it was last called on (torchmetrics').
+        value = getattr(metric, "_forward_cache", None)
+        if value is None:
+            raise ConfigurationError(
+                f"self.log({name!r}, metric, on_step=True): the metric has no value for this "
+                "batch, because it was updated (metric.update(...)) rather than called "
+                "(metric(preds, target))",
+                value=name,
+                fix="call the metric on the batch (self.train_acc(preds, target)) before "
+                "logging it per step, or log it per epoch only (on_step=False)",
+            )
+        self.step_values[name] = to_number(name, value)
 
     def start_step(self) -> None:
         """Forget the previous step's values.

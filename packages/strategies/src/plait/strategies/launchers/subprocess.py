@@ -84,18 +84,17 @@ def _program(rank: int) -> tuple[list[str], str | None]:
     rank repeats this job, in this run's folder (`plait.strategies.launchers.hydra_app`),
     from the folder the program was started in.
     """
-    main = sys.modules["__main__"]
-    spec = getattr(main, "__spec__", None)
-    if spec is not None and spec.name not in ("__main__", None):
-        program = [sys.executable, "-m", spec.name.removesuffix(".__main__")]
+    spec = getattr(sys.modules["__main__"], "__spec__", None)
+    module = spec.name.removesuffix(".__main__") if spec is not None else "__main__"
+    hydra = current_hydra_run()
+    if module != "__main__":
+        program = [sys.executable, "-m", module]
+    elif hydra is not None:  # a script's path as given, from where the program started
+        program = [sys.executable, os.path.join(hydra.original_cwd, sys.argv[0])]
     else:
         program = [sys.executable, sys.argv[0]]
-    hydra = current_hydra_run()
     if hydra is None:
         return [*program, *sys.argv[1:]], None
-    if spec is None or spec.name in ("__main__", None):
-        # A script's path as given, from where the program started.
-        program[1] = os.path.join(hydra.original_cwd, sys.argv[0])
     return hydra.command(program, sys.argv[1:], rank), hydra.original_cwd
 
 
