@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import json
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import pytest
@@ -86,14 +87,69 @@ def test_a_name_that_is_no_argument_is_refused_with_the_arguments() -> None:
     assert raised.value.choices == ("width",)
 
 
-def test_a_value_a_checkpoint_cannot_hold_as_data_is_refused_naming_ignore() -> None:
-    class WithFactory(Module):
-        def __init__(self, optimizer: object) -> None:
-            super().__init__()
-            self.save_hyperparameters()
+class WithFactory(Sized):
+    """A module given its optimizer factory, as Hydra makes one (``_partial_: true``)."""
 
-    with pytest.raises(ConfigurationError, match=r"ignore=\['optimizer'\]"):
-        WithFactory(functools.partial(torch.optim.Adam, lr=0.1))
+    def __init__(self, optimizer: functools.partial[torch.optim.Optimizer], width: int) -> None:
+        Module.__init__(self)  # not Sized's: its arguments are not these
+        self.save_hyperparameters()
+        self.net = torch.nn.Sequential(torch.nn.Linear(2, width), torch.nn.Linear(width, 1))
+
+    @override
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        optimizer: torch.optim.Optimizer = self.hparams.optimizer(self.parameters())
+        return optimizer
+
+
+def test_an_object_that_is_not_data_is_kept_in_hparams_and_left_out_of_checkpoints(
+    tmp_path: Path,
+) -> None:
+    factory = functools.partial(torch.optim.SGD, lr=0.1)
+    with pytest.warns(UserWarning, match=r"'optimizer' are not plain data \(partial\): kept"):
+        model = WithFactory(factory, width=3)
+    assert model.hparams.optimizer is factory
+    trainer = _fit(tmp_path, model, logger=CSVLogger(tmp_path))
+    callback = trainer.checkpoint_callback
+    assert callback is not None
+    saved = torch.load(callback.last_model_path, weights_only=True)
+    assert saved["hyper_parameters"] == {"width": 3}
+    logged = json.loads((tmp_path / "plait_logs" / "version_0" / "hparams.json").read_text())
+    assert "optimizer" not in json.dumps(logged)
+    with pytest.raises(ConfigurationError, match="optimizer"):
+        WithFactory.load_from_checkpoint(callback.last_model_path)
+    with pytest.warns(UserWarning, match="not plain data"):
+        loaded = WithFactory.load_from_checkpoint(callback.last_model_path, optimizer=factory)
+    assert loaded.hparams.width == 3
+
+
+class Configured(Sized):
+    """A module Hydra makes: its list and dict arguments are OmegaConf containers."""
+
+    def __init__(self, sizes: Sequence[int], extra: Mapping[str, object], width: int) -> None:
+        Module.__init__(self)  # not Sized's: its arguments are not these
+        self.save_hyperparameters()
+        self.net = torch.nn.Sequential(torch.nn.Linear(2, width), torch.nn.Linear(width, 1))
+
+    @override
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def test_hydras_lists_and_dicts_are_saved_as_plain_lists_and_dicts(tmp_path: Path) -> None:
+    omegaconf = pytest.importorskip("omegaconf")
+    config = omegaconf.OmegaConf.create(
+        {"width": 3, "sizes": [1, 2], "extra": {"name": "run", "size": "${width}"}}
+    )
+    model = Configured(sizes=config.sizes, extra=config.extra, width=config.width)
+    assert isinstance(model.hparams.sizes, omegaconf.ListConfig)  # as given, in the run
+    trainer = _fit(tmp_path, model, logger=CSVLogger(tmp_path))
+    callback = trainer.checkpoint_callback
+    assert callback is not None
+    saved = torch.load(callback.last_model_path, weights_only=True)
+    hyperparameters = {"sizes": [1, 2], "extra": {"name": "run", "size": 3}, "width": 3}
+    assert saved["hyper_parameters"] == hyperparameters
+    loaded = Configured.load_from_checkpoint(callback.last_model_path)
+    assert loaded.hparams.sizes == [1, 2]
 
 
 class WithNet(Sized):

@@ -1386,6 +1386,27 @@ def test_a_file_logger_refuses_a_name_that_leaves_save_dir(tmp_path: Path, name:
         CSVLogger(tmp_path, name=name)  # type: ignore[arg-type]
 
 
+def test_file_loggers_write_on_global_rank_zero_alone_as_lightnings(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A project's own code calls its loggers on every rank (its hyperparameters,
+    # say); only global rank 0 writes, or each rank would make a version of its own.
+    pytest.importorskip("tensorboard")
+    monkeypatch.setenv("RANK", "1")
+    csv_logger = CSVLogger(tmp_path, name="csv")
+    board = TensorBoardLogger(tmp_path, name="board")
+    for logger in (csv_logger, board):
+        logger.log_hyperparams({"lr": 0.1})
+        logger.log_metrics({"loss": 1.0}, step=1)
+        logger.finalize("success")
+    assert list(tmp_path.iterdir()) == []
+    monkeypatch.setenv("RANK", "0")
+    csv_logger.log_hyperparams({"lr": 0.1})
+    csv_logger.log_metrics({"loss": 1.0}, step=1)
+    written = tmp_path / "csv" / "version_0"
+    assert sorted(path.name for path in written.iterdir()) == ["hparams.json", "metrics.csv"]
+
+
 def test_loggers_put_their_prefix_before_every_metric_name(tmp_path: Path) -> None:
     pytest.importorskip("tensorboard")
     csv_logger = CSVLogger(tmp_path, prefix="fold1")

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import inspect
 import os
+import sys
 from collections.abc import Mapping, Sequence
 from types import FrameType
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Final, TypeVar
 
 import torch
 
@@ -18,12 +19,13 @@ if TYPE_CHECKING:
     from plait.trainer.module import Module
 
 __all__ = [
+    "NOT_PLAIN",
     "caller_arguments",
     "class_path",
     "init_arguments",
     "load_module",
+    "plain_form",
     "saved",
-    "storable",
 ]
 
 M = TypeVar("M", bound="Module")
@@ -73,13 +75,13 @@ def init_arguments(
 def caller_arguments(names: Sequence[str], ignore: Sequence[str] | str) -> dict[str, object]:
     """The arguments of the ``__init__`` that called ``save_hyperparameters``, checked.
 
-    Modules among them (a ``net`` argument, say) are kept, with a warning: their
-    weights are the state dict's, so checkpoints and loggers leave them out (`saved`),
-    and `load_from_checkpoint` takes them again by name. Every other value must be
-    plain data (`storable`).
+    Values that are not plain data (a ``net`` module, an optimizer factory Hydra made
+    with ``_partial_: true``) are kept, with a warning: checkpoints and loggers leave
+    them out (`saved`), and `load_from_checkpoint` takes them again by name.
+    Hydra's ``ListConfig`` and ``DictConfig`` are plain data: saved as lists and dicts.
 
     Raises:
-        ConfigurationError: A name is not an argument, or a value is not plain data.
+        ConfigurationError: A name is not an argument.
     """
     frame = inspect.currentframe()
     # This function, then save_hyperparameters, then the __init__ that called it.
@@ -92,54 +94,69 @@ def caller_arguments(names: Sequence[str], ignore: Sequence[str] | str) -> dict[
     ignored = [ignore] if isinstance(ignore, str) else list(ignore)
     values = init_arguments(caller, names, ignored)
     del frame, caller
-    modules = sorted(name for name, value in values.items() if isinstance(value, torch.nn.Module))
-    if modules:
-        shown = ", ".join(repr(name) for name in modules)
-        rank_zero_warn(
-            f"the hyperparameter(s) {shown} are modules: kept in self.hparams, left out of "
-            "checkpoints and logs (their weights are in the state dict); pass them to "
-            f"load_from_checkpoint(path, {modules[0]}=...), or save_hyperparameters("
-            f"ignore=[{shown}]) to keep them out of hparams too"
+    objects = sorted(name for name, value in values.items() if plain_form(value) is NOT_PLAIN)
+    if objects:
+        shown = ", ".join(repr(name) for name in objects)
+        modules = all(isinstance(values[name], torch.nn.Module) for name in objects)
+        kinds = ", ".join(sorted({type(values[name]).__name__ for name in objects}))
+        what = "are modules" if modules else f"are not plain data ({kinds})"
+        why = (
+            "their weights are in the state dict"
+            if modules
+            else "checkpoints load with weights_only=True"
         )
-    storable(saved(values))
+        rank_zero_warn(
+            f"the hyperparameter(s) {shown} {what}: kept in self.hparams, left out of "
+            f"checkpoints and logs ({why}); pass them to load_from_checkpoint(path, "
+            f"{objects[0]}=...), or save_hyperparameters(ignore=[{shown}]) to keep them "
+            "out of hparams too"
+        )
     return values
 
 
 def saved(hparams: Mapping[str, object]) -> dict[str, object]:
-    """What checkpoints and loggers hold of ``hparams``: all but modules."""
-    return {
-        name: value for name, value in hparams.items() if not isinstance(value, torch.nn.Module)
-    }
+    """What checkpoints and loggers hold of ``hparams``: its plain data, as plain data.
 
-
-def storable(values: Mapping[str, object]) -> None:
-    """Refuse a value a checkpoint cannot hold as plain data (it loads ``weights_only``).
-
-    Raises:
-        ConfigurationError: A value is not a number, string, bool, ``None``, or a
-            list, tuple or string-keyed dict of them.
+    A module, an optimizer factory or another object is left out; Hydra's
+    ``ListConfig`` and ``DictConfig`` become lists and dicts, their interpolations
+    resolved.
     """
-    for name, value in values.items():
-        if not _plain(value):
-            raise ConfigurationError(
-                f"the hyperparameter {name!r} is a {type(value).__name__}, which a "
-                "checkpoint does not hold as plain data (checkpoints load with "
-                "weights_only=True)",
-                value=name,
-                fix=f"save_hyperparameters(ignore=[{name!r}]) and pass it to "
-                f"load_from_checkpoint(path, {name}=...), or save what builds it "
-                "(its sizes, its name)",
-            )
+    kept: dict[str, object] = {}
+    for name, value in hparams.items():
+        plain = plain_form(value)
+        if plain is not NOT_PLAIN:
+            kept[name] = plain
+    return kept
 
 
-def _plain(value: object) -> bool:
+NOT_PLAIN: Final = object()
+"""What `plain_form` gives for a value that is not plain data."""
+
+
+def plain_form(value: object) -> object:
+    """``value`` as plain data, or `NOT_PLAIN` where it is not.
+
+    Plain data is numbers, strings, bools, ``None``, and lists, tuples and
+    string-keyed dicts of them. An OmegaConf container (what Hydra gives a class it
+    makes) becomes the lists and dicts it holds; omegaconf is never imported here,
+    only recognised once loaded.
+    """
+    omegaconf = sys.modules.get("omegaconf")
+    if omegaconf is not None and isinstance(value, omegaconf.Container):
+        value = omegaconf.OmegaConf.to_container(value, resolve=True)
     if value is None or isinstance(value, bool | int | float | str):
-        return True
+        return value
     if isinstance(value, list | tuple):
-        return all(_plain(item) for item in value)
+        items = [plain_form(item) for item in value]
+        if any(item is NOT_PLAIN for item in items):
+            return NOT_PLAIN
+        return items if isinstance(value, list) else tuple(items)
     if isinstance(value, dict):
-        return all(isinstance(key, str) and _plain(item) for key, item in value.items())
-    return False
+        if not all(isinstance(key, str) for key in value):
+            return NOT_PLAIN
+        entries = {key: plain_form(item) for key, item in value.items()}
+        return NOT_PLAIN if any(item is NOT_PLAIN for item in entries.values()) else entries
+    return NOT_PLAIN
 
 
 def load_module(

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from typing_extensions import override
 
+from plait.core import rank_zero_only
 from plait.trainer.loggers.base import VersionedDirectory, check_prefix
 
 if TYPE_CHECKING:
@@ -23,7 +24,9 @@ class CSVLogger(VersionedDirectory):
 
     A column appears for each metric name; a row holds the values logged at one
     step (epoch values at the step where the epoch ended). Settings go to
-    ``hparams.json`` beside it.
+    ``hparams.json`` beside it. It writes on global rank 0 alone, as Lightning's
+    does: a call on another rank (a project's code logging its settings on every
+    rank) does nothing, and makes no version of its own.
 
     A file already there is continued, never replaced: a ``test`` after a ``fit``
     adds its rows below the fit's, also where the rows are written by another
@@ -59,6 +62,7 @@ class CSVLogger(VersionedDirectory):
         """The CSV file."""
         return os.path.join(self.log_dir, self.FILE_NAME)
 
+    @rank_zero_only
     def log_metrics(self, metrics: Mapping[str, Number], step: int) -> None:
         """Add a row (rewriting the file when a new metric adds a column)."""
         if not self._read:
@@ -91,12 +95,14 @@ class CSVLogger(VersionedDirectory):
         self._columns = [*columns, *(name for name in self._columns if name not in columns)]
         self._rows = rows
 
+    @rank_zero_only
     def log_hyperparams(self, params: Mapping[str, object]) -> None:
         """Write ``hparams.json`` (values that JSON cannot hold are written as text)."""
         os.makedirs(self.log_dir, exist_ok=True)
         with open(os.path.join(self.log_dir, "hparams.json"), "w") as file:
             json.dump(dict(params), file, indent=2, default=repr)
 
+    @rank_zero_only
     def finalize(self, status: str) -> None:
         """Nothing to close: every row is written as it comes."""
 

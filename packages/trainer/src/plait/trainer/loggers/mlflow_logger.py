@@ -17,6 +17,7 @@ from plait.core import (
     ConfigurationError,
     MissingDependencyError,
     is_module_available,
+    rank_zero_only,
     rank_zero_warn,
 )
 from plait.trainer.loggers.base import flatten_params
@@ -130,7 +131,9 @@ class MLFlowLogger:
     Needs the ``mlflow`` module: ``pip install 'plait-trainer[mlflow]'`` installs
     ``mlflow-skinny``, MLflow's client; where the full ``mlflow`` distribution is
     installed, nothing more is needed. The experiment and the run are made on first use,
-    in the process of global rank 0: the trainer logs from there only. A run that
+    in the process of global rank 0: the trainer logs from there only, and a call
+    of ``log_metrics``, ``log_hyperparams`` or ``finalize`` on another rank does
+    nothing (as Lightning's). A run that
     ends well is marked ``FINISHED``, one that raised ``FAILED``; a later
     ``validate`` or ``test`` with the same logger logs to the same run.
 
@@ -342,6 +345,7 @@ class MLFlowLogger:
             "set MLFLOW_ALLOW_FILE_STORE=true to keep the file store",
         )
 
+    @rank_zero_only
     def log_metrics(self, metrics: Mapping[str, Number], step: int) -> None:
         """Log each metric at ``step`` (a name MLflow refuses has its characters replaced)."""
         client = self._connect()
@@ -369,6 +373,7 @@ class MLFlowLogger:
             )
         return valid
 
+    @rank_zero_only
     def log_hyperparams(self, params: Mapping[str, object]) -> None:
         """Log the settings as the run's parameters (nested mappings as ``outer/inner``).
 
@@ -410,6 +415,7 @@ class MLFlowLogger:
             client.log_batch(run_id, params=chunk)
         self._params.update(new)
 
+    @rank_zero_only
     def finalize(self, status: str) -> None:
         """Mark the run ``FINISHED`` (``"success"``) or ``FAILED`` (``"failed"``).
 

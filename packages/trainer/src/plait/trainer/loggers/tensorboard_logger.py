@@ -15,6 +15,7 @@ from plait.core import (
     ConfigurationError,
     MissingDependencyError,
     is_module_available,
+    rank_zero_only,
     rank_zero_warn,
 )
 from plait.trainer.loggers.base import VersionedDirectory, check_prefix, flatten_params
@@ -39,6 +40,8 @@ class TensorBoardLogger(VersionedDirectory):
     """Write metrics as TensorBoard scalars under ``<save_dir>/<name>/version_N``.
 
     Needs the ``tensorboard`` package (``pip install 'plait-trainer[tensorboard]'``).
+    It writes on global rank 0 alone, as Lightning's does: a call on another rank
+    (a project's code logging its settings on every rank) does nothing.
 
     Args:
         save_dir: The root directory (``tensorboard --logdir <save_dir>`` shows it).
@@ -99,12 +102,14 @@ class TensorBoardLogger(VersionedDirectory):
             self._writer = SummaryWriter(log_dir=self.log_dir)
         return self._writer
 
+    @rank_zero_only
     def log_metrics(self, metrics: Mapping[str, Number], step: int) -> None:
         """Add each metric as a scalar at ``step``."""
         prefix = f"{self.prefix}-" if self.prefix else ""
         for name, value in metrics.items():
             self.writer.add_scalar(prefix + name, value, global_step=step)
 
+    @rank_zero_only
     def log_hyperparams(self, params: Mapping[str, object]) -> None:
         """Add the settings as a text summary and to the HPARAMS tab (with ``hp_metric``)."""
         from torch.utils.tensorboard.summary import hparams  # noqa: PLC0415 (optional, slow)
@@ -123,6 +128,7 @@ class TensorBoardLogger(VersionedDirectory):
         if self._default_hp_metric:
             writer.add_scalar("hp_metric", -1.0, global_step=0)
 
+    @rank_zero_only
     def log_graph(self, module: torch.nn.Module) -> None:
         """Add ``module``'s graph, traced from its ``example_input_array`` (with ``log_graph``)."""
         if not self._log_graph:
@@ -145,6 +151,7 @@ class TensorBoardLogger(VersionedDirectory):
             )
             self.writer.add_graph(module, inputs)
 
+    @rank_zero_only
     def finalize(self, status: str) -> None:
         """Flush and close the event file."""
         if self._writer is not None:
