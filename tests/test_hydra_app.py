@@ -37,3 +37,23 @@ def test_every_rank_of_a_hydra_run_works_in_its_folder_with_its_overrides(tmp_pa
         "rank-0.json",
         "rank-1.json",
     ]
+
+
+@pytest.mark.slow
+def test_each_job_of_a_multirun_starts_its_own_ranks_with_its_overrides(tmp_path: Path) -> None:
+    # The second job must not take the first job's place in the environment (its
+    # ranks have ended with their job): without a job of its own it would wait for a
+    # rank that never comes.
+    command = [sys.executable, str(APP), "-m", "lr=0.5,0.75", "hydra.sweep.dir=sweep"]
+    done = subprocess.run(
+        command, cwd=tmp_path, capture_output=True, text=True, timeout=110, check=False
+    )
+
+    assert not processes_mentioning(str(APP)), "a rank was left running"
+    assert done.returncode == 0, done.stderr[-4000:]
+    jobs = sorted(path for path in (tmp_path / "sweep").iterdir() if path.is_dir())
+    assert [job.name for job in jobs] == ["0", "1"]
+    for job, lr in zip(jobs, (0.5, 0.75), strict=True):
+        ranks = [json.loads((job / f"rank-{rank}.json").read_text()) for rank in (0, 1)]
+        assert {rank["output_dir"] for rank in ranks} == {str(job)}
+        assert [rank["lr"] for rank in ranks] == [lr, lr]

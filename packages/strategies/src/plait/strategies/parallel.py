@@ -27,6 +27,7 @@ from plait.strategies.base import BaseStrategy
 from plait.strategies.collectives.distributed import AGREEMENT_VARIABLE, AGREEMENTS
 from plait.strategies.job import Job, current_job, end_job, join_job
 from plait.strategies.launchers.children import timeout_of
+from plait.strategies.launchers.subprocess import end_a_finished_hydra_job
 from plait.strategies.parts import require_parts
 from plait.strategies.process_group import init_distributed
 
@@ -206,6 +207,8 @@ class ParallelStrategy(BaseStrategy):
             checkpoint_io=checkpoint_io,
             precision_plugin=precision_plugin,
         )
+        # The environment of a multirun's next Hydra job, not the previous one's job.
+        end_a_finished_hydra_job()
         environment = (
             EnvironmentRegistry.get(cluster_environment or "auto")
             if cluster_environment is None or isinstance(cluster_environment, str)

@@ -39,6 +39,7 @@ from plait.core import (
     rank_zero_warn,
 )
 from plait.environments import detect_environment
+from plait.strategies.launchers.subprocess import end_a_finished_hydra_job
 from plait.strategies.remake import accepts
 from plait.trainer.checks import check_count
 from plait.trainer.layer_sync import LayerSync
@@ -250,6 +251,13 @@ def _check_interactive(strategy: Strategy, processes: int) -> None:
     )
 
 
+def _detection(given: object) -> Detection | None:
+    """The environment found for this process, unless one was given (``None`` then)."""
+    # A multirun's next Hydra job reads its own environment, not the previous job's.
+    end_a_finished_hydra_job()
+    return None if given is not None else detect_environment()
+
+
 def connect(
     *,
     accelerator: Accelerator | str = "auto",
@@ -295,7 +303,7 @@ def connect(
     given = parts.get("cluster_environment")
     # An environment given as a plugin is the one: the scheduler's variables are not
     # read at all (a job's partial SLURM variables must not refuse it).
-    detection = None if given is not None else detect_environment()
+    detection = _detection(given)
     environment = given if detection is None else detection.environment
     assert isinstance(environment, ClusterEnvironment)  # sorted by protocol
     if devices == "auto" and environment.creates_processes_externally:

@@ -27,6 +27,7 @@ from plait.core import (
     reserve_port,
     stopped_by,
 )
+from plait.strategies.job import end_job
 from plait.strategies.launchers.children import (
     GRACE_PERIOD,
     Child,
@@ -44,7 +45,7 @@ from plait.strategies.launchers.children import (
     warn_if_oversubscribed,
     watch,
 )
-from plait.strategies.launchers.hydra_app import current_hydra_run
+from plait.strategies.launchers.hydra_app import HydraRun, current_hydra_run
 from plait.strategies.launchers.multiprocessing import pickled_work, unpickled_work
 
 __all__ = [
@@ -52,6 +53,7 @@ __all__ = [
     "LAUNCHED_VARIABLE",
     "SubprocessScriptLauncher",
     "become_rank",
+    "end_a_finished_hydra_job",
     "leads_a_job",
 ]
 
@@ -173,8 +175,12 @@ class _Job:
         grace: float,
         errors: tempfile.TemporaryDirectory[str],
         stop_timeout: Callable[[], float | None],
+        hydra_run: HydraRun | None = None,
+        saved_variables: dict[str, str | None] | None = None,
     ) -> None:
         self.children = children
+        self.hydra_run = hydra_run
+        self._saved_variables = saved_variables or {}
         self.num_processes = num_processes
         self.grace = grace
         self._address, self._port = main_address, port
@@ -315,14 +321,49 @@ class _Job:
             sys.stdout.flush()
             os._exit(1)  # the job failed, whatever this process's own status
 
+    def restore_variables(self) -> None:
+        """Give this process back the variables it had before it became rank 0 of the job."""
+        for name, value in self._saved_variables.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
 
 _job: _Job | None = None
 _alone_port: int | None = None
 
 
+_finish_registered = False
+
+
 def _finish_job() -> None:
     if _job is not None:
         _job.finish()
+
+
+def end_a_finished_hydra_job() -> None:
+    """In rank 0 of a Hydra multirun: end the job the ranks ran for the previous Hydra job.
+
+    A rank this launcher starts in a Hydra app runs that one Hydra job (`HydraRun`),
+    and its program ends with it. When the multirun goes on to its next job in this
+    process, that job's strategies must not take the ended job's place in the
+    environment (``RANK``, ``WORLD_SIZE``, its port) for theirs: this process departs
+    from the job's process group, waits for the ranks to end as at exit, takes back
+    the variables it had, and the next launch starts ranks for the new job. Nothing
+    happens elsewhere: outside Hydra, within the same Hydra job, in a started rank.
+    Strategies and the Trainer call it before they read the environment.
+    """
+    global _job
+    if _job is None or _job.hydra_run is None:
+        return
+    current = current_hydra_run()
+    if current is not None and current.output_dir == _job.hydra_run.output_dir:
+        return
+    end_job()
+    job, _job = _job, None
+    job.finish()
+    job.restore_variables()
 
 
 _became_rank = False
@@ -415,7 +456,7 @@ class SubprocessScriptLauncher:
                 another size.
             PeerFailedError: Another rank failed; every rank was stopped.
         """
-        global _job  # noqa: PLW0603 (one job per program: its ranks run the whole program)
+        global _job, _finish_registered  # noqa: PLW0603 (one job per program: its ranks run it)
         if os.environ.get(LAUNCHED_VARIABLE) == "1":
             become_rank()
             return function(*args, **kwargs)
@@ -434,8 +475,9 @@ class SubprocessScriptLauncher:
             job = _job
         else:
             job = self._start()
-            if _job is None:
+            if not _finish_registered:
                 atexit.register(_finish_job)
+                _finish_registered = True
             _job = job
         # As in every other rank, the work is made anew once this process knows its
         # place: a strategy in it finds rank 0 of the whole job. Its modules are the
@@ -496,6 +538,7 @@ class SubprocessScriptLauncher:
             stop(children, self.grace_period)
             errors.cleanup()
             raise
+        saved = {name: os.environ.get(name) for name in variables(0)}
         os.environ.update(variables(0))
         return _Job(
             children,
@@ -506,6 +549,8 @@ class SubprocessScriptLauncher:
             errors=errors,
             # Read when a signal comes: the Trainer sets it before each launch.
             stop_timeout=lambda: self.stop_timeout,
+            hydra_run=current_hydra_run(),
+            saved_variables=saved,
         )
 
     @override
