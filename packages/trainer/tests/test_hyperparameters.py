@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import pytest
@@ -90,7 +90,7 @@ def test_a_name_that_is_no_argument_is_refused_with_the_arguments() -> None:
 class WithFactory(Sized):
     """A module given its optimizer factory, as Hydra makes one (``_partial_: true``)."""
 
-    def __init__(self, optimizer: functools.partial[torch.optim.Optimizer], width: int) -> None:
+    def __init__(self, optimizer: Callable[..., torch.optim.Optimizer], width: int) -> None:
         Module.__init__(self)  # not Sized's: its arguments are not these
         self.save_hyperparameters()
         self.net = torch.nn.Sequential(torch.nn.Linear(2, width), torch.nn.Linear(width, 1))
