@@ -46,14 +46,19 @@ def log_hyperparameters(config: DictConfig, model: Module, trainer: Trainer) -> 
     if not trainer.loggers:
         log.warning("no logger: the hyperparameters are not recorded")
         return
-    resolved = OmegaConf.to_container(config, resolve=True)
-    assert isinstance(resolved, dict)
+
+    def resolved(name: str) -> object:
+        section = config.get(name)
+        if isinstance(section, DictConfig):
+            return OmegaConf.to_container(section, resolve=True)
+        return section
+
     hyperparameters: dict[str, object] = {
-        "model": resolved["model"],
-        "data": resolved["data"],
-        "trainer": resolved["trainer"],
-        "seed": resolved.get("seed"),
-        "ckpt_path": resolved.get("ckpt_path"),
+        "model": resolved("model"),
+        "data": resolved("data"),
+        "trainer": resolved("trainer"),
+        "seed": resolved("seed"),
+        "ckpt_path": resolved("ckpt_path"),
         "model/params/total": sum(p.numel() for p in model.parameters()),
         "model/params/trainable": sum(p.numel() for p in model.parameters() if p.requires_grad),
     }

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import os
 from pathlib import Path
 
@@ -39,14 +40,22 @@ def test_train_ddp_sim(train_config: DictConfig, tmp_path: Path) -> None:
     assert len(files) == 2
 
 
-def test_train_epoch_double_val_loop(train_config: DictConfig) -> None:
+def test_train_epoch_double_val_loop(train_config: DictConfig, tmp_path: Path) -> None:
     HydraConfig().set_config(train_config)
     with open_dict(train_config):
         train_config.trainer.max_epochs = 1
+        train_config.trainer.limit_train_batches = 4
         train_config.trainer.val_check_interval = 0.5
+        train_config.logger = {
+            "csv": {"_target_": "plait.trainer.CSVLogger", "save_dir": str(tmp_path)}
+        }
     metrics, objects = train(train_config)
     assert objects["trainer"].current_epoch == 1
     assert {"val/acc", "val/acc_best", "test/acc"} <= set(metrics)
+    with open(tmp_path / "plait_logs" / "version_0" / "metrics.csv", newline="") as file:
+        validations = [row for row in csv.DictReader(file) if row["val/acc"]]
+    # Halfway through the epoch, and at its end.
+    assert [int(row["step"]) for row in validations] == [2, 4]
 
 
 @pytest.mark.slow
