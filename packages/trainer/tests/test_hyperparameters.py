@@ -16,15 +16,18 @@ from plait.core import CheckpointError, ConfigurationError, seed_everything
 from plait.trainer import CSVLogger, DataModule, Module, Trainer
 
 
+def _net(width: int) -> torch.nn.Sequential:
+    """The network the test modules train: 2 inputs, ``width`` hidden, 1 output."""
+    return torch.nn.Sequential(torch.nn.Linear(2, width), torch.nn.Linear(width, 1))
+
+
 class Sized(Module):
     """A model whose shape comes from its arguments, saved as hyperparameters."""
 
     def __init__(self, width: int, lr: float = 0.1, *, act: str = "tanh", **extra: object) -> None:
         super().__init__()
         self.save_hyperparameters(ignore="extra")
-        self.net: torch.nn.Module = torch.nn.Sequential(
-            torch.nn.Linear(2, width), torch.nn.Linear(width, 1)
-        )
+        self.net: torch.nn.Module = _net(width)
 
     @override
     def training_step(self, batch: object, batch_idx: int) -> torch.Tensor:
@@ -55,6 +58,13 @@ def _fit(tmp_path: Path, model: Module, **settings: object) -> Trainer:
     data = DataLoader(TensorDataset(torch.randn(16, 2)), batch_size=4)
     trainer.fit(model, data)
     return trainer
+
+
+def _last_checkpoint(tmp_path: Path, model: Module, **settings: object) -> str:
+    """`_fit`, then the path of the checkpoint the run saved last."""
+    callback = _fit(tmp_path, model, **settings).checkpoint_callback
+    assert callback is not None
+    return callback.last_model_path
 
 
 def test_the_init_arguments_become_hparams_readable_as_attributes() -> None:
@@ -93,7 +103,7 @@ class WithFactory(Sized):
     def __init__(self, optimizer: Callable[..., torch.optim.Optimizer], width: int) -> None:
         Module.__init__(self)  # not Sized's: its arguments are not these
         self.save_hyperparameters()
-        self.net = torch.nn.Sequential(torch.nn.Linear(2, width), torch.nn.Linear(width, 1))
+        self.net = _net(width)
 
     @override
     def configure_optimizers(self) -> torch.optim.Optimizer:
@@ -108,17 +118,15 @@ def test_an_object_that_is_not_data_is_kept_in_hparams_and_left_out_of_checkpoin
     with pytest.warns(UserWarning, match=r"'optimizer' are not plain data \(partial\): kept"):
         model = WithFactory(factory, width=3)
     assert model.hparams.optimizer is factory
-    trainer = _fit(tmp_path, model, logger=CSVLogger(tmp_path))
-    callback = trainer.checkpoint_callback
-    assert callback is not None
-    saved = torch.load(callback.last_model_path, weights_only=True)
+    path = _last_checkpoint(tmp_path, model, logger=CSVLogger(tmp_path))
+    saved = torch.load(path, weights_only=True)
     assert saved["hyper_parameters"] == {"width": 3}
     logged = json.loads((tmp_path / "plait_logs" / "version_0" / "hparams.json").read_text())
     assert "optimizer" not in json.dumps(logged)
     with pytest.raises(ConfigurationError, match="optimizer"):
-        WithFactory.load_from_checkpoint(callback.last_model_path)
+        WithFactory.load_from_checkpoint(path)
     with pytest.warns(UserWarning, match="not plain data"):
-        loaded = WithFactory.load_from_checkpoint(callback.last_model_path, optimizer=factory)
+        loaded = WithFactory.load_from_checkpoint(path, optimizer=factory)
     assert loaded.hparams.width == 3
 
 
@@ -128,7 +136,7 @@ class Configured(Sized):
     def __init__(self, sizes: Sequence[int], extra: Mapping[str, object], width: int) -> None:
         Module.__init__(self)  # not Sized's: its arguments are not these
         self.save_hyperparameters()
-        self.net = torch.nn.Sequential(torch.nn.Linear(2, width), torch.nn.Linear(width, 1))
+        self.net = _net(width)
 
     @override
     def configure_optimizers(self) -> torch.optim.Optimizer:
@@ -142,13 +150,11 @@ def test_hydras_lists_and_dicts_are_saved_as_plain_lists_and_dicts(tmp_path: Pat
     )
     model = Configured(sizes=config.sizes, extra=config.extra, width=config.width)
     assert isinstance(model.hparams.sizes, omegaconf.ListConfig)  # as given, in the run
-    trainer = _fit(tmp_path, model, logger=CSVLogger(tmp_path))
-    callback = trainer.checkpoint_callback
-    assert callback is not None
-    saved = torch.load(callback.last_model_path, weights_only=True)
+    path = _last_checkpoint(tmp_path, model, logger=CSVLogger(tmp_path))
+    saved = torch.load(path, weights_only=True)
     hyperparameters = {"sizes": [1, 2], "extra": {"name": "run", "size": 3}, "width": 3}
     assert saved["hyper_parameters"] == hyperparameters
-    loaded = Configured.load_from_checkpoint(callback.last_model_path)
+    loaded = Configured.load_from_checkpoint(path)
     assert loaded.hparams.sizes == [1, 2]
 
 
@@ -171,18 +177,16 @@ def test_a_module_argument_is_kept_in_hparams_and_left_out_of_checkpoints(
     with pytest.warns(UserWarning, match=r"'net' are modules: kept in self.hparams"):
         model = WithNet(net, lr=0.05)
     assert model.hparams.net is net
-    trainer = _fit(tmp_path, model, logger=CSVLogger(tmp_path))
-    callback = trainer.checkpoint_callback
-    assert callback is not None
+    path = _last_checkpoint(tmp_path, model, logger=CSVLogger(tmp_path))
 
-    saved = torch.load(callback.last_model_path, weights_only=True)
+    saved = torch.load(path, weights_only=True)
     assert saved["hyper_parameters"] == {"lr": 0.05}
     assert not (tmp_path / "plait_logs" / "version_0" / "hparams.json").exists()  # logger=False
     with pytest.warns(UserWarning, match="are modules"):
-        loaded = WithNet.load_from_checkpoint(callback.last_model_path, net=torch.nn.Linear(2, 1))
+        loaded = WithNet.load_from_checkpoint(path, net=torch.nn.Linear(2, 1))
     torch.testing.assert_close(loaded.net.weight, net.weight, rtol=0, atol=0)
     with pytest.raises(ConfigurationError, match="net"):
-        WithNet.load_from_checkpoint(callback.last_model_path)
+        WithNet.load_from_checkpoint(path)
 
 
 class Data(DataModule):
@@ -233,11 +237,9 @@ def test_a_data_module_saves_hyperparameters_and_knows_its_trainer(tmp_path: Pat
 def test_a_checkpoint_makes_the_module_again_with_its_weights(tmp_path: Path) -> None:
     seed_everything(0)
     model = Sized(6, lr=0.05, act="relu")
-    trainer = _fit(tmp_path, model)
-    callback = trainer.checkpoint_callback
-    assert callback is not None
+    path = _last_checkpoint(tmp_path, model)
 
-    loaded = Sized.load_from_checkpoint(callback.last_model_path, map_location="cpu")
+    loaded = Sized.load_from_checkpoint(path, map_location="cpu")
 
     assert isinstance(loaded, Sized)
     assert loaded.hparams == {"width": 6, "lr": 0.05, "act": "relu"}
@@ -245,7 +247,7 @@ def test_a_checkpoint_makes_the_module_again_with_its_weights(tmp_path: Path) ->
     for name, value in model.state_dict().items():
         torch.testing.assert_close(loaded.state_dict()[name], value, rtol=0, atol=0)
     # What was not saved, or should differ, is given.
-    wider = Sized.load_from_checkpoint(callback.last_model_path, lr=1.0, strict=True)
+    wider = Sized.load_from_checkpoint(path, lr=1.0, strict=True)
     assert wider.hparams.lr == 1.0
 
 
@@ -258,9 +260,7 @@ def test_the_loggers_get_the_hyperparameters(tmp_path: Path) -> None:
 
 
 def test_loading_another_class_or_without_its_arguments_is_refused(tmp_path: Path) -> None:
-    trainer = _fit(tmp_path, Sized(6), max_epochs=1)
-    assert trainer.checkpoint_callback is not None
-    path = trainer.checkpoint_callback.last_model_path
+    path = _last_checkpoint(tmp_path, Sized(6), max_epochs=1)
 
     with pytest.raises(ConfigurationError, match=r"is a checkpoint of .*Sized, not of .*Other"):
         Other.load_from_checkpoint(path)
@@ -268,7 +268,7 @@ def test_loading_another_class_or_without_its_arguments_is_refused(tmp_path: Pat
     class Unsaved(Module):
         def __init__(self, width: int) -> None:
             super().__init__()
-            self.net = torch.nn.Sequential(torch.nn.Linear(2, width), torch.nn.Linear(width, 1))
+            self.net = _net(width)
 
     checkpoint = torch.load(path, weights_only=True)
     checkpoint["hyper_parameters"] = {}
