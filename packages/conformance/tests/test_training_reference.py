@@ -54,7 +54,8 @@ def test_an_lbfgs_example_is_judged_within_the_rounding_it_carries() -> None:
     wrong = TrainingReport(
         semantics=semantics, losses=other.losses, replicas=shifted, export=other.final
     )
-    [problem] = _check_replicas(TrainingCase(kind="replicas", run=CHAOTIC), [wrong])
+    [cause, problem] = _check_replicas(TrainingCase(kind="replicas", run=CHAOTIC), [wrong])
+    assert cause.startswith("the run matches none of the likely flaws tried: "), cause
     assert "its module after step 3 is not what 1 replicas" in problem
 
 
@@ -105,7 +106,7 @@ def test_the_rounding_of_an_lbfgs_example_is_measured_in_the_order_ranks_sum_too
     case = TrainingCase(kind="replicas", run=RANK_ORDERED)
     assert _check_replicas(case, [report(by_rank)] * 3) == []
     # ...and one off by more than the rounding this example carries is caught.
-    [problem, *_] = _check_replicas(case, [report(by_rank, off=5 * gap(by_rank, 1))] * 3)
+    [_cause, problem, *_] = _check_replicas(case, [report(by_rank, off=5 * gap(by_rank, 1))] * 3)
     assert "its module after step 1 is not what one process on the global batch" in problem
 
 

@@ -42,6 +42,7 @@ import attrs
 
 from plait.conformance.cases import Case, dtypes_of
 from plait.conformance.lanes import UNHELD_DTYPES
+from plait.core import TrainingSemantics
 
 if TYPE_CHECKING:
     import torch
@@ -50,7 +51,7 @@ if TYPE_CHECKING:
 
     from plait.conformance.outcomes import Outcome
     from plait.conformance.target import StrategyTarget
-    from plait.core import Strategy, TrainingSemantics
+    from plait.core import Strategy
 
 __all__ = ["C", "ExampleKind", "Property", "RankContext"]
 
@@ -79,6 +80,9 @@ class Property:
             without a mesh skips it).
         draws: Instead of ``cases``, the examples for a world size and what the
             strategy declares about training (the training properties).
+        declared_grid: Instead of ``grid``, the explicit examples for a world size
+            and what the strategy declares (a training property's runs reach the
+            meetings it declares).
         slower: How many times the pool's deadline an example may take.
     """
 
@@ -95,11 +99,27 @@ class Property:
         default=None, repr=False
     )
     slower: float = attrs.field(default=1.0, repr=False)
+    declared_grid: Callable[[int, TrainingSemantics], Sequence[Case]] | None = attrs.field(
+        default=None, repr=False
+    )
 
-    def explicit(self, world_size: int, backend: str = "gloo") -> list[Case]:
-        """The grid's examples at ``world_size`` that the ``backend`` lane can hold."""
+    def explicit(
+        self,
+        world_size: int,
+        backend: str = "gloo",
+        semantics: TrainingSemantics | None = None,
+    ) -> list[Case]:
+        """The grid's examples at ``world_size`` that the ``backend`` lane can hold.
+
+        A property with a ``declared_grid`` takes them from it, for ``semantics``
+        (the default, `plait.core.Synchronous`, where it is not given).
+        """
         unheld = frozenset(UNHELD_DTYPES.get(backend, {}))
-        return [case for case in self.grid(world_size) if not dtypes_of(case) & unheld]
+        if self.declared_grid is not None:
+            grid = self.declared_grid(world_size, semantics or TrainingSemantics())
+        else:
+            grid = self.grid(world_size)
+        return [case for case in grid if not dtypes_of(case) & unheld]
 
 
 class RankContext(Protocol):
@@ -257,4 +277,13 @@ class ExampleKind(abc.ABC, Generic[C]):
     def refusal(self, outcomes: Sequence[Outcome]) -> str | None:
         """Why every rank refused the example's settings alike, if it did: draw another."""
         del outcomes
+        return None
+
+    def covered(self, cases: Sequence[C], semantics: TrainingSemantics) -> str | None:
+        """What the examples of a property that ran covered, in words (None: nothing to say).
+
+        ``semantics`` is what the strategy declares about training. The suite's
+        summary prints it under the lane's line.
+        """
+        del cases, semantics
         return None

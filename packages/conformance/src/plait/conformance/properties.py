@@ -343,6 +343,7 @@ def prove(
     shrink: bool = True,
     seed: int | None = None,
     grid: bool = True,
+    ran: list[Case] | None = None,
 ) -> int:
     """Run ``prop`` on its grid, then on up to ``max_examples`` drawn examples.
 
@@ -355,6 +356,8 @@ def prove(
     deadline. An example that fails once and passes when run again (a flaw that
     shows only under some timing) is still a violation: it is reported as found,
     marked intermittent, never passed over.
+
+    Every example that ran (none refused) is added to ``ran`` where it is given.
 
     Returns:
         How many examples ran: the grid's and the drawn ones.
@@ -387,6 +390,8 @@ def prove(
             hung.violation.examples = count
             raise
         count += 1
+        if ran is not None:
+            ran.append(case)
 
     # The grid runs first, in a plain loop: as Hypothesis's explicit examples would
     # (once each, in order, never shrunk), without its cost per example, which is
@@ -484,8 +489,11 @@ def _examples(
             value=prop.name,
             fix="prove it on the pool itself (over the whole job)",
         )
+    whole = pool.pool if isinstance(pool, MeshDimension) else pool
+    if prop.draws is not None or prop.declared_grid is not None:
+        whole.start()  # what the strategy declares is known once its ranks are up
+    semantics = whole.semantics
     if prop.draws is not None:
-        semantics = pool.pool.semantics if isinstance(pool, MeshDimension) else pool.semantics
         cases = prop.draws(pool.world_size, semantics)
     else:
         assert prop.cases is not None, f"{prop.name} has neither cases nor draws"
@@ -493,7 +501,7 @@ def _examples(
     unheld = frozenset(UNHELD_DTYPES.get(pool.backend, {}))
     if unheld:  # the lane's devices cannot hold them: no example may use them
         cases = cases.filter(lambda case: not dtypes_of(case) & unheld)
-    explicit = prop.explicit(pool.world_size, pool.backend) if grid else []
+    explicit = prop.explicit(pool.world_size, pool.backend, semantics) if grid else []
     if isinstance(pool, MeshDimension):  # no call without a group: it would span the job
         cases = cases.filter(_takes_group)
         explicit = [case for case in explicit if _takes_group(case)]

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     import pytest
 
 __all__ = [
+    "COVERED",
     "EXAMPLES",
     "LANE",
     "OVER",
@@ -47,6 +48,8 @@ SECONDS: Final = "plait_seconds"
 """Seconds the proving took (a test's own time has its fixtures' besides)."""
 OVER: Final = "plait_over"
 """On a mesh lane: what the property ran over (the job, and which dimensions)."""
+COVERED: Final = "plait_covered"
+"""What the examples that ran covered, in words (`ExampleKind.covered`), where a kind says."""
 STARTED: Final = "plait_pool_started"
 """The xdist worker on which a test started its lane's ranks."""
 
@@ -58,12 +61,15 @@ def record(
     seconds: float,
     violation: dict[str, object] | None = None,
     over: str | None = None,
+    covered: str | None = None,
 ) -> None:
     """Record on ``node`` what its test proved, for the `Reporter` (and JUnit reports)."""
     labels = node.user_properties
     labels.append((EXAMPLES, examples))
     if over is not None:
         labels.append((OVER, over))
+    if covered is not None:
+        labels.append((COVERED, covered))
     labels.append((SECONDS, seconds))
     if violation is not None:
         labels.append((VIOLATION, violation))
@@ -111,6 +117,9 @@ class Reporter:
         over = labels.get(OVER)
         if isinstance(over, str):
             entry["over"] = over  # a mesh lane's: the job, and each dimension's groups
+        covered = labels.get(COVERED)
+        if isinstance(covered, str):
+            entry["covered"] = covered
         if isinstance(violation, dict):
             entry["violation"] = violation
         lane_id = str(lane["id"])
@@ -172,6 +181,9 @@ class Reporter:
                     "(median over the properties)"
                 )
             terminalreporter.write_line(f"{lane_id}: {summary}; {self._started(lane_id)}")
+            for name, entry in sorted(properties.items()):
+                if "covered" in entry:
+                    terminalreporter.write_line(f"  {name}: {entry['covered']}")
             for line in _failures(properties):
                 terminalreporter.write_line(f"  {line}")
         terminalreporter.write_line(f"seed {seed}: --plait-seed={seed} draws the same examples")

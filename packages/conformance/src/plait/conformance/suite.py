@@ -53,6 +53,7 @@ from plait.conformance.target import StrategyTarget
 from plait.conformance.training.properties import prove_moves
 
 if TYPE_CHECKING:
+    from plait.conformance.cases import Case
     from plait.conformance.plugin import Lane, PoolCache
     from plait.conformance.pool import MeshDimension, RankPool
     from plait.conformance.target import StrategyFactory
@@ -109,6 +110,7 @@ class Suite:
         if prop.over_groups:
             lanes += [pool.along(dimension) for dimension in pool.dimensions]
         count = 0
+        ran: list[Case] = []
         try:
             for each in lanes:
                 if each.world_size < prop.min_world_size:
@@ -119,6 +121,7 @@ class Suite:
                     max_examples=examples,
                     shrink=self.shrink,
                     seed=seed,
+                    ran=ran,
                 )
         except ContractViolation as violation:
             # A failure through a collective whose own property failed before it on
@@ -141,7 +144,14 @@ class Suite:
                 if prop.over_groups
                 else "the job"
             )
-        record(request.node, examples=count, seconds=time.perf_counter() - started, over=over)
+        covered = EXAMPLE_KINDS.kind_of(ran[0]).covered(ran, pool.semantics) if ran else None
+        record(
+            request.node,
+            examples=count,
+            seconds=time.perf_counter() - started,
+            over=over,
+            covered=covered,
+        )
 
     def _examples(self, request: pytest.FixtureRequest, *, training: bool) -> int:
         if training:

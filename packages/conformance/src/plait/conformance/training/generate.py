@@ -2,12 +2,22 @@
 
 Every draw shrinks toward the simplest example: an MLP, SGD, no scheduler, one
 micro-batch per step, 32-bit, the strategy's own checkpoint IO.
+
+The runs are as long as the declaration needs, not a fixed few steps: where the
+replicas meet every ``k`` steps (`plait.core.PeriodicAveraging`), a run reaches at
+least two meetings (``2k`` to ``3k - 1`` steps, so that some end between two, where
+training's end meets them), and a stop falls right after a meeting or inside a period
+after one (where the outer optimizer, the anchor and the replicas all hold state of
+their own), whatever ``k`` is; a long run takes small windows, to stay within the
+kit's time.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Final
 
+import attrs
 from hypothesis import strategies as st
 
 from plait.conformance.training.cases import (
@@ -18,14 +28,17 @@ from plait.conformance.training.cases import (
     TrainingCase,
     TrainingRun,
 )
-from plait.core import CheckpointIORegistry
+from plait.core import CheckpointIORegistry, PeriodicAveraging
 
 if TYPE_CHECKING:
     from plait.core import TrainingSemantics
 
 __all__ = [
     "checkpoint_ios",
+    "coverage",
+    "declared_period",
     "moves",
+    "next_meeting",
     "replicas",
     "replicas_grid",
     "resume_grid",
@@ -39,19 +52,83 @@ __all__ = [
 _UNUSABLE_IO = frozenset({"xla"})  # needs torch_xla's devices: the XLA lane's own
 
 
-def runs(semantics: TrainingSemantics, *, min_steps: int = 2) -> st.SearchStrategy[TrainingRun]:
-    """Small runs: every model, optimizer, scheduler and declared precision."""
-    return st.builds(
-        TrainingRun,
-        model=st.sampled_from(MODELS),
-        seed=st.integers(0, 2**16),
-        micro_batch=st.integers(1, 3),
-        accumulate=st.integers(1, 3),
-        steps=st.integers(min_steps, 6),
-        steps_per_epoch=st.integers(1, 3),
-        optimizer=st.sampled_from(OPTIMIZERS),
-        scheduler=st.sampled_from(SCHEDULERS),
-        precision=st.sampled_from(semantics.precisions),
+def declared_period(semantics: TrainingSemantics) -> int | None:
+    """The steps between the replicas' meetings, where the declaration has meetings."""
+    replicas = semantics.replicas
+    return replicas.every if isinstance(replicas, PeriodicAveraging) else None
+
+
+def next_meeting(semantics: TrainingSemantics, step: int) -> int:
+    """The steps a run has taken at its first meeting after ``step`` steps.
+
+    Without meetings, ``step + 1``: the next step.
+    """
+    period = declared_period(semantics)
+    if period is None:
+        return step + 1
+    return (step // period + 1) * period
+
+
+def coverage(cases: Sequence[TrainingCase], semantics: TrainingSemantics) -> str:
+    """The lengths of the runs ``cases`` trained and where they stopped, against the period.
+
+    What a suite's summary says of a training property: that the runs reached the
+    meetings the strategy declares, and where the stops fell.
+    """
+    period = declared_period(semantics)
+    lengths = sorted({case.run.steps for case in cases})
+    said = f"period {period} declared" if period is not None else "no period declared (synchronous)"
+    text = f"{said}; {len(cases)} runs of {_spans(lengths)} steps"
+    if period is not None:
+        meetings = sorted({length // period for length in lengths})
+        text += f" ({_spans(meetings)} meetings before the end)"
+    stopping = [case for case in cases if case.kind != "replicas"]
+    if not stopping:
+        return text
+    stops = sorted({case.stop_at for case in stopping})
+    text += f"; stops after steps {', '.join(map(str, stops))}"
+    if period is not None:
+        after = sum(1 for case in stopping if case.stop_at % period == 0)
+        inside = sum(1 for case in stopping if case.stop_at > period and case.stop_at % period)
+        text += f" ({after} right after a meeting, {inside} inside a period after one)"
+    return text
+
+
+def _spans(values: Sequence[int]) -> str:
+    return str(values[0]) if len(values) == 1 else f"{values[0]} to {values[-1]}"
+
+
+_LONG: Final = 8
+"""From this many steps on, a run's windows are small (one or two micro-batches of one
+or two samples): the kit's time goes to steps, not to the samples in them."""
+
+
+@st.composite
+def runs(draw: st.DrawFn, semantics: TrainingSemantics, *, min_steps: int = 2) -> TrainingRun:
+    """Small runs: every model, optimizer, scheduler and declared precision.
+
+    Without meetings, 2 to 6 steps; with a period ``k``, ``2k`` to ``3k - 1`` (at
+    least ``min_steps``), over epochs of one to three steps or of one period.
+    """
+    period = declared_period(semantics)
+    if period is None:
+        steps = draw(st.integers(min_steps, 6))
+        epochs = st.integers(1, 3)
+    else:
+        low = max(min_steps, 2 * period)
+        steps = draw(st.integers(low, max(low, 3 * period - 1)))
+        epochs = st.integers(1, 3) | st.just(period)
+    small = steps >= _LONG
+    return TrainingRun(
+        model=draw(st.sampled_from(MODELS)),
+        seed=draw(st.integers(0, 2**16)),
+        micro_batch=draw(st.integers(1, 2 if small else 3)),
+        accumulate=draw(st.integers(1, 2 if small else 3)),
+        steps=steps,
+        steps_per_epoch=draw(epochs),
+        optimizer=draw(st.sampled_from(OPTIMIZERS)),
+        scheduler=draw(st.sampled_from(SCHEDULERS)),
+        precision=draw(st.sampled_from(semantics.precisions)),
     )
 
 
@@ -85,12 +162,28 @@ def replicas(world_size: int, semantics: TrainingSemantics) -> st.SearchStrategy
     return st.builds(TrainingCase, kind=st.just("replicas"), run=runs(semantics))
 
 
+def stops(semantics: TrainingSemantics, run: TrainingRun, last: int) -> st.SearchStrategy[int]:
+    """Where a run of ``run.steps`` stops (1 to ``last`` steps taken).
+
+    With a period ``k``: right after a meeting, or inside a period after the first
+    meeting (anything else besides, less often).
+    """
+    period = declared_period(semantics)
+    anywhere = st.integers(1, last)
+    if period is None:
+        return anywhere
+    after = list(range(period, last + 1, period))
+    inside = [step for step in range(period + 1, last + 1) if step % period]
+    chosen = [st.sampled_from(found) for found in (after, inside) if found]
+    return st.one_of(*chosen, anywhere)
+
+
 @st.composite
 def _stopped(
     draw: st.DrawFn, semantics: TrainingSemantics, kind: str, *, inside: bool, io: bool
 ) -> TrainingCase:
     run = draw(runs(semantics))
-    stop_at = draw(st.integers(1, run.steps - 1 if kind != "round_trip" else run.steps))
+    stop_at = draw(stops(semantics, run, run.steps - 1 if kind != "round_trip" else run.steps))
     stop_inside = draw(st.integers(0, run.accumulate - 1)) if inside else 0
     return TrainingCase(
         kind,  # type: ignore[arg-type]
@@ -120,13 +213,15 @@ def moves(world_size: int, semantics: TrainingSemantics) -> st.SearchStrategy[Tr
     return _stopped(semantics, "move_out", inside=False, io=False)
 
 
-# The grid: one example of each property that every run tries first, whatever the
+# The grid: the examples of each property that every run tries first, whatever the
 # seed. Each is small and exercises what a flaw would show in: two epochs and an
 # accumulation window (replicas that do not meet, or meet too seldom or in the
 # wrong group, part from the reference at the first step), a stop inside an epoch
 # and inside a window with schedulers of both intervals (state that is dropped,
-# turned into strings or stepped again on load), and a stop between two meetings of
-# a periodic strategy (replicas that differ).
+# turned into strings or stepped again on load). Where the replicas meet every k
+# steps, the runs reach two meetings and end between two (2k + 1 steps), and the
+# stops fall inside the second period (the anchor, the outer momentum and the
+# replicas all their own) and right after the second meeting.
 
 _GRID_RUN = TrainingRun(
     model="mlp",
@@ -140,13 +235,23 @@ _GRID_RUN = TrainingRun(
 )
 
 
-def replicas_grid(world_size: int) -> list[TrainingCase]:
+def _grid_run(semantics: TrainingSemantics, run: TrainingRun = _GRID_RUN) -> TrainingRun:
+    period = declared_period(semantics)
+    return run if period is None else attrs.evolve(run, steps=2 * period + 1)
+
+
+def _inside(period: int) -> int:
+    """A stop inside the second period (right after the first meeting where a period is 1)."""
+    return period + 1 if period > 1 else 1
+
+
+def replicas_grid(world_size: int, semantics: TrainingSemantics) -> list[TrainingCase]:
     """The replicas example every run tries first."""
     del world_size
-    return [TrainingCase("replicas", _GRID_RUN)]
+    return [TrainingCase("replicas", _grid_run(semantics))]
 
 
-def round_trip_grid(world_size: int) -> list[TrainingCase]:
+def round_trip_grid(world_size: int, semantics: TrainingSemantics) -> list[TrainingCase]:
     """The round trip every run tries first: Adam, a per-step scheduler, int keys."""
     del world_size
     run = TrainingRun(
@@ -154,10 +259,22 @@ def round_trip_grid(world_size: int) -> list[TrainingCase]:
         optimizer="adam", scheduler="step",
     )  # fmt: skip
     user: dict[int | str, StateValue] = {0: {1: [(0.5, -1.0)], "a": 2}, "b": [3, (1.5,)]}
-    return [TrainingCase("round_trip", run, stop_at=3, user_state=user)]
+    period = declared_period(semantics)
+    stop = 3 if period is None else _inside(period)
+    return [TrainingCase("round_trip", _grid_run(semantics, run), stop_at=stop, user_state=user)]
 
 
-def resume_grid(world_size: int) -> list[TrainingCase]:
-    """The resume every run tries first: inside an epoch and an accumulation window."""
+def resume_grid(world_size: int, semantics: TrainingSemantics) -> list[TrainingCase]:
+    """The resumes every run tries first: inside an epoch and an accumulation window.
+
+    With a period: inside the second period, and right after the second meeting.
+    """
     del world_size
-    return [TrainingCase("resume", _GRID_RUN, stop_at=3, stop_inside=1)]
+    run = _grid_run(semantics)
+    period = declared_period(semantics)
+    if period is None:
+        return [TrainingCase("resume", run, stop_at=3, stop_inside=1)]
+    return [
+        TrainingCase("resume", run, stop_at=_inside(period), stop_inside=1),
+        TrainingCase("resume", run, stop_at=2 * period),
+    ]

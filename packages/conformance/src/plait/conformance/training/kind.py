@@ -12,6 +12,7 @@ from plait.conformance.kind import ExampleKind, Property
 from plait.conformance.outcomes import Outcome
 from plait.conformance.registry import EXAMPLE_KINDS
 from plait.conformance.training.example import TRAINING_EXAMPLES, check_training
+from plait.conformance.training.generate import coverage
 from plait.conformance.training.loop import TrainingReport
 from plait.conformance.training.program import run_training
 from plait.conformance.training.properties import MOVES, TRAINING_PROPERTIES
@@ -19,6 +20,7 @@ from plait.conformance.worker import raised
 
 if TYPE_CHECKING:
     from plait.conformance.kind import RankContext
+    from plait.core import TrainingSemantics
 
 __all__ = ["TrainingKind"]
 
@@ -55,6 +57,11 @@ class TrainingKind(ExampleKind[TrainingCase]):
     ) -> list[str]:
         del devices  # every rank's run is on its own device; the reports say the rest
         return check_training(case, outcomes)
+
+    @override
+    def covered(self, cases: Sequence[TrainingCase], semantics: TrainingSemantics) -> str | None:
+        """The runs' lengths and the stops, against the period the strategy declares."""
+        return coverage(cases, semantics)
 
     @override
     def refusal(self, outcomes: Sequence[Outcome]) -> str | None:

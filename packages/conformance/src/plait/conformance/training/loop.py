@@ -325,11 +325,22 @@ class Loop:
         return {str(name): value for name, value in dict(state).items()}
 
     def snapshot(self) -> dict[str, object]:
-        """Every state the round trip restores, copied (as this rank sees it)."""
+        """Every state the round trip restores, copied (as this rank sees it).
+
+        Besides the module's and the optimizers' entries, whatever else the
+        strategy's ``get_state_dict`` holds (a step counter, an outer optimizer, the
+        anchor of its replicas' meetings), under ``"the strategy's own state"``.
+        """
         taken = self.strategy.get_state_dict(self.module, [self.optimizer])
+        own = {
+            key: value
+            for key, value in taken.items()
+            if key not in ("state_dict", "optimizer_states")
+        }
         return {
             "module": copied(taken.get("state_dict")),
             "optimizer": copied(taken.get("optimizer_states")),
+            "the strategy's own state": copied(own),
             # The objects themselves, besides what the strategy says of them: a
             # strategy that saves a state without something would say the same of
             # the state it loads back.

@@ -43,7 +43,17 @@ if TYPE_CHECKING:
     from plait.conformance.training.cases import TrainingRun
     from plait.core import Replicas
 
-__all__ = ["ORDERS", "Order", "Reference", "check_training", "describe", "reference", "reports"]
+__all__ = [
+    "ORDERS",
+    "Meetings",
+    "Order",
+    "Reference",
+    "check_training",
+    "describe",
+    "meetings_reference",
+    "reference",
+    "reports",
+]
 
 Order = Literal["at once", "micro-batch by micro-batch", "rank by rank"]
 """How the reference sums a window's gradients: the whole window at once, each
@@ -299,9 +309,44 @@ def _synchronous(run: TrainingRun, world_size: int, *, order: Order) -> Referenc
     return Reference(tuple(losses), tuple(after), final)
 
 
+@attrs.frozen
+class Meetings:
+    """How replicas that each train on their own data meet: as declared, or as a flaw would.
+
+    Attributes:
+        every: The steps between meetings; None: they never meet while training.
+        outer_lr: The outer SGD step's learning rate.
+        outer_momentum: Its momentum (0 for none).
+        nesterov: Whether its momentum is Nesterov's.
+        at_end: Whether they meet at the end of training, over what is left of a period.
+        sign: 1, or -1 where the outer step goes the other way (``anchor + lr * update``).
+    """
+
+    every: int | None
+    outer_lr: float = 1.0
+    outer_momentum: float = 0.0
+    nesterov: bool = False
+    at_end: bool = True
+    sign: float = 1.0
+
+    @classmethod
+    def of(cls, averaging: PeriodicAveraging) -> Meetings:
+        """The meetings ``averaging`` declares."""
+        return cls(
+            averaging.every, averaging.outer_lr, averaging.outer_momentum, averaging.nesterov
+        )
+
+
+def meetings_reference(run: TrainingRun, world_size: int, meetings: Meetings) -> Reference:
+    """``run`` at ``world_size`` with replicas on their own data meeting as ``meetings`` says."""
+    with torch.random.fork_rng(devices=[]):
+        return _periodic(run, world_size, meetings, order="at once")
+
+
 def _periodic(
-    run: TrainingRun, world_size: int, replicas: PeriodicAveraging, *, order: Order
+    run: TrainingRun, world_size: int, replicas: PeriodicAveraging | Meetings, *, order: Order
 ) -> Reference:
+    meetings = Meetings.of(replicas) if isinstance(replicas, PeriodicAveraging) else replicas
     models = [_Replica(run) for _ in range(world_size)]
     anchor = [parameter.detach().clone() for parameter in models[0].model.parameters()]
     momentum: list[torch.Tensor] | None = None
@@ -318,20 +363,20 @@ def _periodic(
                     [list(replica.model.parameters())[index].detach() for replica in models]
                 ).mean(dim=0)
                 update = point - mean
-                if replicas.outer_momentum:
+                if meetings.outer_momentum:
                     buffer = (
                         update.clone()
                         if momentum is None
-                        else momentum[index] * replicas.outer_momentum + update
+                        else momentum[index] * meetings.outer_momentum + update
                     )
                     new_momentum.append(buffer)
                     update = (
-                        update + replicas.outer_momentum * buffer if replicas.nesterov else buffer
+                        update + meetings.outer_momentum * buffer if meetings.nesterov else buffer
                     )
-                point.sub_(replicas.outer_lr * update)
+                point.sub_(meetings.sign * meetings.outer_lr * update)
                 for replica in models:
                     list(replica.model.parameters())[index].copy_(point)
-            if replicas.outer_momentum:
+            if meetings.outer_momentum:
                 momentum = new_momentum
 
     for step in range(run.steps):
@@ -346,10 +391,10 @@ def _periodic(
         epoch.append(loss)
         for replica in models:
             step_scheduler(run, replica.scheduler, step, epoch)
-        if (step + 1) % replicas.every == 0:
+        if meetings.every is not None and (step + 1) % meetings.every == 0:
             meet()
         after.append(tuple(_flat(replica.model) for replica in models))
-    if run.steps % replicas.every:
+    if meetings.at_end and (meetings.every is None or run.steps % meetings.every):
         meet()
     after.append(tuple(_flat(replica.model) for replica in models))
     final = {name: value.detach().clone() for name, value in models[0].model.state_dict().items()}

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
+import attrs
 import torch
 from typing_extensions import override
 
@@ -20,6 +21,7 @@ from plait.conformance.outcomes import rank_list
 from plait.conformance.training import generate
 from plait.conformance.training.compare import OTHER_ORDER, loss_apart, tolerance
 from plait.conformance.training.example import SLOWER, TRAINING_EXAMPLES, TrainingExample
+from plait.conformance.training.flaws import diagnose, parted
 from plait.conformance.training.loop import (
     Loop,
     TrainingReport,
@@ -28,6 +30,7 @@ from plait.conformance.training.loop import (
     seed_streams,
 )
 from plait.conformance.training.reference import Reference, describe, reference
+from plait.core import Synchronous
 
 if TYPE_CHECKING:
     from plait.conformance.target import StrategyTarget
@@ -45,7 +48,7 @@ DECLARED_SEMANTICS: Final = Property(
     "for every model, optimizer (LBFGS with a closure) and scheduler; the export is "
     "the trained module",
     draws=generate.replicas,
-    grid=generate.replicas_grid,
+    declared_grid=generate.replicas_grid,
     over_groups=False,
     slower=SLOWER,
 )
@@ -111,7 +114,26 @@ def check_replicas(case: TrainingCase, kept: Sequence[TrainingReport]) -> list[s
         # the fixed tolerance is not enough: the reference runs in other orders cost time.
         expected = reference(run, world_size, semantics.replicas, rounding=True)
         problems = _judge(run, kept, expected, said)
-    return problems
+    if not problems:
+        return []
+    # The cause, before the details: the likely flaw the run matches, and where
+    # replicas declared one module part.
+    cause = diagnose(
+        run,
+        kept,
+        semantics.replicas,
+        lambda other: _judge(
+            run,
+            kept,
+            attrs.evolve(other, spread=expected.spread, loss_spread=expected.loss_spread),
+            said,
+        ),
+    )
+    if isinstance(semantics.replicas, Synchronous):
+        split = parted(kept, tolerance(run.precision, run.optimizer))
+        if split is not None:
+            cause += f"; {split}"
+    return [cause, *problems]
 
 
 def _judge(

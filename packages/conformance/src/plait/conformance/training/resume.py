@@ -25,6 +25,7 @@ from plait.conformance.training.compare import (
     tolerance,
 )
 from plait.conformance.training.example import SLOWER, TRAINING_EXAMPLES, TrainingExample
+from plait.conformance.training.generate import declared_period
 from plait.conformance.training.loop import (
     FRESH_SEED,
     Loop,
@@ -49,7 +50,7 @@ RESUME_EXACTNESS: Final = Property(
     "module and export of the run never stopped: bit for bit where the strategy "
     "declares exact_resume",
     draws=generate.resumes,
-    grid=generate.resume_grid,
+    declared_grid=generate.resume_grid,
     over_groups=False,
     slower=SLOWER,
 )
@@ -75,7 +76,10 @@ class Resume(TrainingExample):
         path = str(Path(directory) / "checkpoint")
         last: Strategy = strategy
         try:
-            expected, expected_replica, expected_export = _never_stopped(strategy, run, directory)
+            expected_steps: list[tuple[float, ...]] = []
+            expected, expected_replica, expected_export = _never_stopped(
+                strategy, run, directory, expected_steps
+            )
             # The run stopped after stop_at steps (and stop_inside micro-batches).
             last = stopped_strategy = build_strategy(target, run, case.checkpoint_io)
             seed_streams(run, rank)
@@ -98,7 +102,8 @@ class Resume(TrainingExample):
                 resumed = Loop(resumed_strategy, run, model_seed=run.seed + FRESH_SEED)
                 resumed.restore(path)
                 resumed.begin()
-                after = resumed.train(case.stop_at, run.steps)
+                found_steps: list[tuple[float, ...]] = []
+                after = resumed.train(case.stop_at, run.steps, found_steps)
                 resumed.end()
                 found_replica = None if resumed.sharded else resumed.replica()
                 found_export = resumed.export(str(Path(directory) / "resumed"))
@@ -121,18 +126,33 @@ class Resume(TrainingExample):
                 f"{stop} and resumed, the exported module{problem.removeprefix('the value')}"
                 for problem in close_states(expected_export, found_export, close=close)
             ]
+        if problems:
+            # The cause first: where the runs part, and what parting there says.
+            problems.insert(
+                0,
+                _parting(
+                    case,
+                    semantics,
+                    (expected[case.stop_at :], after),
+                    (expected_steps[case.stop_at :], found_steps),
+                    close,
+                ),
+            )
         return TrainingReport(semantics, losses=tuple(before + after), problems=tuple(problems))
 
 
 def _never_stopped(
-    strategy: Strategy, run: TrainingRun, directory: str
+    strategy: Strategy, run: TrainingRun, directory: str, steps: list[tuple[float, ...]]
 ) -> tuple[list[float], tuple[float, ...] | None, dict[str, torch.Tensor] | None]:
-    """The run's losses, this rank's module and the export, never stopped."""
+    """The run's losses, this rank's module and the export, never stopped.
+
+    This rank's module after each step is added to ``steps`` (none where it is sharded).
+    """
     seed_streams(run, strategy.global_rank)
     try:
         whole = Loop(strategy, run, model_seed=run.seed)
         whole.begin()
-        losses = whole.train(0, run.steps)
+        losses = whole.train(0, run.steps, steps)
         whole.end()
         replica = None if whole.sharded else whole.replica()
         return losses, replica, whole.export(str(Path(directory) / "whole"))
@@ -162,6 +182,69 @@ def _losses(
         f"{expected[step]!r} in the run never stopped"
         + (" (bit for bit, as declared)" if close is None else "")
     ]
+
+
+def _parting(
+    case: TrainingCase,
+    semantics: TrainingSemantics,
+    losses: tuple[Sequence[float], Sequence[float]],
+    modules: tuple[Sequence[tuple[float, ...]], Sequence[tuple[float, ...]]],
+    close: tuple[float, float] | None,
+) -> str:
+    """Where the resumed run parts from the run never stopped, and what that says of the cause.
+
+    ``losses`` and ``modules`` hold the steps after the stop: the run never stopped's,
+    then the resumed one's (``modules`` empty where the module is sharded).
+    """
+    expected, found = losses
+    first = loss_apart(expected, found, close) if len(expected) == len(found) else 0
+    first = len(expected) if first is None else first
+    parted = ""
+    for index, (want, got) in enumerate(zip(*modules, strict=False)):
+        if index > first:
+            break
+        if compare_vectors(want, got, "", close):
+            first = index
+            parted = compare_vectors(want, got, "this rank's module after it", close)[0]
+            break
+    period = declared_period(semantics)
+    if first == len(expected):
+        return (
+            "the resumed run goes on as the run never stopped through its last step and "
+            "parts at the end of training"
+            + (" (on_train_end's meeting)" if period is not None else "")
+            + ": what the strategy keeps for the end of training did not come back as saved"
+        )
+    step = case.stop_at + first
+    meeting = period is not None and (step + 1) % period == 0
+    where = (
+        f"the resumed run parts from the run never stopped at step {step}"
+        + (" (the first after the resume)" if first == 0 else f" ({first + 1} after the resume)")
+        + (f", a meeting of the replicas (every {period} steps)" if meeting else "")
+    )
+    if meeting and first > 0:
+        cause = (
+            "it went on alike until that meeting: what the strategy keeps for its "
+            "meetings (the anchor, an outer optimizer's momentum, a step count) did not "
+            "come back as saved"
+        )
+    elif meeting:
+        cause = (
+            "what the checkpoint restores (module, optimizer, scheduler, random streams) "
+            "or what the strategy keeps for its meetings (the anchor, an outer "
+            "optimizer's momentum, a step count) did not come back as saved"
+        )
+    elif first == 0:
+        cause = (
+            "what the checkpoint restores (module, optimizer, scheduler, random streams, "
+            "the strategy's own state) did not come back as saved"
+        )
+    else:
+        cause = (
+            "state that acts only later in a run (a scheduler, a counter) did not come "
+            "back as saved"
+        )
+    return f"{where}: {cause}" + (f"; {parted}" if parted else "")
 
 
 TRAINING_EXAMPLES.register(Resume())

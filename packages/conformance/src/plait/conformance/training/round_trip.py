@@ -17,6 +17,7 @@ from plait.conformance.kind import Property
 from plait.conformance.training import generate
 from plait.conformance.training.compare import copied, differences
 from plait.conformance.training.example import SLOWER, TRAINING_EXAMPLES, TrainingExample
+from plait.conformance.training.generate import next_meeting
 from plait.conformance.training.loop import (
     Loop,
     TrainingReport,
@@ -37,12 +38,13 @@ __all__ = ["CHECKPOINT_ROUND_TRIP", "RoundTrip"]
 CHECKPOINT_ROUND_TRIP: Final = Property(
     "checkpoint_round_trip",
     "save_checkpoint then load_checkpoint, with every checkpoint IO the strategy "
-    "accepts, restores the module, optimizer, scheduler, every rank's random streams "
-    "and a user's Stateful object (int keys, nested containers, tensors) exactly; "
-    "then load_checkpoint(path, module) restores the module alone, leaves the "
-    "optimizer as it was and gives back the run's entries",
+    "accepts, restores the module, optimizer, scheduler, the strategy's own state "
+    "(whatever else its get_state_dict holds), every rank's random streams and a "
+    "user's Stateful object (int keys, nested containers, tensors) exactly, on every "
+    "rank; then load_checkpoint(path, module) restores each rank's own module alone, "
+    "leaves the optimizer as it was and gives back the run's entries",
     draws=generate.round_trips,
-    grid=generate.round_trip_grid,
+    declared_grid=generate.round_trip_grid,
     over_groups=False,
     slower=SLOWER,
 )
@@ -76,8 +78,10 @@ class RoundTrip(TrainingExample):
                 strategy.save_checkpoint(loop.state(user), path)
                 strategy.barrier()  # where rank 0 writes alone, it has written
                 saved = loop.snapshot()
-                # Disturb everything, then load it back into the same objects.
-                loop.train(case.stop_at, case.stop_at + 1)
+                # Disturb everything (up to the next meeting, where the replicas
+                # meet: the strategy's own state moves too), then load it back into
+                # the same objects.
+                loop.train(case.stop_at, next_meeting(semantics, case.stop_at))
                 user.value = {"disturbed": True}
                 torch.rand(3)
                 random.random()
@@ -108,6 +112,14 @@ def _module_alone(loop: Loop, path: str, saved: dict[str, object]) -> list[str]:
         f"load_checkpoint(path, module) did not restore the module: {problem}"
         for problem in differences(saved["module"], after["module"])
     ]
+    if not problems:
+        # What this rank's module holds itself: a strategy's state may be rank 0's on
+        # every rank while each rank holds (and must get back) its own.
+        problems += [
+            f"load_checkpoint(path, module) did not restore this rank's own module "
+            f"(it holds another's): {problem}"
+            for problem in differences(saved["module's tensors"], after["module's tensors"])
+        ]
     problems += [
         f"load_checkpoint(path, module) changed the optimizer's state: {problem}"
         for problem in differences(before["optimizer"], after["optimizer"])
