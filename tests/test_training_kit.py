@@ -40,8 +40,16 @@ class TestLocalSGDFromTheGuide(TrainingSuite):
     training_examples = 3
 
 
+class TestDiLoCoFromTheGuide(TrainingSuite):
+    """The same strategy as DiLoCo: an outer Nesterov SGD step every 4 steps."""
+
+    strategies = (f"{BROKEN}:DiLoCo",)
+    world_sizes = (2,)
+    training_examples = 2
+
+
 CAUGHT: Final = [
-    ("NeverSynchronises", "declared_semantics", 2, "is not what one process on the global"),
+    ("NeverSynchronises", "declared_semantics", 2, "the run matches replicas that never meet"),
     ("SynchronisesEveryOtherStep", "declared_semantics", 2, "is not what one process"),
     ("AveragesOverTheWrongGroup", "declared_semantics", 3, "is not what one process"),
     ("DropsOptimizerState", "checkpoint_round_trip", 2, "optimizer's state['state']: the keys"),
@@ -53,6 +61,34 @@ CAUGHT: Final = [
         "checkpoint_round_trip",
         2,
         "rank 1: after a save and a load, module",
+    ),
+    # DiLoCo (every 4 steps, an outer Nesterov step): the runs reach its meetings
+    # whatever the period, and the message names the flaw.
+    ("DiLoCoNeverMeets", "declared_semantics", 2, "the run matches replicas that never meet"),
+    (
+        "DiLoCoMeetsEveryOtherPeriod",
+        "declared_semantics",
+        2,
+        "the run matches replicas meeting every 8 steps, not 4",
+    ),
+    ("DiLoCoOuterStepUp", "declared_semantics", 2, "the run matches an outer step of the wrong"),
+    (
+        "DiLoCoForgetsOuterMomentumOnSave",
+        "resume_exactness",
+        2,
+        "it went on alike until that meeting",
+    ),
+    (
+        "DiLoCoKeepsItsMomentumOnLoad",
+        "checkpoint_round_trip",
+        2,
+        "the strategy's own state['local_sgd']['momentum']",
+    ),
+    (
+        "DiLoCoLoadsRankZerosModuleAlone",
+        "checkpoint_round_trip",
+        2,
+        "rank 1: load_checkpoint(path, module) did not restore this rank's own module",
     ),
 ]
 """Each broken strategy, the property that catches it, where, and what it says."""

@@ -191,3 +191,126 @@ class RefusesEverything(DDPStrategy):
         raise ConfigurationError(
             "RefusesEverything takes no module", value=module, fix="use another strategy"
         )
+
+
+class DiLoCo(LocalSGDStrategy):
+    """The guide's strategy as DiLoCo: every 4 steps an outer Nesterov SGD step (correct).
+
+    Each broken copy below starts from it and changes one decision.
+    """
+
+    def __init__(
+        self,
+        *,
+        sync_every: int = 4,
+        outer_lr: float = 0.7,
+        outer_momentum: float = 0.9,
+        nesterov: bool = True,
+        precision: str | None = None,
+        checkpoint_io: str | None = None,
+    ) -> None:
+        super().__init__(
+            sync_every=sync_every,
+            outer_lr=outer_lr,
+            outer_momentum=outer_momentum,
+            nesterov=nesterov,
+            precision=precision,
+            checkpoint_io=checkpoint_io,
+        )
+
+
+class DiLoCoNeverMeets(DiLoCo):
+    """Its replicas never meet: neither every 4 steps nor at the end."""
+
+    @override
+    def meet(self) -> None:
+        pass
+
+
+class DiLoCoMeetsEveryOtherPeriod(DiLoCo):
+    """Meets every 8 steps (a counter compared with twice the period) and at the end."""
+
+    @override
+    def optimizer_step(
+        self, optimizer: torch.optim.Optimizer, closure: object | None = None
+    ) -> object:
+        result = DDPStrategy.optimizer_step(self, optimizer, closure)  # type: ignore[arg-type]
+        self.steps += 1
+        if self.steps % (2 * self.sync_every) == 0:
+            self.meet()
+        return result
+
+    @override
+    def on_train_end(self) -> None:
+        if self.steps % (2 * self.sync_every):
+            self.meet()
+
+
+class DiLoCoOuterStepUp(DiLoCo):
+    """Takes the outer step the wrong way: ``anchor + lr * update``."""
+
+    @override
+    def meet(self) -> None:
+        averaging = self.averaging
+        with torch.no_grad():
+            means = self._mean()
+            momentum = []
+            for index, (anchor, mean) in enumerate(zip(self._anchor, means, strict=True)):
+                update = anchor - mean
+                buffer = update.clone()
+                if self._momentum:
+                    buffer = self._momentum[index] * averaging.outer_momentum + update
+                momentum.append(buffer)
+                update = update + averaging.outer_momentum * buffer
+                anchor.add_(averaging.outer_lr * update)  # the flaw: add, not subtract
+                self._parameters[index].copy_(anchor)
+            self._momentum = momentum
+
+
+class DiLoCoForgetsOuterMomentumOnSave(DiLoCo):
+    """Saves everything of its own but the outer momentum (a resume starts it afresh)."""
+
+    @override
+    def get_state_dict(
+        self, module: torch.nn.Module, optimizers: Sequence[torch.optim.Optimizer] = ()
+    ) -> Checkpoint:
+        state = super().get_state_dict(module, optimizers)
+        own = state["local_sgd"]
+        assert isinstance(own, dict)
+        own["momentum"] = []
+        return state
+
+
+class DiLoCoKeepsItsMomentumOnLoad(DiLoCo):
+    """Saves the outer momentum and, on load, keeps the one it holds."""
+
+    @override
+    def set_state_dict(
+        self,
+        module: torch.nn.Module,
+        optimizers: Sequence[torch.optim.Optimizer],
+        state: Mapping[str, object],
+        *,
+        source: object = "the state",
+    ) -> None:
+        kept = self._momentum
+        super().set_state_dict(module, optimizers, state, source=source)
+        self._momentum = kept
+
+
+class DiLoCoLoadsRankZerosModuleAlone(DiLoCo):
+    """Loads every rank's own replica with the optimizers, and rank 0's on every rank without."""
+
+    @override
+    def set_state_dict(
+        self,
+        module: torch.nn.Module,
+        optimizers: Sequence[torch.optim.Optimizer],
+        state: Mapping[str, object],
+        *,
+        source: object = "the state",
+    ) -> None:
+        if optimizers:
+            super().set_state_dict(module, optimizers, state, source=source)
+        else:
+            DDPStrategy.set_state_dict(self, module, optimizers, state, source=source)
