@@ -103,6 +103,7 @@ class LocalSGDStrategy(DDPStrategy):
             outer_lr=outer_lr,
             outer_momentum=outer_momentum,
             nesterov=nesterov,
+            validates="mean",
         )
         super().__init__(
             accelerator=accelerator,
@@ -123,7 +124,10 @@ class LocalSGDStrategy(DDPStrategy):
     @property
     @override
     def training_semantics(self) -> TrainingSemantics:
-        """Replicas meeting every ``sync_every`` steps; a resume is bit for bit."""
+        """Replicas meeting every ``sync_every`` steps and validating their mean.
+
+        A resume is bit for bit.
+        """
         return TrainingSemantics(replicas=self.averaging, exact_resume=True)
 
     # The replicas: no DDP wrapper, so backward never synchronises.

@@ -85,6 +85,18 @@ CAUGHT: Final = [
         "the strategy's own state['local_sgd']['momentum']",
     ),
     (
+        "DiLoCoValidatesItsOwnReplica",
+        "declared_semantics",
+        2,
+        "is not the replicas' mean (validates='mean' declared): it validated its own replica",
+    ),
+    (
+        "DiLoCoTrainsOnFromTheValidatedMean",
+        "declared_semantics",
+        2,
+        "rank 0: its module after step 5 is not what 2 replicas",
+    ),
+    (
         "DiLoCoLoadsRankZerosModuleAlone",
         "checkpoint_round_trip",
         2,

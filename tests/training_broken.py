@@ -314,3 +314,23 @@ class DiLoCoLoadsRankZerosModuleAlone(DiLoCo):
             super().set_state_dict(module, optimizers, state, source=source)
         else:
             DDPStrategy.set_state_dict(self, module, optimizers, state, source=source)
+
+
+class DiLoCoValidatesItsOwnReplica(DiLoCo):
+    """Declares that it validates the replicas' mean, and validates each rank's own."""
+
+    @override
+    def on_validation_start(self) -> None:
+        pass
+
+    @override
+    def on_validation_end(self) -> None:
+        pass
+
+
+class DiLoCoTrainsOnFromTheValidatedMean(DiLoCo):
+    """Validates the replicas' mean, and leaves it in place: training goes on from it."""
+
+    @override
+    def on_validation_end(self) -> None:
+        self._validating = []

@@ -385,6 +385,8 @@ class TrainingCase:
             with; None: its own.
         user_state: What the user's `Stateful` object holds (round trip).
         source: The checkpoint to load (``"move_in"``), as ``"move_out"`` wrote it.
+        validate_after: After how many steps each rank runs the strategy's
+            validation hooks and reports the module it validates (replicas).
     """
 
     kind: Kind
@@ -394,6 +396,7 @@ class TrainingCase:
     checkpoint_io: str | None = None
     user_state: dict[int | str, StateValue] = attrs.field(factory=dict)
     source: str | None = None
+    validate_after: tuple[int, ...] = ()
 
     def __attrs_post_init__(self) -> None:
         if self.kind != "replicas" and not 0 < self.stop_at <= self.run.steps:
@@ -401,6 +404,11 @@ class TrainingCase:
         if not 0 <= self.stop_inside < self.run.accumulate:
             raise ValueError(
                 f"stop_inside={self.stop_inside} must be below accumulate={self.run.accumulate}"
+            )
+        if any(not 0 < after <= self.run.steps for after in self.validate_after):
+            raise ValueError(
+                f"validate_after={self.validate_after} must be within the run's "
+                f"1..{self.run.steps} steps"
             )
 
 

@@ -12,7 +12,7 @@ A value of this module is plain data (no torch), frozen and validated when made.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Protocol, TypeAlias, runtime_checkable
+from typing import Literal, Protocol, TypeAlias, runtime_checkable
 
 import attrs
 
@@ -24,6 +24,7 @@ __all__ = [
     "Replicas",
     "Synchronous",
     "TrainingSemantics",
+    "Validates",
     "training_semantics_of",
 ]
 
@@ -61,6 +62,17 @@ def _non_negative(_: object, attribute: attrs.Attribute[float], value: object) -
         )
 
 
+Validates: TypeAlias = Literal["replicas", "mean", "anchor"]
+"""What the ranks of a `PeriodicAveraging` strategy validate."""
+
+VALIDATES: tuple[Validates, ...] = ("replicas", "mean", "anchor")
+
+
+def _validates(_: object, attribute: attrs.Attribute[str], value: object) -> None:
+    if value not in VALIDATES:
+        raise ConfigurationError.invalid_choice(attribute.name, value, VALIDATES)
+
+
 @attrs.frozen
 class PeriodicAveraging:
     """Each replica steps its own optimizer on its own data; every ``every`` steps they meet.
@@ -74,17 +86,25 @@ class PeriodicAveraging:
     `torch.optim.SGD` takes them. With the defaults (``outer_lr=1``, no momentum)
     that is the mean of the replicas' modules.
 
+    Validation (between ``on_validation_start`` and ``on_validation_end``) sees
+    the module ``validates`` names, and training goes on from the replicas as they
+    were.
+
     Attributes:
         every: The optimizer steps between meetings.
         outer_lr: The outer optimizer's learning rate.
         outer_momentum: Its momentum (0 for none).
         nesterov: Whether its momentum is Nesterov's.
+        validates: What each rank validates: ``"replicas"`` its own replica (the
+            hooks change nothing), ``"mean"`` the replicas' mean, ``"anchor"`` the
+            last meeting's module.
     """
 
     every: int = attrs.field(validator=_every)
     outer_lr: float = attrs.field(default=1.0, validator=_non_negative)
     outer_momentum: float = attrs.field(default=0.0, validator=_non_negative)
     nesterov: bool = False
+    validates: Validates = attrs.field(default="replicas", validator=_validates)
 
 
 Replicas: TypeAlias = Synchronous | PeriodicAveraging

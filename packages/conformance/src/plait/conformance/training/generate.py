@@ -156,10 +156,17 @@ def user_states() -> st.SearchStrategy[dict[int | str, StateValue]]:
     return st.dictionaries(keys, nested, min_size=1, max_size=3)
 
 
+@st.composite
+def _validated(draw: st.DrawFn, semantics: TrainingSemantics) -> TrainingCase:
+    run = draw(runs(semantics))
+    after = draw(st.lists(st.integers(1, run.steps), max_size=2, unique=True))
+    return TrainingCase("replicas", run, validate_after=tuple(sorted(after)))
+
+
 def replicas(world_size: int, semantics: TrainingSemantics) -> st.SearchStrategy[TrainingCase]:
-    """Examples of the declared semantics: a run, its losses, replicas and export."""
+    """Examples of the declared semantics: a run, its losses, replicas, validations, export."""
     del world_size  # every run fits every world size
-    return st.builds(TrainingCase, kind=st.just("replicas"), run=runs(semantics))
+    return _validated(semantics)
 
 
 def stops(semantics: TrainingSemantics, run: TrainingRun, last: int) -> st.SearchStrategy[int]:
@@ -246,9 +253,15 @@ def _inside(period: int) -> int:
 
 
 def replicas_grid(world_size: int, semantics: TrainingSemantics) -> list[TrainingCase]:
-    """The replicas example every run tries first."""
+    """The replicas example every run tries first.
+
+    It validates inside a period and right after a meeting (synchronous: in the
+    middle of the run).
+    """
     del world_size
-    return [TrainingCase("replicas", _grid_run(semantics))]
+    period = declared_period(semantics)
+    after = (2,) if period is None else tuple(sorted({_inside(period), 2 * period}))
+    return [TrainingCase("replicas", _grid_run(semantics), validate_after=after)]
 
 
 def round_trip_grid(world_size: int, semantics: TrainingSemantics) -> list[TrainingCase]:

@@ -88,6 +88,9 @@ class TrainingReport:
     problems: tuple[str, ...] = ()
     refused: str | None = None
     checkpoint: str | None = None
+    validated: tuple[tuple[float, ...], ...] | None = None
+    """The module this rank validated at each of the example's validations, flattened;
+    None where the strategy shards the module."""
 
 
 @attrs.define
@@ -260,6 +263,18 @@ class Loop:
         if self.hooks is not None:
             self.hooks.on_fit_start(self.progress)
             self.hooks.on_train_start()
+
+    def validate(self) -> tuple[float, ...] | None:
+        """Where a Trainer validates: the module the rank validates between the hooks.
+
+        None where the module is sharded (every rank still calls the hooks).
+        """
+        if self.hooks is not None:
+            self.hooks.on_validation_start()
+        seen = None if self.sharded else self.replica()
+        if self.hooks is not None:
+            self.hooks.on_validation_end()
+        return seen
 
     def end(self) -> None:
         """Where a Trainer's fit ends: the strategy's hooks."""

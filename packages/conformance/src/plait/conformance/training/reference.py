@@ -78,6 +78,9 @@ class Reference:
     losses: tuple[float, ...]
     replicas: tuple[tuple[torch.Tensor, ...], ...]
     final: dict[str, torch.Tensor]
+    anchors: tuple[torch.Tensor, ...] = ()
+    """After each step (and after the end of training), the last meeting's module,
+    flattened (synchronous replicas: the module)."""
     spread: tuple[float, ...] = ()
     """After each step (and the end), how far the example carries rounding alone: the
     largest gap between the reference and the same run with its gradients summed in
@@ -306,7 +309,7 @@ def _synchronous(run: TrainingRun, world_size: int, *, order: Order) -> Referenc
         after.append((_flat(replica.model),) * world_size)
     after.append((_flat(replica.model),) * world_size)
     final = {name: value.detach().clone() for name, value in replica.model.state_dict().items()}
-    return Reference(tuple(losses), tuple(after), final)
+    return Reference(tuple(losses), tuple(after), final, anchors=tuple(one[0] for one in after))
 
 
 @attrs.frozen
@@ -352,6 +355,7 @@ def _periodic(
     momentum: list[torch.Tensor] | None = None
     losses: list[float] = []
     after: list[tuple[torch.Tensor, ...]] = []
+    anchors: list[torch.Tensor] = []
     epoch: list[float] = []
 
     def meet() -> None:
@@ -394,8 +398,10 @@ def _periodic(
         if meetings.every is not None and (step + 1) % meetings.every == 0:
             meet()
         after.append(tuple(_flat(replica.model) for replica in models))
+        anchors.append(torch.cat([point.reshape(-1).float() for point in anchor]))
     if meetings.at_end and (meetings.every is None or run.steps % meetings.every):
         meet()
     after.append(tuple(_flat(replica.model) for replica in models))
+    anchors.append(torch.cat([point.reshape(-1).float() for point in anchor]))
     final = {name: value.detach().clone() for name, value in models[0].model.state_dict().items()}
-    return Reference(tuple(losses), tuple(after), final)
+    return Reference(tuple(losses), tuple(after), final, anchors=tuple(anchors))

@@ -1,7 +1,8 @@
 """The declared semantics, replica by replica: train, and compare with the reference.
 
 Every rank trains the run and reports the global loss of each step, its module
-after each step (and after the end of training) and the export; the harness
+after each step (and after the end of training), the module it holds between the
+validation hooks where the example validates, and the export; the harness
 trains the run as the declaration says (`plait.conformance.training.reference`) and
 compares them.
 """
@@ -30,7 +31,7 @@ from plait.conformance.training.loop import (
     seed_streams,
 )
 from plait.conformance.training.reference import Reference, describe, reference
-from plait.core import Synchronous
+from plait.core import PeriodicAveraging, Synchronous
 
 if TYPE_CHECKING:
     from plait.conformance.target import StrategyTarget
@@ -45,8 +46,9 @@ DECLARED_SEMANTICS: Final = Property(
     "process on the global batch, accumulation in no_sync included; "
     "PeriodicAveraging: replicas on their own data meeting every k steps and at the "
     "end), loss by loss and replica by replica within the precision's rounding, "
-    "for every model, optimizer (LBFGS with a closure) and scheduler; the export is "
-    "the trained module",
+    "for every model, optimizer (LBFGS with a closure) and scheduler; between the "
+    "validation hooks each rank holds the module the declaration says it validates, "
+    "and training goes on unchanged; the export is the trained module",
     draws=generate.replicas,
     declared_grid=generate.replicas_grid,
     over_groups=False,
@@ -73,8 +75,13 @@ class Replicas(TrainingExample):
         try:
             loop = Loop(strategy, run, model_seed=run.seed)
             replicas: list[tuple[float, ...]] = []
+            validated: list[tuple[float, ...] | None] = []
+            losses: list[float] = []
             loop.begin()
-            losses = loop.train(0, run.steps, replicas)
+            for step in range(run.steps):
+                losses += loop.train(step, step + 1, replicas)
+                if step + 1 in case.validate_after:
+                    validated.append(loop.validate())
             loop.end()
             if not loop.sharded:
                 replicas.append(loop.replica())
@@ -87,6 +94,9 @@ class Replicas(TrainingExample):
             losses=tuple(losses),
             replicas=None if loop.sharded else tuple(replicas),
             export=export,
+            validated=None
+            if loop.sharded
+            else tuple(seen for seen in validated if seen is not None),
         )
 
     @override
@@ -114,8 +124,9 @@ def check_replicas(case: TrainingCase, kept: Sequence[TrainingReport]) -> list[s
         # the fixed tolerance is not enough: the reference runs in other orders cost time.
         expected = reference(run, world_size, semantics.replicas, rounding=True)
         problems = _judge(run, kept, expected, said)
+    validation = _check_validation(case, kept, expected)
     if not problems:
-        return []
+        return validation
     # The cause, before the details: the likely flaw the run matches, and where
     # replicas declared one module part.
     cause = diagnose(
@@ -133,7 +144,7 @@ def check_replicas(case: TrainingCase, kept: Sequence[TrainingReport]) -> list[s
         split = parted(kept, tolerance(run.precision, run.optimizer))
         if split is not None:
             cause += f"; {split}"
-    return [cause, *problems]
+    return [cause, *problems, *validation]
 
 
 def _judge(
@@ -144,6 +155,65 @@ def _judge(
         + _check_modules(run, kept, expected, said)
         + _check_export(run, kept[0].export, expected, said)
     )
+
+
+_VALIDATED: Final = {
+    "replicas": "its own replica",
+    "mean": "the replicas' mean",
+    "anchor": "the last meeting's module (the anchor)",
+}
+
+
+def _validated_by(semantics: TrainingSemantics) -> str:
+    replicas = semantics.replicas
+    return replicas.validates if isinstance(replicas, PeriodicAveraging) else "replicas"
+
+
+def _check_validation(
+    case: TrainingCase, kept: Sequence[TrainingReport], expected: Reference
+) -> list[str]:
+    """Whether each rank validated what the declaration says, at each validation."""
+    run = case.run
+    declared = _validated_by(kept[0].semantics)
+    problems: list[str] = []
+    for index, report in enumerate(kept):
+        if report.validated is None:
+            continue
+        if len(report.validated) != len(case.validate_after):
+            problems.append(
+                f"rank {index}: reported {len(report.validated)} validated modules for "
+                f"{len(case.validate_after)} validations"
+            )
+            continue
+        for taken, seen in zip(case.validate_after, report.validated, strict=True):
+            found = torch.tensor(seen, dtype=torch.float64)
+            step = taken - 1
+            choices = {
+                "replicas": expected.replicas[step][index],
+                "mean": torch.stack([one.double() for one in expected.replicas[step]]).mean(0),
+                "anchor": expected.anchors[step],
+            }
+            rounding = expected.rounding(step)
+            if _close(found, choices[declared], run, rounding):
+                continue
+            others = [
+                _VALIDATED[name]
+                for name, value in choices.items()
+                if name != declared and _close(found, value, run, rounding)
+            ]
+            seen_as = (
+                f"it validated {others[0]}"
+                if others
+                else "it validated none of its replica, the replicas' mean, the anchor"
+            )
+            problems.append(
+                f"rank {index}: after step {step}, the module it validates (between "
+                f"on_validation_start and on_validation_end) is not {_VALIDATED[declared]} "
+                f"(validates={declared!r} declared): {seen_as}; "
+                f"{_largest(found, choices[declared])}"
+            )
+            break
+    return problems
 
 
 def _check_losses(
