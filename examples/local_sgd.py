@@ -46,6 +46,7 @@ from plait.core import (
 from plait.strategies import DDPStrategy
 
 if TYPE_CHECKING:
+    from plait.core.training import OuterOptimizer, OuterScheduler
     from plait.core.typing import Checkpoint
 
 _KEY = "local_sgd"
@@ -69,6 +70,9 @@ class LocalSGDStrategy(DDPStrategy):
         outer_lr: The outer SGD step's learning rate (1: the replicas' mean).
         outer_momentum: Its momentum (0: none).
         nesterov: Whether the momentum is Nesterov's.
+        outer_optimizer: Instead of the outer SGD, a factory of the outer optimizer
+            over the anchor's parameters (a module-level function: AdamW, ...).
+        outer_scheduler: A factory of its scheduler, stepped after each outer step.
         accelerator: As `DDPStrategy`'s; so are the other arguments.
         parallel_devices: The device of each local rank.
         cluster_environment: Where this process sits, or its name.
@@ -78,8 +82,8 @@ class LocalSGDStrategy(DDPStrategy):
         timeout: How long a collective waits for the other ranks.
 
     Raises:
-        ConfigurationError: ``sync_every`` is not a whole number of 1 or more, or an
-            outer setting is negative.
+        ConfigurationError: ``sync_every`` is not a whole number of 1 or more, an
+            outer setting is negative, or an outer optimizer is given with them.
     """
 
     def __init__(
@@ -89,6 +93,8 @@ class LocalSGDStrategy(DDPStrategy):
         outer_lr: float = 1.0,
         outer_momentum: float = 0.0,
         nesterov: bool = False,
+        outer_optimizer: OuterOptimizer | None = None,
+        outer_scheduler: OuterScheduler | None = None,
         accelerator: str | None = None,
         parallel_devices: Sequence[torch.device] | None = None,
         cluster_environment: str | None = None,
@@ -104,6 +110,8 @@ class LocalSGDStrategy(DDPStrategy):
             outer_momentum=outer_momentum,
             nesterov=nesterov,
             validates="mean",
+            outer_optimizer=outer_optimizer,
+            outer_scheduler=outer_scheduler,
         )
         super().__init__(
             accelerator=accelerator,
@@ -120,6 +128,8 @@ class LocalSGDStrategy(DDPStrategy):
         self._anchor: list[torch.Tensor] = []
         self._momentum: list[torch.Tensor] = []
         self._validating: list[torch.Tensor] = []
+        self._outer: torch.optim.Optimizer | None = None
+        self._outer_schedule: torch.optim.lr_scheduler.LRScheduler | None = None
 
     @property
     @override
@@ -147,7 +157,17 @@ class LocalSGDStrategy(DDPStrategy):
         self._anchor = [parameter.detach().clone() for parameter in self._parameters]
         self._momentum = []
         self.steps = 0
+        self._make_outer()
         return module, prepared
+
+    def _make_outer(self) -> None:
+        """The declared outer optimizer (and scheduler) over the anchor, as parameters."""
+        make, schedule = self.averaging.outer_optimizer, self.averaging.outer_scheduler
+        if make is None:
+            return
+        self._anchor = [torch.nn.Parameter(anchor) for anchor in self._anchor]
+        self._outer = make(self._anchor)  # type: ignore[arg-type]
+        self._outer_schedule = schedule(self._outer) if schedule is not None else None
 
     @override
     def optimizer_step(
@@ -172,6 +192,18 @@ class LocalSGDStrategy(DDPStrategy):
     def meet(self) -> None:
         """Every rank: the anchor takes the outer step, and every replica starts from it."""
         averaging = self.averaging
+        if self._outer is not None:
+            means = self._mean()
+            for anchor, mean in zip(self._anchor, means, strict=True):
+                anchor.grad = anchor.detach() - mean
+            self._outer.step()
+            self._outer.zero_grad()
+            if self._outer_schedule is not None:
+                self._outer_schedule.step()
+            with torch.no_grad():
+                for parameter, anchor in zip(self._parameters, self._anchor, strict=True):
+                    parameter.copy_(anchor)
+            return
         with torch.no_grad():
             means = self._mean()
             momentum = []
@@ -235,8 +267,16 @@ class LocalSGDStrategy(DDPStrategy):
         state["optimizer_states"] = replicas[0]["optimizer_states"]
         state[_KEY] = {
             "replicas": replicas,
-            "anchor": [anchor.clone() for anchor in self._anchor],
+            "anchor": [anchor.detach().clone() for anchor in self._anchor],
             "momentum": [buffer.clone() for buffer in self._momentum],
+            "outer": None
+            if self._outer is None
+            else {
+                "optimizer": self._outer.state_dict(),
+                "scheduler": None
+                if self._outer_schedule is None
+                else self._outer_schedule.state_dict(),
+            },
             "steps": self.steps,
             "world_size": self.world_size,
         }
@@ -263,6 +303,7 @@ class LocalSGDStrategy(DDPStrategy):
         if not isinstance(extra, Mapping):
             super().set_state_dict(module, optimizers, state, source=source)
             self._anchor = [parameter.detach().clone() for parameter in self._parameters]
+            self._make_outer()  # over the new anchor, afresh: that checkpoint has none
             return
         saved = extra["world_size"]
         if saved != self.world_size:
@@ -279,6 +320,12 @@ class LocalSGDStrategy(DDPStrategy):
             self._anchor = [torch.as_tensor(anchor).clone() for anchor in extra["anchor"]]
             self._momentum = [torch.as_tensor(buffer).clone() for buffer in extra["momentum"]]
             self.steps = int(extra["steps"])
+            self._make_outer()
+            outer = extra.get("outer")
+            if self._outer is not None and isinstance(outer, Mapping):
+                self._outer.load_state_dict(outer["optimizer"])
+                if self._outer_schedule is not None:
+                    self._outer_schedule.load_state_dict(outer["scheduler"])
 
 
 def train(strategy: LocalSGDStrategy, steps: int) -> float:

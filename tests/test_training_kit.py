@@ -41,9 +41,12 @@ class TestLocalSGDFromTheGuide(TrainingSuite):
 
 
 class TestDiLoCoFromTheGuide(TrainingSuite):
-    """The same strategy as DiLoCo: an outer Nesterov SGD step every 4 steps."""
+    """The same strategy as DiLoCo every 4 steps: an outer Nesterov SGD, or an outer AdamW.
 
-    strategies = (f"{BROKEN}:DiLoCo",)
+    The AdamW (weight decay, a halving schedule) is declared by its factories.
+    """
+
+    strategies = (f"{BROKEN}:DiLoCo", f"{BROKEN}:DiLoCoAdamW")
     world_sizes = (2,)
     training_examples = 2
 
@@ -95,6 +98,12 @@ CAUGHT: Final = [
         "declared_semantics",
         2,
         "rank 0: its module after step 5 is not what 2 replicas",
+    ),
+    (
+        "DiLoCoAdamWMadeAnewAtEachMeeting",
+        "declared_semantics",
+        2,
+        "the run matches an outer optimizer made anew at each meeting",
     ),
     (
         "DiLoCoLoadsRankZerosModuleAlone",

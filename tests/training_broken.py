@@ -334,3 +334,36 @@ class DiLoCoTrainsOnFromTheValidatedMean(DiLoCo):
     @override
     def on_validation_end(self) -> None:
         self._validating = []
+
+
+def outer_adamw(parameters: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
+    """DiLoCo's outer optimizer as an AdamW with weight decay."""
+    return torch.optim.AdamW(parameters, lr=0.3, betas=(0.9, 0.95), weight_decay=0.1)
+
+
+def outer_halving(optimizer: torch.optim.Optimizer) -> torch.optim.lr_scheduler.LRScheduler:
+    """The outer learning rate halved at each meeting."""
+    return torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5)
+
+
+class DiLoCoAdamW(LocalSGDStrategy):
+    """DiLoCo every 4 steps with an outer AdamW on a halving schedule (correct)."""
+
+    def __init__(self, *, precision: str | None = None, checkpoint_io: str | None = None) -> None:
+        super().__init__(
+            sync_every=4,
+            outer_optimizer=outer_adamw,
+            outer_scheduler=outer_halving,
+            precision=precision,
+            checkpoint_io=checkpoint_io,
+        )
+
+
+class DiLoCoAdamWMadeAnewAtEachMeeting(DiLoCoAdamW):
+    """Makes its outer AdamW and schedule anew at each meeting: their state is lost."""
+
+    @override
+    def meet(self) -> None:
+        self._anchor = [parameter.detach().clone() for parameter in self._anchor]
+        self._make_outer()
+        super().meet()

@@ -8,6 +8,7 @@ the kit judges the ranks'.
 from __future__ import annotations
 
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -174,3 +175,27 @@ def test_every_period_has_its_flaws_and_none_is_the_declaration() -> None:
         flaws = likely_flaws(declared, 2 * every + 1)
         assert Meetings.of(declared) not in [flaw for _, flaw in flaws]
         assert len({words for words, _ in flaws}) == len(flaws)
+
+
+def _adamw(parameters: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
+    return torch.optim.AdamW(parameters, lr=0.3, weight_decay=0.1)
+
+
+def _halving(optimizer: torch.optim.Optimizer) -> torch.optim.lr_scheduler.LRScheduler:
+    return torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5)
+
+
+def test_a_declared_outer_optimizer_is_the_reference_and_losing_its_state_is_named() -> None:
+    declared = PeriodicAveraging(every=4, outer_optimizer=_adamw, outer_scheduler=_halving)
+    semantics = TrainingSemantics(replicas=declared)
+    right = _reports(reference(RUN, 2, declared), semantics)
+    assert check_replicas(TrainingCase("replicas", RUN), right) == []
+    # Not the outer SGD: the factory's AdamW moves the anchor otherwise.
+    plain = meetings_reference(RUN, 2, Meetings(4))
+    assert plain.losses[5] != reference(RUN, 2, declared).losses[5]
+    fresh = Meetings(4, outer_optimizer=_adamw, outer_scheduler=_halving, fresh_outer=True)
+    problems = check_replicas(
+        TrainingCase("replicas", RUN), _reports(meetings_reference(RUN, 2, fresh), semantics)
+    )
+    assert problems[0].startswith("the run matches an outer optimizer made anew"), problems[0]
+    assert "outer optimizer _adamw scheduled by _halving" in problems[1], problems[1]

@@ -11,15 +11,20 @@ A value of this module is plain data (no torch), frozen and validated when made.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import Literal, Protocol, TypeAlias, runtime_checkable
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Literal, Protocol, TypeAlias, TypeVar, runtime_checkable
 
 import attrs
 
 from plait.core.errors import ConfigurationError
 
+if TYPE_CHECKING:
+    import torch
+
 __all__ = [
     "DeclaresTrainingSemantics",
+    "OuterOptimizer",
+    "OuterScheduler",
     "PeriodicAveraging",
     "Replicas",
     "Synchronous",
@@ -73,6 +78,28 @@ def _validates(_: object, attribute: attrs.Attribute[str], value: object) -> Non
         raise ConfigurationError.invalid_choice(attribute.name, value, VALIDATES)
 
 
+OuterOptimizer: TypeAlias = "Callable[[list[torch.nn.Parameter]], torch.optim.Optimizer]"
+"""A factory of an outer optimizer over the anchor's parameters."""
+
+OuterScheduler: TypeAlias = (
+    "Callable[[torch.optim.Optimizer], torch.optim.lr_scheduler.LRScheduler]"
+)
+"""A factory of a scheduler of the outer optimizer."""
+
+
+_F = TypeVar("_F")
+
+
+def _factory(_: object, attribute: attrs.Attribute[_F], value: _F) -> None:
+    if value is not None and not callable(value):
+        raise ConfigurationError(
+            f"{attribute.name}={value!r} must be a factory (a module-level function)",
+            value=value,
+            fix=f"pass e.g. {attribute.name}=make_outer_optimizer, a function of your "
+            "module that builds it",
+        )
+
+
 @attrs.frozen
 class PeriodicAveraging:
     """Each replica steps its own optimizer on its own data; every ``every`` steps they meet.
@@ -86,6 +113,15 @@ class PeriodicAveraging:
     `torch.optim.SGD` takes them. With the defaults (``outer_lr=1``, no momentum)
     that is the mean of the replicas' modules.
 
+    Another outer optimizer (Adam, weight decay, a schedule) is declared by
+    ``outer_optimizer``: a factory that takes the anchor's tensors, as parameters,
+    and returns the optimizer, made once for the run; at each meeting every anchor
+    parameter's gradient is the replicas' mean change since the last meeting
+    (``anchor - mean``), the optimizer steps, and ``outer_scheduler`` (a factory of
+    a scheduler of that optimizer), where given, steps after it. Both are
+    module-level functions (they travel to the ranks by name and compare equal
+    there).
+
     Validation (between ``on_validation_start`` and ``on_validation_end``) sees
     the module ``validates`` names, and training goes on from the replicas as they
     were.
@@ -98,6 +134,15 @@ class PeriodicAveraging:
         validates: What each rank validates: ``"replicas"`` its own replica (the
             hooks change nothing), ``"mean"`` the replicas' mean, ``"anchor"`` the
             last meeting's module.
+        outer_optimizer: Instead of the outer SGD of ``outer_lr``,
+            ``outer_momentum`` and ``nesterov``, the factory of the outer optimizer.
+        outer_scheduler: The factory of the outer optimizer's scheduler, stepped
+            after each outer step.
+
+    Raises:
+        ConfigurationError: ``outer_optimizer`` is given with an outer SGD setting
+            other than its default, ``outer_scheduler`` without ``outer_optimizer``,
+            or either is not callable.
     """
 
     every: int = attrs.field(validator=_every)
@@ -105,6 +150,27 @@ class PeriodicAveraging:
     outer_momentum: float = attrs.field(default=0.0, validator=_non_negative)
     nesterov: bool = False
     validates: Validates = attrs.field(default="replicas", validator=_validates)
+    outer_optimizer: OuterOptimizer | None = attrs.field(default=None, validator=_factory)
+    outer_scheduler: OuterScheduler | None = attrs.field(default=None, validator=_factory)
+
+    def __attrs_post_init__(self) -> None:
+        if self.outer_optimizer is not None and (
+            self.outer_lr != 1 or self.outer_momentum or self.nesterov
+        ):
+            raise ConfigurationError(
+                "outer_optimizer= declares the outer step, and so do outer_lr="
+                f"{self.outer_lr!r}, outer_momentum={self.outer_momentum!r}, "
+                f"nesterov={self.nesterov!r}",
+                value=self.outer_optimizer,
+                fix="give the outer optimizer its learning rate and momentum in the "
+                "factory, and leave outer_lr, outer_momentum and nesterov out",
+            )
+        if self.outer_scheduler is not None and self.outer_optimizer is None:
+            raise ConfigurationError(
+                "outer_scheduler= schedules an outer optimizer, and no outer_optimizer= is given",
+                value=self.outer_scheduler,
+                fix="pass outer_optimizer=, a factory of the outer optimizer, too",
+            )
 
 
 Replicas: TypeAlias = Synchronous | PeriodicAveraging

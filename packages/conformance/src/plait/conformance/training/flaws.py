@@ -84,6 +84,19 @@ def likely_flaws(replicas: Replicas, steps: int) -> list[Flaw]:
             attrs.evolve(declared, sign=-1.0),
         )
     )
+    if replicas.outer_optimizer is not None:
+        flaws.append(
+            (
+                "an outer optimizer made anew at each meeting (its state and schedule lost)",
+                attrs.evolve(declared, fresh_outer=True),
+            )
+        )
+        flaws.append(
+            (
+                "meetings that take the replicas' mean (no outer optimizer)",
+                Meetings(every),
+            )
+        )
     if replicas.outer_momentum:
         flaws.append(
             (

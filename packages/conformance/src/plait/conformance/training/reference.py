@@ -42,6 +42,7 @@ from plait.core import PeriodicAveraging, Synchronous
 if TYPE_CHECKING:
     from plait.conformance.training.cases import TrainingRun
     from plait.core import Replicas
+    from plait.core.training import OuterOptimizer, OuterScheduler
 
 __all__ = [
     "ORDERS",
@@ -107,10 +108,20 @@ def describe(replicas: Replicas, world_size: int) -> str:
         else f", outer SGD lr={replicas.outer_lr} momentum={replicas.outer_momentum}"
         + (" nesterov" if replicas.nesterov else "")
     )
+    if replicas.outer_optimizer is not None:
+        outer = f", outer optimizer {_name(replicas.outer_optimizer)}" + (
+            f" scheduled by {_name(replicas.outer_scheduler)}"
+            if replicas.outer_scheduler is not None
+            else ""
+        )
     return (
         f"{world_size} replicas, each on its own data, meeting every {replicas.every} "
         f"steps and at the end (PeriodicAveraging{outer})"
     )
+
+
+def _name(factory: object) -> str:
+    return str(getattr(factory, "__qualname__", None) or repr(factory))
 
 
 @contextlib.contextmanager
@@ -323,6 +334,10 @@ class Meetings:
         nesterov: Whether its momentum is Nesterov's.
         at_end: Whether they meet at the end of training, over what is left of a period.
         sign: 1, or -1 where the outer step goes the other way (``anchor + lr * update``).
+        outer_optimizer: The factory of the outer optimizer, in place of the outer SGD.
+        outer_scheduler: The factory of its scheduler.
+        fresh_outer: Whether the outer optimizer (and scheduler) is made anew at each
+            meeting, its state lost.
     """
 
     every: int | None
@@ -331,13 +346,48 @@ class Meetings:
     nesterov: bool = False
     at_end: bool = True
     sign: float = 1.0
+    outer_optimizer: OuterOptimizer | None = None
+    outer_scheduler: OuterScheduler | None = None
+    fresh_outer: bool = False
 
     @classmethod
     def of(cls, averaging: PeriodicAveraging) -> Meetings:
         """The meetings ``averaging`` declares."""
         return cls(
-            averaging.every, averaging.outer_lr, averaging.outer_momentum, averaging.nesterov
+            averaging.every,
+            averaging.outer_lr,
+            averaging.outer_momentum,
+            averaging.nesterov,
+            outer_optimizer=averaging.outer_optimizer,
+            outer_scheduler=averaging.outer_scheduler,
         )
+
+
+class _Outer:
+    """The outer step of a declared outer optimizer, over the anchor's tensors."""
+
+    def __init__(self, meetings: Meetings, anchor: list[torch.Tensor]) -> None:
+        assert meetings.outer_optimizer is not None
+        self.meetings = meetings
+        self.parameters = [torch.nn.Parameter(point) for point in anchor]
+        self.optimizer, self.scheduler = self._make()
+
+    def _make(self) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler | None]:
+        make, schedule = self.meetings.outer_optimizer, self.meetings.outer_scheduler
+        assert make is not None
+        optimizer = make(self.parameters)
+        return optimizer, schedule(optimizer) if schedule is not None else None
+
+    def step(self, means: list[torch.Tensor]) -> None:
+        """The anchor takes the outer step toward ``means`` (in place)."""
+        if self.meetings.fresh_outer:
+            self.optimizer, self.scheduler = self._make()
+        for parameter, mean in zip(self.parameters, means, strict=True):
+            parameter.grad = self.meetings.sign * (parameter.detach() - mean)
+        self.optimizer.step()
+        self.optimizer.zero_grad()
+        if self.scheduler is not None:
+            self.scheduler.step()
 
 
 def meetings_reference(run: TrainingRun, world_size: int, meetings: Meetings) -> Reference:
@@ -351,7 +401,10 @@ def _periodic(
 ) -> Reference:
     meetings = Meetings.of(replicas) if isinstance(replicas, PeriodicAveraging) else replicas
     models = [_Replica(run) for _ in range(world_size)]
-    anchor = [parameter.detach().clone() for parameter in models[0].model.parameters()]
+    anchor: list[torch.Tensor] = [
+        parameter.detach().clone() for parameter in models[0].model.parameters()
+    ]
+    outer = _Outer(meetings, anchor) if meetings.outer_optimizer is not None else None
     momentum: list[torch.Tensor] | None = None
     losses: list[float] = []
     after: list[tuple[torch.Tensor, ...]] = []
@@ -360,6 +413,20 @@ def _periodic(
 
     def meet() -> None:
         nonlocal momentum
+        if outer is not None:
+            means = [
+                torch.stack(
+                    [list(replica.model.parameters())[index].detach() for replica in models]
+                ).mean(dim=0)
+                for index in range(len(anchor))
+            ]
+            outer.step(means)
+            with torch.no_grad():
+                for index, stepped in enumerate(outer.parameters):
+                    anchor[index] = stepped.detach()
+                    for replica in models:
+                        list(replica.model.parameters())[index].copy_(stepped)
+            return
         with torch.no_grad():
             new_momentum = []
             for index, point in enumerate(anchor):

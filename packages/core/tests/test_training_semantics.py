@@ -1,0 +1,65 @@
+"""What a strategy declares about training: each bad declaration is refused when made."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from plait.core import ConfigurationError, PeriodicAveraging, TrainingSemantics
+
+
+def _adam(parameters: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
+    return torch.optim.Adam(parameters, lr=0.1)
+
+
+def _halving(optimizer: torch.optim.Optimizer) -> torch.optim.lr_scheduler.LRScheduler:
+    return torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5)
+
+
+def test_an_outer_optimizer_and_its_schedule_are_declared_by_their_factories() -> None:
+    declared = PeriodicAveraging(
+        every=4, outer_optimizer=_adam, outer_scheduler=_halving, validates="anchor"
+    )
+    assert declared.outer_optimizer is _adam
+    assert declared == PeriodicAveraging(
+        every=4, outer_optimizer=_adam, outer_scheduler=_halving, validates="anchor"
+    )
+    assert TrainingSemantics(replicas=declared).replicas is declared
+
+
+@pytest.mark.parametrize(
+    ("arguments", "said", "fix"),
+    [
+        ({"every": 0}, "every=0 must be a whole number of steps", "every=4"),
+        ({"every": 4, "outer_momentum": -0.9}, "outer_momentum=-0.9 must be a number", "0.9"),
+        ({"every": 4, "validates": "average"}, "'average'", "'mean'"),
+        (
+            {"every": 4, "outer_optimizer": _adam, "outer_lr": 0.7},
+            "outer_optimizer= declares the outer step, and so do outer_lr=0.7",
+            "leave outer_lr, outer_momentum and nesterov out",
+        ),
+        (
+            {"every": 4, "outer_optimizer": _adam, "nesterov": True},
+            "nesterov=True",
+            "in the factory",
+        ),
+        (
+            {"every": 4, "outer_scheduler": _halving},
+            "no outer_optimizer= is given",
+            "pass outer_optimizer=",
+        ),
+        (
+            {"every": 4, "outer_optimizer": "adam"},
+            "outer_optimizer='adam' must be a factory",
+            "a function of your module",
+        ),
+    ],
+)
+def test_a_bad_declaration_is_refused_naming_it_and_the_fix(
+    arguments: dict[str, object], said: str, fix: str
+) -> None:
+    with pytest.raises(ConfigurationError) as refused:
+        PeriodicAveraging(**arguments)  # type: ignore[arg-type]
+    message = str(refused.value)
+    assert said in message, message
+    assert fix in message, message
