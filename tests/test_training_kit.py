@@ -18,11 +18,13 @@ import pytest
 from plait.conformance import (
     TRAINING_PROPERTIES,
     ContractViolation,
+    MoveViolation,
     RankPool,
     TrainingCase,
     TrainingRun,
     TrainingSuite,
     prove,
+    prove_moves,
     reproduce,
 )
 
@@ -133,6 +135,30 @@ def test_every_broken_strategy_is_caught_in_every_run_by_the_property_it_breaks(
     assert problem in message, message
     assert "reproduce(" in message
     assert "TrainingCase(kind=" in message
+
+
+@pytest.mark.slow
+def test_a_resizable_strategy_that_goes_on_wrong_at_another_world_size_is_caught() -> None:
+    spec = f"{BROKEN}:AveragesOverItsSavedWorldSize"
+    with (
+        RankPool(spec, world_size=2, deadline=60) as pool,
+        RankPool(spec, world_size=3, deadline=60) as bigger,
+        pytest.raises(MoveViolation) as caught,
+    ):
+        prove_moves(
+            pool,
+            lambda name: pytest.fail(f"no strategy is declared compatible, and {name} was asked"),
+            max_examples=2,
+            seed=0,
+            resized_pool=lambda world_size: bigger,
+            resize_to=[3],
+        )
+    violation = caught.value
+    message = str(violation)
+    assert violation.explicit, message  # the grid's move, whatever the seed
+    assert "at 3 ranks, going on from its checkpoint of 2 ranks (saved after 1 step)" in message
+    assert "one process on the global batch of the 3 ranks from the saved state" in message
+    assert "moved_world_size=3)" in message  # the snippet reruns the resize
 
 
 @pytest.mark.slow

@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 from typing_extensions import override
 
-from plait.core import ConfigurationError, Stateful
+from plait.core import ConfigurationError, Stateful, TrainingSemantics
 from plait.strategies import DDPStrategy
 
 if TYPE_CHECKING:
@@ -367,3 +367,44 @@ class DiLoCoAdamWMadeAnewAtEachMeeting(DiLoCoAdamW):
         self._anchor = [parameter.detach().clone() for parameter in self._anchor]
         self._make_outer()
         super().meet()
+
+
+class AveragesOverItsSavedWorldSize(_Unwrapped):
+    """Declares itself resizable, and averages gradients over the world size it was saved at."""
+
+    saved_world_size: int | None = None
+
+    @property
+    @override
+    def training_semantics(self) -> TrainingSemantics:
+        return TrainingSemantics(resizable=True)
+
+    @override
+    def synchronise(self) -> None:
+        size = self.saved_world_size or self.world_size
+        for parameter in self._parameters:
+            if parameter.grad is not None:
+                dist.all_reduce(parameter.grad, group=self.process_group)
+                parameter.grad /= size
+
+    @override
+    def get_state_dict(
+        self, module: torch.nn.Module, optimizers: Sequence[torch.optim.Optimizer] = ()
+    ) -> Checkpoint:
+        state = super().get_state_dict(module, optimizers)
+        state["world_size"] = self.saved_world_size or self.world_size
+        return state
+
+    @override
+    def set_state_dict(
+        self,
+        module: torch.nn.Module,
+        optimizers: Sequence[torch.optim.Optimizer],
+        state: Mapping[str, object],
+        *,
+        source: object = "the state",
+    ) -> None:
+        super().set_state_dict(module, optimizers, state, source=source)
+        saved = state.get("world_size")
+        if isinstance(saved, int):
+            self.saved_world_size = saved

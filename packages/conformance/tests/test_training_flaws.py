@@ -30,6 +30,7 @@ from plait.conformance.training.reference import (
     Reference,
     meetings_reference,
     reference,
+    resized_reference,
 )
 from plait.conformance.training.replicas import check_replicas
 from plait.core import PeriodicAveraging, Synchronous, TrainingSemantics
@@ -199,3 +200,11 @@ def test_a_declared_outer_optimizer_is_the_reference_and_losing_its_state_is_nam
     )
     assert problems[0].startswith("the run matches an outer optimizer made anew"), problems[0]
     assert "outer optimizer _adamw scheduled by _halving" in problems[1], problems[1]
+
+
+def test_a_resized_run_is_the_run_until_the_move_and_the_new_ranks_global_batch_after() -> None:
+    at_two = reference(RUN, 2, Synchronous())
+    assert resized_reference(RUN, 2, 2, 4).losses == at_two.losses
+    resized = resized_reference(RUN, 2, 3, 4)
+    assert resized.losses[:4] == at_two.losses[:4]  # two ranks' global batches, saved
+    assert resized.losses[4] != at_two.losses[4]  # three ranks' from the move on

@@ -63,3 +63,12 @@ def test_a_bad_declaration_is_refused_naming_it_and_the_fix(
     message = str(refused.value)
     assert said in message, message
     assert fix in message, message
+
+
+def test_only_synchronous_replicas_are_declared_resizable() -> None:
+    assert TrainingSemantics(resizable=True).resizable
+    with pytest.raises(ConfigurationError) as refused:
+        TrainingSemantics(replicas=PeriodicAveraging(every=4), resizable=True)
+    message = str(refused.value)
+    assert "resizable=True is declared with PeriodicAveraging(every=4" in message, message
+    assert "declare resizable=False" in message, message

@@ -80,6 +80,7 @@ class Suite:
     training_examples: ClassVar[int | None] = None
     training_world_sizes: ClassVar[Sequence[int] | None] = None
     moves_world_sizes: ClassVar[Sequence[int] | None] = None
+    resize_world_sizes: ClassVar[Sequence[int] | None] = None
     shrink: ClassVar[bool] = True
 
     def prove_property(self, name: str, request: pytest.FixtureRequest) -> None:
@@ -282,6 +283,9 @@ class TrainingSuite(Suite):
         moves_world_sizes: The world sizes of the lanes the moves run on (each
             starts the ranks of every compatible strategy); by default those of
             the other training properties.
+        resize_world_sizes: Where a strategy declares itself ``resizable``, the
+            world sizes its checkpoints move to from a moves lane (each starts its
+            ranks there); by default the training world sizes besides the lane's.
     """
 
     def test_declared_semantics(self, plait_lane: Lane, request: pytest.FixtureRequest) -> None:
@@ -300,7 +304,11 @@ class TrainingSuite(Suite):
         self.prove_property("resume_exactness", request)
 
     def test_checkpoint_moves(self, plait_lane: Lane, request: pytest.FixtureRequest) -> None:
-        """A checkpoint goes on with the same losses on each strategy declared compatible."""
+        """A checkpoint goes on with the same losses on each strategy declared compatible.
+
+        And, where the strategy is resizable, at other world sizes as one process on
+        their global batch.
+        """
         __tracebackhide__ = _only_violations
         self._training_lane(plait_lane)
         moves = self.moves_world_sizes
@@ -312,14 +320,28 @@ class TrainingSuite(Suite):
         pools: PoolCache = request.getfixturevalue("plait_pools")
         examples = self._examples(request, training=True)
         seed: int = request.getfixturevalue("plait_seed")
-        if not pool.semantics.compatible:
-            pytest.skip("the strategy declares no compatible strategy to move to")
+        if not pool.semantics.compatible and not pool.semantics.resizable:
+            pytest.skip(
+                "the strategy declares no compatible strategy to move to, and is not resizable"
+            )
         started = time.perf_counter()
 
         def target(name: str) -> RankPool:
             return pools.get(attrs.evolve(plait_lane, target=StrategyTarget(name)))
 
-        count = prove_moves(pool, target, max_examples=examples, shrink=self.shrink, seed=seed)
+        def resized(world_size: int) -> RankPool:
+            return pools.get(attrs.evolve(plait_lane, world_size=world_size))
+
+        sizes = self.resize_world_sizes or self.training_world_sizes or self.world_sizes
+        count = prove_moves(
+            pool,
+            target,
+            max_examples=examples,
+            shrink=self.shrink,
+            seed=seed,
+            resized_pool=resized,
+            resize_to=[size for size in sizes if size != plait_lane.world_size],
+        )
         record(request.node, examples=count, seconds=time.perf_counter() - started)
 
 

@@ -213,12 +213,30 @@ class TrainingSemantics:
             for bit (otherwise within the precision's rounding).
         precisions: The precision plugins (by name) the kit may build the
             strategy with, through ``replace(precision=...)``.
+        resizable: Whether a checkpoint saved at one world size resumes at
+            another: the module, optimizers and schedulers load there, and training
+            goes on as the declaration says at the new world size (synchronous
+            replicas: one process on the new global batch from the saved state).
+
+    Raises:
+        ConfigurationError: ``resizable`` is declared for replicas that are not
+            synchronous (each rank's replica has no place at another world size).
     """
 
     replicas: Replicas = attrs.field(factory=Synchronous, validator=_replicas)
     compatible: tuple[str, ...] = attrs.field(default=(), converter=_names)
     exact_resume: bool = True
     precisions: tuple[str, ...] = attrs.field(default=("32-true",), converter=_names)
+    resizable: bool = False
+
+    def __attrs_post_init__(self) -> None:
+        if self.resizable and not isinstance(self.replicas, Synchronous):
+            raise ConfigurationError(
+                f"resizable=True is declared with {self.replicas!r}: replicas that each "
+                "train on their own have no place at another world size",
+                value=self.replicas,
+                fix="declare resizable=False, or resize only synchronous replicas",
+            )
 
 
 @runtime_checkable

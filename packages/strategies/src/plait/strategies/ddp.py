@@ -236,7 +236,8 @@ class DDPStrategy(SelfLaunchingStrategy):
     def training_semantics(self) -> TrainingSemantics:
         """Synchronous replicas; a checkpoint moves to FSDP and DeepSpeed and back.
 
-        A resumed run is the run never stopped bit for bit on one rank and on two;
+        A checkpoint resumes at another world size (every rank holds the whole
+        state). A resumed run is the run never stopped bit for bit on one rank and on two;
         from three ranks on, within float rounding: DDP adds the ranks' gradients in
         an order that depends on its buckets, which it lays out again after its first
         step, so a resumed run's first step adds them in another order.
@@ -245,6 +246,7 @@ class DDPStrategy(SelfLaunchingStrategy):
             compatible=("fsdp", "deepspeed"),
             exact_resume=self.world_size <= 2,
             precisions=("32-true", "bf16-mixed"),
+            resizable=True,
         )
 
     def configure_ddp(self, module: torch.nn.Module) -> torch.nn.Module:

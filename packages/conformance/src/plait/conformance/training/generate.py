@@ -38,6 +38,7 @@ __all__ = [
     "coverage",
     "declared_period",
     "moves",
+    "moves_grid",
     "next_meeting",
     "replicas",
     "replicas_grid",
@@ -275,6 +276,18 @@ def round_trip_grid(world_size: int, semantics: TrainingSemantics) -> list[Train
     period = declared_period(semantics)
     stop = 3 if period is None else _inside(period)
     return [TrainingCase("round_trip", _grid_run(semantics, run), stop_at=stop, user_state=user)]
+
+
+def moves_grid(world_size: int, semantics: TrainingSemantics) -> list[TrainingCase]:
+    """The move every run tries first: SGD, saved after its first step, going on for four.
+
+    SGD's steps scale with the gradients, where Adam's would not: a move that scales
+    them wrongly shows.
+    """
+    del world_size
+    run = _grid_run(semantics)
+    period = declared_period(semantics)
+    return [TrainingCase("move_out", run, stop_at=1 if period is None else _inside(period))]
 
 
 def resume_grid(world_size: int, semantics: TrainingSemantics) -> list[TrainingCase]:

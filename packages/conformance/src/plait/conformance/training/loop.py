@@ -325,7 +325,8 @@ class Loop:
         self.progress.global_step = int(loop["step"])
         self.progress.current_epoch = self.progress.global_step // self.run.steps_per_epoch
         self.epoch_losses = [float(value) for value in loop["epoch_losses"]]
-        _set_random_state(streams[self.rank])
+        if self.rank < len(streams):  # a run resized to more ranks: the new ones start afresh
+            _set_random_state(streams[self.rank])
         return rest
 
     def export(self, where: str) -> dict[str, torch.Tensor] | None:

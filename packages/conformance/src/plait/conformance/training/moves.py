@@ -3,7 +3,10 @@
 A run is saved mid-way on the source's pool (``"move_out"``), goes on there, and
 goes on from the same checkpoint on the target's (``"move_in"``): `prove_moves`
 proves it over the two pools, and the losses must agree within the precision's
-rounding.
+rounding. Where the strategy declares itself ``resizable``, its checkpoint also goes
+on at other world sizes, on the same strategy's pools there, with the losses of one
+process on the global batch of the ranks it goes on with
+(`plait.conformance.training.reference.resized_reference`).
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from plait.conformance.training.loop import (
     seed_streams,
     shared_directory,
 )
+from plait.conformance.training.reference import resized_reference
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -51,6 +55,7 @@ __all__ = [
     "MoveOut",
     "MoveViolation",
     "check_move",
+    "check_resized",
     "prove_moves",
     "reproduce_move",
 ]
@@ -58,7 +63,9 @@ __all__ = [
 MOVES: Final = Property(
     "checkpoint_moves",
     "a checkpoint saved mid-run, loaded by each strategy the strategy declares compatible "
-    "at the same world size, goes on with the losses the strategy itself went on with",
+    "at the same world size, goes on with the losses the strategy itself went on with; "
+    "where it declares itself resizable, loaded by the strategy at other world sizes, "
+    "it goes on as one process on the global batch of the ranks there",
     draws=generate.moves,
     over_groups=False,
     slower=SLOWER,
@@ -147,9 +154,17 @@ class MoveViolation(ContractViolation):
     """A checkpoint moved to a declared-compatible strategy did not go on as it should."""
 
     def __init__(
-        self, pool: RankPool, case: TrainingCase, target: str, problems: list[str]
+        self,
+        pool: RankPool,
+        case: TrainingCase,
+        target: str,
+        problems: list[str],
+        *,
+        moved_world_size: int | None = None,
     ) -> None:
         self.moved_to = target
+        self.moved_world_size = moved_world_size
+        """The world size the checkpoint went on at, where the move resized it."""
         super().__init__(MOVES, pool, case, problems)
 
     @property
@@ -164,14 +179,46 @@ class MoveViolation(ContractViolation):
                 'if __name__ == "__main__":',
                 (
                     f"    reproduce_move({self.strategy!r}, {self.moved_to!r}, {self.case!r}, "
-                    f"world_size={self.world_size})"
+                    f"world_size={self.world_size}"
+                    + (
+                        f", moved_world_size={self.moved_world_size})"
+                        if self.moved_world_size is not None
+                        else ")"
+                    )
                 ),
             ]
         )
 
 
-def _moved(source: RankPool, target: RankPool, case: TrainingCase, *, moved_to: str) -> None:
-    """Run ``case`` on ``source``, its checkpoint on ``target``; raise where they part."""
+def check_resized(
+    name: str, source: int, target: int, found: Sequence[float], case: TrainingCase
+) -> list[str]:
+    """How a checkpoint of ``source`` ranks, resumed at ``target`` ranks, failed to go on."""
+    run = case.run
+    expected = resized_reference(run, source, target, case.stop_at).losses[case.stop_at :]
+    if len(found) != len(expected):
+        return [f"{name} at {target} ranks took {len(found)} steps, not {len(expected)}"]
+    step = loss_apart(expected, found, tolerance(run.precision, run.optimizer), margin=OTHER_ORDER)
+    if step is None:
+        return []
+    return [
+        (
+            f"{name} at {target} ranks, going on from its checkpoint of {source} ranks (saved "
+            f"after {case.stop_at} step{'' if case.stop_at == 1 else 's'}), has the loss "
+            f"{found[step]:.6g} at its step {step}; "
+            f"one process on the global batch of the {target} ranks from the saved state "
+            f"gives {expected[step]:.6g}"
+        )
+    ]
+
+
+def _moved(
+    source: RankPool, target: RankPool, case: TrainingCase, *, moved_to: str, resized: bool = False
+) -> None:
+    """Run ``case`` on ``source``, its checkpoint on ``target``; raise where they part.
+
+    ``resized``: ``target`` is the same strategy at another world size.
+    """
     __tracebackhide__ = True
     try:
         out = source.run(case, deadline=source.deadline * SLOWER)
@@ -201,7 +248,11 @@ def _moved(source: RankPool, target: RankPool, case: TrainingCase, *, moved_to: 
             for outcome in back
             if outcome.error is not None
         ]
-        if not problems and arrived[0].refused is None:
+        if not problems and arrived[0].refused is None and resized:
+            problems = check_resized(
+                moved_to, source.world_size, target.world_size, arrived[0].losses, case
+            )
+        elif not problems and arrived[0].refused is None:
             problems = check_move(
                 source.target.name,
                 moved_to,
@@ -210,7 +261,13 @@ def _moved(source: RankPool, target: RankPool, case: TrainingCase, *, moved_to: 
                 case.run,
             )
         if problems:
-            raise MoveViolation(source, case, moved_to, problems)
+            raise MoveViolation(
+                source,
+                case,
+                moved_to,
+                problems,
+                moved_world_size=target.world_size if resized else None,
+            )
     finally:
         shutil.rmtree(Path(first.checkpoint).parent, ignore_errors=True)
 
@@ -222,27 +279,47 @@ def prove_moves(
     max_examples: int,
     shrink: bool = True,
     seed: int | None = None,
+    resized_pool: Callable[[int], RankPool] | None = None,
+    resize_to: Sequence[int] = (),
 ) -> int:
     """Prove that ``source``'s checkpoints move to each strategy it declares compatible.
 
     ``target_pool(name)`` gives the running pool of a compatible strategy at
     ``source``'s world size and lane. Each drawn run is saved mid-way on ``source``,
     goes on there, and goes on from the same checkpoint on the target: the losses
-    must agree within the precision's rounding.
+    must agree within the precision's rounding. Where the strategy declares itself
+    ``resizable``, ``resized_pool(world_size)`` gives its own pool at each world size
+    of ``resize_to``, where the checkpoint goes on with the losses of one process on
+    the global batch of those ranks.
 
     Returns:
-        How many examples ran, over every compatible strategy.
+        How many examples ran, over every compatible strategy and world size.
 
     Raises:
-        MoveViolation: A move did not go on with the source's losses.
+        MoveViolation: A move did not go on as it should.
     """
     __tracebackhide__ = True
     source.start()
-    return sum(
+    count = sum(
         _prove_move(
             source, target_pool(name), name, max_examples=max_examples, shrink=shrink, seed=seed
         )
         for name in source.semantics.compatible
+    )
+    if not source.semantics.resizable or resized_pool is None:
+        return count
+    return count + sum(
+        _prove_move(
+            source,
+            resized_pool(size),
+            source.target.name,
+            max_examples=max_examples,
+            shrink=shrink,
+            seed=seed,
+            resized=True,
+        )
+        for size in resize_to
+        if size != source.world_size
     )
 
 
@@ -254,21 +331,30 @@ def _prove_move(
     max_examples: int,
     shrink: bool,
     seed: int | None,
+    resized: bool = False,
 ) -> int:
     __tracebackhide__ = True
     count = 0
+
+    grid = generate.moves_grid(source.world_size, source.semantics)
 
     def run(case: Case) -> None:
         nonlocal count
         assert isinstance(case, TrainingCase)
         count += 1
         try:
-            _moved(source, target, case, moved_to=name)
+            _moved(source, target, case, moved_to=name, resized=resized)
         except MoveViolation as violation:
-            violation.locate(seed=seed, explicit=False)
+            violation.locate(seed=seed, explicit=case in grid)
             violation.examples = count
             raise
 
+    # The grid first, in every run, as `prove` runs a property's.
+    try:
+        for case in grid:
+            run(case)
+    except MoveViolation as violation:
+        raise plain(violation) from None
     test = drawing(
         run,
         generate.moves(source.world_size, source.semantics),
@@ -284,18 +370,27 @@ def _prove_move(
 
 
 def reproduce_move(
-    source: str, target: str, case: TrainingCase, *, world_size: int, backend: str = "gloo"
+    source: str,
+    target: str,
+    case: TrainingCase,
+    *,
+    world_size: int,
+    backend: str = "gloo",
+    moved_world_size: int | None = None,
 ) -> None:
     """Rerun one move, as a failure report prints it (under ``if __name__ == "__main__":``).
 
+    With ``moved_world_size``, the checkpoint goes on at that world size (a resize).
+
     Raises:
-        MoveViolation: The move still does not go on with the source's losses.
+        MoveViolation: The move still does not go on as it should.
     """
+    size = world_size if moved_world_size is None else moved_world_size
     with (
         RankPool(source, world_size=world_size, backend=backend) as there,
-        RankPool(target, world_size=world_size, backend=backend) as here,
+        RankPool(target, world_size=size, backend=backend) as here,
     ):
-        _moved(there, here, case, moved_to=target)
+        _moved(there, here, case, moved_to=target, resized=moved_world_size is not None)
 
 
 TRAINING_EXAMPLES.register(MoveOut())

@@ -54,6 +54,7 @@ __all__ = [
     "meetings_reference",
     "reference",
     "reports",
+    "resized_reference",
 ]
 
 Order = Literal["at once", "micro-batch by micro-batch", "rank by rank"]
@@ -305,12 +306,26 @@ def _reference(run: TrainingRun, world_size: int, replicas: Replicas, *, order: 
         return _periodic(run, world_size, replicas, order=order)
 
 
-def _synchronous(run: TrainingRun, world_size: int, *, order: Order) -> Reference:
+def resized_reference(run: TrainingRun, world_size: int, moved_to: int, at: int) -> Reference:
+    """``run`` of synchronous replicas saved after ``at`` steps and resumed at ``moved_to`` ranks.
+
+    One process on each step's global batch: ``world_size`` ranks' before the move,
+    ``moved_to`` ranks' from it on.
+    """
+    with torch.random.fork_rng(devices=[]):
+        return _synchronous(run, world_size, order="at once", moved=(moved_to, at))
+
+
+def _synchronous(
+    run: TrainingRun, world_size: int, *, order: Order, moved: tuple[int, int] | None = None
+) -> Reference:
     replica = _Replica(run)
     losses: list[float] = []
     after: list[tuple[torch.Tensor, ...]] = []
     epoch: list[float] = []
     for step in range(run.steps):
+        if moved is not None and step == moved[1]:
+            world_size = moved[0]
         inputs, targets = global_batch(run, world_size, step)
         losses.append(_step(run, replica, inputs, targets, world_size, order=order))
         if step % run.steps_per_epoch == 0:

@@ -400,8 +400,13 @@ class FSDPStrategy(MeshStrategy):
     @property
     @override
     def training_semantics(self) -> TrainingSemantics:
-        """Synchronous replicas, bit-for-bit resumes; a checkpoint moves to DDP."""
-        return TrainingSemantics(compatible=("ddp",), precisions=("32-true", "bf16-mixed"))
+        """Synchronous replicas, bit-for-bit resumes; a checkpoint moves to DDP.
+
+        A checkpoint resumes at another world size: its shards are laid out again.
+        """
+        return TrainingSemantics(
+            compatible=("ddp",), precisions=("32-true", "bf16-mixed"), resizable=True
+        )
 
     @override
     def __repr__(self) -> str:
