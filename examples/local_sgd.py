@@ -30,7 +30,7 @@ Train with it like with any strategy::
 from __future__ import annotations
 
 import argparse
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
@@ -73,6 +73,8 @@ class LocalSGDStrategy(DDPStrategy):
         outer_optimizer: Instead of the outer SGD, a factory of the outer optimizer
             over the anchor's parameters (a module-level function: AdamW, ...).
         outer_scheduler: A factory of its scheduler, stepped after each outer step.
+        fragments: Streaming synchronisation: the parameters split into this many
+            fragments, whose meetings are staggered over the period.
         accelerator: As `DDPStrategy`'s; so are the other arguments.
         parallel_devices: The device of each local rank.
         cluster_environment: Where this process sits, or its name.
@@ -95,6 +97,7 @@ class LocalSGDStrategy(DDPStrategy):
         nesterov: bool = False,
         outer_optimizer: OuterOptimizer | None = None,
         outer_scheduler: OuterScheduler | None = None,
+        fragments: int = 1,
         accelerator: str | None = None,
         parallel_devices: Sequence[torch.device] | None = None,
         cluster_environment: str | None = None,
@@ -112,6 +115,7 @@ class LocalSGDStrategy(DDPStrategy):
             validates="mean",
             outer_optimizer=outer_optimizer,
             outer_scheduler=outer_scheduler,
+            fragments=fragments,
         )
         super().__init__(
             accelerator=accelerator,
@@ -155,10 +159,16 @@ class LocalSGDStrategy(DDPStrategy):
         module, prepared = super().setup_module_and_optimizers(module, optimizers)
         self._parameters = list(self.unwrap_module(module).parameters())
         self._anchor = [parameter.detach().clone() for parameter in self._parameters]
-        self._momentum = []
+        self._momentum = self._zero_momentum()
         self.steps = 0
         self._make_outer()
         return module, prepared
+
+    def _zero_momentum(self) -> list[torch.Tensor]:
+        """The outer momentum before any meeting (none without momentum)."""
+        if not self.averaging.outer_momentum:
+            return []
+        return [torch.zeros_like(anchor) for anchor in self._anchor]
 
     def _make_outer(self) -> None:
         """The declared outer optimizer (and scheduler) over the anchor, as parameters."""
@@ -173,61 +183,81 @@ class LocalSGDStrategy(DDPStrategy):
     def optimizer_step(
         self, optimizer: torch.optim.Optimizer, closure: object | None = None
     ) -> object:
-        """Step this rank's optimizer; every ``sync_every``-th step, meet the replicas."""
+        """Step this rank's optimizer; meet the fragments whose turn it is.
+
+        Without fragments, every ``sync_every``-th step.
+        """
         result = super().optimizer_step(optimizer, closure)  # type: ignore[arg-type]
         self.steps += 1
-        if self.steps % self.sync_every == 0:
-            self.meet()
+        meeting = self._fragments(lambda fragment: self.averaging.meets(fragment, self.steps))
+        if meeting:
+            self.meet(meeting)
         return result
 
-    def _mean(self) -> list[torch.Tensor]:
-        flat = torch.cat([parameter.detach().reshape(-1) for parameter in self._parameters])
+    def _fragments(self, chosen: Callable[[int], bool]) -> set[int]:
+        return {fragment for fragment in range(self.averaging.fragments) if chosen(fragment)}
+
+    def _indices(self, fragments: Collection[int] | None) -> list[int]:
+        """The parameters of ``fragments`` (of every one where None), by index."""
+        count = len(self._parameters)
+        return [
+            index
+            for index in range(count)
+            if fragments is None or self.averaging.fragment(index, count) in fragments
+        ]
+
+    def _mean(self, indices: Sequence[int]) -> list[torch.Tensor]:
+        """The replicas' mean of the parameters ``indices``, in one reduce."""
+        chosen = [self._parameters[index] for index in indices]
+        flat = torch.cat([parameter.detach().reshape(-1) for parameter in chosen])
         mean = self.reduce(flat, reduce_op="mean")
         means, start = [], 0
-        for parameter in self._parameters:
+        for parameter in chosen:
             means.append(mean[start : start + parameter.numel()].view_as(parameter))
             start += parameter.numel()
         return means
 
-    def meet(self) -> None:
-        """Every rank: the anchor takes the outer step, and every replica starts from it."""
+    def meet(self, fragments: Collection[int] | None = None) -> None:
+        """Every rank: the anchor of ``fragments`` (all where None) takes the outer step.
+
+        Every replica's parameters of those fragments start again from it.
+        """
         averaging = self.averaging
+        indices = self._indices(fragments)
+        means = dict(zip(indices, self._mean(indices), strict=True))
         if self._outer is not None:
-            means = self._mean()
-            for anchor, mean in zip(self._anchor, means, strict=True):
-                anchor.grad = anchor.detach() - mean
+            for index, anchor in enumerate(self._anchor):
+                mean = means.get(index)
+                anchor.grad = None if mean is None else anchor.detach() - mean
             self._outer.step()
             self._outer.zero_grad()
             if self._outer_schedule is not None:
                 self._outer_schedule.step()
             with torch.no_grad():
-                for parameter, anchor in zip(self._parameters, self._anchor, strict=True):
-                    parameter.copy_(anchor)
+                for index in indices:
+                    self._parameters[index].copy_(self._anchor[index])
             return
         with torch.no_grad():
-            means = self._mean()
-            momentum = []
-            for index, (anchor, mean) in enumerate(zip(self._anchor, means, strict=True)):
-                update = anchor - mean
+            for index in indices:
+                anchor = self._anchor[index]
+                update = anchor - means[index]
                 if averaging.outer_momentum:
-                    buffer = update.clone()
-                    if self._momentum:
-                        buffer = self._momentum[index] * averaging.outer_momentum + update
-                    momentum.append(buffer)
+                    buffer = self._momentum[index] * averaging.outer_momentum + update
+                    self._momentum[index] = buffer
                     update = (
                         update + averaging.outer_momentum * buffer if averaging.nesterov else buffer
                     )
                 anchor.sub_(averaging.outer_lr * update)
                 self._parameters[index].copy_(anchor)
-            self._momentum = momentum
 
     # Where a run is.
 
     @override
     def on_train_end(self) -> None:
-        """Training ends with one module: meet over what is left of a period."""
-        if self.steps % self.sync_every:
-            self.meet()
+        """Training ends with one module: the fragments that did not just meet meet."""
+        left = self._fragments(lambda fragment: not self.averaging.meets(fragment, self.steps))
+        if left:
+            self.meet(left)
 
     @override
     def on_validation_start(self) -> None:
@@ -236,7 +266,8 @@ class LocalSGDStrategy(DDPStrategy):
             return
         with torch.no_grad():
             self._validating = [parameter.detach().clone() for parameter in self._parameters]
-            for parameter, mean in zip(self._parameters, self._mean(), strict=True):
+            means = self._mean(range(len(self._parameters)))
+            for parameter, mean in zip(self._parameters, means, strict=True):
                 parameter.copy_(mean)
 
     @override
@@ -319,6 +350,8 @@ class LocalSGDStrategy(DDPStrategy):
         if optimizers:
             self._anchor = [torch.as_tensor(anchor).clone() for anchor in extra["anchor"]]
             self._momentum = [torch.as_tensor(buffer).clone() for buffer in extra["momentum"]]
+            if not self._momentum:  # a checkpoint without it: no meeting yet
+                self._momentum = self._zero_momentum()
             self.steps = int(extra["steps"])
             self._make_outer()
             outer = extra.get("outer")

@@ -45,10 +45,11 @@ class TestLocalSGDFromTheGuide(TrainingSuite):
 class TestDiLoCoFromTheGuide(TrainingSuite):
     """The same strategy as DiLoCo every 4 steps: an outer Nesterov SGD, or an outer AdamW.
 
-    The AdamW (weight decay, a halving schedule) is declared by its factories.
+    The AdamW (weight decay, a halving schedule) is declared by its factories; the
+    streaming form meets two fragments of the parameters staggered by 2 steps.
     """
 
-    strategies = (f"{BROKEN}:DiLoCo", f"{BROKEN}:DiLoCoAdamW")
+    strategies = (f"{BROKEN}:DiLoCo", f"{BROKEN}:DiLoCoAdamW", f"{BROKEN}:StreamingDiLoCo")
     world_sizes = (2,)
     training_examples = 2
 
@@ -106,6 +107,12 @@ CAUGHT: Final = [
         "declared_semantics",
         2,
         "the run matches an outer optimizer made anew at each meeting",
+    ),
+    (
+        "StreamingDiLoCoMeetingAllAtOnce",
+        "declared_semantics",
+        2,
+        "the run matches every fragment meeting at once every 4 steps",
     ),
     (
         "DiLoCoLoadsRankZerosModuleAlone",

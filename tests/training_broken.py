@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import importlib.util
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING
@@ -223,7 +223,7 @@ class DiLoCoNeverMeets(DiLoCo):
     """Its replicas never meet: neither every 4 steps nor at the end."""
 
     @override
-    def meet(self) -> None:
+    def meet(self, fragments: Collection[int] | None = None) -> None:
         pass
 
 
@@ -250,21 +250,18 @@ class DiLoCoOuterStepUp(DiLoCo):
     """Takes the outer step the wrong way: ``anchor + lr * update``."""
 
     @override
-    def meet(self) -> None:
+    def meet(self, fragments: Collection[int] | None = None) -> None:
         averaging = self.averaging
+        indices = self._indices(fragments)
         with torch.no_grad():
-            means = self._mean()
-            momentum = []
-            for index, (anchor, mean) in enumerate(zip(self._anchor, means, strict=True)):
+            for index, mean in zip(indices, self._mean(indices), strict=True):
+                anchor = self._anchor[index]
                 update = anchor - mean
-                buffer = update.clone()
-                if self._momentum:
-                    buffer = self._momentum[index] * averaging.outer_momentum + update
-                momentum.append(buffer)
+                buffer = self._momentum[index] * averaging.outer_momentum + update
+                self._momentum[index] = buffer
                 update = update + averaging.outer_momentum * buffer
                 anchor.add_(averaging.outer_lr * update)  # the flaw: add, not subtract
                 self._parameters[index].copy_(anchor)
-            self._momentum = momentum
 
 
 class DiLoCoForgetsOuterMomentumOnSave(DiLoCo):
@@ -363,10 +360,10 @@ class DiLoCoAdamWMadeAnewAtEachMeeting(DiLoCoAdamW):
     """Makes its outer AdamW and schedule anew at each meeting: their state is lost."""
 
     @override
-    def meet(self) -> None:
+    def meet(self, fragments: Collection[int] | None = None) -> None:
         self._anchor = [parameter.detach().clone() for parameter in self._anchor]
         self._make_outer()
-        super().meet()
+        super().meet(fragments)
 
 
 class AveragesOverItsSavedWorldSize(_Unwrapped):
@@ -408,3 +405,37 @@ class AveragesOverItsSavedWorldSize(_Unwrapped):
         saved = state.get("world_size")
         if isinstance(saved, int):
             self.saved_world_size = saved
+
+
+class StreamingDiLoCo(LocalSGDStrategy):
+    """Streaming DiLoCo (correct): two fragments each meeting every 4 steps, staggered by 2."""
+
+    def __init__(self, *, precision: str | None = None, checkpoint_io: str | None = None) -> None:
+        super().__init__(
+            sync_every=4,
+            outer_lr=0.7,
+            outer_momentum=0.9,
+            nesterov=True,
+            fragments=2,
+            precision=precision,
+            checkpoint_io=checkpoint_io,
+        )
+
+
+class StreamingDiLoCoMeetingAllAtOnce(StreamingDiLoCo):
+    """Declares two staggered fragments and meets them all at once every 4 steps."""
+
+    @override
+    def optimizer_step(
+        self, optimizer: torch.optim.Optimizer, closure: object | None = None
+    ) -> object:
+        result = DDPStrategy.optimizer_step(self, optimizer, closure)  # type: ignore[arg-type]
+        self.steps += 1
+        if self.steps % self.sync_every == 0:
+            self.meet()
+        return result
+
+    @override
+    def on_train_end(self) -> None:
+        if self.steps % self.sync_every:
+            self.meet()

@@ -72,3 +72,20 @@ def test_only_synchronous_replicas_are_declared_resizable() -> None:
     message = str(refused.value)
     assert "resizable=True is declared with PeriodicAveraging(every=4" in message, message
     assert "declare resizable=False" in message, message
+
+
+def test_fragments_split_the_parameters_in_order_and_meet_staggered() -> None:
+    streaming = PeriodicAveraging(every=4, fragments=2)
+    assert [streaming.fragment(index, 5) for index in range(5)] == [0, 0, 0, 1, 1]
+    assert [steps for steps in range(1, 10) if streaming.meets(0, steps)] == [4, 8]
+    assert [steps for steps in range(1, 10) if streaming.meets(1, steps)] == [2, 6]
+    whole = PeriodicAveraging(every=4)
+    assert [steps for steps in range(9) if whole.meets(0, steps)] == [4, 8]
+
+
+def test_more_fragments_than_steps_in_a_period_are_refused() -> None:
+    with pytest.raises(ConfigurationError) as refused:
+        PeriodicAveraging(every=2, fragments=3)
+    message = str(refused.value)
+    assert "fragments=3 staggers the meetings over a period of every=2 steps" in message
+    assert "pass fragments=2 or fewer" in message

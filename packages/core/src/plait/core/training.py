@@ -138,11 +138,16 @@ class PeriodicAveraging:
             ``outer_momentum`` and ``nesterov``, the factory of the outer optimizer.
         outer_scheduler: The factory of the outer optimizer's scheduler, stepped
             after each outer step.
+        fragments: Streaming synchronisation: the parameters (in ``parameters()``
+            order) split into this many fragments (`fragment`), each meeting every
+            ``every`` steps, staggered over the period (`meets`), each with its own
+            part of the anchor and of the outer optimizer's step; at the end of
+            training every fragment that did not just meet meets.
 
     Raises:
         ConfigurationError: ``outer_optimizer`` is given with an outer SGD setting
             other than its default, ``outer_scheduler`` without ``outer_optimizer``,
-            or either is not callable.
+            either is not callable, or ``fragments`` is more than ``every``.
     """
 
     every: int = attrs.field(validator=_every)
@@ -152,8 +157,32 @@ class PeriodicAveraging:
     validates: Validates = attrs.field(default="replicas", validator=_validates)
     outer_optimizer: OuterOptimizer | None = attrs.field(default=None, validator=_factory)
     outer_scheduler: OuterScheduler | None = attrs.field(default=None, validator=_factory)
+    fragments: int = attrs.field(default=1, validator=_every)
+
+    def fragment(self, index: int, count: int) -> int:
+        """The fragment of the ``index``-th of ``count`` parameters (in ``parameters()`` order).
+
+        The parameters are split in order into ``fragments`` runs of as even a
+        length as can be.
+        """
+        return index * self.fragments // count
+
+    def meets(self, fragment: int, steps: int) -> bool:
+        """Whether ``fragment`` meets once ``steps`` optimizer steps are taken.
+
+        Fragment ``i`` meets every ``every`` steps, ``i * every // fragments`` steps
+        after the first fragment: its meetings are staggered over the period.
+        """
+        return steps > 0 and steps % self.every == fragment * self.every // self.fragments
 
     def __attrs_post_init__(self) -> None:
+        if self.fragments > self.every:
+            raise ConfigurationError(
+                f"fragments={self.fragments} staggers the meetings over a period of "
+                f"every={self.every} steps, and two fragments would meet at once",
+                value=self.fragments,
+                fix=f"pass fragments={self.every} or fewer, or a longer period",
+            )
         if self.outer_optimizer is not None and (
             self.outer_lr != 1 or self.outer_momentum or self.nesterov
         ):

@@ -84,6 +84,14 @@ def likely_flaws(replicas: Replicas, steps: int) -> list[Flaw]:
             attrs.evolve(declared, sign=-1.0),
         )
     )
+    if replicas.fragments > 1:
+        flaws.append(
+            (
+                f"every fragment meeting at once every {every} steps (not staggered over "
+                f"the period in {replicas.fragments} fragments)",
+                attrs.evolve(declared, fragments=1),
+            )
+        )
     if replicas.outer_optimizer is not None:
         flaws.append(
             (

@@ -353,6 +353,7 @@ class Meetings:
         outer_scheduler: The factory of its scheduler.
         fresh_outer: Whether the outer optimizer (and scheduler) is made anew at each
             meeting, its state lost.
+        fragments: The fragments whose meetings are staggered over the period.
     """
 
     every: int | None
@@ -364,6 +365,13 @@ class Meetings:
     outer_optimizer: OuterOptimizer | None = None
     outer_scheduler: OuterScheduler | None = None
     fresh_outer: bool = False
+    fragments: int = 1
+
+    def meets(self, fragment: int, steps: int) -> bool:
+        """Whether ``fragment`` meets once ``steps`` steps are taken (as `PeriodicAveraging`)."""
+        if self.every is None:
+            return False
+        return steps > 0 and steps % self.every == fragment * self.every // self.fragments
 
     @classmethod
     def of(cls, averaging: PeriodicAveraging) -> Meetings:
@@ -375,6 +383,7 @@ class Meetings:
             averaging.nesterov,
             outer_optimizer=averaging.outer_optimizer,
             outer_scheduler=averaging.outer_scheduler,
+            fragments=averaging.fragments,
         )
 
 
@@ -393,12 +402,15 @@ class _Outer:
         optimizer = make(self.parameters)
         return optimizer, schedule(optimizer) if schedule is not None else None
 
-    def step(self, means: list[torch.Tensor]) -> None:
-        """The anchor takes the outer step toward ``means`` (in place)."""
+    def step(self, means: dict[int, torch.Tensor]) -> None:
+        """The anchor's parameters in ``means`` take the outer step toward them (in place)."""
         if self.meetings.fresh_outer:
             self.optimizer, self.scheduler = self._make()
-        for parameter, mean in zip(self.parameters, means, strict=True):
-            parameter.grad = self.meetings.sign * (parameter.detach() - mean)
+        for index, parameter in enumerate(self.parameters):
+            mean = means.get(index)
+            parameter.grad = (
+                None if mean is None else self.meetings.sign * (parameter.detach() - mean)
+            )
         self.optimizer.step()
         self.optimizer.zero_grad()
         if self.scheduler is not None:
@@ -420,50 +432,51 @@ def _periodic(
         parameter.detach().clone() for parameter in models[0].model.parameters()
     ]
     outer = _Outer(meetings, anchor) if meetings.outer_optimizer is not None else None
-    momentum: list[torch.Tensor] | None = None
+    momentum: dict[int, torch.Tensor] = {}
     losses: list[float] = []
     after: list[tuple[torch.Tensor, ...]] = []
     anchors: list[torch.Tensor] = []
     epoch: list[float] = []
 
-    def meet() -> None:
-        nonlocal momentum
+    count = len(anchor)
+    fragment_of = [index * meetings.fragments // count for index in range(count)]
+
+    def meet(fragments: set[int]) -> None:
+        """The parameters of ``fragments`` meet: the outer step over them alone."""
+        indices = [index for index in range(count) if fragment_of[index] in fragments]
+        if not indices:
+            return
+        means = {
+            index: torch.stack(
+                [list(replica.model.parameters())[index].detach() for replica in models]
+            ).mean(dim=0)
+            for index in indices
+        }
         if outer is not None:
-            means = [
-                torch.stack(
-                    [list(replica.model.parameters())[index].detach() for replica in models]
-                ).mean(dim=0)
-                for index in range(len(anchor))
-            ]
             outer.step(means)
             with torch.no_grad():
-                for index, stepped in enumerate(outer.parameters):
+                for index in indices:
+                    stepped = outer.parameters[index]
                     anchor[index] = stepped.detach()
                     for replica in models:
                         list(replica.model.parameters())[index].copy_(stepped)
             return
         with torch.no_grad():
-            new_momentum = []
-            for index, point in enumerate(anchor):
-                mean = torch.stack(
-                    [list(replica.model.parameters())[index].detach() for replica in models]
-                ).mean(dim=0)
-                update = point - mean
+            for index in indices:
+                point = anchor[index]
+                update = point - means[index]
                 if meetings.outer_momentum:
+                    held = momentum.get(index)
                     buffer = (
-                        update.clone()
-                        if momentum is None
-                        else momentum[index] * meetings.outer_momentum + update
+                        update.clone() if held is None else held * meetings.outer_momentum + update
                     )
-                    new_momentum.append(buffer)
+                    momentum[index] = buffer
                     update = (
                         update + meetings.outer_momentum * buffer if meetings.nesterov else buffer
                     )
                 point.sub_(meetings.sign * meetings.outer_lr * update)
                 for replica in models:
                     list(replica.model.parameters())[index].copy_(point)
-            if meetings.outer_momentum:
-                momentum = new_momentum
 
     for step in range(run.steps):
         step_losses = []
@@ -477,12 +490,11 @@ def _periodic(
         epoch.append(loss)
         for replica in models:
             step_scheduler(run, replica.scheduler, step, epoch)
-        if meetings.every is not None and (step + 1) % meetings.every == 0:
-            meet()
+        meet({k for k in range(meetings.fragments) if meetings.meets(k, step + 1)})
         after.append(tuple(_flat(replica.model) for replica in models))
         anchors.append(torch.cat([point.reshape(-1).float() for point in anchor]))
-    if meetings.at_end and (meetings.every is None or run.steps % meetings.every):
-        meet()
+    if meetings.at_end:
+        meet({k for k in range(meetings.fragments) if not meetings.meets(k, run.steps)})
     after.append(tuple(_flat(replica.model) for replica in models))
     anchors.append(torch.cat([point.reshape(-1).float() for point in anchor]))
     final = {name: value.detach().clone() for name, value in models[0].model.state_dict().items()}
