@@ -87,8 +87,10 @@ def likely_flaws(replicas: Replicas, steps: int) -> list[Flaw]:
     if replicas.fragments > 1:
         flaws.append(
             (
-                f"every fragment meeting at once every {every} steps (not staggered over "
-                f"the period in {replicas.fragments} fragments)",
+                (
+                    f"every fragment meeting at once every {every} steps (not staggered "
+                    f"over the period in {replicas.fragments} fragments)"
+                ),
                 attrs.evolve(declared, fragments=1),
             )
         )

@@ -116,8 +116,7 @@ def _module_alone(loop: Loop, path: str, saved: dict[str, object]) -> list[str]:
         # What this rank's module holds itself: a strategy's state may be rank 0's on
         # every rank while each rank holds (and must get back) its own.
         problems += [
-            f"load_checkpoint(path, module) did not restore this rank's own module "
-            f"(it holds another's): {problem}"
+            f"load_checkpoint(path, module) did not restore this rank's own module: {problem}"
             for problem in differences(saved["module's tensors"], after["module's tensors"])
         ]
     problems += [
