@@ -6,7 +6,9 @@ replicas stay as the declaration says, that checkpoints round-trip and resume
 exactly, and that its checkpoints move to the strategies it names. A strategy that
 declares nothing is held to the default: `Synchronous` replicas.
 
-A value of this module is plain data (no torch), frozen and validated when made.
+A value of this module is plain data, frozen and validated when made; the one
+exception is an outer optimizer's factories (`PeriodicAveraging.outer_optimizer`),
+module-level functions that travel to the ranks by name. The module imports no torch.
 """
 
 from __future__ import annotations
