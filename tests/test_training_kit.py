@@ -10,6 +10,8 @@ regressions.
 
 from __future__ import annotations
 
+import re
+import sys
 from pathlib import Path
 from typing import Final
 
@@ -166,6 +168,20 @@ def test_a_resizable_strategy_that_goes_on_wrong_at_another_world_size_is_caught
     assert "at 3 ranks, going on from its checkpoint of 2 ranks (saved after 1 step)" in message
     assert "one process on the global batch of the 3 ranks from the saved state" in message
     assert "moved_world_size=3)" in message  # the snippet reruns the resize
+
+
+@pytest.mark.slow
+def test_a_strategy_of_a_file_that_declares_factories_reruns_alone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Found by rerunning a printed snippet: the semantics the ranks sent named the outer
+    # optimizer's factory in the file's module, which this process had not loaded.
+    loaded = "_plait_conformance_target_" + re.sub(r"\W", "_", str(BROKEN))
+    monkeypatch.delitem(sys.modules, loaded, raising=False)
+    run = TrainingRun("mlp", 7, micro_batch=2, accumulate=1, steps=9, steps_per_epoch=2)
+    case = TrainingCase("round_trip", run, stop_at=5, checkpoint_io="distributed")
+
+    reproduce(f"{BROKEN}:DiLoCoAdamW", case, world_size=2, deadline=60)
 
 
 @pytest.mark.slow

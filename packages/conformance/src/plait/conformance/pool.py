@@ -289,6 +289,10 @@ class RankPool:
                     raise
 
     def _start(self) -> None:
+        # Imported here too, as the plugin does: a bad reference fails now, naming the
+        # problem, and what the ranks send that names the target's module (a factory
+        # it declares in its training semantics) unpickles here, for a file's module too.
+        self.target.factory()
         if self._evidence is None:
             self._evidence = dist.TCPStore(
                 "127.0.0.1", 0, is_master=True, wait_for_workers=False,
