@@ -68,7 +68,7 @@ def likely_flaws(replicas: Replicas, steps: int) -> list[Flaw]:
     flaws.append(
         ("replicas that meet only at the end of training", attrs.evolve(declared, every=None))
     )
-    if steps % every:
+    if steps % every or replicas.fragments > 1:  # some part of the module meets at the end
         flaws.append(
             (
                 "no meeting at the end of training (on_train_end) over what is left of a period",
