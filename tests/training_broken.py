@@ -206,6 +206,7 @@ class DiLoCo(LocalSGDStrategy):
         outer_lr: float = 0.7,
         outer_momentum: float = 0.9,
         nesterov: bool = True,
+        fragments: int = 1,
         precision: str | None = None,
         checkpoint_io: str | None = None,
     ) -> None:
@@ -214,6 +215,7 @@ class DiLoCo(LocalSGDStrategy):
             outer_lr=outer_lr,
             outer_momentum=outer_momentum,
             nesterov=nesterov,
+            fragments=fragments,
             precision=precision,
             checkpoint_io=checkpoint_io,
         )
@@ -407,19 +409,11 @@ class AveragesOverItsSavedWorldSize(_Unwrapped):
             self.saved_world_size = saved
 
 
-class StreamingDiLoCo(LocalSGDStrategy):
+class StreamingDiLoCo(DiLoCo):
     """Streaming DiLoCo (correct): two fragments each meeting every 4 steps, staggered by 2."""
 
     def __init__(self, *, precision: str | None = None, checkpoint_io: str | None = None) -> None:
-        super().__init__(
-            sync_every=4,
-            outer_lr=0.7,
-            outer_momentum=0.9,
-            nesterov=True,
-            fragments=2,
-            precision=precision,
-            checkpoint_io=checkpoint_io,
-        )
+        super().__init__(fragments=2, precision=precision, checkpoint_io=checkpoint_io)
 
 
 class StreamingDiLoCoMeetingAllAtOnce(StreamingDiLoCo):

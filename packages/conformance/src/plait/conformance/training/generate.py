@@ -37,6 +37,7 @@ __all__ = [
     "checkpoint_ios",
     "coverage",
     "declared_period",
+    "meets_after",
     "moves",
     "moves_grid",
     "next_meeting",
@@ -57,6 +58,14 @@ def declared_period(semantics: TrainingSemantics) -> int | None:
     """The steps between the replicas' meetings, where the declaration has meetings."""
     replicas = semantics.replicas
     return replicas.every if isinstance(replicas, PeriodicAveraging) else None
+
+
+def meets_after(semantics: TrainingSemantics, steps: int) -> bool:
+    """Whether the replicas (some fragment of them) meet once ``steps`` steps are taken."""
+    replicas = semantics.replicas
+    if not isinstance(replicas, PeriodicAveraging):
+        return False
+    return any(replicas.meets(fragment, steps) for fragment in range(replicas.fragments))
 
 
 def next_meeting(semantics: TrainingSemantics, step: int) -> int:

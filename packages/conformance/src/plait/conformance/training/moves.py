@@ -212,13 +212,12 @@ def check_resized(
     ]
 
 
-def _moved(
-    source: RankPool, target: RankPool, case: TrainingCase, *, moved_to: str, resized: bool = False
-) -> None:
+def _moved(source: RankPool, target: RankPool, case: TrainingCase, *, moved_to: str) -> None:
     """Run ``case`` on ``source``, its checkpoint on ``target``; raise where they part.
 
-    ``resized``: ``target`` is the same strategy at another world size.
+    A ``target`` of another world size is the same strategy there: a resize.
     """
+    resized = target.world_size != source.world_size
     __tracebackhide__ = True
     try:
         out = source.run(case, deadline=source.deadline * SLOWER)
@@ -289,8 +288,8 @@ def prove_moves(
     goes on there, and goes on from the same checkpoint on the target: the losses
     must agree within the precision's rounding. Where the strategy declares itself
     ``resizable``, ``resized_pool(world_size)`` gives its own pool at each world size
-    of ``resize_to``, where the checkpoint goes on with the losses of one process on
-    the global batch of those ranks.
+    of ``resize_to`` besides ``source``'s, where the checkpoint goes on with the losses
+    of one process on the global batch of those ranks.
 
     Returns:
         How many examples ran, over every compatible strategy and world size.
@@ -316,7 +315,6 @@ def prove_moves(
             max_examples=max_examples,
             shrink=shrink,
             seed=seed,
-            resized=True,
         )
         for size in resize_to
         if size != source.world_size
@@ -331,7 +329,6 @@ def _prove_move(
     max_examples: int,
     shrink: bool,
     seed: int | None,
-    resized: bool = False,
 ) -> int:
     __tracebackhide__ = True
     count = 0
@@ -343,7 +340,7 @@ def _prove_move(
         assert isinstance(case, TrainingCase)
         count += 1
         try:
-            _moved(source, target, case, moved_to=name, resized=resized)
+            _moved(source, target, case, moved_to=name)
         except MoveViolation as violation:
             violation.locate(seed=seed, explicit=case in grid)
             violation.examples = count
@@ -390,7 +387,7 @@ def reproduce_move(
         RankPool(source, world_size=world_size, backend=backend) as there,
         RankPool(target, world_size=size, backend=backend) as here,
     ):
-        _moved(there, here, case, moved_to=target, resized=moved_world_size is not None)
+        _moved(there, here, case, moved_to=target)
 
 
 TRAINING_EXAMPLES.register(MoveOut())

@@ -440,6 +440,7 @@ def _periodic(
 
     count = len(anchor)
     fragment_of = [index * meetings.fragments // count for index in range(count)]
+    replica_parameters = [list(replica.model.parameters()) for replica in models]
 
     def meet(fragments: set[int]) -> None:
         """The parameters of ``fragments`` meet: the outer step over them alone."""
@@ -447,9 +448,7 @@ def _periodic(
         if not indices:
             return
         means = {
-            index: torch.stack(
-                [list(replica.model.parameters())[index].detach() for replica in models]
-            ).mean(dim=0)
+            index: torch.stack([own[index].detach() for own in replica_parameters]).mean(dim=0)
             for index in indices
         }
         if outer is not None:
@@ -458,8 +457,8 @@ def _periodic(
                 for index in indices:
                     stepped = outer.parameters[index]
                     anchor[index] = stepped.detach()
-                    for replica in models:
-                        list(replica.model.parameters())[index].copy_(stepped)
+                    for own in replica_parameters:
+                        own[index].copy_(stepped)
             return
         with torch.no_grad():
             for index in indices:
@@ -475,8 +474,8 @@ def _periodic(
                         update + meetings.outer_momentum * buffer if meetings.nesterov else buffer
                     )
                 point.sub_(meetings.sign * meetings.outer_lr * update)
-                for replica in models:
-                    list(replica.model.parameters())[index].copy_(point)
+                for own in replica_parameters:
+                    own[index].copy_(point)
 
     for step in range(run.steps):
         step_losses = []

@@ -25,7 +25,7 @@ from plait.conformance.training.compare import (
     tolerance,
 )
 from plait.conformance.training.example import SLOWER, TRAINING_EXAMPLES, TrainingExample
-from plait.conformance.training.generate import declared_period
+from plait.conformance.training.generate import declared_period, meets_after
 from plait.conformance.training.loop import (
     FRESH_SEED,
     Loop,
@@ -203,9 +203,9 @@ def _parting(
     for index, (want, got) in enumerate(zip(*modules, strict=False)):
         if index > first:
             break
-        if compare_vectors(want, got, "", close):
-            first = index
-            parted = compare_vectors(want, got, "this rank's module after it", close)[0]
+        differing = compare_vectors(want, got, "this rank's module after it", close)
+        if differing:
+            first, parted = index, differing[0]
             break
     period = declared_period(semantics)
     if first == len(expected):
@@ -216,7 +216,7 @@ def _parting(
             + ": what the strategy keeps for the end of training did not come back as saved"
         )
     step = case.stop_at + first
-    meeting = period is not None and (step + 1) % period == 0
+    meeting = meets_after(semantics, step + 1)
     where = (
         f"the resumed run parts from the run never stopped at step {step}"
         + (" (the first after the resume)" if first == 0 else f" ({first + 1} after the resume)")
