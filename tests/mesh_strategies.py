@@ -12,8 +12,14 @@ from plait.core import ConfigurationError
 from plait.strategies import ModelParallelStrategy
 
 
-def model_parallel_on(mesh_shape: tuple[int, ...]) -> ModelParallelStrategy:
-    """`ModelParallelStrategy` on the CPU over a (dp, tp) or (pp, dp, cp, tp) mesh."""
+def model_parallel_on(mesh_shape: tuple[int, ...] | None = None) -> ModelParallelStrategy:
+    """`ModelParallelStrategy` on the CPU over a (dp, tp) or (pp, dp, cp, tp) mesh.
+
+    Without a shape, on the mesh it chooses (the training kit resizes a checkpoint
+    to it).
+    """
+    if mesh_shape is None:
+        return ModelParallelStrategy(accelerator="cpu")
     if len(mesh_shape) == 2:
         pipeline, (data, tensor), context = 1, mesh_shape, 1
     elif len(mesh_shape) == 4:

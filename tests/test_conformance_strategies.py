@@ -120,16 +120,6 @@ MULTI_PROCESS: Final = tuple(
 )
 
 
-NOT_TRAINED: Final = {
-    "model_parallel": (
-        "its module parallelizes itself over the strategy's mesh (the strategy never "
-        "guesses a plan), which the kit's drawn models do not: tests/model_parallel_job.py "
-        "trains, resumes and moves its checkpoints across mesh shapes"
-    ),
-}
-"""Strategies run on CPU whose training the kit cannot draw, and why."""
-
-
 class TestMultiProcessStrategies(ConformanceSuite, TrainingSuite):
     strategies = MULTI_PROCESS
     world_sizes = (1, 2, 3, 4)
@@ -195,9 +185,10 @@ class TestAgreementThroughTheProcessGroup(ConformanceSuite):
     max_examples = 60  # a fourth of the thorough profile: the same properties as ddp's
 
 
-class TestMeshStrategiesOnTheirOwnMesh(ConformanceSuite):
+class TestMeshStrategiesOnTheirOwnMesh(ConformanceSuite, TrainingSuite):
     strategies = _proven(ON_A_MESH)
     world_sizes = (1, 3)  # 2 and 4: TestMeshDimensions, on given meshes
+    training_examples = 2
 
 
 class TestOneProcessStrategies(ConformanceSuite, TrainingSuite):
@@ -217,9 +208,6 @@ def test_every_registered_strategy_is_run_or_excused() -> None:
     assert set(DEEPSPEED_VARIANTS) <= registered
     assert set(OWN_COLLECTIVES) <= registered
     assert set(ON_A_MESH) <= registered
-    # Every strategy run on CPU is trained by the kit (a launcher variant as ddp), or
-    # excused here.
-    assert set(NOT_TRAINED) <= set(ON_A_MESH)
     assert set(DDP_OPTIONS) <= set(DDP_VARIANTS)
     # An alias is proven under the name it repeats, which is proven itself.
     assert {"modelparallelstrategy": "model_parallel"}.items() <= ALIASES.items()
@@ -282,3 +270,19 @@ class TestMeshDimensions(ConformanceSuite):
         2: ((2, 1),),
     }
     max_examples = 25
+
+
+class TestModelParallelTrainsOnMeshes(TrainingSuite):
+    """The training properties of ``model_parallel`` split over tensor-parallel ranks.
+
+    The kit's models parallelize themselves over the mesh (the strategy declares
+    ``parallelized_by_module``): on (tp=2) and (dp=2, tp=2), and their checkpoints
+    resized to 1 and 3 ranks on the strategy's own mesh. Data parallelism alone is
+    `TestMeshStrategiesOnTheirOwnMesh`'s.
+    """
+
+    strategies = (MESH_STRATEGY,)
+    world_sizes = (2, 4)
+    meshes: ClassVar[dict[int, tuple[tuple[int, ...], ...]]] = {2: ((1, 2),), 4: ((2, 2),)}
+    training_examples = 2
+    resize_world_sizes = (1, 3)

@@ -70,6 +70,15 @@ CAUGHT: Final = [
         2,
         "rank 1: after a save and a load, module",
     ),
+    # ModelParallelStrategy, the module parallelizing itself (two tensor-parallel ranks).
+    ("MeshLaysOutNoMesh", "declared_semantics", 2, "one process on the global batch of the 2"),
+    (
+        "DeclaresItsModuleParallelizesItself",
+        "declared_semantics",
+        1,
+        "has no device_mesh and data_parallel_mesh",
+    ),
+    ("MeshLoadsTheModulesAlone", "checkpoint_round_trip", 2, "optimizer"),
     # DiLoCo (every 4 steps, an outer Nesterov step): the runs reach its meetings
     # whatever the period, and the message names the flaw.
     ("DiLoCoNeverMeets", "declared_semantics", 2, "the run matches replicas that never meet"),

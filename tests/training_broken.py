@@ -2,9 +2,9 @@
 
 The training kit must catch every one of them in every run (its grid runs first,
 whatever the seed), naming the property broken (``test_training_kit.py``). Each is
-DDP, or the local SGD strategy of ``examples/local_sgd.py``, with one decision
-changed the way a real implementation might get it wrong; every one of them keeps
-the collective contract.
+DDP, the local SGD strategy of ``examples/local_sgd.py``, or `ModelParallelStrategy`
+(whose module parallelizes itself), with one decision changed the way a real
+implementation might get it wrong; every one of them keeps the collective contract.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ import torch
 import torch.distributed as dist
 from typing_extensions import override
 
-from plait.core import ConfigurationError, Stateful, TrainingSemantics
-from plait.strategies import DDPStrategy
+from plait.core import ConfigurationError, ProcessLayout, Stateful, TrainingSemantics
+from plait.strategies import DDPStrategy, ModelParallelStrategy
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -433,3 +433,48 @@ class StreamingDiLoCoMeetingAllAtOnce(StreamingDiLoCo):
     def on_train_end(self) -> None:
         if self.steps % self.sync_every:
             self.meet()
+
+
+class _TensorParallel(ModelParallelStrategy):
+    """`ModelParallelStrategy` with every rank in one tensor-parallel group (correct)."""
+
+    def __init__(self, *, precision: str | None = None, checkpoint_io: str | None = None) -> None:
+        super().__init__(
+            data_parallel_size=1,
+            tensor_parallel_size="auto",
+            precision=precision,
+            checkpoint_io=checkpoint_io,
+        )
+
+
+class MeshLaysOutNoMesh(_TensorParallel):
+    """Lays the job out as plain data parallelism: tensor-parallel ranks read other data."""
+
+    @property
+    @override
+    def layout(self) -> ProcessLayout:
+        return ProcessLayout(world_size=self.world_size, global_rank=self.global_rank)
+
+
+class MeshLoadsTheModulesAlone(_TensorParallel):
+    """Loads a checkpoint's modules and leaves the optimizers as they are."""
+
+    @override
+    def set_state_dict(
+        self,
+        module: torch.nn.Module,
+        optimizers: Sequence[torch.optim.Optimizer],
+        state: Mapping[str, object],
+        *,
+        source: object = "the state",
+    ) -> None:
+        super().set_state_dict(module, (), state, source=source)
+
+
+class DeclaresItsModuleParallelizesItself(DDPStrategy):
+    """Declares a module that parallelizes itself, with no mesh to parallelize it over."""
+
+    @property
+    @override
+    def training_semantics(self) -> TrainingSemantics:
+        return TrainingSemantics(parallelized_by_module=True)

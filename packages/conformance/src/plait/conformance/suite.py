@@ -285,7 +285,8 @@ class TrainingSuite(Suite):
             the other training properties.
         resize_world_sizes: Where a strategy declares itself ``resizable``, the
             world sizes its checkpoints move to from a moves lane (each starts its
-            ranks there); by default the training world sizes besides the lane's.
+            ranks there, on the strategy's own mesh where the lane has one); by
+            default the training world sizes besides the lane's.
     """
 
     def test_declared_semantics(self, plait_lane: Lane, request: pytest.FixtureRequest) -> None:
@@ -330,7 +331,9 @@ class TrainingSuite(Suite):
             return pools.get(attrs.evolve(plait_lane, target=StrategyTarget(name)))
 
         def resized(world_size: int) -> RankPool:
-            return pools.get(attrs.evolve(plait_lane, world_size=world_size))
+            # On the strategy's own mesh there: a lane's mesh has its world size.
+            own = attrs.evolve(plait_lane.target, mesh=())
+            return pools.get(attrs.evolve(plait_lane, world_size=world_size, target=own))
 
         sizes = self.resize_world_sizes or self.training_world_sizes or self.world_sizes
         count = prove_moves(

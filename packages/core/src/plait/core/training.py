@@ -248,6 +248,13 @@ class TrainingSemantics:
             another: the module, optimizers and schedulers load there, and training
             goes on as the declaration says at the new world size (synchronous
             replicas: one process on the new global batch from the saved state).
+        parallelized_by_module: Whether a module parallelizes itself over the
+            strategy's ``device_mesh`` before ``setup_module`` (the strategy checks
+            it and never guesses a plan, as ``ModelParallelStrategy``): the kit's
+            models then split their layers over the mesh's ``"tp"`` dimension, where
+            it has one, and ``fully_shard`` themselves over the strategy's
+            ``data_parallel_mesh``, and each rank reads the data of its
+            ``layout.data_parallel_rank``.
 
     Raises:
         ConfigurationError: ``resizable`` is declared for replicas that are not
@@ -259,6 +266,7 @@ class TrainingSemantics:
     exact_resume: bool = True
     precisions: tuple[str, ...] = attrs.field(default=("32-true",), converter=_names)
     resizable: bool = False
+    parallelized_by_module: bool = False
 
     def __attrs_post_init__(self) -> None:
         if self.resizable and not isinstance(self.replicas, Synchronous):

@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 from typing_extensions import override
 
-from plait.core import ConfigurationError, ProcessLayout
+from plait.core import ConfigurationError, ProcessLayout, TrainingSemantics
 from plait.strategies import meta
 from plait.strategies.context_parallel import sequence_positions, shard_sequence
 from plait.strategies.mesh import MeshStrategy, is_dtensor, names_parts_as_whole
@@ -796,6 +796,19 @@ class ModelParallelStrategy(MeshStrategy):
         total = squared.sqrt()
         torch.nn.utils.clip_grads_with_norm_(parameters, clip_val, total)
         return total
+
+    @property
+    @override
+    def training_semantics(self) -> TrainingSemantics:
+        """Synchronous replicas, bit-for-bit resumes; the module parallelizes itself.
+
+        The data-parallel ranks train as one process on their global batch, whatever
+        the tensor-parallel split of the layers; a checkpoint resumes at another
+        world size and mesh shape (its shards are laid out again).
+        """
+        return TrainingSemantics(
+            precisions=("32-true", "bf16-mixed"), resizable=True, parallelized_by_module=True
+        )
 
     @override
     def __repr__(self) -> str:

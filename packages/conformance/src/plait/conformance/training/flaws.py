@@ -142,7 +142,7 @@ def diagnose(
 
     ``judge`` gives the problems of the run against a reference: none where it matches.
     """
-    world_size = len(kept)
+    world_size = kept[0].data_parallel(len(kept))
     tried = []
     for words, flaw in likely_flaws(replicas, run.steps):
         if isinstance(flaw, Synchronous):

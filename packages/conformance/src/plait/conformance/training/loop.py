@@ -30,6 +30,7 @@ from plait.conformance.training.models import (
     micro_batch,
     step_scheduler,
 )
+from plait.conformance.training.parallel import parallelize
 from plait.core import (
     ConfigurationError,
     SupportsLifecycleHooks,
@@ -91,6 +92,13 @@ class TrainingReport:
     validated: tuple[tuple[float, ...], ...] | None = None
     """The module this rank validated at each of the example's validations, flattened;
     None where the strategy shards the module."""
+    data_parallel_size: int | None = None
+    """How many ranks read different data (the reference's world); None: every rank
+    (a tensor-parallel group's ranks read the same)."""
+
+    def data_parallel(self, world_size: int) -> int:
+        """The ranks that read different data in a job of ``world_size`` ranks."""
+        return world_size if self.data_parallel_size is None else self.data_parallel_size
 
 
 @attrs.define
@@ -173,7 +181,15 @@ class Loop:
         self.run = run
         self.rank = strategy.global_rank
         self.world_size = strategy.world_size
+        layout = strategy.layout
+        # The data this rank reads: under tensor parallelism, that of its data-parallel
+        # rank (the ranks of a tensor-parallel group read the same batches).
+        self.data_rank = layout.data_parallel_rank
+        self.data_parallel_size = layout.data_parallel_size
+        semantics = training_semantics_of(strategy)
         model = make_model(attrs.evolve(run, seed=model_seed))
+        if semantics.parallelized_by_module:
+            parallelize(model, run, strategy)
         optimizer = make_optimizer(run, model.parameters())
         if run.optimizer == "lbfgs" and hasattr(strategy, "check_closure_optimizer"):
             try:
@@ -189,7 +205,7 @@ class Loop:
         self.progress = _Progress()
         self.epoch_losses: list[float] = []
         self.sharded = isinstance(strategy, SupportsShardedModule) and strategy.shards_module
-        self.synchronous = isinstance(training_semantics_of(strategy).replicas, Synchronous)
+        self.synchronous = isinstance(semantics.replicas, Synchronous)
         self.hooks = strategy if isinstance(strategy, SupportsLifecycleHooks) else None
 
     # Steps.
@@ -199,7 +215,9 @@ class Loop:
         strategy, run = self.strategy, self.run
         total = torch.zeros((), device=strategy.root_device)
         for window in range(count):
-            inputs, targets = micro_batch(run, self.world_size, self.rank, step, window)
+            inputs, targets = micro_batch(
+                run, self.data_parallel_size, self.data_rank, step, window
+            )
             inputs = inputs.to(strategy.root_device)
             targets = targets.to(strategy.root_device)
             synchronising = window == run.accumulate - 1

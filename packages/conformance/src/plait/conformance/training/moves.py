@@ -101,7 +101,12 @@ class MoveOut(TrainingExample):
             loop.end()
         finally:
             finish(strategy)
-        return TrainingReport(semantics, losses=tuple(after), checkpoint=path)
+        return TrainingReport(
+            semantics,
+            losses=tuple(after),
+            checkpoint=path,
+            data_parallel_size=loop.data_parallel_size,
+        )
 
 
 class MoveIn(TrainingExample):
@@ -129,7 +134,9 @@ class MoveIn(TrainingExample):
             loop.end()
         finally:
             finish(strategy)
-        return TrainingReport(semantics, losses=tuple(after))
+        return TrainingReport(
+            semantics, losses=tuple(after), data_parallel_size=loop.data_parallel_size
+        )
 
 
 def check_move(
@@ -180,6 +187,7 @@ class MoveViolation(ContractViolation):
                 (
                     f"    reproduce_move({self.strategy!r}, {self.moved_to!r}, {self.case!r}, "
                     f"world_size={self.world_size}"
+                    + (f", mesh={self.rerun['mesh']!r}" if self.rerun.get("mesh") else "")
                     + (
                         f", moved_world_size={self.moved_world_size})"
                         if self.moved_world_size is not None
@@ -191,13 +199,29 @@ class MoveViolation(ContractViolation):
 
 
 def check_resized(
-    name: str, source: int, target: int, found: Sequence[float], case: TrainingCase
+    name: str,
+    source: int,
+    target: int,
+    found: Sequence[float],
+    case: TrainingCase,
+    *,
+    reading: tuple[int, int] | None = None,
 ) -> list[str]:
-    """How a checkpoint of ``source`` ranks, resumed at ``target`` ranks, failed to go on."""
+    """How a checkpoint of ``source`` ranks, resumed at ``target`` ranks, failed to go on.
+
+    ``reading``: how many of the ranks read different data, there and here (where a
+    tensor-parallel group's ranks read the same); by default, every rank.
+    """
     run = case.run
-    expected = resized_reference(run, source, target, case.stop_at).losses[case.stop_at :]
+    saved, going_on = (source, target) if reading is None else reading
+    expected = resized_reference(run, saved, going_on, case.stop_at).losses[case.stop_at :]
     if len(found) != len(expected):
         return [f"{name} at {target} ranks took {len(found)} steps, not {len(expected)}"]
+    batch = (
+        f"the {target} ranks"
+        if going_on == target
+        else f"the {going_on} data-parallel rank{'' if going_on == 1 else 's'}"
+    )
     step = loss_apart(expected, found, tolerance(run.precision, run.optimizer), margin=OTHER_ORDER)
     if step is None:
         return []
@@ -206,7 +230,7 @@ def check_resized(
             f"{name} at {target} ranks, going on from its checkpoint of {source} ranks (saved "
             f"after {case.stop_at} step{'' if case.stop_at == 1 else 's'}), has the loss "
             f"{found[step]:.6g} at its step {step}; "
-            f"one process on the global batch of the {target} ranks from the saved state "
+            f"one process on the global batch of {batch} from the saved state "
             f"gives {expected[step]:.6g}"
         )
     ]
@@ -217,7 +241,7 @@ def _moved(source: RankPool, target: RankPool, case: TrainingCase, *, moved_to: 
 
     A ``target`` of another world size is the same strategy there: a resize.
     """
-    resized = target.world_size != source.world_size
+    resized = target.world_size != source.world_size or target.target.mesh != source.target.mesh
     __tracebackhide__ = True
     try:
         out = source.run(case, deadline=source.deadline * SLOWER)
@@ -249,7 +273,15 @@ def _moved(source: RankPool, target: RankPool, case: TrainingCase, *, moved_to: 
         ]
         if not problems and arrived[0].refused is None and resized:
             problems = check_resized(
-                moved_to, source.world_size, target.world_size, arrived[0].losses, case
+                moved_to,
+                source.world_size,
+                target.world_size,
+                arrived[0].losses,
+                case,
+                reading=(
+                    first.data_parallel(source.world_size),
+                    arrived[0].data_parallel(target.world_size),
+                ),
             )
         elif not problems and arrived[0].refused is None:
             problems = check_move(
@@ -373,18 +405,21 @@ def reproduce_move(
     *,
     world_size: int,
     backend: str = "gloo",
+    mesh: tuple[int, ...] = (),
     moved_world_size: int | None = None,
 ) -> None:
     """Rerun one move, as a failure report prints it (under ``if __name__ == "__main__":``).
 
-    With ``moved_world_size``, the checkpoint goes on at that world size (a resize).
+    ``mesh``: the mesh ``source`` is built on (its factory's ``mesh_shape``). With
+    ``moved_world_size``, the checkpoint goes on at that world size (a resize), on
+    the strategy's own mesh there.
 
     Raises:
         MoveViolation: The move still does not go on as it should.
     """
     size = world_size if moved_world_size is None else moved_world_size
     with (
-        RankPool(source, world_size=world_size, backend=backend) as there,
+        RankPool(source, world_size=world_size, backend=backend, mesh=mesh) as there,
         RankPool(target, world_size=size, backend=backend) as here,
     ):
         _moved(there, here, case, moved_to=target)

@@ -97,6 +97,7 @@ class Replicas(TrainingExample):
             validated=None
             if loop.sharded
             else tuple(seen for seen in validated if seen is not None),
+            data_parallel_size=loop.data_parallel_size,
         )
 
     @override
@@ -106,7 +107,7 @@ class Replicas(TrainingExample):
 
 def check_replicas(case: TrainingCase, kept: Sequence[TrainingReport]) -> list[str]:
     """How every rank's losses, replicas and export differ from the declared semantics'."""
-    run, world_size = case.run, len(kept)
+    run, world_size = case.run, kept[0].data_parallel(len(kept))
     semantics: TrainingSemantics = kept[0].semantics
     disagreeing = [index for index, report in enumerate(kept) if report.semantics != semantics]
     if disagreeing:
