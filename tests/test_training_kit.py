@@ -61,6 +61,12 @@ CAUGHT: Final = [
     ("SynchronisesEveryOtherStep", "declared_semantics", 2, "is not what one process"),
     ("AveragesOverTheWrongGroup", "declared_semantics", 3, "is not what one process"),
     ("DropsOptimizerState", "checkpoint_round_trip", 2, "optimizer's state['state']: the keys"),
+    (
+        "StopsBroadcastingBuffers",
+        "declared_semantics",
+        2,
+        "they are what buffers='own' gives (each rank keeps its own)",
+    ),
     ("TurnsKeysIntoStrings", "checkpoint_round_trip", 2, "came back as strings"),
     ("StepsSchedulersAgainOnLoad", "resume_exactness", 2, "the run never stopped"),
     ("StepsSchedulersAgainOnLoad", "checkpoint_round_trip", 1, "scheduler"),
@@ -213,3 +219,25 @@ def test_ddp_sharded_resumes_through_a_distributed_checkpoint() -> None:
     case = TrainingCase("resume", run, stop_at=1, checkpoint_io="distributed")
 
     reproduce("ddp_sharded", case, world_size=2, deadline=60)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", ["fsdp", "model_parallel"])
+def test_a_sharded_strategy_trains_batch_norm_and_checkpoints_rank_zeros_buffers(
+    strategy: str,
+) -> None:
+    # Found by the kit's model with buffers: FSDP's bfloat16 parameters met batch
+    # norm's float32 running statistics (a RuntimeError at the first forward), and a
+    # sharded checkpoint refused the ranks' buffers, which differ ("cannot be written:
+    # the ranks hold different values").
+    precision = "bf16-mixed" if strategy == "fsdp" else "32-true"
+    run = TrainingRun(
+        "norm", 3, micro_batch=2, accumulate=2, steps=3, steps_per_epoch=2,
+        optimizer="adam", precision=precision,
+    )  # fmt: skip
+    for case in (
+        TrainingCase("replicas", run),
+        TrainingCase("round_trip", run, stop_at=2),
+        TrainingCase("resume", run, stop_at=2),
+    ):
+        reproduce(strategy, case, world_size=2, deadline=60)

@@ -22,6 +22,7 @@ from typing_extensions import override
 
 from plait.core import ConfigurationError, ProcessLayout, Stateful, TrainingSemantics
 from plait.strategies import DDPStrategy, ModelParallelStrategy
+from plait.strategies.ddp import NamingDistributedDataParallel
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -107,6 +108,16 @@ class AveragesOverTheWrongGroup(_Unwrapped):
             self._group = dist.new_group(list(range(max(1, self.world_size // 2))))
         if self.global_rank < max(1, self.world_size // 2):
             self.average_gradients(self._group)
+
+
+class StopsBroadcastingBuffers(DDPStrategy):
+    """Wraps the module with ``broadcast_buffers=False``, and declares what DDP does."""
+
+    @override
+    def configure_ddp(self, module: torch.nn.Module) -> torch.nn.Module:
+        return NamingDistributedDataParallel(
+            module, process_group=self.process_group, broadcast_buffers=False
+        )
 
 
 class DropsOptimizerState(DDPStrategy):

@@ -89,3 +89,21 @@ def test_more_fragments_than_steps_in_a_period_are_refused() -> None:
     message = str(refused.value)
     assert "fragments=3 staggers the meetings over a period of every=2 steps" in message
     assert "pass fragments=2 or fewer" in message
+
+
+def test_buffers_default_to_what_the_replicas_do_and_are_refused_naming_the_choices() -> None:
+    assert TrainingSemantics().buffer_updates == "broadcast"
+    assert TrainingSemantics(buffers="own").buffer_updates == "own"
+    periodic = PeriodicAveraging(every=4)
+    assert TrainingSemantics(replicas=periodic).buffer_updates == "own"
+    with pytest.raises(ConfigurationError) as refused:
+        TrainingSemantics(buffers="rank 0")  # type: ignore[arg-type]
+    message = str(refused.value)
+    assert "'rank 0'" in message, message
+    assert "broadcast" in message, message
+    assert "own" in message, message
+    with pytest.raises(ConfigurationError) as refused:
+        TrainingSemantics(replicas=periodic, buffers="broadcast")
+    message = str(refused.value)
+    assert "buffers='broadcast' is declared with PeriodicAveraging(every=4" in message, message
+    assert "declare buffers='own'" in message, message

@@ -23,6 +23,7 @@ __all__ = [
     "KINDS",
     "LAYOUTS",
     "MODELS",
+    "MODELS_WITH_BUFFERS",
     "OPS",
     "OPTIMIZERS",
     "OP_SPELLINGS",
@@ -310,12 +311,14 @@ class GroupCase:
 
 # The training kit's examples: a small run, and what each rank does with it.
 
-ModelName: TypeAlias = Literal["mlp", "conv", "embedding", "transformer"]
+ModelName: TypeAlias = Literal["mlp", "conv", "embedding", "transformer", "norm"]
 OptimizerName: TypeAlias = Literal["sgd", "adam", "lbfgs"]
 SchedulerName: TypeAlias = Literal["none", "step", "epoch", "plateau"]
 Kind: TypeAlias = Literal["replicas", "round_trip", "resume", "move_out", "move_in"]
 
-MODELS: Final[tuple[ModelName, ...]] = ("mlp", "conv", "embedding", "transformer")
+MODELS: Final[tuple[ModelName, ...]] = ("mlp", "conv", "embedding", "transformer", "norm")
+MODELS_WITH_BUFFERS: Final[tuple[ModelName, ...]] = ("norm",)
+"""The models whose buffers (batch normalization's running statistics) change in training."""
 OPTIMIZERS: Final[tuple[OptimizerName, ...]] = ("sgd", "adam", "lbfgs")
 SCHEDULERS: Final[tuple[SchedulerName, ...]] = ("none", "step", "epoch", "plateau")
 KINDS: Final[tuple[Kind, ...]] = ("replicas", "round_trip", "resume", "move_out", "move_in")
@@ -342,7 +345,9 @@ class TrainingRun:
     epoch of ``steps_per_epoch`` steps draws the samples in an order of its own.
 
     Attributes:
-        model: A small MLP, a convolution, an embedding bag, or a transformer block.
+        model: A small MLP, a convolution, an embedding bag, a transformer block, or
+            an MLP with batch normalization (``"norm"``: a model with buffers,
+            which takes two samples or more a micro-batch).
         seed: Seeds the model, the data and the ranks' random streams.
         micro_batch: Samples in one rank's micro-batch.
         accumulate: Micro-batches per optimizer step (the first ones in ``no_sync``).
@@ -363,6 +368,13 @@ class TrainingRun:
     optimizer: OptimizerName = "sgd"
     scheduler: SchedulerName = "none"
     precision: str = "32-true"
+
+    def __attrs_post_init__(self) -> None:
+        if self.model == "norm" and self.micro_batch < 2:
+            raise ValueError(
+                f"micro_batch={self.micro_batch}: batch normalization in training needs "
+                "two samples or more a micro-batch"
+            )
 
 
 @attrs.frozen(hash=False)  # it holds a dict

@@ -24,6 +24,8 @@ if TYPE_CHECKING:
     import torch
 
 __all__ = [
+    "BUFFERS",
+    "Buffers",
     "DeclaresTrainingSemantics",
     "OuterOptimizer",
     "OuterScheduler",
@@ -207,6 +209,12 @@ class PeriodicAveraging:
 Replicas: TypeAlias = Synchronous | PeriodicAveraging
 """How a strategy's data-parallel replicas relate from step to step."""
 
+Buffers: TypeAlias = Literal["broadcast", "own"]
+"""What becomes of a module's buffers (BatchNorm's running statistics) across ranks."""
+
+BUFFERS: tuple[Buffers, ...] = ("broadcast", "own")
+"""The ways a strategy may declare its buffers (`TrainingSemantics.buffers`)."""
+
 
 def _names(value: Iterable[str]) -> tuple[str, ...]:
     names = (value,) if isinstance(value, str) else tuple(value)
@@ -255,10 +263,20 @@ class TrainingSemantics:
             it has one, and ``fully_shard`` themselves over the strategy's
             ``data_parallel_mesh``, and each rank reads the data of its
             ``layout.data_parallel_rank``.
+        buffers: What becomes of the module's buffers (BatchNorm's running
+            statistics), which each rank updates in training from its own
+            micro-batches: ``"broadcast"`` (each window of an optimizer step starts
+            from rank 0's buffers, as ``DistributedDataParallel`` broadcasts them
+            with ``broadcast_buffers=True``), or ``"own"`` (each rank keeps its own,
+            never exchanged: FSDP, local SGD). None (the default): ``"broadcast"``
+            for synchronous replicas, ``"own"`` for periodic averaging (`buffer_updates`).
+            Either way a checkpoint holds rank 0's buffers, and every rank loads them.
 
     Raises:
         ConfigurationError: ``resizable`` is declared for replicas that are not
-            synchronous (each rank's replica has no place at another world size).
+            synchronous (each rank's replica has no place at another world size), a
+            ``buffers`` that is none of `BUFFERS`, or ``"broadcast"`` declared with
+            periodic averaging.
     """
 
     replicas: Replicas = attrs.field(factory=Synchronous, validator=_replicas)
@@ -267,8 +285,25 @@ class TrainingSemantics:
     precisions: tuple[str, ...] = attrs.field(default=("32-true",), converter=_names)
     resizable: bool = False
     parallelized_by_module: bool = False
+    buffers: Buffers | None = None
+
+    @property
+    def buffer_updates(self) -> Buffers:
+        """What becomes of the buffers: `buffers`, or the replicas' default."""
+        if self.buffers is not None:
+            return self.buffers
+        return "broadcast" if isinstance(self.replicas, Synchronous) else "own"
 
     def __attrs_post_init__(self) -> None:
+        if self.buffers is not None and self.buffers not in BUFFERS:
+            raise ConfigurationError.invalid_choice("buffers", self.buffers, BUFFERS)
+        if self.buffers == "broadcast" and not isinstance(self.replicas, Synchronous):
+            raise ConfigurationError(
+                f"buffers='broadcast' is declared with {self.replicas!r}: replicas that "
+                "train on their own keep their own buffers between meetings",
+                value=self.buffers,
+                fix="declare buffers='own' (the default for periodic averaging)",
+            )
         if self.resizable and not isinstance(self.replicas, Synchronous):
             raise ConfigurationError(
                 f"resizable=True is declared with {self.replicas!r}: replicas that each "

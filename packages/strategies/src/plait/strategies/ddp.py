@@ -240,13 +240,15 @@ class DDPStrategy(SelfLaunchingStrategy):
         state). A resumed run is the run never stopped bit for bit on one rank and on two;
         from three ranks on, within float rounding: DDP adds the ranks' gradients in
         an order that depends on its buckets, which it lays out again after its first
-        step, so a resumed run's first step adds them in another order.
+        step, so a resumed run's first step adds them in another order. Each step
+        starts from rank 0's buffers (``broadcast_buffers``, unless turned off).
         """
         return TrainingSemantics(
             compatible=("fsdp", "deepspeed"),
             exact_resume=self.world_size <= 2,
             precisions=("32-true", "bf16-mixed"),
             resizable=True,
+            buffers="own" if self.ddp_kwargs.get("broadcast_buffers") is False else "broadcast",
         )
 
     def configure_ddp(self, module: torch.nn.Module) -> torch.nn.Module:

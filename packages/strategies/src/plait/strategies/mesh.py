@@ -263,6 +263,8 @@ class MeshStrategy(SelfLaunchingStrategy):
         from torch.distributed.checkpoint.state_dict import get_model_state_dict  # noqa: PLC0415
 
         state = get_model_state_dict(module, options=options)
+        if not options.full_state_dict:
+            state = _rank_zeros_buffers(module, state)
         return _renamed_model(state, _renaming(module))
 
     @override
@@ -388,3 +390,29 @@ class MeshStrategy(SelfLaunchingStrategy):
         self._optimizers = []
         self._names = {}
         super().teardown()
+
+
+def _rank_zeros_buffers(module: torch.nn.Module, state: StateDict) -> StateDict:
+    """``state`` with rank 0's values of the module's buffers (every rank calls it).
+
+    Each rank updates its buffers (BatchNorm's running statistics) from its own
+    batches and FSDP never exchanges them; a checkpoint holds one value of a tensor
+    that is not sharded, and it is rank 0's, as under DDP.
+    """
+    if not dist.is_available() or not dist.is_initialized() or dist.get_world_size() == 1:
+        return state
+    names = [
+        name
+        for name, _ in module.named_buffers()
+        if isinstance(state.get(name), torch.Tensor) and not is_dtensor(state[name])
+    ]
+    if not names:
+        return state
+    chosen = {}
+    for name in names:
+        value = state[name]
+        assert isinstance(value, torch.Tensor)
+        value = value.detach().clone()
+        dist.broadcast(value, src=0)
+        chosen[name] = value
+    return {**state, **chosen}

@@ -804,10 +804,14 @@ class ModelParallelStrategy(MeshStrategy):
 
         The data-parallel ranks train as one process on their global batch, whatever
         the tensor-parallel split of the layers; a checkpoint resumes at another
-        world size and mesh shape (its shards are laid out again).
+        world size and mesh shape (its shards are laid out again). Each rank keeps
+        its own buffers (FSDP never broadcasts them).
         """
         return TrainingSemantics(
-            precisions=("32-true", "bf16-mixed"), resizable=True, parallelized_by_module=True
+            precisions=("32-true", "bf16-mixed"),
+            resizable=True,
+            parallelized_by_module=True,
+            buffers="own",
         )
 
     @override

@@ -7,6 +7,7 @@ module names the training kit's part of them.
 from plait.conformance.cases import (
     KINDS,
     MODELS,
+    MODELS_WITH_BUFFERS,
     OPTIMIZERS,
     SCHEDULERS,
     Kind,
@@ -21,6 +22,7 @@ from plait.conformance.cases import (
 __all__ = [
     "KINDS",
     "MODELS",
+    "MODELS_WITH_BUFFERS",
     "OPTIMIZERS",
     "SCHEDULERS",
     "Kind",

@@ -92,6 +92,8 @@ class TrainingReport:
     validated: tuple[tuple[float, ...], ...] | None = None
     """The module this rank validated at each of the example's validations, flattened;
     None where the strategy shards the module."""
+    buffers: tuple[float, ...] = ()
+    """This rank's buffers after training (BatchNorm's running statistics), flattened."""
     data_parallel_size: int | None = None
     """How many ranks read different data (the reference's world); None: every rank
     (a tensor-parallel group's ranks read the same)."""
@@ -308,6 +310,12 @@ class Loop:
         values = [_whole(parameter).float().reshape(-1).cpu() for parameter in inner.parameters()]
         return tuple(torch.cat(values).tolist()) if values else ()
 
+    def buffers(self) -> tuple[float, ...]:
+        """This rank's buffers (the module as the rank holds it), flattened."""
+        inner = self.strategy.unwrap_module(self.module)
+        values = [_whole(buffer).double().reshape(-1).cpu() for buffer in inner.buffers()]
+        return tuple(torch.cat(values).tolist()) if values else ()
+
     def state(self, user: UserState | None = None) -> dict[str, object]:
         """What the example saves: the live objects, the loop's place and the random streams."""
         streams = [
@@ -364,6 +372,8 @@ class Loop:
         Besides the module's and the optimizers' entries, whatever else the
         strategy's ``get_state_dict`` holds (a step counter, an outer optimizer, the
         anchor of its replicas' meetings), under ``"the strategy's own state"``.
+        The module's buffers are rank 0's on every rank: a checkpoint holds rank 0's
+        (`plait.core.TrainingSemantics.buffers`), which every rank loads.
         """
         taken = self.strategy.get_state_dict(self.module, [self.optimizer])
         own = {
@@ -371,19 +381,33 @@ class Loop:
             for key, value in taken.items()
             if key not in ("state_dict", "optimizer_states")
         }
+        inner = self.strategy.unwrap_module(self.module)
+        zeros = self.strategy.broadcast(
+            {name: _whole(buffer).cpu().clone() for name, buffer in inner.named_buffers()}, src=0
+        )
         return {
-            "module": copied(taken.get("state_dict")),
+            "module": _with_buffers(copied(taken.get("state_dict")), zeros),
             "optimizer": copied(taken.get("optimizer_states")),
             "the strategy's own state": copied(own),
             # The objects themselves, besides what the strategy says of them: a
             # strategy that saves a state without something would say the same of
             # the state it loads back.
-            "module's tensors": copied(self.strategy.unwrap_module(self.module).state_dict()),
+            "module's tensors": _with_buffers(copied(inner.state_dict()), zeros),
             "optimizer's state": own_state(self.optimizer),
             "scheduler": copied(self.scheduler.state_dict() if self.scheduler else None),
             "random": copied(_random_state()),
             "loop": (self.progress.global_step, list(self.epoch_losses)),
         }
+
+
+def _with_buffers(state: object, buffers: Mapping[str, torch.Tensor]) -> object:
+    """``state`` (a module's state) with the entries of ``buffers`` in place of its own."""
+    if not isinstance(state, Mapping) or not buffers:
+        return state
+    return {
+        key: buffers.get(key, value) if isinstance(key, str) else value
+        for key, value in state.items()
+    }
 
 
 def _whole(parameter: torch.Tensor) -> torch.Tensor:

@@ -78,11 +78,21 @@ def make_model(run: TrainingRun) -> nn.Module:
             )
         if run.model == "embedding":
             return _Pooled()
+        if run.model == "norm":
+            # Buffers: the running mean and variance each rank updates from its own
+            # micro-batches, and the batches counted. No bias before the norm: it has
+            # no gradient but rounding, which Adam would make a step of its own.
+            return nn.Sequential(
+                nn.Linear(_FEATURES, 8, bias=False),
+                nn.BatchNorm1d(8),
+                nn.Tanh(),
+                nn.Linear(8, CLASSES),
+            )
         return _Block()
 
 
 def _inputs(run: TrainingRun, count: int, generator: torch.Generator) -> torch.Tensor:
-    if run.model == "mlp":
+    if run.model in ("mlp", "norm"):
         return torch.randn(count, _FEATURES, generator=generator)
     if run.model == "conv":
         return torch.randn(count, 2, 6, 6, generator=generator)

@@ -40,17 +40,21 @@ from plait.conformance.training.models import (
 from plait.core import PeriodicAveraging, Synchronous
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from plait.conformance.training.cases import TrainingRun
     from plait.core import Replicas
-    from plait.core.training import OuterOptimizer, OuterScheduler
+    from plait.core.training import Buffers, OuterOptimizer, OuterScheduler
 
 __all__ = [
     "ORDERS",
     "Meetings",
     "Order",
+    "RankBuffers",
     "Reference",
     "check_training",
     "describe",
+    "flat_buffers",
     "meetings_reference",
     "reference",
     "reports",
@@ -89,6 +93,9 @@ class Reference:
     one of the other `ORDERS` (LBFGS only; empty otherwise)."""
     loss_spread: tuple[float, ...] = ()
     """The same for the loss of each step."""
+    buffers: tuple[torch.Tensor, ...] = ()
+    """After the end of training, each rank's buffers (BatchNorm's running
+    statistics), flattened; empty tensors for a model without buffers."""
 
     def rounding(self, index: int, *, loss: bool = False) -> float:
         """The ``spread`` after step ``index`` (the last: after the end); 0 if not measured.
@@ -141,6 +148,64 @@ def _flat(model: torch.nn.Module) -> torch.Tensor:
     return torch.cat([parameter.detach().float().reshape(-1) for parameter in model.parameters()])
 
 
+def _buffers(model: torch.nn.Module) -> list[torch.Tensor]:
+    return [buffer.detach().clone() for buffer in model.buffers()]
+
+
+def flat_buffers(values: Sequence[torch.Tensor]) -> torch.Tensor:
+    """Buffers flattened into one float64 vector (counts included)."""
+    if not values:
+        return torch.zeros(0, dtype=torch.float64)
+    return torch.cat([value.double().reshape(-1) for value in values])
+
+
+class RankBuffers:
+    """Each rank's buffers for one process's model, as a declaration says they go.
+
+    One model holds the replicas' parameters (synchronous replicas are one module);
+    its buffers are swapped in for each rank's micro-batches, and at the start of a
+    window they are rank 0's everywhere where the strategy broadcasts them.
+    """
+
+    def __init__(self, model: torch.nn.Module, world_size: int, updates: Buffers) -> None:
+        self.model = model
+        self.updates = updates
+        # Each rank's buffers are put in as tensors of their own, never written over:
+        # a window's backward still reads those its forward ran with.
+        self.slots = [
+            (module, name)
+            for module in model.modules()
+            for name, _ in module.named_buffers(recurse=False)
+        ]
+        first = _buffers(model)
+        self.held = [[value.clone() for value in first] for _ in range(world_size)]
+
+    def start_window(self) -> None:
+        """A window of an optimizer step (a closure's call) begins."""
+        if self.updates == "broadcast":
+            self.held = [[value.clone() for value in self.held[0]] for _ in self.held]
+
+    def _put(self, values: Sequence[torch.Tensor]) -> None:
+        for (module, name), value in zip(self.slots, values, strict=True):
+            setattr(module, name, value.clone())
+
+    @contextlib.contextmanager
+    def of(self, rank: int) -> Iterator[None]:
+        """Inside, the model holds rank ``rank``'s buffers; what it does to them is kept."""
+        self._put(self.held[rank])
+        yield
+        self.held[rank] = [getattr(module, name).detach().clone() for module, name in self.slots]
+
+    def load(self, world_size: int) -> None:
+        """Every rank (of ``world_size``) loads a checkpoint: rank 0's buffers."""
+        self.held = [[value.clone() for value in self.held[0]] for _ in range(world_size)]
+
+    def end(self) -> tuple[torch.Tensor, ...]:
+        """Each rank's buffers, flattened; the model left with rank 0's (its export)."""
+        self._put(self.held[0])
+        return tuple(flat_buffers(values) for values in self.held)
+
+
 class _Replica:
     def __init__(self, run: TrainingRun) -> None:
         self.model = make_model(run)
@@ -154,11 +219,18 @@ def _window_loss(
     inputs: torch.Tensor,
     targets: torch.Tensor,
     ranks: int,
+    *,
+    buffers: RankBuffers | None = None,
+    owners: Sequence[int] = (),
 ) -> torch.Tensor:
-    """The mean over ``ranks`` ranks of their window losses (micro-batches over ``accumulate``)."""
+    """The mean over ``ranks`` ranks of their window losses (micro-batches over ``accumulate``).
+
+    ``owners``: the rank of each micro-batch, whose buffers it runs with.
+    """
     total = torch.zeros(())
-    for start in range(0, len(inputs), run.micro_batch):
-        with _precision(run):
+    for index, start in enumerate(range(0, len(inputs), run.micro_batch)):
+        held = buffers.of(owners[index]) if buffers is not None else contextlib.nullcontext()
+        with held, _precision(run):
             output = model(inputs[start : start + run.micro_batch])
         loss = torch.nn.functional.cross_entropy(
             output.float(), targets[start : start + run.micro_batch]
@@ -183,22 +255,32 @@ def _backward(
     ranks: int,
     *,
     order: Order,
+    buffers: RankBuffers | None = None,
 ) -> float:
-    """The window's gradients, summed in ``order``: its loss."""
+    """The window's gradients, summed in ``order``: its loss.
+
+    The window's micro-batches are in the global batch's order, window by window and
+    rank by rank in each (`plait.conformance.training.models.rank_rows`).
+    """
+    if buffers is not None:
+        buffers.start_window()
+    owners = [index % ranks for index in range(len(inputs) // run.micro_batch)]
     if order == "rank by rank" and ranks > 1:
-        return _backward_by_rank(run, model, inputs, targets, ranks)
+        return _backward_by_rank(run, model, inputs, targets, ranks, buffers=buffers)
     if order != "micro-batch by micro-batch":
-        loss = _window_loss(run, model, inputs, targets, ranks)
+        loss = _window_loss(run, model, inputs, targets, ranks, buffers=buffers, owners=owners)
         torch.autograd.backward(loss)
         return float(loss.detach())
     total = 0.0
-    for start in range(0, len(inputs), run.micro_batch):
+    for index, start in enumerate(range(0, len(inputs), run.micro_batch)):
         part = _window_loss(
             run,
             model,
             inputs[start : start + run.micro_batch],
             targets[start : start + run.micro_batch],
             ranks,
+            buffers=buffers,
+            owners=owners[index : index + 1],
         )
         torch.autograd.backward(part)
         total += float(part.detach())
@@ -211,6 +293,8 @@ def _backward_by_rank(
     inputs: torch.Tensor,
     targets: torch.Tensor,
     ranks: int,
+    *,
+    buffers: RankBuffers | None,
 ) -> float:
     """Each rank's window gradients in turn, then their mean (gradients start cleared)."""
     parameters = [parameter for parameter in model.parameters() if parameter.requires_grad]
@@ -220,7 +304,15 @@ def _backward_by_rank(
         rows = rank_rows(run, ranks, rank)
         for parameter in parameters:
             parameter.grad = None
-        part = _window_loss(run, model, inputs[rows], targets[rows], 1)
+        part = _window_loss(
+            run,
+            model,
+            inputs[rows],
+            targets[rows],
+            1,
+            buffers=buffers,
+            owners=[rank] * run.accumulate,
+        )
         torch.autograd.backward(part)
         total += float(part.detach())
         for index, parameter in enumerate(parameters):
@@ -240,6 +332,7 @@ def _step(
     ranks: int,
     *,
     order: Order = "at once",
+    buffers: RankBuffers | None = None,
 ) -> float:
     """One optimizer step of ``replica`` on ``inputs``: the loss it reports."""
     optimizer = replica.optimizer
@@ -248,7 +341,9 @@ def _step(
 
         def closure() -> float:
             optimizer.zero_grad()
-            loss = _backward(run, replica.model, inputs, targets, ranks, order=order)
+            loss = _backward(
+                run, replica.model, inputs, targets, ranks, order=order, buffers=buffers
+            )
             if not first:
                 first.append(loss)
             return loss
@@ -256,27 +351,34 @@ def _step(
         optimizer.step(closure)
         optimizer.zero_grad()
         return first[0]
-    loss = _backward(run, replica.model, inputs, targets, ranks, order=order)
+    loss = _backward(run, replica.model, inputs, targets, ranks, order=order, buffers=buffers)
     optimizer.step()
     optimizer.zero_grad()
     return loss
 
 
 def reference(
-    run: TrainingRun, world_size: int, replicas: Replicas, *, rounding: bool = False
+    run: TrainingRun,
+    world_size: int,
+    replicas: Replicas,
+    *,
+    rounding: bool = False,
+    buffers: Buffers = "broadcast",
 ) -> Reference:
     """``run`` at ``world_size`` as ``replicas`` says a strategy trains it.
 
     With ``rounding`` and LBFGS, also how far the example carries rounding
     (`Reference.spread`: the run is computed again in each of the other `ORDERS`).
+    ``buffers`` says what becomes of synchronous replicas' buffers
+    (`plait.core.TrainingSemantics.buffers`); replicas on their own keep their own.
     """
-    expected = _reference(run, world_size, replicas, order="at once")
+    expected = _reference(run, world_size, replicas, order="at once", buffers=buffers)
     if not rounding or run.optimizer != "lbfgs":
         return expected
     # Replicas on their own data (and one rank) sum rank by rank as they sum at once.
     by_rank = isinstance(replicas, Synchronous) and world_size > 1
     others = [
-        _reference(run, world_size, replicas, order=order)
+        _reference(run, world_size, replicas, order=order, buffers=buffers)
         for order in ORDERS
         if by_rank or order != "rank by rank"
     ]
@@ -299,10 +401,17 @@ def _gap(mine: tuple[torch.Tensor, ...], theirs: tuple[torch.Tensor, ...]) -> fl
     )
 
 
-def _reference(run: TrainingRun, world_size: int, replicas: Replicas, *, order: Order) -> Reference:
+def _reference(
+    run: TrainingRun,
+    world_size: int,
+    replicas: Replicas,
+    *,
+    order: Order,
+    buffers: Buffers = "broadcast",
+) -> Reference:
     with torch.random.fork_rng(devices=[]):
         if isinstance(replicas, Synchronous):
-            return _synchronous(run, world_size, order=order)
+            return _synchronous(run, world_size, order=order, buffers=buffers)
         return _periodic(run, world_size, replicas, order=order)
 
 
@@ -310,32 +419,42 @@ def resized_reference(run: TrainingRun, world_size: int, moved_to: int, at: int)
     """``run`` of synchronous replicas saved after ``at`` steps and resumed at ``moved_to`` ranks.
 
     One process on each step's global batch: ``world_size`` ranks' before the move,
-    ``moved_to`` ranks' from it on.
+    ``moved_to`` ranks' from it on (where every rank loads rank 0's buffers).
     """
     with torch.random.fork_rng(devices=[]):
         return _synchronous(run, world_size, order="at once", moved=(moved_to, at))
 
 
 def _synchronous(
-    run: TrainingRun, world_size: int, *, order: Order, moved: tuple[int, int] | None = None
+    run: TrainingRun,
+    world_size: int,
+    *,
+    order: Order,
+    moved: tuple[int, int] | None = None,
+    buffers: Buffers = "broadcast",
 ) -> Reference:
     replica = _Replica(run)
+    ranks = RankBuffers(replica.model, world_size, buffers)
     losses: list[float] = []
     after: list[tuple[torch.Tensor, ...]] = []
     epoch: list[float] = []
     for step in range(run.steps):
         if moved is not None and step == moved[1]:
             world_size = moved[0]
+            ranks.load(world_size)
         inputs, targets = global_batch(run, world_size, step)
-        losses.append(_step(run, replica, inputs, targets, world_size, order=order))
+        losses.append(_step(run, replica, inputs, targets, world_size, order=order, buffers=ranks))
         if step % run.steps_per_epoch == 0:
             epoch = []
         epoch.append(losses[-1])
         step_scheduler(run, replica.scheduler, step, epoch)
         after.append((_flat(replica.model),) * world_size)
     after.append((_flat(replica.model),) * world_size)
+    held = ranks.end()
     final = {name: value.detach().clone() for name, value in replica.model.state_dict().items()}
-    return Reference(tuple(losses), tuple(after), final, anchors=tuple(one[0] for one in after))
+    return Reference(
+        tuple(losses), tuple(after), final, anchors=tuple(one[0] for one in after), buffers=held
+    )
 
 
 @attrs.frozen
@@ -497,4 +616,10 @@ def _periodic(
     after.append(tuple(_flat(replica.model) for replica in models))
     anchors.append(torch.cat([point.reshape(-1).float() for point in anchor]))
     final = {name: value.detach().clone() for name, value in models[0].model.state_dict().items()}
-    return Reference(tuple(losses), tuple(after), final, anchors=tuple(anchors))
+    return Reference(
+        tuple(losses),
+        tuple(after),
+        final,
+        anchors=tuple(anchors),
+        buffers=tuple(flat_buffers(_buffers(replica.model)) for replica in models),
+    )

@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from plait.conformance.target import StrategyTarget
     from plait.conformance.training.cases import TrainingCase, TrainingRun
     from plait.core import Strategy, TrainingSemantics
+    from plait.core.training import Buffers
 
 __all__ = ["DECLARED_SEMANTICS", "Replicas", "check_replicas"]
 
@@ -83,6 +84,7 @@ class Replicas(TrainingExample):
                 if step + 1 in case.validate_after:
                     validated.append(loop.validate())
             loop.end()
+            buffers = loop.buffers()
             if not loop.sharded:
                 replicas.append(loop.replica())
             with scratch_directory(strategy) as directory:
@@ -98,6 +100,7 @@ class Replicas(TrainingExample):
             if loop.sharded
             else tuple(seen for seen in validated if seen is not None),
             data_parallel_size=loop.data_parallel_size,
+            buffers=buffers,
         )
 
     @override
@@ -118,14 +121,16 @@ def check_replicas(case: TrainingCase, kept: Sequence[TrainingReport]) -> list[s
             )
         ]
     said = describe(semantics.replicas, world_size)
-    expected = reference(run, world_size, semantics.replicas)
+    updates = semantics.buffer_updates
+    expected = reference(run, world_size, semantics.replicas, buffers=updates)
     problems = _judge(run, kept, expected, said)
     if problems and run.optimizer == "lbfgs":
         # Judged again within the rounding this example carries, measured only where
         # the fixed tolerance is not enough: the reference runs in other orders cost time.
-        expected = reference(run, world_size, semantics.replicas, rounding=True)
+        expected = reference(run, world_size, semantics.replicas, rounding=True, buffers=updates)
         problems = _judge(run, kept, expected, said)
     validation = _check_validation(case, kept, expected)
+    validation += _check_buffers(run, kept, expected, semantics)
     if not problems:
         return validation
     # The cause, before the details: the likely flaw the run matches, and where
@@ -215,6 +220,43 @@ def _check_validation(
             )
             break
     return problems
+
+
+_BUFFERS: Final = {
+    "broadcast": "each window of a step starts from rank 0's buffers",
+    "own": "each rank keeps its own",
+}
+
+
+def _check_buffers(
+    run: TrainingRun,
+    kept: Sequence[TrainingReport],
+    expected: Reference,
+    semantics: TrainingSemantics,
+) -> list[str]:
+    """Whether each rank's buffers after training are what the declaration says."""
+    declared = semantics.buffer_updates
+    for index, report in enumerate(kept):
+        if index >= len(expected.buffers) or not expected.buffers[index].numel():
+            continue
+        found = torch.tensor(report.buffers, dtype=torch.float64)
+        want = expected.buffers[index]
+        if _close(found, want, run, expected.rounding(run.steps)):
+            continue
+        matches = ""
+        if isinstance(semantics.replicas, Synchronous):
+            other: Buffers = "own" if declared == "broadcast" else "broadcast"
+            theirs = reference(run, len(expected.buffers), semantics.replicas, buffers=other)
+            if _close(found, theirs.buffers[index], run, theirs.rounding(run.steps)):
+                matches = f"; they are what buffers={other!r} gives ({_BUFFERS[other]})"
+        return [
+            (
+                f"rank {index}: its buffers after training (BatchNorm's running statistics, "
+                f"flattened) are not what buffers={declared!r} declared gives "
+                f"({_BUFFERS[declared]}){matches}: {_largest(found, want)}"
+            )
+        ]
+    return []
 
 
 def _check_losses(

@@ -362,8 +362,11 @@ class DeepSpeedStrategy(SelfLaunchingStrategy):
     @property
     @override
     def training_semantics(self) -> TrainingSemantics:
-        """Synchronous replicas (at every ZeRO stage), bit-for-bit resumes; moves to DDP."""
-        return TrainingSemantics(compatible=("ddp",))
+        """Synchronous replicas (at every ZeRO stage), bit-for-bit resumes; moves to DDP.
+
+        Each rank keeps its own buffers (the engine broadcasts them once, at set-up).
+        """
+        return TrainingSemantics(compatible=("ddp",), buffers="own")
 
     @property
     def compute_dtype(self) -> torch.dtype:

@@ -42,6 +42,14 @@ __all__ = [
 
 _CHECKPOINTED = "_plait_activation_checkpointed"
 
+_BATCH_NORMS = (
+    torch.nn.BatchNorm1d,
+    torch.nn.BatchNorm2d,
+    torch.nn.BatchNorm3d,
+    torch.nn.SyncBatchNorm,
+)
+"""Layers whose running statistics stay float32 under mixed precision."""
+
 
 def _post_order(module: torch.nn.Module) -> Iterator[torch.nn.Module]:
     for child in module.children():
@@ -128,10 +136,19 @@ def apply_fully_shard(
             between uses (``CPUOffloadPolicy``), or on the device.
         options: More keyword arguments of ``fully_shard``.
 
+    Under a lower-precision ``mp_policy``, each batch normalization layer is sharded
+    on its own and computes in float32, as its running statistics are kept: its
+    input is cast up and its output back to the parameters' dtype.
+
     Returns:
         The sharded blocks in forward order (the root not among them).
     """
-    from torch.distributed.fsdp import FSDPModule, OffloadPolicy, fully_shard  # noqa: PLC0415
+    from torch.distributed.fsdp import (  # noqa: PLC0415
+        FSDPModule,
+        MixedPrecisionPolicy,
+        OffloadPolicy,
+        fully_shard,
+    )
 
     common: dict[str, object] = {
         "mesh": mesh,
@@ -142,6 +159,20 @@ def apply_fully_shard(
     # Given among the options, it overrides the sharding strategy's, for the blocks.
     reshard = common.pop("reshard_after_forward", reshard_after_forward)
     blocks = _blocks(module, policy)
+    lower = mp_policy.param_dtype not in (None, torch.float32)
+    norms = [
+        norm
+        for norm in module.modules()
+        if lower and isinstance(norm, _BATCH_NORMS) and norm is not module and norm not in blocks
+    ]
+    kept = MixedPrecisionPolicy(
+        param_dtype=torch.float32,
+        reduce_dtype=mp_policy.reduce_dtype,
+        output_dtype=mp_policy.param_dtype,
+        cast_forward_inputs=True,
+    )
+    for norm in norms:
+        fully_shard(norm, reshard_after_forward=reshard, **{**common, "mp_policy": kept})  # type: ignore[call-overload]
     for block in blocks:
         fully_shard(block, reshard_after_forward=reshard, **common)  # type: ignore[call-overload]
     root_reshard = None if reshard is True else False

@@ -403,9 +403,13 @@ class FSDPStrategy(MeshStrategy):
         """Synchronous replicas, bit-for-bit resumes; a checkpoint moves to DDP.
 
         A checkpoint resumes at another world size: its shards are laid out again.
+        Each rank keeps its own buffers (FSDP never broadcasts them).
         """
         return TrainingSemantics(
-            compatible=("ddp",), precisions=("32-true", "bf16-mixed"), resizable=True
+            compatible=("ddp",),
+            precisions=("32-true", "bf16-mixed"),
+            resizable=True,
+            buffers="own",
         )
 
     @override
