@@ -75,6 +75,9 @@ class LocalSGDStrategy(DDPStrategy):
         outer_scheduler: A factory of its scheduler, stepped after each outer step.
         fragments: Streaming synchronisation: the parameters split into this many
             fragments, whose meetings are staggered over the period.
+        periods: A period per parameter group instead: the parameters split into
+            ``len(periods)`` groups in order, group ``i`` meeting every
+            ``periods[i]`` steps (``sync_every`` is then the longest of them).
         accelerator: As `DDPStrategy`'s; so are the other arguments.
         parallel_devices: The device of each local rank.
         cluster_environment: Where this process sits, or its name.
@@ -98,6 +101,7 @@ class LocalSGDStrategy(DDPStrategy):
         outer_optimizer: OuterOptimizer | None = None,
         outer_scheduler: OuterScheduler | None = None,
         fragments: int = 1,
+        periods: Sequence[int] = (),
         accelerator: str | None = None,
         parallel_devices: Sequence[torch.device] | None = None,
         cluster_environment: str | None = None,
@@ -116,6 +120,7 @@ class LocalSGDStrategy(DDPStrategy):
             outer_optimizer=outer_optimizer,
             outer_scheduler=outer_scheduler,
             fragments=fragments,
+            periods=tuple(periods),
         )
         super().__init__(
             accelerator=accelerator,
@@ -195,7 +200,7 @@ class LocalSGDStrategy(DDPStrategy):
         return result
 
     def _fragments(self, chosen: Callable[[int], bool]) -> set[int]:
-        return {fragment for fragment in range(self.averaging.fragments) if chosen(fragment)}
+        return {fragment for fragment in range(self.averaging.parts) if chosen(fragment)}
 
     def _indices(self, fragments: Collection[int] | None) -> list[int]:
         """The parameters of ``fragments`` (of every one where None), by index."""

@@ -29,6 +29,7 @@ from plait.conformance import (
     prove_moves,
     reproduce,
 )
+from plait.core import PeriodicAveraging
 
 HERE = Path(__file__).resolve().parent
 BROKEN: Final = HERE / "training_broken.py"
@@ -130,6 +131,15 @@ CAUGHT: Final = [
         "declared_semantics",
         2,
         "the run matches every fragment meeting at once every 4 steps",
+    ),
+    (
+        "DiLoCoPerGroupMeetingTogether",
+        "declared_semantics",
+        2,
+        (
+            "the run matches every parameter group meeting every 4 steps (not each at its own "
+            "period of 2, 4)"
+        ),
     ),
     (
         "DiLoCoLoadsRankZerosModuleAlone",
@@ -241,3 +251,16 @@ def test_a_sharded_strategy_trains_batch_norm_and_checkpoints_rank_zeros_buffers
         TrainingCase("resume", run, stop_at=2),
     ):
         reproduce(strategy, case, world_size=2, deadline=60)
+
+
+@pytest.mark.slow
+def test_a_period_per_parameter_group_is_declared_and_proven() -> None:
+    # DiLoCo whose first half of the parameters meets every 2 steps, the second every
+    # 4: the runs reach two meetings of the longest period, and stop inside it.
+    with RankPool(f"{BROKEN}:DiLoCoPerGroup", world_size=2, deadline=60) as pool:
+        for name in ("declared_semantics", "checkpoint_round_trip", "resume_exactness"):
+            assert prove(pool, BY_NAME[name], max_examples=2, seed=0) >= 2
+        assert pool.semantics.replicas == PeriodicAveraging(
+            every=4, outer_lr=0.7, outer_momentum=0.9, nesterov=True, validates="mean",
+            periods=(2, 4),
+        )  # fmt: skip

@@ -218,6 +218,7 @@ class DiLoCo(LocalSGDStrategy):
         outer_momentum: float = 0.9,
         nesterov: bool = True,
         fragments: int = 1,
+        periods: Sequence[int] = (),
         precision: str | None = None,
         checkpoint_io: str | None = None,
     ) -> None:
@@ -227,6 +228,7 @@ class DiLoCo(LocalSGDStrategy):
             outer_momentum=outer_momentum,
             nesterov=nesterov,
             fragments=fragments,
+            periods=periods,
             precision=precision,
             checkpoint_io=checkpoint_io,
         )
@@ -425,6 +427,33 @@ class StreamingDiLoCo(DiLoCo):
 
     def __init__(self, *, precision: str | None = None, checkpoint_io: str | None = None) -> None:
         super().__init__(fragments=2, precision=precision, checkpoint_io=checkpoint_io)
+
+
+class DiLoCoPerGroup(DiLoCo):
+    """DiLoCo with a period per parameter group (correct): the first half every 2 steps,
+    the second every 4."""
+
+    def __init__(self, *, precision: str | None = None, checkpoint_io: str | None = None) -> None:
+        super().__init__(periods=(2, 4), precision=precision, checkpoint_io=checkpoint_io)
+
+
+class DiLoCoPerGroupMeetingTogether(DiLoCoPerGroup):
+    """Declares a period per group and meets every group every 4 steps."""
+
+    @override
+    def optimizer_step(
+        self, optimizer: torch.optim.Optimizer, closure: object | None = None
+    ) -> object:
+        result = DDPStrategy.optimizer_step(self, optimizer, closure)  # type: ignore[arg-type]
+        self.steps += 1
+        if self.steps % self.sync_every == 0:
+            self.meet()
+        return result
+
+    @override
+    def on_train_end(self) -> None:
+        if self.steps % self.sync_every:
+            self.meet()
 
 
 class StreamingDiLoCoMeetingAllAtOnce(StreamingDiLoCo):

@@ -107,3 +107,30 @@ def test_buffers_default_to_what_the_replicas_do_and_are_refused_naming_the_choi
     message = str(refused.value)
     assert "buffers='broadcast' is declared with PeriodicAveraging(every=4" in message, message
     assert "declare buffers='own'" in message, message
+
+
+def test_a_period_per_parameter_group_meets_each_group_at_its_own_period() -> None:
+    grouped = PeriodicAveraging(every=4, periods=[2, 4])
+    assert grouped.periods == (2, 4)
+    assert grouped.parts == 2
+    assert [grouped.fragment(index, 5) for index in range(5)] == [0, 0, 0, 1, 1]
+    assert [steps for steps in range(1, 9) if grouped.meets(0, steps)] == [2, 4, 6, 8]
+    assert [steps for steps in range(1, 9) if grouped.meets(1, steps)] == [4, 8]
+
+
+@pytest.mark.parametrize(
+    ("arguments", "said", "fix"),
+    [
+        ({"every": 4, "periods": (2, 4), "fragments": 2}, "fragments=2 staggers", "one of them"),
+        ({"every": 4, "periods": (2, 8)}, "every is the longest period", "pass every=8"),
+        ({"every": 4, "periods": (0, 4)}, "periods=0 must be a whole number", "pass e.g."),
+    ],
+)
+def test_a_bad_period_per_group_is_refused_naming_it_and_the_fix(
+    arguments: dict[str, object], said: str, fix: str
+) -> None:
+    with pytest.raises(ConfigurationError) as refused:
+        PeriodicAveraging(**arguments)  # type: ignore[arg-type]
+    message = str(refused.value)
+    assert said in message, message
+    assert fix in message, message

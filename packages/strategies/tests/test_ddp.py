@@ -523,3 +523,10 @@ def test_the_process_that_launches_the_ranks_does_not_describe_its_own_world_as_
         "DDPStrategy(backend='gloo', world_size=1 here, 2 processes per node when "
         "launched, device='cpu')"
     )
+
+
+def test_ddp_declares_the_buffers_it_broadcasts_or_leaves_to_each_rank() -> None:
+    assert DDPStrategy(accelerator="cpu").training_semantics.buffer_updates == "broadcast"
+    leaves = DDPStrategy(accelerator="cpu", broadcast_buffers=False).training_semantics
+    assert leaves.buffer_updates == "own"
+    assert FSDPStrategy(accelerator="cpu").training_semantics.buffer_updates == "own"

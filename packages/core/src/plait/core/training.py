@@ -104,6 +104,10 @@ def _factory(_: object, attribute: attrs.Attribute[_F], value: _F) -> None:
         )
 
 
+def _periods(value: Iterable[int]) -> tuple[int, ...]:
+    return tuple(value)
+
+
 @attrs.frozen
 class PeriodicAveraging:
     """Each replica steps its own optimizer on its own data; every ``every`` steps they meet.
@@ -147,11 +151,19 @@ class PeriodicAveraging:
             ``every`` steps, staggered over the period (`meets`), each with its own
             part of the anchor and of the outer optimizer's step; at the end of
             training every fragment that did not just meet meets.
+        periods: A period per parameter group: the parameters (in ``parameters()``
+            order) split into ``len(periods)`` groups as fragments are
+            (`fragment`), group ``i`` meeting every ``periods[i]`` steps (`meets`),
+            each over its own part of the anchor and of the outer step; ``every``
+            is the longest of them. At the end of training every group that did
+            not just meet meets.
 
     Raises:
         ConfigurationError: ``outer_optimizer`` is given with an outer SGD setting
             other than its default, ``outer_scheduler`` without ``outer_optimizer``,
-            either is not callable, or ``fragments`` is more than ``every``.
+            either is not callable, ``fragments`` is more than ``every``, or
+            ``periods`` is given with ``fragments``, holds a period that is not a
+            whole number of steps, or its longest is not ``every``.
     """
 
     every: int = attrs.field(validator=_every)
@@ -162,24 +174,49 @@ class PeriodicAveraging:
     outer_optimizer: OuterOptimizer | None = attrs.field(default=None, validator=_factory)
     outer_scheduler: OuterScheduler | None = attrs.field(default=None, validator=_factory)
     fragments: int = attrs.field(default=1, validator=_every)
+    periods: tuple[int, ...] = attrs.field(default=(), converter=_periods)
+
+    @property
+    def parts(self) -> int:
+        """How many parts the parameters meet in: the groups of `periods`, or `fragments`."""
+        return len(self.periods) or self.fragments
 
     def fragment(self, index: int, count: int) -> int:
-        """The fragment of the ``index``-th of ``count`` parameters (in ``parameters()`` order).
+        """The part of the ``index``-th of ``count`` parameters (in ``parameters()`` order).
 
-        The parameters are split in order into ``fragments`` runs of as even a
-        length as can be.
+        The parameters are split in order into `parts` runs of as even a length as
+        can be: the fragments, or the groups of `periods`.
         """
-        return index * self.fragments // count
+        return index * self.parts // count
 
     def meets(self, fragment: int, steps: int) -> bool:
-        """Whether ``fragment`` meets once ``steps`` optimizer steps are taken.
+        """Whether part ``fragment`` meets once ``steps`` optimizer steps are taken.
 
-        Fragment ``i`` meets every ``every`` steps, ``i * every // fragments`` steps
+        With `periods`, group ``i`` meets every ``periods[i]`` steps. Otherwise
+        fragment ``i`` meets every ``every`` steps, ``i * every // fragments`` steps
         after the first fragment: its meetings are staggered over the period.
         """
+        if self.periods:
+            return steps > 0 and steps % self.periods[fragment] == 0
         return steps > 0 and steps % self.every == fragment * self.every // self.fragments
 
     def __attrs_post_init__(self) -> None:
+        for period in self.periods:
+            _positive("periods", period)
+        if self.periods and self.fragments > 1:
+            raise ConfigurationError(
+                f"periods={self.periods} gives each parameter group a period of its "
+                f"own, and fragments={self.fragments} staggers one period over fragments",
+                value=self.periods,
+                fix="declare one of them: periods=(...) or fragments=...",
+            )
+        if self.periods and max(self.periods) != self.every:
+            raise ConfigurationError(
+                f"periods={self.periods} with every={self.every}: every is the longest "
+                "period, the one the runs are drawn against",
+                value=self.every,
+                fix=f"pass every={max(self.periods)}",
+            )
         if self.fragments > self.every:
             raise ConfigurationError(
                 f"fragments={self.fragments} staggers the meetings over a period of "

@@ -59,16 +59,29 @@ def likely_flaws(replicas: Replicas, steps: int) -> list[Flaw]:
     declared = Meetings.of(replicas)
     every = replicas.every
     flaws: list[Flaw] = [(never, Meetings(None, at_end=False))]
+    if replicas.periods:
+        # Each group its own period: the likely flaw is one period for them all.
+        own = ", ".join(map(str, replicas.periods))
+        flaws.extend(
+            (
+                (
+                    f"every parameter group meeting every {other} steps (not each at its own "
+                    f"period of {own})"
+                ),
+                attrs.evolve(declared, every=other, periods=()),
+            )
+            for other in sorted({every, min(replicas.periods)})
+        )
     others = sorted({every * 2, every + 1, every - 1, every // 2} - {every, 0})
     flaws.extend(
         (f"replicas meeting every {other} steps, not {every}", attrs.evolve(declared, every=other))
         for other in others
-        if other < steps
+        if other < steps and not replicas.periods
     )
     flaws.append(
         ("replicas that meet only at the end of training", attrs.evolve(declared, every=None))
     )
-    if steps % every or replicas.fragments > 1:  # some part of the module meets at the end
+    if steps % every or replicas.parts > 1:  # some part of the module meets at the end
         flaws.append(
             (
                 "no meeting at the end of training (on_train_end) over what is left of a period",

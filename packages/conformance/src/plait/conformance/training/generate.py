@@ -66,7 +66,7 @@ def meets_after(semantics: TrainingSemantics, steps: int) -> bool:
     replicas = semantics.replicas
     if not isinstance(replicas, PeriodicAveraging):
         return False
-    return any(replicas.meets(fragment, steps) for fragment in range(replicas.fragments))
+    return any(replicas.meets(fragment, steps) for fragment in range(replicas.parts))
 
 
 def next_meeting(semantics: TrainingSemantics, step: int) -> int:

@@ -473,6 +473,7 @@ class Meetings:
         fresh_outer: Whether the outer optimizer (and scheduler) is made anew at each
             meeting, its state lost.
         fragments: The fragments whose meetings are staggered over the period.
+        periods: Each parameter group's own period (`PeriodicAveraging.periods`).
     """
 
     every: int | None
@@ -485,11 +486,19 @@ class Meetings:
     outer_scheduler: OuterScheduler | None = None
     fresh_outer: bool = False
     fragments: int = 1
+    periods: tuple[int, ...] = ()
+
+    @property
+    def parts(self) -> int:
+        """How many parts the parameters meet in (`PeriodicAveraging.parts`)."""
+        return len(self.periods) or self.fragments
 
     def meets(self, fragment: int, steps: int) -> bool:
         """Whether ``fragment`` meets once ``steps`` steps are taken (as `PeriodicAveraging`)."""
         if self.every is None:
             return False
+        if self.periods:
+            return steps > 0 and steps % self.periods[fragment] == 0
         return steps > 0 and steps % self.every == fragment * self.every // self.fragments
 
     @classmethod
@@ -503,6 +512,7 @@ class Meetings:
             outer_optimizer=averaging.outer_optimizer,
             outer_scheduler=averaging.outer_scheduler,
             fragments=averaging.fragments,
+            periods=averaging.periods,
         )
 
 
@@ -558,7 +568,7 @@ def _periodic(
     epoch: list[float] = []
 
     count = len(anchor)
-    fragment_of = [index * meetings.fragments // count for index in range(count)]
+    fragment_of = [index * meetings.parts // count for index in range(count)]
     replica_parameters = [list(replica.model.parameters()) for replica in models]
 
     def meet(fragments: set[int]) -> None:
@@ -608,11 +618,11 @@ def _periodic(
         epoch.append(loss)
         for replica in models:
             step_scheduler(run, replica.scheduler, step, epoch)
-        meet({k for k in range(meetings.fragments) if meetings.meets(k, step + 1)})
+        meet({k for k in range(meetings.parts) if meetings.meets(k, step + 1)})
         after.append(tuple(_flat(replica.model) for replica in models))
         anchors.append(torch.cat([point.reshape(-1).float() for point in anchor]))
     if meetings.at_end:
-        meet({k for k in range(meetings.fragments) if not meetings.meets(k, run.steps)})
+        meet({k for k in range(meetings.parts) if not meetings.meets(k, run.steps)})
     after.append(tuple(_flat(replica.model) for replica in models))
     anchors.append(torch.cat([point.reshape(-1).float() for point in anchor]))
     final = {name: value.detach().clone() for name, value in models[0].model.state_dict().items()}
