@@ -331,6 +331,7 @@ def main() -> None:
         "pp-fsdp": (pipeline_job.fsdp, ()),
         "pp-tp": (pipeline_job.fsdp, (2,)),
         "pp-cp": (pipeline_job.decoder, ()),
+        "pp-norm": (pipeline_job.norm, ()),
     })  # fmt: skip
     results |= launcher.launch(in_turn, root, {"4x1": (run, ("4x1",)), "1x4": (run, ("1x4",))})
     results |= MultiprocessingLauncher(2, start_method="fork").launch(in_turn, root, {

@@ -243,6 +243,56 @@ def fsdp(root: str, tensor: int = 1) -> dict[str, object]:
     return {"losses": losses, "dimensions": dimensions, "places": places}
 
 
+class NormStack(Stack):
+    """The stack with batch normalization before its head: running statistics per rank."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm = nn.BatchNorm1d(WIDTH)
+
+
+def norm(root: str) -> dict[str, object]:
+    """pp = 2 x dp = 2 with batch norm: a sharded checkpoint of buffers the ranks differ on.
+
+    Each rank's running statistics come from its own rows; the checkpoint, saved after
+    3 steps, holds the first data-parallel rank's of each stage, which every rank of
+    the stage loads back.
+    """
+    from torch.distributed.fsdp import fully_shard  # noqa: PLC0415
+
+    def made() -> tuple[ModelParallelStrategy, Pipeline]:
+        strategy = _strategy(pipeline_parallel_size=2, data_parallel_size=2)
+        torch.manual_seed(0)
+        pipeline = strategy.pipeline(NormStack(), loss_fn, units=UNITS)
+        for part in pipeline.parts:
+            fully_shard(part, mesh=strategy.data_parallel_mesh)
+        return strategy, pipeline
+
+    def statistics(pipeline: Pipeline) -> list[float]:
+        return [
+            float(value)
+            for name, buffer in pipeline.named_buffers()
+            if name.endswith("running_mean")
+            for value in buffer.reshape(-1)
+        ]
+
+    path = Path(root) / "pp-norm-checkpoint"
+    strategy, pipeline = made()
+    losses = _train(strategy, pipeline, range(SAVE_AT), save=path)
+    before = statistics(pipeline)
+    strategy.teardown()
+    strategy, pipeline = made()
+    _train(strategy, pipeline, range(SAVE_AT, SAVE_AT), load=path)
+    after = statistics(pipeline)
+    import torch.distributed as dist  # noqa: PLC0415
+
+    seen: list[tuple[list[float], list[float]] | None] = [None] * strategy.world_size
+    dist.all_gather_object(seen, (before, after))
+    strategy.teardown()
+    held = [one for one in seen if one is not None]
+    return {"losses": losses, "before": [one[0] for one in held], "after": [one[1] for one in held]}
+
+
 def resume(root: str) -> dict[str, object]:
     """The pp = 2 x dp = 2 checkpoint into 4 stages on pp = 2 (Interleaved1F1B)."""
     strategy = _strategy(pipeline_parallel_size=2, data_parallel_size=1, tensor_parallel_size=1)

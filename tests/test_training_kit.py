@@ -86,6 +86,9 @@ CAUGHT: Final = [
         "has no device_mesh and data_parallel_mesh",
     ),
     ("MeshLoadsTheModulesAlone", "checkpoint_round_trip", 2, "optimizer"),
+    # ... and spreading the kit's models over two pipeline stages.
+    ("PipelineMissesALayer", "declared_semantics", 2, "every rank: the loss of step 0"),
+    ("PipelineStageSkipsItsBackward", "declared_semantics", 2, "every rank: the loss of step 1"),
     # DiLoCo (every 4 steps, an outer Nesterov step): the runs reach its meetings
     # whatever the period, and the message names the flaw.
     ("DiLoCoNeverMeets", "declared_semantics", 2, "the run matches replicas that never meet"),

@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from plait.core.typing import Checkpoint, PathLike, StateDict
+    from plait.strategies.pipeline import Pipeline
 
 _EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "local_sgd.py"
 
@@ -494,6 +495,79 @@ class MeshLaysOutNoMesh(_TensorParallel):
     @override
     def layout(self) -> ProcessLayout:
         return ProcessLayout(world_size=self.world_size, global_rank=self.global_rank)
+
+
+class _Pipelined(ModelParallelStrategy):
+    """`ModelParallelStrategy` with every rank a pipeline stage (correct)."""
+
+    def __init__(self, *, precision: str | None = None, checkpoint_io: str | None = None) -> None:
+        super().__init__(pipeline_parallel_size=2, precision=precision, checkpoint_io=checkpoint_io)
+
+
+class PipelineMissesALayer(_Pipelined):
+    """Cuts the stages from the units it is given less the second (an activation)."""
+
+    @override
+    def pipeline(
+        self,
+        module: torch.nn.Module,
+        loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+        *,
+        units: Sequence[str] | None = None,
+        stages: Sequence[Sequence[str]] | None = None,
+        schedule: str | None = None,
+        microbatches: int | None = None,
+        stages_per_rank: int | None = None,
+    ) -> Pipeline:
+        kept = None if units is None else [unit for unit in units if unit != units[1]]
+        return super().pipeline(
+            module,
+            loss_fn,
+            units=kept,
+            stages=stages,
+            schedule=schedule,
+            microbatches=microbatches,
+            stages_per_rank=stages_per_rank,
+        )
+
+
+class PipelineStageSkipsItsBackward(_Pipelined):
+    """The first stage's backward never reaches its parameters: they keep no gradient."""
+
+    _skipped: torch.nn.Module | None = None
+
+    @override
+    def pipeline(
+        self,
+        module: torch.nn.Module,
+        loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+        *,
+        units: Sequence[str] | None = None,
+        stages: Sequence[Sequence[str]] | None = None,
+        schedule: str | None = None,
+        microbatches: int | None = None,
+        stages_per_rank: int | None = None,
+    ) -> Pipeline:
+        made = super().pipeline(
+            module,
+            loss_fn,
+            units=units,
+            stages=stages,
+            schedule=schedule,
+            microbatches=microbatches,
+            stages_per_rank=stages_per_rank,
+        )
+        self._skipped = made.parts[0] if made.has_first_stage else None
+        return made
+
+    @override
+    def optimizer_step(
+        self, optimizer: torch.optim.Optimizer, closure: Callable[[], object] | None = None
+    ) -> object:
+        if self._skipped is not None:
+            for parameter in self._skipped.parameters():
+                parameter.grad = None
+        return super().optimizer_step(optimizer, closure)
 
 
 class MeshLoadsTheModulesAlone(_TensorParallel):

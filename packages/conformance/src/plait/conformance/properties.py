@@ -370,6 +370,7 @@ def prove(
     refused: list[tuple[Case, str]] = []
     limit = min(max_examples, prop.max_examples or max_examples)
     cases, explicit = _examples(pool, prop, grid=grid)
+    grid_left = list(explicit)  # while any is left, a refused example is passed over
 
     def run(case: Case) -> None:
         __tracebackhide__ = True
@@ -378,16 +379,14 @@ def prove(
             run_example(pool, prop, case)
         except Refusal as refusal:
             refused.append((case, str(refusal)))
+            if grid_left:
+                return  # a grid example the strategy does not take: the next one
             reject()  # the strategy does not take these settings: draw others
-        except ContractViolation as violation:
+        except (ContractViolation, _Hung) as failure:
             count += 1
-            violation.locate(seed=seed, explicit=case in explicit)
-            violation.examples = count
-            raise
-        except _Hung as hung:
-            count += 1
-            hung.violation.locate(seed=seed, explicit=case in explicit)
-            hung.violation.examples = count
+            found = failure.violation if isinstance(failure, _Hung) else failure
+            found.locate(seed=seed, explicit=case in explicit)
+            found.examples = count
             raise
         count += 1
         if ran is not None:
@@ -397,8 +396,9 @@ def prove(
     # (once each, in order, never shrunk), without its cost per example, which is
     # about that of the example itself.
     try:
-        for case in explicit:
-            run(case)
+        while grid_left:
+            run(grid_left[0])
+            grid_left.pop(0)
     except _Hung as hung:
         raise plain(hung.violation) from None
     except ContractViolation as violation:

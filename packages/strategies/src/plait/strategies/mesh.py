@@ -264,8 +264,17 @@ class MeshStrategy(SelfLaunchingStrategy):
 
         state = get_model_state_dict(module, options=options)
         if not options.full_state_dict:
-            state = _rank_zeros_buffers(module, state)
+            state = _first_ranks_buffers(module, state, self.buffer_sources())
         return _renamed_model(state, _renaming(module))
+
+    def buffer_sources(self) -> list[tuple[dist.ProcessGroup | None, int]]:
+        """Where a sharded checkpoint's buffers come from: broadcasts, in order.
+
+        Each is a group (None: the world) and the global rank it takes them from;
+        by default rank 0's, over the world. Every rank holding the same buffers
+        must end with one rank's values.
+        """
+        return [(None, 0)]
 
     @override
     def get_state_dict(
@@ -392,12 +401,17 @@ class MeshStrategy(SelfLaunchingStrategy):
         super().teardown()
 
 
-def _rank_zeros_buffers(module: torch.nn.Module, state: StateDict) -> StateDict:
-    """``state`` with rank 0's values of the module's buffers (every rank calls it).
+def _first_ranks_buffers(
+    module: torch.nn.Module,
+    state: StateDict,
+    sources: Sequence[tuple[dist.ProcessGroup | None, int]],
+) -> StateDict:
+    """``state`` with one rank's values of the module's buffers (every rank calls it).
 
     Each rank updates its buffers (BatchNorm's running statistics) from its own
     batches and FSDP never exchanges them; a checkpoint holds one value of a tensor
-    that is not sharded, and it is rank 0's, as under DDP.
+    that is not sharded, and it is the first rank's (rank 0's, as under DDP), sent
+    through ``sources`` in turn.
     """
     if not dist.is_available() or not dist.is_initialized() or dist.get_world_size() == 1:
         return state
@@ -412,7 +426,8 @@ def _rank_zeros_buffers(module: torch.nn.Module, state: StateDict) -> StateDict:
     for name in names:
         value = state[name]
         assert isinstance(value, torch.Tensor)
-        value = value.detach().clone()
-        dist.broadcast(value, src=0)
-        chosen[name] = value
+        chosen[name] = value.detach().clone()
+    for group, source in sources:
+        for value in chosen.values():
+            dist.broadcast(value, src=source, group=group)
     return {**state, **chosen}

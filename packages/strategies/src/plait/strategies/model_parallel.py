@@ -737,6 +737,60 @@ class ModelParallelStrategy(MeshStrategy):
         )
 
     @override
+    def buffer_sources(self) -> list[tuple[dist.ProcessGroup | None, int]]:
+        """Rank 0's buffers; under a pipeline, each stage's first rank's, within the stage.
+
+        A stage's ranks hold its buffers, which another stage's do not: they are sent
+        along ``dp``, ``cp`` and ``tp`` in turn from the rank whose coordinates there
+        are 0.
+        """
+        shape = self.mesh_shape
+        if shape.pipeline == 1:
+            return super().buffer_sources()
+        sources: list[tuple[dist.ProcessGroup | None, int]] = []
+        for name in ("dp", "cp", "tp"):
+            lines = shape.lines(FLATTENED_DIMENSIONS.get(name, (name,)))
+            [line] = [row for row in lines.tolist() if self.global_rank in row]
+            if len(line) > 1:
+                sources.append((self._groups[name], line[0]))
+        return sources
+
+    @override
+    def full_module_state(self, module: torch.nn.Module) -> StateDict:
+        """The whole state on rank 0's CPU (empty elsewhere); under a pipeline, every stage's.
+
+        Each stage's state is gathered whole within its ranks, then the stages' are
+        gathered over ``pp`` to rank 0, keyed by the whole module's names.
+        """
+        group = self.pipeline_group
+        if group is None or not names_parts_as_whole(module):
+            return super().full_module_state(module)
+        from torch.distributed.checkpoint.state_dict import (  # noqa: PLC0415
+            StateDictOptions,
+        )
+
+        # Whole on every rank of the stage (each stage's ranks gather their own).
+        state = self._module_state(module, StateDictOptions(full_state_dict=True))
+        where = self.mesh_shape.coordinates(self.global_rank)
+        first = all(where[name] == 0 for name in ("dp", "cp", "tp"))
+        mine = (
+            {
+                name: value.detach().cpu() if isinstance(value, torch.Tensor) else value
+                for name, value in state.items()
+            }
+            if first
+            else {}
+        )
+        stages: list[StateDict | None] = [None] * self.mesh_shape.pipeline
+        dist.all_gather_object(stages, mine, group=group)
+        if not self.is_global_zero:
+            return {}
+        whole: dict[str, object] = {}
+        for part in stages:
+            whole.update(part or {})
+        return whole
+
+    @override
     def _optimizer_state(
         self, module: torch.nn.Module, optimizer: torch.optim.Optimizer, options: StateDictOptions
     ) -> StateDict:

@@ -30,7 +30,7 @@ from plait.conformance.training.models import (
     micro_batch,
     step_scheduler,
 )
-from plait.conformance.training.parallel import parallelize
+from plait.conformance.training.parallel import Unstaged, parallelize, pipelined, stages_of
 from plait.core import (
     ConfigurationError,
     SupportsLifecycleHooks,
@@ -94,6 +94,8 @@ class TrainingReport:
     None where the strategy shards the module."""
     buffers: tuple[float, ...] = ()
     """This rank's buffers after training (BatchNorm's running statistics), flattened."""
+    data_parallel_rank: int | None = None
+    """The data this rank reads (its replica's place in the reference); None: its rank."""
     data_parallel_size: int | None = None
     """How many ranks read different data (the reference's world); None: every rank
     (a tensor-parallel group's ranks read the same)."""
@@ -190,7 +192,14 @@ class Loop:
         self.data_parallel_size = layout.data_parallel_size
         semantics = training_semantics_of(strategy)
         model = make_model(attrs.evolve(run, seed=model_seed))
-        if semantics.parallelized_by_module:
+        # Under a pipeline the schedule runs each window's forward and backward.
+        self.pipelined = semantics.parallelized_by_module and pipelined(strategy)
+        if self.pipelined:
+            try:
+                model = stages_of(model, run, strategy, self._window_loss)
+            except (Unstaged, ConfigurationError) as refusal:
+                raise Refused(str(refusal)) from refusal
+        elif semantics.parallelized_by_module:
             parallelize(model, run, strategy)
         optimizer = make_optimizer(run, model.parameters())
         if run.optimizer == "lbfgs" and hasattr(strategy, "check_closure_optimizer"):
@@ -212,6 +221,11 @@ class Loop:
 
     # Steps.
 
+    def _window_loss(self, output: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """A micro-batch's share of its window's loss."""
+        loss = torch.nn.functional.cross_entropy(output.float(), targets)
+        return loss / self.run.accumulate
+
     def window(self, step: int, count: int) -> torch.Tensor:
         """Forward and backward of the first ``count`` micro-batches of ``step``'s window."""
         strategy, run = self.strategy, self.run
@@ -224,10 +238,14 @@ class Loop:
             targets = targets.to(strategy.root_device)
             synchronising = window == run.accumulate - 1
             with strategy.no_sync(self.module, enabled=not synchronising):
-                output = strategy.training_step(self.module, inputs)
-                assert isinstance(output, torch.Tensor)
-                loss = torch.nn.functional.cross_entropy(output.float(), targets)
-                loss = loss / run.accumulate
+                if self.pipelined:
+                    # The schedule's forward and backward, the loss on every rank.
+                    loss = strategy.training_step(self.module, inputs, target=targets)
+                    assert isinstance(loss, torch.Tensor)
+                else:
+                    output = strategy.training_step(self.module, inputs)
+                    assert isinstance(output, torch.Tensor)
+                    loss = self._window_loss(output, targets)
                 strategy.backward(loss, self.module)
             total = total + loss.detach()
         return total

@@ -15,6 +15,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CLASSES",
+    "STAGED",
     "global_batch",
     "make_model",
     "make_optimizer",
@@ -27,6 +28,21 @@ __all__ = [
 CLASSES: Final = 3
 _FEATURES: Final = 6
 _TOKENS: Final = 11
+
+
+class _Layers(nn.Sequential):
+    """Layers run in order; a pipeline stage's copy skips the other stages' (``None``)."""
+
+    @override
+    def forward(self, value: torch.Tensor) -> torch.Tensor:
+        for layer in self._modules.values():
+            if layer is not None:
+                value = layer(value)
+        return value
+
+
+STAGED: Final = {"mlp": ("0", "1", "2"), "conv": ("0", "1", "2", "3")}
+"""The models a pipeline cuts into stages, and their layers in the order they run."""
 
 
 class _Pooled(nn.Module):
@@ -68,9 +84,9 @@ def make_model(run: TrainingRun) -> nn.Module:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(run.seed)
         if run.model == "mlp":
-            return nn.Sequential(nn.Linear(_FEATURES, 8), nn.Tanh(), nn.Linear(8, CLASSES))
+            return _Layers(nn.Linear(_FEATURES, 8), nn.Tanh(), nn.Linear(8, CLASSES))
         if run.model == "conv":
-            return nn.Sequential(
+            return _Layers(
                 nn.Conv2d(2, 3, kernel_size=3),
                 nn.ReLU(),
                 nn.Flatten(),

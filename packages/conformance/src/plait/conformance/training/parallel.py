@@ -7,15 +7,26 @@ as a user's ``configure_model`` would. Each of the kit's models has a plan of it
 the MLP's two layers column- then row-wise, the embedding's table by its columns and
 the head by its rows, the transformer block's feed-forward layers; the convolution
 only shards. Every model is then ``fully_shard``-ed over ``data_parallel_mesh``.
+
+Where the strategy spreads stages over pipeline ranks (`plait.core.SupportsPipeline`,
+``pipeline_parallel_size > 1``), the MLP and the convolution are cut into stages by
+their layers (`plait.conformance.training.models.STAGED`) and each stage the rank
+holds is sharded as the whole model would be (without a tensor-parallel plan: the
+MLP's two layers fall in different stages); the schedule runs each window's forward
+and backward, its loss divided by the window's micro-batches.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
-from plait.core import SupportsDeviceMesh
+from plait.conformance.training.models import STAGED
+from plait.core import SupportsDeviceMesh, SupportsPipeline
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    import torch
     from torch import nn
     from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.tensor.parallel import ParallelStyle
@@ -23,7 +34,25 @@ if TYPE_CHECKING:
     from plait.conformance.training.cases import TrainingRun
     from plait.core import Strategy
 
-__all__ = ["SupportsDataParallelMesh", "parallelize", "tensor_parallel_plan"]
+__all__ = [
+    "SupportsDataParallelMesh",
+    "Unstaged",
+    "parallelize",
+    "pipelined",
+    "stages_of",
+    "tensor_parallel_plan",
+]
+
+
+class Unstaged(Exception):  # noqa: N818 - a refusal, as the loop's Refused
+    """The run's model cannot be cut into stages for the strategy's pipeline."""
+
+
+@runtime_checkable
+class _Staged(Protocol):
+    """A pipeline stage module as `plait.core.SupportsPipeline.pipeline` gives it."""
+
+    parts: torch.nn.ModuleList
 
 
 @runtime_checkable
@@ -54,8 +83,50 @@ def tensor_parallel_plan(run: TrainingRun) -> dict[str, ParallelStyle]:
     return {}  # a convolution's channels stay whole: it is only sharded
 
 
-def parallelize(model: nn.Module, run: TrainingRun, strategy: Strategy) -> None:
+def pipelined(strategy: Strategy) -> bool:
+    """Whether ``strategy`` spreads a module's stages over pipeline ranks."""
+    return isinstance(strategy, SupportsPipeline) and strategy.pipeline_parallel_size > 1
+
+
+def stages_of(
+    model: nn.Module,
+    run: TrainingRun,
+    strategy: Strategy,
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+) -> nn.Module:
+    """This rank's stages of ``model``, each parallelized: the module the loop trains.
+
+    Raises:
+        Unstaged: The model has no stages (an embedding bag, a transformer block, a
+            norm whose statistics a microbatch would change), or its micro-batches
+            do not split into the schedule's microbatches.
+    """
+    assert isinstance(strategy, SupportsPipeline)
+    units = STAGED.get(run.model)
+    if units is None:
+        raise Unstaged(
+            f"the {run.model} model is not cut into pipeline stages: the kit's "
+            f"{' and '.join(STAGED)} are"
+        )
+    stage = strategy.pipeline(model, loss_fn, units=units)
+    microbatches = getattr(stage, "microbatches", 1)
+    if isinstance(microbatches, int) and run.micro_batch % microbatches:
+        raise Unstaged(
+            f"a micro-batch of {run.micro_batch} does not split into the schedule's "
+            f"{microbatches} microbatches"
+        )
+    parts = list(stage.parts) if isinstance(stage, _Staged) else [stage]
+    for part in parts:
+        parallelize(part, run, strategy, plan=False)
+    return stage
+
+
+def parallelize(
+    model: nn.Module, run: TrainingRun, strategy: Strategy, *, plan: bool = True
+) -> None:
     """Parallelize ``model`` over ``strategy``'s mesh in place, as a user's module does.
+
+    ``plan``: split its layers over ``"tp"`` too (a pipeline's stages do not).
 
     Raises:
         AssertionError: The strategy declares ``parallelized_by_module`` and has no
@@ -73,7 +144,7 @@ def parallelize(model: nn.Module, run: TrainingRun, strategy: Strategy) -> None:
         )
     mesh = strategy.device_mesh
     names = mesh.mesh_dim_names or ()
-    plan = tensor_parallel_plan(run)
-    if "tp" in names and plan:
-        parallelize_module(model, mesh["tp"], plan)
+    layers = tensor_parallel_plan(run) if plan else {}
+    if "tp" in names and layers:
+        parallelize_module(model, mesh["tp"], layers)
     fully_shard(model, mesh=strategy.data_parallel_mesh)

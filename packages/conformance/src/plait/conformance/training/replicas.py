@@ -100,6 +100,7 @@ class Replicas(TrainingExample):
             if loop.sharded
             else tuple(seen for seen in validated if seen is not None),
             data_parallel_size=loop.data_parallel_size,
+            data_parallel_rank=loop.data_rank,
             buffers=buffers,
         )
 
@@ -237,17 +238,19 @@ def _check_buffers(
     """Whether each rank's buffers after training are what the declaration says."""
     declared = semantics.buffer_updates
     for index, report in enumerate(kept):
-        if index >= len(expected.buffers) or not expected.buffers[index].numel():
+        # A tensor-parallel group's ranks read their data-parallel rank's data.
+        place = index if report.data_parallel_rank is None else report.data_parallel_rank
+        if place >= len(expected.buffers) or not expected.buffers[place].numel():
             continue
         found = torch.tensor(report.buffers, dtype=torch.float64)
-        want = expected.buffers[index]
+        want = expected.buffers[place]
         if _close(found, want, run, expected.rounding(run.steps)):
             continue
         matches = ""
         if isinstance(semantics.replicas, Synchronous):
             other: Buffers = "own" if declared == "broadcast" else "broadcast"
             theirs = reference(run, len(expected.buffers), semantics.replicas, buffers=other)
-            if _close(found, theirs.buffers[index], run, theirs.rounding(run.steps)):
+            if _close(found, theirs.buffers[place], run, theirs.rounding(run.steps)):
                 matches = f"; they are what buffers={other!r} gives ({_BUFFERS[other]})"
         return [
             (

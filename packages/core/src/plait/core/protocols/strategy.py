@@ -392,7 +392,9 @@ class SupportsPipeline(Protocol):
 
     `pipeline` cuts a module into stages (named by its submodules) and gives this
     rank's, as a module whose call runs the pipeline schedule's forward and backward
-    and returns the loss on every rank. The Trainer's ``Module.pipeline`` calls it
+    and returns the loss on every rank; it holds the rank's stages as ``parts`` (a
+    ``ModuleList``), each parallelized and sharded over the mesh as the whole module
+    would be, before ``setup_module``. The Trainer's ``Module.pipeline`` calls it
     where `pipeline_parallel_size` is more than 1, and keeps the module whole
     otherwise.
     """
