@@ -273,20 +273,21 @@ class TestMeshDimensions(ConformanceSuite):
 
 
 class TestModelParallelTrainsOnMeshes(TrainingSuite):
-    """The training properties of ``model_parallel`` over tensor and pipeline ranks.
+    """The training properties of ``model_parallel`` over tensor, pipeline and context ranks.
 
     The kit's models parallelize themselves over the mesh (the strategy declares
-    ``parallelized_by_module``): on (tp=2), (dp=2, tp=2), (pp=2) and (pp=2, dp=2),
-    the MLP and the convolution cut into two stages on the last two, and their
-    checkpoints resized to 1 and 3 ranks on the strategy's own mesh. Data parallelism
-    alone is `TestMeshStrategiesOnTheirOwnMesh`'s.
+    ``parallelized_by_module``): on (tp=2), (dp=2, tp=2), (pp=2), (pp=2, dp=2),
+    (cp=2) and (dp=2, cp=2), the MLP and the convolution cut into two stages under a
+    pipeline, the attention model's sequences split between the context-parallel
+    ranks, and their checkpoints resized to 1 and 3 ranks on the strategy's own mesh.
+    Data parallelism alone is `TestMeshStrategiesOnTheirOwnMesh`'s.
     """
 
     strategies = (MESH_STRATEGY,)
     world_sizes = (2, 4)
     meshes: ClassVar[dict[int, tuple[tuple[int, ...], ...]]] = {
-        2: ((1, 2), (2, 1, 1, 1)),
-        4: ((2, 2), (2, 2, 1, 1)),
+        2: ((1, 2), (2, 1, 1, 1), (1, 1, 2, 1)),
+        4: ((2, 2), (2, 2, 1, 1), (1, 2, 2, 1)),
     }
     training_examples = 2
     resize_world_sizes = (1, 3)

@@ -89,6 +89,9 @@ CAUGHT: Final = [
     # ... and spreading the kit's models over two pipeline stages.
     ("PipelineMissesALayer", "declared_semantics", 2, "every rank: the loss of step 0"),
     ("PipelineStageSkipsItsBackward", "declared_semantics", 2, "every rank: the loss of step 1"),
+    # ... and splitting the attention model's sequences over two context-parallel ranks.
+    ("ContextShardsOverDataOnly", "declared_semantics", 2, "global batch of the one rank"),
+    ("ContextMasksInLocalOrder", "declared_semantics", 2, "every rank: the loss of step 0"),
     # DiLoCo (every 4 steps, an outer Nesterov step): the runs reach its meetings
     # whatever the period, and the message names the flaw.
     ("DiLoCoNeverMeets", "declared_semantics", 2, "the run matches replicas that never meet"),

@@ -22,10 +22,13 @@ from typing_extensions import override
 
 from plait.core import ConfigurationError, ProcessLayout, Stateful, TrainingSemantics
 from plait.strategies import DDPStrategy, ModelParallelStrategy
+from plait.strategies.context_parallel import context_parallel_attention
 from plait.strategies.ddp import NamingDistributedDataParallel
 
 if TYPE_CHECKING:
     from collections.abc import Callable
+
+    from torch.distributed.device_mesh import DeviceMesh
 
     from plait.core.typing import Checkpoint, PathLike, StateDict
     from plait.strategies.pipeline import Pipeline
@@ -568,6 +571,53 @@ class PipelineStageSkipsItsBackward(_Pipelined):
             for parameter in self._skipped.parameters():
                 parameter.grad = None
         return super().optimizer_step(optimizer, closure)
+
+
+class _ContextParallel(ModelParallelStrategy):
+    """`ModelParallelStrategy` with every rank a context-parallel rank (correct)."""
+
+    def __init__(self, *, precision: str | None = None, checkpoint_io: str | None = None) -> None:
+        super().__init__(
+            data_parallel_size=1,
+            tensor_parallel_size=1,
+            context_parallel_size=2,
+            precision=precision,
+            checkpoint_io=checkpoint_io,
+        )
+
+
+class ContextShardsOverDataOnly(_ContextParallel):
+    """Shards the module over ``dp_shard`` alone with cp = 2: cp ranks' gradients never summed."""
+
+    @property
+    @override
+    def data_parallel_mesh(self) -> DeviceMesh:
+        return self.device_mesh["dp_shard"]
+
+    @override
+    def _check_parallelized(self, module: torch.nn.Module) -> None:
+        pass
+
+
+class ContextMasksInLocalOrder(_ContextParallel):
+    """Masks causally by contiguous slices, while the sequence is split load-balanced."""
+
+    @override
+    def attention(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        *,
+        is_causal: bool = False,
+    ) -> torch.Tensor:
+        group = self.context_parallel_group
+        length = query.shape[-2]
+        rank = self.mesh_shape.coordinates(self.global_rank)["cp"]
+        contiguous = torch.arange(rank * length, (rank + 1) * length)
+        return context_parallel_attention(
+            query, key, value, group=group, positions=contiguous, is_causal=is_causal
+        )
 
 
 class MeshLoadsTheModulesAlone(_TensorParallel):

@@ -311,12 +311,19 @@ class GroupCase:
 
 # The training kit's examples: a small run, and what each rank does with it.
 
-ModelName: TypeAlias = Literal["mlp", "conv", "embedding", "transformer", "norm"]
+ModelName: TypeAlias = Literal["mlp", "conv", "embedding", "transformer", "norm", "attention"]
 OptimizerName: TypeAlias = Literal["sgd", "adam", "lbfgs"]
 SchedulerName: TypeAlias = Literal["none", "step", "epoch", "plateau"]
 Kind: TypeAlias = Literal["replicas", "round_trip", "resume", "move_out", "move_in"]
 
-MODELS: Final[tuple[ModelName, ...]] = ("mlp", "conv", "embedding", "transformer", "norm")
+MODELS: Final[tuple[ModelName, ...]] = (
+    "mlp",
+    "conv",
+    "embedding",
+    "transformer",
+    "norm",
+    "attention",
+)
 MODELS_WITH_BUFFERS: Final[tuple[ModelName, ...]] = ("norm",)
 """The models whose buffers (batch normalization's running statistics) change in training."""
 OPTIMIZERS: Final[tuple[OptimizerName, ...]] = ("sgd", "adam", "lbfgs")
@@ -345,9 +352,11 @@ class TrainingRun:
     epoch of ``steps_per_epoch`` steps draws the samples in an order of its own.
 
     Attributes:
-        model: A small MLP, a convolution, an embedding bag, a transformer block, or
+        model: A small MLP, a convolution, an embedding bag, a transformer block,
             an MLP with batch normalization (``"norm"``: a model with buffers,
-            which takes two samples or more a micro-batch).
+            which takes two samples or more a micro-batch), or causal self-attention
+            pooled over its sequence (``"attention"``: its tokens split over
+            context-parallel ranks where the strategy has them).
         seed: Seeds the model, the data and the ranks' random streams.
         micro_batch: Samples in one rank's micro-batch.
         accumulate: Micro-batches per optimizer step (the first ones in ``no_sync``).

@@ -23,7 +23,11 @@ from typing_extensions import override
 
 from plait.core import ConfigurationError, ProcessLayout, TrainingSemantics
 from plait.strategies import meta
-from plait.strategies.context_parallel import sequence_positions, shard_sequence
+from plait.strategies.context_parallel import (
+    context_parallel_attention,
+    sequence_positions,
+    shard_sequence,
+)
 from plait.strategies.mesh import MeshStrategy, is_dtensor, names_parts_as_whole
 from plait.strategies.parallel import DEFAULT_START_TIMEOUT, DEFAULT_TIMEOUT, process_group_options
 from plait.strategies.pipeline import schedule_name
@@ -638,6 +642,31 @@ class ModelParallelStrategy(MeshStrategy):
             rank=shape.coordinates(self.global_rank)["cp"],
             size=shape.context,
             load_balanced=self.context_parallel_load_balancing and shape.context > 1,
+        )
+
+    def attention(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        *,
+        is_causal: bool = False,
+    ) -> torch.Tensor:
+        """`context_parallel_attention` of this rank's tokens over its ``cp`` group.
+
+        Queries, keys and values are this rank's tokens
+        (``(batch, heads, local_length, head_dim)``, as `shard_sequence` took them);
+        a causal mask follows their global positions (`sequence_positions` of the
+        whole length). Without context parallelism, ``scaled_dot_product_attention``.
+        """
+        group = self.context_parallel_group
+        positions = (
+            None
+            if group is None
+            else self.sequence_positions(query.shape[-2] * self.mesh_shape.context)
+        )
+        return context_parallel_attention(
+            query, key, value, group=group, positions=positions, is_causal=is_causal
         )
 
     def shard_sequence(self, tensor: torch.Tensor, dim: int = 1) -> torch.Tensor:

@@ -272,12 +272,18 @@ def _inside(period: int) -> int:
 _NORM_RUN = attrs.evolve(_GRID_RUN, model="norm", steps=3, scheduler="none")
 """A model with buffers (batch normalization), two micro-batches a step."""
 
+_ATTENTION_RUN = attrs.evolve(
+    _GRID_RUN, model="attention", steps=3, optimizer="adam", scheduler="none"
+)
+"""A sequence model whose tokens a context-parallel strategy splits between ranks."""
+
 
 def replicas_grid(world_size: int, semantics: TrainingSemantics) -> list[TrainingCase]:
-    """The replicas examples every run tries first, the second with buffers.
+    """The replicas examples every run tries first.
 
-    The first validates inside a period and right after a meeting (synchronous: in
-    the middle of the run).
+    The second has buffers; the third is a sequence model (split between
+    context-parallel ranks where they are). The first validates inside a period and
+    right after a meeting (synchronous: in the middle of the run).
     """
     del world_size
     period = declared_period(semantics)
@@ -285,6 +291,7 @@ def replicas_grid(world_size: int, semantics: TrainingSemantics) -> list[Trainin
     return [
         TrainingCase("replicas", _grid_run(semantics), validate_after=after),
         TrainingCase("replicas", _grid_run(semantics, _NORM_RUN)),
+        TrainingCase("replicas", _grid_run(semantics, _ATTENTION_RUN)),
     ]
 
 

@@ -30,9 +30,16 @@ from plait.conformance.training.models import (
     micro_batch,
     step_scheduler,
 )
-from plait.conformance.training.parallel import Unstaged, parallelize, pipelined, stages_of
+from plait.conformance.training.parallel import (
+    Unstaged,
+    parallelize,
+    pipelined,
+    split_sequences,
+    stages_of,
+)
 from plait.core import (
     ConfigurationError,
+    SupportsContextParallel,
     SupportsLifecycleHooks,
     SupportsReplace,
     SupportsShardedModule,
@@ -201,6 +208,8 @@ class Loop:
                 raise Refused(str(refusal)) from refusal
         elif semantics.parallelized_by_module:
             parallelize(model, run, strategy)
+        # Each rank of a cp group takes its own tokens of every sequence.
+        self.split = semantics.parallelized_by_module and split_sequences(model, strategy)
         optimizer = make_optimizer(run, model.parameters())
         if run.optimizer == "lbfgs" and hasattr(strategy, "check_closure_optimizer"):
             try:
@@ -236,6 +245,9 @@ class Loop:
             )
             inputs = inputs.to(strategy.root_device)
             targets = targets.to(strategy.root_device)
+            if self.split:
+                assert isinstance(strategy, SupportsContextParallel)
+                inputs = strategy.shard_sequence(inputs, dim=1)
             synchronising = window == run.accumulate - 1
             with strategy.no_sync(self.module, enabled=not synchronising):
                 if self.pipelined:

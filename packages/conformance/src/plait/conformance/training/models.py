@@ -5,17 +5,20 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Final
 
 import torch
+import torch.distributed.nn.functional
 from torch import nn
 from typing_extensions import override
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable
+    from collections.abc import Callable, Iterable
 
     from plait.conformance.training.cases import TrainingRun
 
 __all__ = [
     "CLASSES",
+    "LENGTH",
     "STAGED",
+    "Attention",
     "global_batch",
     "make_model",
     "make_optimizer",
@@ -28,6 +31,8 @@ __all__ = [
 CLASSES: Final = 3
 _FEATURES: Final = 6
 _TOKENS: Final = 11
+LENGTH: Final = 4
+"""The tokens of a sequence (the transformer block's and the attention's)."""
 
 
 class _Layers(nn.Sequential):
@@ -79,6 +84,44 @@ class _Block(nn.Module):
         return out
 
 
+class Attention(nn.Module):
+    """Causal self-attention over a sequence, pooled, then a head: a sequence model.
+
+    Its tokens may be split over context-parallel ranks: `attend` is then the
+    strategy's attention (`plait.core.SupportsContextParallelAttention`) and the
+    pooled sum is added up over `group`. Without biases before the attention (a key's
+    bias has no gradient but rounding).
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.query = nn.Linear(8, 8, bias=False)
+        self.key = nn.Linear(8, 8, bias=False)
+        self.value = nn.Linear(8, 8, bias=False)
+        self.out = nn.Linear(8, 8, bias=False)
+        self.head = nn.Linear(8, CLASSES)
+        self.attend: Callable[..., torch.Tensor] | None = None
+        self.group: torch.distributed.ProcessGroup | None = None
+
+    @override
+    def forward(self, sequence: torch.Tensor) -> torch.Tensor:
+        batch, length, width = sequence.shape
+        query, key, value = (
+            layer(sequence).view(batch, length, 2, width // 2).transpose(1, 2)
+            for layer in (self.query, self.key, self.value)
+        )
+        if self.attend is None:
+            mixed = nn.functional.scaled_dot_product_attention(query, key, value, is_causal=True)
+        else:
+            mixed = self.attend(query, key, value, is_causal=True)
+        total = self.out(mixed.transpose(1, 2).reshape(batch, length, width)).sum(dim=1)
+        if self.group is not None:
+            # The other ranks' tokens' sums: this rank's gradient flows back to them.
+            total = torch.distributed.nn.functional.all_reduce(total, group=self.group)  # type: ignore[no-untyped-call]
+        out: torch.Tensor = self.head(total / LENGTH)
+        return out
+
+
 def make_model(run: TrainingRun) -> nn.Module:
     """The run's model, its weights drawn from ``run.seed`` (the same everywhere)."""
     with torch.random.fork_rng(devices=[]):
@@ -94,6 +137,8 @@ def make_model(run: TrainingRun) -> nn.Module:
             )
         if run.model == "embedding":
             return _Pooled()
+        if run.model == "attention":
+            return Attention()
         if run.model == "norm":
             # Buffers: the running mean and variance each rank updates from its own
             # micro-batches, and the batches counted. No bias before the norm: it has
@@ -114,7 +159,7 @@ def _inputs(run: TrainingRun, count: int, generator: torch.Generator) -> torch.T
         return torch.randn(count, 2, 6, 6, generator=generator)
     if run.model == "embedding":
         return torch.randint(0, _TOKENS, (count, 5), generator=generator)
-    return torch.randn(count, 4, 8, generator=generator)
+    return torch.randn(count, LENGTH, 8, generator=generator)
 
 
 def global_batch(run: TrainingRun, world_size: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:

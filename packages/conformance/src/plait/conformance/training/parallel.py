@@ -14,14 +14,26 @@ their layers (`plait.conformance.training.models.STAGED`) and each stage the ran
 holds is sharded as the whole model would be (without a tensor-parallel plan: the
 MLP's two layers fall in different stages); the schedule runs each window's forward
 and backward, its loss divided by the window's micro-batches.
+
+Where the strategy splits sequences over context-parallel ranks
+(`plait.core.SupportsContextParallel` with a ``cp`` group, and
+`plait.core.SupportsContextParallelAttention`), the attention model takes its tokens
+of each sequence (``shard_sequence``), attends through the strategy's ``attention``
+and adds its pooled sum up over the ``cp`` group; the other models read their
+samples whole on every ``cp`` rank.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
-from plait.conformance.training.models import STAGED
-from plait.core import SupportsDeviceMesh, SupportsPipeline
+from plait.conformance.training.models import STAGED, Attention
+from plait.core import (
+    SupportsContextParallel,
+    SupportsContextParallelAttention,
+    SupportsDeviceMesh,
+    SupportsPipeline,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -39,6 +51,7 @@ __all__ = [
     "Unstaged",
     "parallelize",
     "pipelined",
+    "split_sequences",
     "stages_of",
     "tensor_parallel_plan",
 ]
@@ -81,6 +94,26 @@ def tensor_parallel_plan(run: TrainingRun) -> dict[str, ParallelStyle]:
     if run.model == "transformer":
         return {"block.linear1": ColwiseParallel(), "block.linear2": RowwiseParallel()}
     return {}  # a convolution's channels stay whole: it is only sharded
+
+
+def split_sequences(model: nn.Module, strategy: Strategy) -> bool:
+    """Have ``model`` attend over sequences split between ``cp`` ranks, where they are.
+
+    Returns:
+        Whether the loop gives the model its tokens of each sequence alone.
+    """
+    if not (
+        isinstance(model, Attention)
+        and isinstance(strategy, SupportsContextParallel)
+        and isinstance(strategy, SupportsContextParallelAttention)
+    ):
+        return False
+    group = strategy.context_parallel_group
+    if group is None:
+        return False
+    model.attend = strategy.attention
+    model.group = group
+    return True
 
 
 def pipelined(strategy: Strategy) -> bool:

@@ -109,7 +109,8 @@ class Reference:
 def describe(replicas: Replicas, world_size: int) -> str:
     """The reference of ``replicas`` in words, as a failure names it."""
     if isinstance(replicas, Synchronous):
-        return f"one process on the global batch of the {world_size} ranks (Synchronous)"
+        ranks = "the one rank" if world_size == 1 else f"the {world_size} ranks"
+        return f"one process on the global batch of {ranks} (Synchronous)"
     outer = (
         ""
         if replicas.outer_lr == 1 and not replicas.outer_momentum

@@ -387,6 +387,28 @@ class SupportsContextParallel(Protocol):
 
 
 @runtime_checkable
+class SupportsContextParallelAttention(Protocol):
+    """A strategy whose modules' attention may run over sequences split between ``cp`` ranks.
+
+    A module calls `attention` where it would call ``scaled_dot_product_attention``,
+    with its own tokens' queries, keys and values (`SupportsContextParallel.shard_sequence`):
+    each query attends to the whole sequence's keys, with a causal mask by the
+    tokens' global positions. One rank holding the whole sequence: the plain call.
+    """
+
+    def attention(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        *,
+        is_causal: bool = False,
+    ) -> torch.Tensor:
+        """Attention of this rank's tokens, shaped ``(batch, heads, local_length, head_dim)``."""
+        ...
+
+
+@runtime_checkable
 class SupportsPipeline(Protocol):
     """A strategy that may spread a module's layers over pipeline ranks (``pp``).
 
