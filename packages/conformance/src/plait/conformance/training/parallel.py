@@ -5,8 +5,8 @@ never wraps a module itself: the module splits its layers over the mesh's ``"tp"
 dimension and shards itself over the data-parallel ranks before ``setup_module``,
 as a user's ``configure_model`` would. Each of the kit's models has a plan of its own:
 the MLP's two layers column- then row-wise, the embedding's table by its columns and
-the head by its rows, the transformer block's feed-forward layers; the convolution
-only shards. Every model is then ``fully_shard``-ed over ``data_parallel_mesh``.
+the head by its rows, the transformer block's feed-forward layers; the others only
+shard. Every model is then ``fully_shard``-ed over ``data_parallel_mesh``.
 
 Where the strategy spreads stages over pipeline ranks (`plait.core.SupportsPipeline`,
 ``pipeline_parallel_size > 1``), the MLP and the convolution are cut into stages by
@@ -93,7 +93,7 @@ def tensor_parallel_plan(run: TrainingRun) -> dict[str, ParallelStyle]:
         return {"embedding": ColwiseParallel(), "head": RowwiseParallel()}
     if run.model == "transformer":
         return {"block.linear1": ColwiseParallel(), "block.linear2": RowwiseParallel()}
-    return {}  # a convolution's channels stay whole: it is only sharded
+    return {}  # the others' layers stay whole: they are only sharded
 
 
 def split_sequences(model: nn.Module, strategy: Strategy) -> bool:
