@@ -14,7 +14,7 @@ import sys
 from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from types import ModuleType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar, Literal
 
 import torch
 import torch.distributed as dist
@@ -434,61 +434,62 @@ class StreamingDiLoCo(DiLoCo):
 
 
 class DiLoCoPerGroup(DiLoCo):
-    """DiLoCo with a period per parameter group (correct): the first half every 2 steps,
-    the second every 4."""
+    """DiLoCo with a period per group (correct): the first half every 2 steps, the rest 4."""
 
     def __init__(self, *, precision: str | None = None, checkpoint_io: str | None = None) -> None:
         super().__init__(periods=(2, 4), precision=precision, checkpoint_io=checkpoint_io)
 
 
-class DiLoCoPerGroupMeetingTogether(DiLoCoPerGroup):
+class _MeetingAllAtOnce(DiLoCo):
+    """Meets every part of the parameters at once every ``sync_every`` steps."""
+
+    @override
+    def optimizer_step(
+        self, optimizer: torch.optim.Optimizer, closure: object | None = None
+    ) -> object:
+        result = DDPStrategy.optimizer_step(self, optimizer, closure)  # type: ignore[arg-type]
+        self.steps += 1
+        if self.steps % self.sync_every == 0:
+            self.meet()
+        return result
+
+    @override
+    def on_train_end(self) -> None:
+        if self.steps % self.sync_every:
+            self.meet()
+
+
+class DiLoCoPerGroupMeetingTogether(_MeetingAllAtOnce, DiLoCoPerGroup):
     """Declares a period per group and meets every group every 4 steps."""
 
-    @override
-    def optimizer_step(
-        self, optimizer: torch.optim.Optimizer, closure: object | None = None
-    ) -> object:
-        result = DDPStrategy.optimizer_step(self, optimizer, closure)  # type: ignore[arg-type]
-        self.steps += 1
-        if self.steps % self.sync_every == 0:
-            self.meet()
-        return result
 
-    @override
-    def on_train_end(self) -> None:
-        if self.steps % self.sync_every:
-            self.meet()
-
-
-class StreamingDiLoCoMeetingAllAtOnce(StreamingDiLoCo):
+class StreamingDiLoCoMeetingAllAtOnce(_MeetingAllAtOnce, StreamingDiLoCo):
     """Declares two staggered fragments and meets them all at once every 4 steps."""
 
-    @override
-    def optimizer_step(
-        self, optimizer: torch.optim.Optimizer, closure: object | None = None
-    ) -> object:
-        result = DDPStrategy.optimizer_step(self, optimizer, closure)  # type: ignore[arg-type]
-        self.steps += 1
-        if self.steps % self.sync_every == 0:
-            self.meet()
-        return result
 
-    @override
-    def on_train_end(self) -> None:
-        if self.steps % self.sync_every:
-            self.meet()
+class _OnMesh(ModelParallelStrategy):
+    """`ModelParallelStrategy` on the mesh its class names, every other rank along it (correct)."""
 
-
-class _TensorParallel(ModelParallelStrategy):
-    """`ModelParallelStrategy` with every rank in one tensor-parallel group (correct)."""
+    data: ClassVar[int] = 1
+    tensor: ClassVar[int | Literal["auto"]] = 1
+    context: ClassVar[int] = 1
+    pipeline_size: ClassVar[int] = 1
 
     def __init__(self, *, precision: str | None = None, checkpoint_io: str | None = None) -> None:
         super().__init__(
-            data_parallel_size=1,
-            tensor_parallel_size="auto",
+            data_parallel_size=self.data,
+            tensor_parallel_size=self.tensor,
+            context_parallel_size=self.context,
+            pipeline_parallel_size=self.pipeline_size,
             precision=precision,
             checkpoint_io=checkpoint_io,
         )
+
+
+class _TensorParallel(_OnMesh):
+    """Every rank in one tensor-parallel group (correct)."""
+
+    tensor = "auto"
 
 
 class MeshLaysOutNoMesh(_TensorParallel):
@@ -501,43 +502,17 @@ class MeshLaysOutNoMesh(_TensorParallel):
 
 
 class _Pipelined(ModelParallelStrategy):
-    """`ModelParallelStrategy` with every rank a pipeline stage (correct)."""
+    """`ModelParallelStrategy` with every rank a pipeline stage (correct, but for its hooks)."""
 
     def __init__(self, *, precision: str | None = None, checkpoint_io: str | None = None) -> None:
         super().__init__(pipeline_parallel_size=2, precision=precision, checkpoint_io=checkpoint_io)
 
+    def units_kept(self, units: Sequence[str]) -> Sequence[str]:
+        """The units the stages are cut from."""
+        return units
 
-class PipelineMissesALayer(_Pipelined):
-    """Cuts the stages from the units it is given less the second (an activation)."""
-
-    @override
-    def pipeline(
-        self,
-        module: torch.nn.Module,
-        loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
-        *,
-        units: Sequence[str] | None = None,
-        stages: Sequence[Sequence[str]] | None = None,
-        schedule: str | None = None,
-        microbatches: int | None = None,
-        stages_per_rank: int | None = None,
-    ) -> Pipeline:
-        kept = None if units is None else [unit for unit in units if unit != units[1]]
-        return super().pipeline(
-            module,
-            loss_fn,
-            units=kept,
-            stages=stages,
-            schedule=schedule,
-            microbatches=microbatches,
-            stages_per_rank=stages_per_rank,
-        )
-
-
-class PipelineStageSkipsItsBackward(_Pipelined):
-    """The first stage's backward never reaches its parameters: they keep no gradient."""
-
-    _skipped: torch.nn.Module | None = None
+    def made(self, pipeline: Pipeline) -> None:
+        """What becomes of the pipeline once made."""
 
     @override
     def pipeline(
@@ -554,14 +529,32 @@ class PipelineStageSkipsItsBackward(_Pipelined):
         made = super().pipeline(
             module,
             loss_fn,
-            units=units,
+            units=None if units is None else self.units_kept(units),
             stages=stages,
             schedule=schedule,
             microbatches=microbatches,
             stages_per_rank=stages_per_rank,
         )
-        self._skipped = made.parts[0] if made.has_first_stage else None
+        self.made(made)
         return made
+
+
+class PipelineMissesALayer(_Pipelined):
+    """Cuts the stages from the units it is given less the second (an activation)."""
+
+    @override
+    def units_kept(self, units: Sequence[str]) -> Sequence[str]:
+        return [unit for unit in units if unit != units[1]]
+
+
+class PipelineStageSkipsItsBackward(_Pipelined):
+    """The first stage's backward never reaches its parameters: they keep no gradient."""
+
+    _skipped: torch.nn.Module | None = None
+
+    @override
+    def made(self, pipeline: Pipeline) -> None:
+        self._skipped = pipeline.parts[0] if pipeline.has_first_stage else None
 
     @override
     def optimizer_step(
@@ -573,17 +566,10 @@ class PipelineStageSkipsItsBackward(_Pipelined):
         return super().optimizer_step(optimizer, closure)
 
 
-class _ContextParallel(ModelParallelStrategy):
-    """`ModelParallelStrategy` with every rank a context-parallel rank (correct)."""
+class _ContextParallel(_OnMesh):
+    """Two context-parallel ranks (correct)."""
 
-    def __init__(self, *, precision: str | None = None, checkpoint_io: str | None = None) -> None:
-        super().__init__(
-            data_parallel_size=1,
-            tensor_parallel_size=1,
-            context_parallel_size=2,
-            precision=precision,
-            checkpoint_io=checkpoint_io,
-        )
+    context = 2
 
 
 class ContextShardsOverDataOnly(_ContextParallel):
