@@ -415,9 +415,12 @@ def _first_ranks_buffers(
     """
     if not dist.is_available() or not dist.is_initialized() or dist.get_world_size() == 1:
         return state
+    # By the names a state dict writes: without the wrappers' (activation
+    # checkpointing's, compilation's).
+    named = (_unwrapped(name).removesuffix(".") for name, _ in module.named_buffers())
     names = [
         name
-        for name, _ in module.named_buffers()
+        for name in named
         if isinstance(state.get(name), torch.Tensor) and not is_dtensor(state[name])
     ]
     if not names:
