@@ -67,6 +67,27 @@ CONFIG_PATH_VARIABLE: Final = "PL_DEEPSPEED_CONFIG_PATH"
 _PARTITIONED_BY = "_plait_partitioned_by"
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
+_BATCH_NORMS = (
+    torch.nn.BatchNorm1d,
+    torch.nn.BatchNorm2d,
+    torch.nn.BatchNorm3d,
+    torch.nn.SyncBatchNorm,
+)
+
+
+def _statistics_in(module: torch.nn.Module, dtype: torch.dtype) -> None:
+    """Batch norm's running statistics in ``dtype``, the dtype DeepSpeed casts its weights to.
+
+    The engine casts parameters alone: a norm layer's bfloat16 weights beside its
+    float32 running statistics fail its first forward.
+    """
+    for norm in module.modules():
+        if not isinstance(norm, _BATCH_NORMS):
+            continue
+        for name, buffer in norm.named_buffers(recurse=False):
+            if buffer.is_floating_point() and buffer.dtype != dtype:
+                setattr(norm, name, buffer.to(dtype))
+
 
 class Engine(Protocol):
     """The part of DeepSpeed's ``DeepSpeedEngine`` the strategy drives."""
@@ -533,6 +554,7 @@ class DeepSpeedStrategy(SelfLaunchingStrategy):
         if self.stage == 3:  # partitioned in place: on this job's group
             for submodule in module.modules():
                 setattr(submodule, _PARTITIONED_BY, generation)
+        _statistics_in(module, self.compute_dtype)
         self._engine = cast("Engine", made)
         self._client_optimizer = optimizer
         self._optimizer_parameters = parameters
