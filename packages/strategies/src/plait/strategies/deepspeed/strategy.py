@@ -45,6 +45,7 @@ from plait.strategies.deepspeed.whole_state import (
     set_optimizer_state,
 )
 from plait.strategies.export import read_whole
+from plait.strategies.norms import BATCH_NORMS
 from plait.strategies.parallel import DEFAULT_START_TIMEOUT, DEFAULT_TIMEOUT, process_group_options
 from plait.strategies.self_launching import SelfLaunchingStrategy, check_start_method
 from plait.strategies.state import (
@@ -67,13 +68,6 @@ CONFIG_PATH_VARIABLE: Final = "PL_DEEPSPEED_CONFIG_PATH"
 _PARTITIONED_BY = "_plait_partitioned_by"
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
-_BATCH_NORMS = (
-    torch.nn.BatchNorm1d,
-    torch.nn.BatchNorm2d,
-    torch.nn.BatchNorm3d,
-    torch.nn.SyncBatchNorm,
-)
-
 
 def _statistics_in(module: torch.nn.Module, dtype: torch.dtype) -> None:
     """Batch norm's running statistics in ``dtype``, the dtype DeepSpeed casts its weights to.
@@ -82,7 +76,7 @@ def _statistics_in(module: torch.nn.Module, dtype: torch.dtype) -> None:
     float32 running statistics fail its first forward.
     """
     for norm in module.modules():
-        if not isinstance(norm, _BATCH_NORMS):
+        if not isinstance(norm, BATCH_NORMS):
             continue
         for name, buffer in norm.named_buffers(recurse=False):
             if buffer.is_floating_point() and buffer.dtype != dtype:

@@ -25,6 +25,7 @@ import torch
 
 from plait.strategies.fsdp.options import ModulePolicy, SizeBasedPolicy
 from plait.strategies.meta import check_materializable, is_meta, materialize
+from plait.strategies.norms import BATCH_NORMS
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
@@ -41,14 +42,6 @@ __all__ = [
 ]
 
 _CHECKPOINTED = "_plait_activation_checkpointed"
-
-_BATCH_NORMS = (
-    torch.nn.BatchNorm1d,
-    torch.nn.BatchNorm2d,
-    torch.nn.BatchNorm3d,
-    torch.nn.SyncBatchNorm,
-)
-"""Layers whose running statistics stay float32 under mixed precision."""
 
 
 def _post_order(module: torch.nn.Module) -> Iterator[torch.nn.Module]:
@@ -163,7 +156,7 @@ def apply_fully_shard(
     norms = [
         norm
         for norm in module.modules()
-        if lower and isinstance(norm, _BATCH_NORMS) and norm is not module and norm not in blocks
+        if lower and isinstance(norm, BATCH_NORMS) and norm is not module and norm not in blocks
     ]
     kept = MixedPrecisionPolicy(
         param_dtype=torch.float32,
