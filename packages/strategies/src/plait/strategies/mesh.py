@@ -20,13 +20,15 @@ from plait.core import ConfigurationError, SupportsLoadInPlace
 from plait.strategies import meta
 from plait.strategies.self_launching import SelfLaunchingStrategy
 from plait.strategies.state import (
-    WRAPPER_PREFIXES,
     check_state_fits,
+    first_ranks_buffers,
+    is_dtensor,
     load_param_groups,
     module_state_of,
     optimizer_parameter_names,
     optimizer_state_keyed,
     optimizer_states_of,
+    unwrapped_name,
 )
 
 if TYPE_CHECKING:
@@ -36,12 +38,6 @@ if TYPE_CHECKING:
     from plait.core.typing import Checkpoint, PathLike, StateDict
 
 __all__ = ["MeshStrategy", "NamedAsWhole", "is_dtensor", "names_parts_as_whole"]
-
-
-def is_dtensor(value: object) -> bool:
-    """Whether ``value`` is a DTensor."""
-    # By its method, not its class: torch.distributed.tensor is slow to import.
-    return isinstance(value, torch.Tensor) and callable(getattr(value, "full_tensor", None))
 
 
 @runtime_checkable
@@ -59,7 +55,7 @@ def _renaming(module: torch.nn.Module) -> dict[str, str]:
     names: dict[str, str] = {}
     for prefix, submodule in module.named_modules():
         if isinstance(submodule, NamedAsWhole):
-            within = _unwrapped(prefix)
+            within = unwrapped_name(prefix)
             for own, whole in submodule.whole_names().items():
                 names[f"{within}{own}"] = f"{within}{whole}"
     return names
@@ -68,14 +64,6 @@ def _renaming(module: torch.nn.Module) -> dict[str, str]:
 def names_parts_as_whole(module: torch.nn.Module) -> bool:
     """Whether ``module`` holds parts keyed by another module's names (a pipeline's)."""
     return any(isinstance(submodule, NamedAsWhole) for submodule in module.modules())
-
-
-def _unwrapped(prefix: str) -> str:
-    # A submodule's name as state dicts write it (no wrapper's), with its dot.
-    name = f"{prefix}." if prefix else ""
-    for wrapper in WRAPPER_PREFIXES:
-        name = name.replace(wrapper, "")
-    return name
 
 
 def _renamed_model(state: Mapping[str, object], names: Mapping[str, str]) -> StateDict:
@@ -264,7 +252,7 @@ class MeshStrategy(SelfLaunchingStrategy):
 
         state = get_model_state_dict(module, options=options)
         if not options.full_state_dict:
-            state = _first_ranks_buffers(module, state, self.buffer_sources())
+            state = first_ranks_buffers(module, state, self.buffer_sources())
         return _renamed_model(state, _renaming(module))
 
     def buffer_sources(self) -> list[tuple[dist.ProcessGroup | None, int]]:
@@ -399,38 +387,3 @@ class MeshStrategy(SelfLaunchingStrategy):
         self._optimizers = []
         self._names = {}
         super().teardown()
-
-
-def _first_ranks_buffers(
-    module: torch.nn.Module,
-    state: StateDict,
-    sources: Sequence[tuple[dist.ProcessGroup | None, int]],
-) -> StateDict:
-    """``state`` with one rank's values of the module's buffers (every rank calls it).
-
-    Each rank updates its buffers (BatchNorm's running statistics) from its own
-    batches and FSDP never exchanges them; a checkpoint holds one value of a tensor
-    that is not sharded, and it is the first rank's (rank 0's, as under DDP), sent
-    through ``sources`` in turn.
-    """
-    if not dist.is_available() or not dist.is_initialized() or dist.get_world_size() == 1:
-        return state
-    # By the names a state dict writes: without the wrappers' (activation
-    # checkpointing's, compilation's).
-    named = (_unwrapped(name).removesuffix(".") for name, _ in module.named_buffers())
-    names = [
-        name
-        for name in named
-        if isinstance(state.get(name), torch.Tensor) and not is_dtensor(state[name])
-    ]
-    if not names:
-        return state
-    chosen = {}
-    for name in names:
-        value = state[name]
-        assert isinstance(value, torch.Tensor)
-        chosen[name] = value.detach().clone()
-    for group, source in sources:
-        for value in chosen.values():
-            dist.broadcast(value, src=source, group=group)
-    return {**state, **chosen}

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Final
 
 import torch
+import torch.distributed as dist
 from typing_extensions import override
 
 from plait.core import CheckpointError, ConfigurationError, Stateful
@@ -19,6 +20,8 @@ __all__ = [
     "LiveState",
     "UnreadEntryError",
     "check_state_fits",
+    "first_ranks_buffers",
+    "is_dtensor",
     "load_module_state",
     "load_param_groups",
     "module_state_of",
@@ -27,6 +30,7 @@ __all__ = [
     "optimizer_states_of",
     "parameter_names",
     "saved_optimizer_names",
+    "unwrapped_name",
 ]
 
 # A checkpoint's own entries: the module's state, the optimizers', the precision's,
@@ -490,3 +494,52 @@ def load_param_groups(optimizer: torch.optim.Optimizer, groups: object, source: 
     for group, kept in zip(optimizer.param_groups, saved, strict=True):
         if isinstance(kept, Mapping):
             group.update({key: value for key, value in kept.items() if key != "params"})
+
+
+def is_dtensor(value: object) -> bool:
+    """Whether ``value`` is a DTensor."""
+    # By its method, not its class: torch.distributed.tensor is slow to import.
+    return isinstance(value, torch.Tensor) and callable(getattr(value, "full_tensor", None))
+
+
+def unwrapped_name(prefix: str) -> str:
+    """A submodule's name as state dicts write it (without a wrapper's), with its dot."""
+    name = f"{prefix}." if prefix else ""
+    for wrapper in WRAPPER_PREFIXES:
+        name = name.replace(wrapper, "")
+    return name
+
+
+def first_ranks_buffers(
+    module: torch.nn.Module,
+    state: StateDict,
+    sources: Sequence[tuple[dist.ProcessGroup | None, int]],
+) -> StateDict:
+    """``state`` with one rank's values of the module's buffers (every rank calls it).
+
+    Each rank updates its buffers (BatchNorm's running statistics) from its own
+    batches and FSDP never exchanges them; a checkpoint holds one value of a tensor
+    that is not sharded, and it is the first rank's (rank 0's, as under DDP), sent
+    through ``sources`` in turn.
+    """
+    if not dist.is_available() or not dist.is_initialized() or dist.get_world_size() == 1:
+        return state
+    # By the names a state dict writes: without the wrappers' (activation
+    # checkpointing's, compilation's).
+    named = (unwrapped_name(name).removesuffix(".") for name, _ in module.named_buffers())
+    names = [
+        name
+        for name in named
+        if isinstance(state.get(name), torch.Tensor) and not is_dtensor(state[name])
+    ]
+    if not names:
+        return state
+    chosen = {}
+    for name in names:
+        value = state[name]
+        assert isinstance(value, torch.Tensor)
+        chosen[name] = value.detach().clone()
+    for group, source in sources:
+        for value in chosen.values():
+            dist.broadcast(value, src=source, group=group)
+    return {**state, **chosen}
