@@ -297,7 +297,9 @@ class LocalSGDStrategy(DDPStrategy):
         gathers them), the anchor, the outer momentum and the step count.
         """
         state = super().get_state_dict(module, optimizers)
-        mine = {"module": state["state_dict"], "optimizer_states": state["optimizer_states"]}
+        # This rank's own module state: DDP's holds rank 0's buffers on every rank.
+        own = self.module_state_dict(module)
+        mine = {"module": own, "optimizer_states": state["optimizer_states"]}
         replicas = [self.broadcast(mine, src=rank) for rank in range(self.world_size)]
         state["state_dict"] = replicas[0]["module"]
         state["optimizer_states"] = replicas[0]["optimizer_states"]

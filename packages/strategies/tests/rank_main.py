@@ -14,6 +14,7 @@ import gc
 # objects, and every full collection over them costs this process most of a second.
 gc.disable()
 
+import shutil
 import sys
 import tempfile
 import time
@@ -30,7 +31,7 @@ from torch.distributed.algorithms.ddp_comm_hooks.post_localSGD_hook import (
 )
 from typing_extensions import override
 
-from plait.checkpoint_io import AsyncCheckpointIO, TorchCheckpointIO
+from plait.checkpoint_io import AsyncCheckpointIO, DistributedCheckpointIO, TorchCheckpointIO
 from plait.core import CollectiveMismatchError, CollectiveTimeoutError, ConfigurationError
 from plait.core.typing import PathLike
 from plait.strategies import DDPShardedStrategy, DDPStrategy
@@ -371,6 +372,38 @@ def background_save_then_load(strategy: DDPStrategy) -> None:
     print(f"rank {rank}: background saves ok")
 
 
+def batch_norm_saved(strategy: DDPStrategy) -> None:
+    # Each rank's batch norm counts its own batch; every rank writes its part of the
+    # checkpoint (DCP), which holds one value of each buffer: rank 0's, loaded by all.
+    rank = strategy.global_rank
+    made = tempfile.mkdtemp(prefix="plait-norm-") if rank == 0 else ""
+    directory = Path(strategy.broadcast(made, src=0))
+    torch.manual_seed(0)
+    model = strategy.setup_module(nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4)))
+    model(torch.randn(5, 3) * (rank + 1))
+    inner = strategy.unwrap_module(model)
+    assert isinstance(inner, nn.Sequential)
+    norm = inner[1]
+    own = {name: buffer.clone() for name, buffer in norm.named_buffers()}
+    zeros = strategy.broadcast(own, src=0)
+    assert rank == 0 or not torch.equal(own["running_var"], zeros["running_var"])
+    state = strategy.get_state_dict(model)["state_dict"]
+    assert isinstance(state, dict)
+    for name, value in zeros.items():
+        assert torch.equal(state[f"1.{name}"], value), name
+    # get_state_dict copied rank 0's: this rank's module keeps its own until it loads.
+    assert all(torch.equal(b, own[n]) for n, b in norm.named_buffers())
+    path = directory / "norm"
+    strategy.save_checkpoint({"model": model}, path)
+    strategy.load_checkpoint(path, {"model": model})
+    for name, buffer in norm.named_buffers():
+        assert torch.equal(buffer, zeros[name]), name
+    strategy.barrier("batch norm read")
+    if rank == 0:
+        shutil.rmtree(directory)
+    print(f"rank {rank}: rank 0's buffers saved and loaded")
+
+
 SCENARIOS: dict[str, tuple[Callable[[DDPStrategy], None], dict[str, object]]] = {
     "collectives": (collectives, {}),
     "collectives_unchecked": (collectives, {"checked_collectives": False}),
@@ -383,6 +416,7 @@ SCENARIOS: dict[str, tuple[Callable[[DDPStrategy], None], dict[str, object]]] = 
         background_save_then_load,
         {"checkpoint_io": AsyncCheckpointIO(SlowTorchCheckpointIO())},
     ),
+    "batch_norm_saved": (batch_norm_saved, {"checkpoint_io": DistributedCheckpointIO()}),
     "barrier_timeout": (barrier_timeout, {}),
     "waiting_elsewhere": (waiting_elsewhere, {}),
     "ddp_equivalence": (ddp_equivalence, {}),

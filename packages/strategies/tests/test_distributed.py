@@ -48,7 +48,7 @@ def run_ranks(start_ranks: StartRanks) -> RunRanks:
 CONTRACT = ("collectives", "collectives_unchecked", "broadcasts", "broadcasts_unchecked")
 SHARED_JOBS = {
     1: CONTRACT,
-    2: (*CONTRACT, "mismatch", "background_save_then_load"),
+    2: (*CONTRACT, "mismatch", "background_save_then_load", "batch_norm_saved"),
     3: (*CONTRACT, "groups", "groups_unchecked", "mismatch"),
 }
 """The scenarios one job runs in turn, by world size: those that leave the ranks in
@@ -165,6 +165,16 @@ def test_a_checkpoint_saved_in_the_background_by_rank_0_is_whole_when_any_rank_l
     outputs = scenario_outputs("background_save_then_load", 2, "auto")
 
     assert all("background saves ok" in output for output in outputs)
+
+
+@pytest.mark.slow
+@SHARED
+def test_a_ddp_checkpoint_every_rank_writes_holds_rank_0s_batch_norm_statistics(
+    scenario_outputs: RunRanks,
+) -> None:
+    outputs = scenario_outputs("batch_norm_saved", 2, "auto")
+
+    assert all("rank 0's buffers saved and loaded" in output for output in outputs)
 
 
 @pytest.mark.slow

@@ -10,6 +10,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 import torch
+import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 from typing_extensions import override
 
@@ -27,9 +28,11 @@ from plait.strategies.self_launching import (
     process_launcher,
     processes_per_node,
 )
+from plait.strategies.state import first_ranks_buffers
 
 if TYPE_CHECKING:
     from plait.core import Accelerator, CheckpointIO, ClusterEnvironment, Precision
+    from plait.core.typing import Checkpoint
 
 __all__ = [
     "START_METHODS",
@@ -314,6 +317,28 @@ class DDPStrategy(SelfLaunchingStrategy):
         inner = module.module if isinstance(module, DistributedDataParallel) else module
         assert isinstance(inner, torch.nn.Module)
         return inner
+
+    @override
+    def get_state_dict(
+        self, module: torch.nn.Module, optimizers: Sequence[torch.optim.Optimizer] = ()
+    ) -> Checkpoint:
+        """The state of ``module`` and ``optimizers``, with rank 0's buffers on every rank.
+
+        Every rank calls it. The ranks hold the same parameters, but each updates its
+        module's buffers (batch norm's running statistics) from its own batches; a
+        checkpoint holds one value of each, rank 0's, whether rank 0 writes it alone or
+        every rank writes its part (``checkpoint_io="distributed"``).
+        """
+        state = super().get_state_dict(module, optimizers)
+        if not self.is_set_up or self.world_size == 1:
+            return state
+        module_state = state["state_dict"]
+        assert isinstance(module_state, dict)
+        group = self.process_group
+        state["state_dict"] = first_ranks_buffers(
+            self.unwrap_module(module), module_state, [(group, dist.get_global_rank(group, 0))]
+        )
+        return state
 
     @override
     def skip_gradient_sync(
