@@ -127,3 +127,55 @@ def test_other_optimizers_are_judged_by_the_fixed_tolerance_alone() -> None:
 
     assert expected.spread == ()
     assert expected.rounding(2) == 0.0
+
+
+# Drawn by the suite (seed 898545688): five LBFGS steps of the MLP with batch norm on 2
+# ranks. LBFGS's fifth step divides by a small difference of gradients; DDP's module
+# after it was 4.06e-4 from the reference, ten times the gap the other orders give.
+ILL_CONDITIONED = TrainingRun(
+    model="norm",
+    seed=260,
+    micro_batch=3,
+    accumulate=3,
+    steps=5,
+    steps_per_epoch=2,
+    optimizer="lbfgs",
+    scheduler="step",
+    precision="32-true",
+)
+DDP_GAP = 4.06e-4
+
+
+def test_the_rounding_of_an_lbfgs_example_is_measured_with_its_gradients_nudged_too() -> None:
+    expected = reference(ILL_CONDITIONED, 2, Synchronous(), rounding=True)
+    orders = [_reference(ILL_CONDITIONED, 2, Synchronous(), order=order) for order in ORDERS]
+
+    def gap(other: Reference, step: int) -> float:
+        return float(
+            (other.replicas[step][0].double() - expected.replicas[step][0].double()).abs().max()
+        )
+
+    # The orders alone measure a tenth of DDP's gap; the nudged runs measure more.
+    assert max(gap(other, 4) for other in orders) < DDP_GAP / 3
+    assert expected.rounding(4) > DDP_GAP / 3
+    assert max(expected.rounding(step) for step in range(4)) < 1e-4
+
+    def report(rank: int, off: float) -> TrainingReport:
+        return TrainingReport(
+            semantics=TrainingSemantics(),
+            losses=expected.losses,
+            replicas=tuple(
+                tuple(value + (off if step >= 4 else 0.0) for value in after[0].tolist())
+                for step, after in enumerate(expected.replicas)
+            ),
+            export=expected.final,
+            buffers=tuple(expected.buffers[rank].tolist()),
+        )
+
+    case = TrainingCase(kind="replicas", run=ILL_CONDITIONED)
+    # A run as far off as DDP's keeps the declaration...
+    assert _check_replicas(case, [report(rank, DDP_GAP) for rank in range(2)]) == []
+    # ...and one off by more than the rounding the example carries is caught.
+    off = 5 * expected.rounding(4)
+    [_cause, problem, *_] = _check_replicas(case, [report(rank, off) for rank in range(2)])
+    assert "its module after step 4 is not what one process on the global batch" in problem

@@ -69,6 +69,12 @@ data-parallel strategy)."""
 ORDERS: Final[tuple[Order, ...]] = ("micro-batch by micro-batch", "rank by rank")
 """The orders besides "at once" in which an LBFGS example's rounding is measured."""
 
+NUDGED_RUNS: Final = 4
+"""How many runs, besides those in other `ORDERS`, measure an LBFGS example's rounding:
+each with every gradient it steps from nudged at random by one unit in its last place.
+LBFGS divides by differences of gradients; where they are small, a rounding apart is
+magnified by a factor the other orders alone may underestimate tenfold."""
+
 
 @attrs.frozen(hash=False)  # it holds tensors
 class Reference:
@@ -334,8 +340,12 @@ def _step(
     *,
     order: Order = "at once",
     buffers: RankBuffers | None = None,
+    nudges: torch.Generator | None = None,
 ) -> float:
-    """One optimizer step of ``replica`` on ``inputs``: the loss it reports."""
+    """One optimizer step of ``replica`` on ``inputs``: the loss it reports.
+
+    With ``nudges``, each gradient the optimizer steps from is nudged (`_nudge`).
+    """
     optimizer = replica.optimizer
     if run.optimizer == "lbfgs":
         first: list[float] = []
@@ -345,6 +355,8 @@ def _step(
             loss = _backward(
                 run, replica.model, inputs, targets, ranks, order=order, buffers=buffers
             )
+            if nudges is not None:
+                _nudge(replica.model, nudges)
             if not first:
                 first.append(loss)
             return loss
@@ -353,9 +365,27 @@ def _step(
         optimizer.zero_grad()
         return first[0]
     loss = _backward(run, replica.model, inputs, targets, ranks, order=order, buffers=buffers)
+    if nudges is not None:
+        _nudge(replica.model, nudges)
     optimizer.step()
     optimizer.zero_grad()
     return loss
+
+
+def _nudge(model: torch.nn.Module, nudges: torch.Generator) -> None:
+    """Move each element of each gradient one unit in its last place up or down, or not.
+
+    Which, at random from ``nudges``: a rounding of the size a sum taken in another
+    order (or a collective's) leaves.
+    """
+    for parameter in model.parameters():
+        grad = parameter.grad
+        if grad is None:
+            continue
+        way = torch.randint(-1, 2, grad.shape, generator=nudges).to(grad.device)
+        up = torch.nextafter(grad, torch.full_like(grad, float("inf")))
+        down = torch.nextafter(grad, torch.full_like(grad, float("-inf")))
+        grad.copy_(torch.where(way > 0, up, torch.where(way < 0, down, grad)))
 
 
 def reference(
@@ -369,7 +399,8 @@ def reference(
     """``run`` at ``world_size`` as ``replicas`` says a strategy trains it.
 
     With ``rounding`` and LBFGS, also how far the example carries rounding
-    (`Reference.spread`: the run is computed again in each of the other `ORDERS`).
+    (`Reference.spread`: the run is computed again in each of the other `ORDERS`, and
+    `NUDGED_RUNS` times with its gradients nudged by a rounding, from the run's seed).
     ``buffers`` says what becomes of synchronous replicas' buffers
     (`plait.core.TrainingSemantics.buffers`); replicas on their own keep their own.
     """
@@ -382,6 +413,17 @@ def reference(
         _reference(run, world_size, replicas, order=order, buffers=buffers)
         for order in ORDERS
         if by_rank or order != "rank by rank"
+    ]
+    others += [
+        _reference(
+            run,
+            world_size,
+            replicas,
+            order="at once",
+            buffers=buffers,
+            nudges=torch.Generator().manual_seed(run.seed * NUDGED_RUNS + index),
+        )
+        for index in range(NUDGED_RUNS)
     ]
     spread = tuple(
         max(_gap(mine, other.replicas[step]) for other in others)
@@ -409,11 +451,12 @@ def _reference(
     *,
     order: Order,
     buffers: Buffers = "broadcast",
+    nudges: torch.Generator | None = None,
 ) -> Reference:
     with torch.random.fork_rng(devices=[]):
         if isinstance(replicas, Synchronous):
-            return _synchronous(run, world_size, order=order, buffers=buffers)
-        return _periodic(run, world_size, replicas, order=order)
+            return _synchronous(run, world_size, order=order, buffers=buffers, nudges=nudges)
+        return _periodic(run, world_size, replicas, order=order, nudges=nudges)
 
 
 def resized_reference(run: TrainingRun, world_size: int, moved_to: int, at: int) -> Reference:
@@ -433,6 +476,7 @@ def _synchronous(
     order: Order,
     moved: tuple[int, int] | None = None,
     buffers: Buffers = "broadcast",
+    nudges: torch.Generator | None = None,
 ) -> Reference:
     replica = _Replica(run)
     ranks = RankBuffers(replica.model, world_size, buffers)
@@ -444,7 +488,11 @@ def _synchronous(
             world_size = moved[0]
             ranks.load(world_size)
         inputs, targets = global_batch(run, world_size, step)
-        losses.append(_step(run, replica, inputs, targets, world_size, order=order, buffers=ranks))
+        losses.append(
+            _step(
+                run, replica, inputs, targets, world_size, order=order, buffers=ranks, nudges=nudges
+            )
+        )
         if step % run.steps_per_epoch == 0:
             epoch = []
         epoch.append(losses[-1])
@@ -554,7 +602,12 @@ def meetings_reference(run: TrainingRun, world_size: int, meetings: Meetings) ->
 
 
 def _periodic(
-    run: TrainingRun, world_size: int, replicas: PeriodicAveraging | Meetings, *, order: Order
+    run: TrainingRun,
+    world_size: int,
+    replicas: PeriodicAveraging | Meetings,
+    *,
+    order: Order,
+    nudges: torch.Generator | None = None,
 ) -> Reference:
     meetings = Meetings.of(replicas) if isinstance(replicas, PeriodicAveraging) else replicas
     models = [_Replica(run) for _ in range(world_size)]
@@ -611,7 +664,7 @@ def _periodic(
         step_losses = []
         for rank, replica in enumerate(models):
             inputs, targets = _rank_samples(run, world_size, rank, step)
-            step_losses.append(_step(run, replica, inputs, targets, 1, order=order))
+            step_losses.append(_step(run, replica, inputs, targets, 1, order=order, nudges=nudges))
         loss = sum(step_losses) / world_size
         losses.append(loss)
         if step % run.steps_per_epoch == 0:
