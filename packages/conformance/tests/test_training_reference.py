@@ -8,6 +8,14 @@ from plait.conformance.training.reference import ORDERS, Reference, _reference, 
 from plait.conformance.training.replicas import check_replicas as _check_replicas
 from plait.core import PeriodicAveraging, Synchronous, TrainingSemantics
 
+
+def _gap(other: Reference, expected: Reference, step: int) -> float:
+    """The largest gap between two runs' first replicas after step ``step``."""
+    return float(
+        (other.replicas[step][0].double() - expected.replicas[step][0].double()).abs().max()
+    )
+
+
 # Drawn by the suite (seed 2870573087): four LBFGS steps of a transformer, whose module
 # after the fourth moves by 6.7e-3 when the window's gradients are summed micro-batch
 # by micro-batch (as DDP and local SGD do) instead of at once.
@@ -82,9 +90,7 @@ def test_the_rounding_of_an_lbfgs_example_is_measured_in_the_order_ranks_sum_too
     by_rank = _reference(RANK_ORDERED, 3, Synchronous(), order="rank by rank")
 
     def gap(other: Reference, step: int) -> float:
-        return float(
-            (other.replicas[step][0].double() - expected.replicas[step][0].double()).abs().max()
-        )
+        return _gap(other, expected, step)
 
     assert gap(by_micro_batch, 1) < 1e-3
     assert gap(by_rank, 1) > 1
@@ -151,9 +157,7 @@ def test_the_rounding_of_an_lbfgs_example_is_measured_with_its_gradients_nudged_
     orders = [_reference(ILL_CONDITIONED, 2, Synchronous(), order=order) for order in ORDERS]
 
     def gap(other: Reference, step: int) -> float:
-        return float(
-            (other.replicas[step][0].double() - expected.replicas[step][0].double()).abs().max()
-        )
+        return _gap(other, expected, step)
 
     # The orders alone measure a tenth of DDP's gap; the nudged runs measure more.
     assert max(gap(other, 4) for other in orders) < DDP_GAP / 3
