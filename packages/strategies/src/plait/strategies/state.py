@@ -518,9 +518,10 @@ def first_ranks_buffers(
     """``state`` with one rank's values of the module's buffers (every rank calls it).
 
     Each rank updates its buffers (BatchNorm's running statistics) from its own
-    batches and FSDP never exchanges them; a checkpoint holds one value of a tensor
-    that is not sharded, and it is the first rank's (rank 0's, as under DDP), sent
-    through ``sources`` in turn.
+    batches: FSDP never exchanges them, DDP sends rank 0's at the start of a forward
+    only. A checkpoint holds one value of a tensor that is not sharded, and it is the
+    first rank's (rank 0's, as one written from rank 0 alone holds), sent through
+    ``sources`` in turn.
     """
     if not dist.is_available() or not dist.is_initialized() or dist.get_world_size() == 1:
         return state
