@@ -175,6 +175,16 @@ class Job:
         Raises:
             AssertionError: It outlived ``timeout`` (it is killed) or left a process.
         """
+        done = self.wait(timeout)
+        self.check_nothing_left(done)
+        return done
+
+    def wait(self, timeout: float = LAUNCH_TIMEOUT) -> Finished:
+        """Wait for the job's first process to end; its outcome.
+
+        Raises:
+            AssertionError: It outlived ``timeout`` (it is killed).
+        """
         try:
             stdout, stderr = self.process.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -184,7 +194,14 @@ class Job:
                 f"the job did not end within {timeout:g} s:\n{stderr[-4000:]}"
             ) from None
         seconds = time.monotonic() - self.started
-        ended = time.time()
+        return Finished(self.process.returncode, stdout, stderr, seconds, self.root, time.time())
+
+    def check_nothing_left(self, done: Finished) -> None:
+        """Check that the job's processes (its session's, and any naming its folder) exit.
+
+        Raises:
+            AssertionError: One is still there 10 s on (all are killed).
+        """
         session = self.process.pid  # the session's leader: its id is the session's
         try:
             wait_for(
@@ -198,9 +215,8 @@ class Job:
             left = sorted({*processes_in_session(session), *processes_mentioning(str(self.root))})
             _kill_everything(session, str(self.root))
             raise AssertionError(
-                f"the job left processes behind: {left}\n{stderr[-4000:]}"
+                f"the job left processes behind: {left}\n{done.stderr[-4000:]}"
             ) from None
-        return Finished(self.process.returncode, stdout, stderr, seconds, self.root, ended)
 
 
 def run(
@@ -219,13 +235,20 @@ def finish_all(jobs: Sequence[Job], timeout: float = LAUNCH_TIMEOUT) -> list[Fin
     Raises:
         AssertionError: The first job that failed to end well (see `Job.finish`).
     """
-    finished: list[Finished] = []
+    waited: list[tuple[Job, Finished]] = []
     failures: list[AssertionError] = []
     for job in jobs:
         try:
-            finished.append(job.finish(timeout))
+            waited.append((job, job.wait(timeout)))
         except AssertionError as failure:  # noqa: PERF203 (each job must be finished)
+            failures.append(failure)
+    # Jobs may share a folder (the hosts of one job): a process naming it is left
+    # behind only once every job's first process has ended, not while another runs.
+    for job, done in waited:
+        try:
+            job.check_nothing_left(done)
+        except AssertionError as failure:  # noqa: PERF203 (each job must be checked)
             failures.append(failure)
     if failures:
         raise failures[0]
-    return finished
+    return [done for _, done in waited]
