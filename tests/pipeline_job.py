@@ -280,17 +280,28 @@ def norm(root: str) -> dict[str, object]:
     strategy, pipeline = made()
     losses = _train(strategy, pipeline, range(SAVE_AT), save=path)
     before = statistics(pipeline)
+    # The forwards each rank's batch norm counted (none on the first stage).
+    tracked = sum(
+        int(buffer) for name, buffer in pipeline.named_buffers() if name.endswith("batches_tracked")
+    )
+    runs = len(losses) * pipeline.microbatches
     strategy.teardown()
     strategy, pipeline = made()
     _train(strategy, pipeline, range(SAVE_AT, SAVE_AT), load=path)
     after = statistics(pipeline)
     import torch.distributed as dist  # noqa: PLC0415
 
-    seen: list[tuple[list[float], list[float]] | None] = [None] * strategy.world_size
-    dist.all_gather_object(seen, (before, after))
+    seen: list[tuple[list[float], list[float], int] | None] = [None] * strategy.world_size
+    dist.all_gather_object(seen, (before, after, tracked))
     strategy.teardown()
     held = [one for one in seen if one is not None]
-    return {"losses": losses, "before": [one[0] for one in held], "after": [one[1] for one in held]}
+    return {
+        "losses": losses,
+        "before": [one[0] for one in held],
+        "after": [one[1] for one in held],
+        "tracked": [one[2] for one in held],
+        "microbatch_forwards": runs,
+    }
 
 
 def resume(root: str) -> dict[str, object]:

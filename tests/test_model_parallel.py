@@ -8,6 +8,7 @@ a decoder block with context-parallel attention on (dp, cp) does the same
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -351,5 +352,10 @@ def test_a_pipelines_sharded_checkpoint_holds_each_stages_first_ranks_buffers(
     assert isinstance(before, list)
     assert isinstance(after, list)
     assert before[0] == before[1] == [], "the first stage holds no batch norm"
+    # The batch norm counted each micro-batch once: not the forward the schedule runs
+    # (on uninitialized tensors past the first stage) to learn the stages' shapes.
+    forwards = runs["pp-norm"]["microbatch_forwards"]
+    assert runs["pp-norm"]["tracked"] == [0, 0, forwards, forwards]
+    assert all(math.isfinite(value) for value in [*before[2], *before[3]]), before
     assert before[2] != before[3], "the data-parallel ranks' statistics differ"
     assert after == [[], [], before[2], before[2]]

@@ -297,6 +297,8 @@ class Pipeline(nn.Module):
                 PipelineStage(part, index, self.num_stages, self._device, group=self._group)
                 for part, index in zip(self.parts, self.stages, strict=True)
             ]
+            for stage in stages:
+                _buffers_kept_through_shape_inference(stage)
             schedule_class = get_schedule_class(self.schedule_name)
             loss_fn = self._scaled_loss
             if self.schedule_name in _SINGLE:
@@ -590,3 +592,29 @@ def split_module(
         for index in mine
     ]
     return parts, mine, num_stages
+
+
+def _buffers_kept_through_shape_inference(stage: object) -> None:
+    """Make ``stage``'s shape inference leave its module's buffers as they were.
+
+    At its first step a schedule learns the shapes each stage passes on by running
+    every stage's module forward once, in training mode, on the first micro-batch or
+    (past the first stage) on tensors made with ``torch.empty``: a batch norm would
+    count that forward in its running statistics, garbage and NaN included.
+    """
+    infer = getattr(stage, "_forward_metadata_inference", None)
+    module = getattr(stage, "submod", None)
+    if not callable(infer) or not isinstance(module, nn.Module):
+        return
+
+    def kept(*args: object, **kwargs: object) -> object:
+        saved = [(buffer, buffer.detach().clone()) for buffer in module.buffers()]
+        try:
+            return infer(*args, **kwargs)
+        finally:
+            # Swapped in, not copied: the shapes of the backward are learnt next,
+            # through this forward's graph, which holds the buffers as they are now.
+            for buffer, value in saved:
+                buffer.data = value
+
+    stage._forward_metadata_inference = kept  # type: ignore[attr-defined]
