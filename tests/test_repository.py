@@ -1,9 +1,14 @@
 """The README's test command is the one CI runs, and what the checks print of it."""
 
+import importlib.util
+import os
 import re
 import subprocess
 import sys
+import types
 from pathlib import Path
+
+import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -72,3 +77,87 @@ def test_the_checks_summary_lists_the_slowest_tests_and_those_that_took_most_cpu
     assert "     9.0s  tests.a::test_waits" in lines
     assert "CPU time of the tests: 8 s; the 1 that took most:" in lines
     assert lines[-1] == "     7.2s  tests.a::test_computes"
+
+
+def _slowest() -> types.ModuleType:
+    spec = importlib.util.spec_from_file_location("slowest", REPO / "tools" / "slowest.py")
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["slowest"] = module  # its attrs classes look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def _case(file: str, seconds: float, cpu: float, interpreters: int) -> str:
+    return (
+        f'<testcase classname="x" name="t{seconds}" time="{seconds}"><properties>'
+        f'<property name="cpu" value="{cpu}" /><property name="interpreters" '
+        f'value="{interpreters}" /><property name="file" value="{file}" />'
+        "</properties></testcase>"
+    )
+
+
+def test_the_summary_gives_each_files_time_cpu_and_interpreters_and_the_budget_holds_them(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    report = tmp_path / "pytest.xml"
+    report.write_text(
+        '<testsuites><testsuite name="pytest">'
+        + _case("tests/test_a.py", 9.0, 1.5, 4)
+        + _case("tests/test_a.py", 3.0, 2.5, 2)
+        + _case("tests/test_b.py", 20.0, 0.25, 0)
+        + "</testsuite></testsuites>"
+    )
+    slowest = _slowest()
+
+    assert slowest.main(["--count", "1", "--files", "5", str(report)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    table = lines[lines.index(" test time      CPU  interp.  tests  file") + 1 :]
+    assert table == [
+        "       20s       0s        0      1  tests/test_b.py",
+        "       12s       4s        6      2  tests/test_a.py",
+        "       32s       4s        6      3  every file",
+    ]
+
+    budget = tmp_path / "interpreters.toml"
+    assert slowest.main(["--write-budget", str(budget), str(report)]) == 0
+    assert slowest.read_budget(budget) == {"tests/test_a.py": 6}
+    assert slowest.main(["--budget", str(budget), str(report)]) == 0
+    assert "interpreters started: 6, within the budget of 6" in capsys.readouterr().out
+
+    # One more start than kept fails, naming the file and the total, and the fix.
+    budget.write_text('[files]\n"tests/test_a.py" = 5\n')
+    assert slowest.main(["--budget", str(budget), str(report)]) == 1
+    said = capsys.readouterr().out
+    assert "over the budget: tests/test_a.py: 6 interpreters started, 5 in the budget" in said
+    assert "over the budget: every file: 6 interpreters started, 5 in the budget" in said
+    assert f"python tools/slowest.py --write-budget {budget}" in said
+    # A file that starts interpreters and is not in the budget at all is over it.
+    budget.write_text('[files]\n"tests/test_b.py" = 9\n')
+    assert slowest.main(["--budget", str(budget), str(report)]) == 1
+    assert "tests/test_a.py: 6 interpreters started, 0 in the budget" in capsys.readouterr().out
+
+
+def test_every_interpreter_of_the_environment_notes_its_start_where_it_is_asked_to(
+    tmp_path: Path,
+) -> None:
+    # What the interpreter budget counts: tools/bootstrap installs the hook into .venv.
+    log = tmp_path / "starts.log"
+    nested = "import subprocess, sys; subprocess.run([sys.executable, '-c', 'pass'], check=True)"
+    subprocess.run(
+        [sys.executable, "-c", nested],
+        env={**os.environ, "PLAIT_STARTS_LOG": str(log)},
+        check=True,
+        timeout=60,
+    )
+
+    started: dict[str, tuple[str, str]] = {}
+    for line in log.read_text().splitlines():
+        process, parent, command = line.split(" ", 2)
+        started.setdefault(process, (parent, command))
+    assert len(started) == 2, log.read_text()
+    (first, (_, first_command)), (_, (second_parent, second_command)) = started.items()
+    assert first_command.endswith(nested)
+    assert second_parent == first  # each names its parent
+    assert second_command.endswith("-c pass")
