@@ -13,16 +13,18 @@ process ends with the test (`plait.strategies.end_job`), as it would with a prog
 import gc
 import os
 import resource
-import subprocess
-import sys
+import shutil
 import tempfile
 import time
 from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from pathlib import Path
+from typing import Final
 
 import pytest
 import torch
 from hypothesis import HealthCheck, settings
+from tests import warm
+from tests.warm import WarmProcess
 
 from plait.core import free_port
 from plait.strategies.deepspeed.library import check_extension_locks
@@ -74,40 +76,90 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 
 
 def _cpu_seconds() -> float:
-    # User and system time of this process and of its children that have been waited for.
-    return sum(
+    # User and system time of this process, of its children that have been waited for,
+    # and of the scripts it ran warm (children of the fork server, not of this process).
+    return warm.cpu_seconds() + sum(
         usage.ru_utime + usage.ru_stime
         for usage in map(resource.getrusage, (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
     )
 
 
 _CPU_STARTED = pytest.StashKey[float]()
+_STARTS_LOG = pytest.StashKey[Path]()
+STARTS_LOG = "PLAIT_STARTS_LOG"
+"""Where each interpreter of the environment notes its start: its process id and
+command line, a line each (``tools/interpreter-starts.pth``, which tools/bootstrap
+installs). A test sets it for what it starts; a process started with an environment
+of its own making, without this variable, is not counted."""
+_starts_folder = Path(tempfile.mkdtemp(prefix="plait-starts-"))
+
+
+MULTIPROCESSING_HELPERS: Final = (
+    "from multiprocessing.forkserver import main",
+    "from multiprocessing.resource_tracker import main",
+)
+"""The helpers multiprocessing starts once per process, for whichever test needs them
+first (`tests.warm`, a conformance lane's rank pool): not counted to that test when
+the test process itself started them."""
+
+
+def interpreters_started(log: Path) -> list[str]:
+    """The command lines of the interpreters that noted their start in ``log``, once each
+    (an environment whose ``lib64`` links to ``lib`` reads its ``.pth`` files twice), but
+    this process's own multiprocessing helpers (`MULTIPROCESSING_HELPERS`)."""
+    if not log.exists():
+        return []
+    by_process: dict[str, str] = {}
+    for line in log.read_text(errors="replace").splitlines():
+        process, parent, command = [*line.split(" ", 2), "", ""][:3]
+        if parent == str(os.getpid()) and any(h in command for h in MULTIPROCESSING_HELPERS):
+            continue
+        by_process.setdefault(process, command)
+    return list(by_process.values())
 
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(
     item: pytest.Item, nextitem: pytest.Item | None
 ) -> Generator[None, object, object]:
-    """Record each test's CPU seconds as its ``cpu`` property (in the JUnit XML).
+    """Record each test's CPU seconds and the interpreters it started (JUnit XML).
 
-    Counted: the test's process and the processes it started and waited for, from the
-    start of its set-up to the end of its tear-down. Not counted: processes that outlive
-    the test (a conformance lane's rank pool, reaped when the session ends).
+    Counted: the test's process, the processes it started and waited for and the
+    scripts it ran warm (`tests.warm`), from the start of its set-up to the end of its
+    tear-down. Not counted: processes that outlive the test (a conformance lane's rank
+    pool, reaped when the session ends). The interpreters are those started during the
+    test, whether it waited for them or not (a rank forked from a server that has
+    imported torch is none), but this process's multiprocessing helpers.
     """
     item.stash[_CPU_STARTED] = _cpu_seconds()
-    return (yield)
+    log = _starts_folder / f"{len(list(_starts_folder.iterdir()))}.log"
+    item.stash[_STARTS_LOG] = log
+    os.environ[STARTS_LOG] = str(log)
+    try:
+        return (yield)
+    finally:
+        os.environ.pop(STARTS_LOG, None)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Remove the interpreters' start logs of this process."""
+    shutil.rmtree(_starts_folder, ignore_errors=True)
 
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_teardown(
     item: pytest.Item, nextitem: pytest.Item | None
 ) -> Generator[None, object, object]:
-    """Add the ``cpu`` property once the tear-down is done, before its report."""
+    """Add the ``cpu``, ``interpreters`` and ``file`` properties once the tear-down is
+    done, before its report."""
     try:
         return (yield)
     finally:
         spent = _cpu_seconds() - item.stash.get(_CPU_STARTED, _cpu_seconds())
         item.user_properties.append(("cpu", f"{spent:.2f}"))
+        started = interpreters_started(item.stash[_STARTS_LOG]) if _STARTS_LOG in item.stash else []
+        item.user_properties.append(("interpreters", str(len(started))))
+        item.user_properties.append(("file", item.nodeid.partition("::")[0]))
 
 
 @pytest.fixture(autouse=True)
@@ -128,6 +180,10 @@ def start_ranks() -> StartRanks:
     ``SLURM_`` variable of the machine's; ``per_rank(rank)`` adds or replaces
     variables of one rank. Every rank must exit 0 within ``timeout``
     seconds; all are killed at the end, whatever happens.
+
+    The ranks start warm (`tests.warm`): forked from a server that has imported torch
+    and plait, each runs the script as ``python SCRIPT ARGS`` would. These tests are
+    about what ranks do, not how they start; the launchers' own tests start theirs.
     """
 
     def start(
@@ -148,33 +204,27 @@ def start_ranks() -> StartRanks:
             **(environ or {}),
         }
         ranks = [
-            subprocess.Popen(
-                [sys.executable, str(script), *args],
-                env={
+            WarmProcess(
+                script,
+                args,
+                {
                     **base,
                     "RANK": str(rank),
                     "LOCAL_RANK": str(rank),
                     **(per_rank(rank) if per_rank else {}),
                 },
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
             )
             for rank in range(world_size)
         ]
         deadline = time.monotonic() + timeout
         try:
-            outputs = [
-                process.communicate(timeout=max(1.0, deadline - time.monotonic()))[0]
-                for process in ranks
-            ]
+            for process in ranks:
+                process.wait(max(1.0, deadline - time.monotonic()))
+            codes = [process.returncode for process in ranks]
+            outputs = [process.output() for process in ranks]
         finally:
             for process in ranks:
-                process.kill()
-                process.wait(timeout=30)
-                if process.stdout is not None:
-                    process.stdout.close()
-        codes = [process.returncode for process in ranks]
+                process.close()
         assert codes == [0] * world_size, "\n".join(
             f"--- rank {rank} exited {code}:\n{output}"
             for rank, (code, output) in enumerate(zip(codes, outputs, strict=True))

@@ -199,11 +199,16 @@ def waiting_elsewhere(strategy: DDPStrategy) -> None:
     import torch.distributed as dist  # noqa: PLC0415
 
     rank = strategy.global_rank
+    store = strategy.distributed_collectives.store
     pair = dist.new_group([1, 2], backend="gloo")
     if rank == 2:
         report_timeout(rank, lambda: strategy.barrier("pair", timeout=6.0, group=pair))
+        store.set("pair timed out", "1")
     else:
         report_timeout(rank, lambda: strategy.barrier("all", timeout=4.0))
+        # Rank 1 stays until rank 2's barrier has timed out: its leaving would end
+        # that barrier first, as a peer that closed its connection.
+        store.wait(["pair timed out"], timedelta(seconds=60))
 
 
 def train(

@@ -1,0 +1,94 @@
+"""Scripts run warm (`tests.warm`) behave as ``python SCRIPT ARGS`` would, and a job that
+leaves a process behind fails its test."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+import pytest
+from tests import warm
+from tests.reliability.jobs import wait_for
+
+SCRIPT = """
+import atexit, os, sys, time
+
+import torch
+
+atexit.register(lambda: print("atexit ran"))
+print("argv", sys.argv[1:], "X", os.environ.get("X"), "cwd", os.getcwd())
+print("threads", torch.get_num_threads(), "main", __name__)
+print("to stderr", file=sys.stderr)
+action = sys.argv[1]
+if action == "raise":
+    raise RuntimeError("the script failed")
+if action == "sleep":
+    time.sleep(600)
+if action == "leave-a-child":
+    if os.fork() == 0:
+        time.sleep(600)
+        os._exit(0)
+sys.exit(int(action) if action.isdigit() else 0)
+"""
+
+
+@pytest.fixture
+def script(tmp_path: Path) -> Path:
+    path = tmp_path / "script.py"
+    path.write_text(SCRIPT)
+    return path
+
+
+def test_a_script_runs_as_main_with_its_arguments_environment_folder_and_exit_status(
+    script: Path, tmp_path: Path
+) -> None:
+    environ = {**os.environ, "X": "y", "OMP_NUM_THREADS": "1"}
+    process = warm.WarmProcess(script, ["3"], environ, cwd=tmp_path)
+    try:
+        assert process.wait(60) == 3
+        output = process.output()
+    finally:
+        process.close()
+
+    assert f"argv ['3'] X y cwd {tmp_path}\n" in output
+    assert "threads 1 main __main__\n" in output
+    # Unbuffered, in the order written, and the atexit functions run at the end.
+    assert output.index("threads") < output.index("to stderr") < output.index("atexit ran")
+
+
+def test_an_exception_exits_1_with_its_traceback_and_a_signal_with_minus_its_number(
+    script: Path,
+) -> None:
+    failed = warm.run(script, ["raise"], timeout=60)
+    assert failed.returncode == 1
+    assert failed.stderr.rstrip().endswith("RuntimeError: the script failed")
+    assert "atexit ran" in failed.stdout
+
+    sleeping = warm.WarmProcess(script, ["sleep"], dict(os.environ))
+    try:
+        assert sleeping.wait(0.5) is None
+        os.kill(sleeping.pid, signal.SIGTERM)
+        assert sleeping.wait(60) == -signal.SIGTERM
+    finally:
+        sleeping.close()
+
+
+def test_a_job_that_leaves_a_process_in_its_session_fails_and_the_process_is_killed(
+    script: Path,
+) -> None:
+    with pytest.raises(AssertionError, match="left processes behind") as raised:
+        warm.run(script, ["leave-a-child"], timeout=60)
+
+    listed = str(raised.value).split("left processes behind: [", 1)[1].split("]", 1)[0]
+    [left] = [int(pid) for pid in listed.split(",")]
+    wait_for(lambda: _gone(left), 10, f"process {left}, killed, to end")
+
+
+def _gone(pid: int) -> bool:
+    """Whether ``pid`` has ended (a zombie not yet reaped has ended)."""
+    try:
+        state = Path("/proc", str(pid), "stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return True
+    return state in {"Z", "X"}
