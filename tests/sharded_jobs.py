@@ -7,12 +7,10 @@ measured) and, on rank 0, ``ROOT/TAG-final.json``, the trained weights.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from typing import TYPE_CHECKING
 
 import torch
+from tests import warm
 from tests.reliability.jobs import processes_mentioning
 
 if TYPE_CHECKING:
@@ -28,14 +26,13 @@ def run_job(
 ) -> dict[str, object]:
     """Run ``job`` to its end (`JOB_TIMEOUT` seconds at most); rank 0's results.
 
-    Fails the test with the job's stderr if it failed, or if a rank was left running.
+    Fails the test with the job's stderr if it failed, or if a rank was left running
+    (in its session, or naming its folder).
     """
     root.mkdir(parents=True, exist_ok=True)
-    command = [sys.executable, str(job), str(root), tag, *options]
-    done = subprocess.run(
-        command, capture_output=True, text=True, timeout=JOB_TIMEOUT, check=False,
-        env={**os.environ, **(env or {})},
-    )  # fmt: skip
+    # Started warm (`tests.warm`): the job's ranks are forked from it, and what these
+    # tests check is what they train and save, not how a job starts.
+    done = warm.run(job, [str(root), tag, *options], environ=env, timeout=JOB_TIMEOUT)
     assert not processes_mentioning(str(root)), "a rank was left running"
     assert done.returncode == 0, done.stderr[-6000:]
     return rank_result(root, tag, 0)

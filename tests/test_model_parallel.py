@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from tests import warm
 from tests.reliability.jobs import processes_mentioning
 from tests.sharded_jobs import assert_losses_close
 
@@ -34,10 +33,7 @@ pytestmark = pytest.mark.timeout(JOB_TIMEOUT + 60)
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, object]]:
     """The job once: the plain run, 2x2, the resumed 4x1, 1x4 and 1x1 runs, and both in bf16."""
     root = tmp_path_factory.mktemp("model-parallel")
-    done = subprocess.run(
-        [sys.executable, str(JOB), str(root)],
-        capture_output=True, text=True, timeout=JOB_TIMEOUT, check=False,
-    )  # fmt: skip
+    done = warm.run(JOB, [str(root)], timeout=JOB_TIMEOUT)
     assert not processes_mentioning(str(root)), "a rank was left running"
     assert done.returncode == 0, done.stderr[-6000:]
     results: dict[str, dict[str, object]] = json.loads((root / "results.json").read_text())

@@ -9,11 +9,10 @@ hold unevenly, and a checkpoint of the gathered shards resumes to the same losse
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from tests import warm
 from tests.reliability.jobs import processes_mentioning
 
 JOB = Path(__file__).resolve().with_name("sharding_job.py")
@@ -23,8 +22,7 @@ pytestmark = pytest.mark.slow
 
 def _train(root: Path, epochs: int, *options: str) -> dict[str, object]:
     root.mkdir(exist_ok=True)
-    command = [sys.executable, str(JOB), str(root), str(epochs), *options]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=240, check=False)
+    done = warm.run(JOB, [str(root), str(epochs), *options], timeout=240)
     assert not processes_mentioning(str(root)), "a rank was left running"
     assert done.returncode == 0, done.stderr[-6000:]
     result: dict[str, object] = json.loads((root / f"result-{epochs}.json").read_text())

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from tests import warm
 from tests.reliability.jobs import processes_mentioning
 
 JOB = Path(__file__).resolve().parent / "trainer_job.py"
@@ -16,11 +16,12 @@ JOB = Path(__file__).resolve().parent / "trainer_job.py"
 def _run(
     tmp_path: Path, scenario: str, strategy: str = "ddp", devices: int = 2
 ) -> tuple[subprocess.CompletedProcess[str], dict[str, object]]:
-    command = [
-        *(sys.executable, str(JOB), "--strategy", strategy, "--devices", str(devices)),
+    arguments = [
+        *("--strategy", strategy, "--devices", str(devices)),
         *("--scenario", scenario, "--root", str(tmp_path)),
     ]
-    completed = subprocess.run(command, capture_output=True, text=True, timeout=150, check=False)
+    # The job starts warm (`tests.warm`); its ranks start as its launcher starts them.
+    completed = warm.run(JOB, arguments, timeout=150)
     assert not processes_mentioning(str(tmp_path)), "a rank was left running"
     result_file = tmp_path / "result.json"
     result = json.loads(result_file.read_text()) if result_file.exists() else {}
