@@ -159,8 +159,9 @@ def test_the_rounding_of_an_lbfgs_example_is_measured_with_its_gradients_nudged_
     def gap(other: Reference, step: int) -> float:
         return _gap(other, expected, step)
 
-    # The orders alone measure a tenth of DDP's gap; the nudged runs measure more.
-    assert max(gap(other, 4) for other in orders) < DDP_GAP / 3
+    # The nudged runs measure more than the orders alone: on the machine that found
+    # it, the orders gave a tenth of DDP's gap; on another CPU's kernels, 0.58 of it.
+    assert expected.rounding(4) > max(gap(other, 4) for other in orders)
     assert expected.rounding(4) > DDP_GAP / 3
     assert max(expected.rounding(step) for step in range(4)) < 1e-4
 
