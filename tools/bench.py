@@ -84,7 +84,7 @@ import time
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Final, Protocol, TypeAlias
+from typing import TYPE_CHECKING, ClassVar, Final, Protocol, TypeAlias
 
 import attrs
 
@@ -962,6 +962,12 @@ def main(argv: list[str] | None = None) -> int:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )  # fmt: skip
     parser.add_argument("--quick", action="store_true", help="few rounds: checks the tool runs")
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="one round of each section at its smallest sizes (a few steps, 2 ranks, "
+        "8 MB): runs every code path, measures nothing worth reading (tools/check)",
+    )
     parser.add_argument("--sections", default=",".join(SECTIONS),
                         help=f"comma-separated, from: {', '.join(SECTIONS)}")  # fmt: skip
     parser.add_argument("--rounds", type=int, default=None, help="rounds per measurement")
@@ -987,7 +993,9 @@ def main(argv: list[str] | None = None) -> int:
     unknown = sorted(set(sections) - set(SECTIONS))
     if unknown:
         parser.error(f"unknown sections {unknown}: choose from {', '.join(SECTIONS)}")
-    rounds = args.rounds or (3 if args.quick else 11)
+    if args.smoke and args.rounds not in (None, 1):
+        parser.error(f"--smoke runs one round; --rounds={args.rounds} asks for more")
+    rounds = 1 if args.smoke else args.rounds or (3 if args.quick else 11)
     if rounds < 1:
         parser.error(f"--rounds={rounds} must be 1 or more")
     placement = Placement.of(args.accelerator)
@@ -999,7 +1007,8 @@ def main(argv: list[str] | None = None) -> int:
     # The sections' own figures go to a folder of their own, removed at the end: only
     # the report stays beside where it was asked for.
     with tempfile.TemporaryDirectory(prefix=".bench-", dir=report_dir) as temporary:
-        rows = _run_sections(sections, rounds, quick=args.quick, placement=placement,
+        sizes = Sizes.SMOKE if args.smoke else Sizes.QUICK if args.quick else Sizes.FULL
+        rows = _run_sections(sections, rounds, sizes=sizes, placement=placement,
                              scratch=Path(temporary))  # fmt: skip
     print_table(rows)
     report = {
@@ -1016,35 +1025,66 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+@attrs.frozen
+class Sizes:
+    """How large each section's measurement is: steps, world sizes, megabytes, examples."""
+
+    steps: int
+    """Steps of the one-process and DDP sections."""
+    sharded_steps: int
+    """Steps of the FSDP, DeepSpeed and model-parallel sections."""
+    context_steps: int
+    pipeline_steps: int
+    repeat: bool
+    """Whether the multi-process sections run every round (or one round alone)."""
+    world_sizes: tuple[int, ...]
+    """The scale section's ranks."""
+    megabytes: int
+    """The checkpoint section's state."""
+    examples: int
+    conformance_world_sizes: tuple[int, ...]
+
+    FULL: ClassVar[Sizes]
+    QUICK: ClassVar[Sizes]
+    SMOKE: ClassVar[Sizes]
+
+
+Sizes.FULL = Sizes(
+    steps=300, sharded_steps=100, context_steps=50, pipeline_steps=50, repeat=True,
+    world_sizes=(2, 4, 8, 16), megabytes=1024, examples=200, conformance_world_sizes=(1, 2, 3, 4),
+)  # fmt: skip
+Sizes.QUICK = Sizes(
+    steps=60, sharded_steps=20, context_steps=10, pipeline_steps=20, repeat=False,
+    world_sizes=(2, 4), megabytes=64, examples=20, conformance_world_sizes=(2,),
+)  # fmt: skip
+Sizes.SMOKE = Sizes(
+    steps=5, sharded_steps=3, context_steps=2, pipeline_steps=2, repeat=False,
+    world_sizes=(2,), megabytes=8, examples=5, conformance_world_sizes=(2,),
+)  # fmt: skip
+
+
 def _run_sections(
-    sections: list[str], rounds: int, *, quick: bool, placement: Placement, scratch: Path
+    sections: list[str], rounds: int, *, sizes: Sizes, placement: Placement, scratch: Path
 ) -> list[Row]:
     # Each section asked for, in the table's order; their files go under ``scratch``.
+    each = rounds if sizes.repeat else 1
     runs: dict[str, Callable[[], list[Row]]] = {
         "imports": lambda: bench_imports(rounds),
         "cli": lambda: bench_cli(rounds, scratch),
-        "steps": lambda: bench_steps(rounds, 60 if quick else 300, [32, 256]),
-        "ddp": lambda: bench_ddp(1 if quick else rounds, 60 if quick else 300, 256, scratch),
-        "fsdp": lambda: bench_fsdp(
-            1 if quick else rounds, 20 if quick else 100, 512, scratch, placement
-        ),
-        "deepspeed": lambda: bench_deepspeed(
-            1 if quick else rounds, 20 if quick else 100, 512, scratch, placement
-        ),
-        "model_parallel": lambda: bench_model_parallel(
-            1 if quick else rounds, 20 if quick else 100, 512, scratch
-        ),
-        "context_parallel": lambda: bench_context_parallel(rounds, 10 if quick else 50, scratch),
-        "pipeline": lambda: bench_pipeline(rounds, 20 if quick else 50, scratch),
+        "steps": lambda: bench_steps(rounds, sizes.steps, [32, 256]),
+        "ddp": lambda: bench_ddp(each, sizes.steps, 256, scratch),
+        "fsdp": lambda: bench_fsdp(each, sizes.sharded_steps, 512, scratch, placement),
+        "deepspeed": lambda: bench_deepspeed(each, sizes.sharded_steps, 512, scratch, placement),
+        "model_parallel": lambda: bench_model_parallel(each, sizes.sharded_steps, 512, scratch),
+        "context_parallel": lambda: bench_context_parallel(rounds, sizes.context_steps, scratch),
+        "pipeline": lambda: bench_pipeline(rounds, sizes.pipeline_steps, scratch),
         "collectives": lambda: bench_collectives(rounds, scratch),
-        "scale": lambda: bench_scale(
-            1 if quick else 3, [2, 4] if quick else [2, 4, 8, 16], scratch
-        ),
+        "scale": lambda: bench_scale(3 if sizes.repeat else 1, list(sizes.world_sizes), scratch),
         "checkpoints": lambda: bench_checkpoints(
-            1 if quick else min(rounds, 3), 64 if quick else 1024, scratch
+            min(rounds, 3) if sizes.repeat else 1, sizes.megabytes, scratch
         ),
         "conformance": lambda: bench_conformance(
-            20 if quick else 200, [2] if quick else [1, 2, 3, 4]
+            sizes.examples, list(sizes.conformance_world_sizes)
         ),
     }
     rows: list[Row] = []
