@@ -40,6 +40,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Final
 
+from tests.reliability.jobs import processes_in_session
+
 PRELOAD: Final = (
     "torch",
     "torch.distributed",
@@ -215,21 +217,6 @@ class WarmProcess:
             _cpu_seconds += float(spent.read_text())
         for path in (self._output, self._errors, spent):
             path.unlink(missing_ok=True)
-
-
-def processes_in_session(session: int) -> list[int]:
-    """Live processes (not zombies) of the session ``session``."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            fields = Path("/proc", entry, "stat").read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if int(fields[3]) == session and fields[0] != "Z":
-            found.append(int(entry))
-    return found
 
 
 def run(
