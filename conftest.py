@@ -11,6 +11,7 @@ process ends with the test (`plait.strategies.end_job`), as it would with a prog
 """
 
 import gc
+import itertools
 import os
 import resource
 import shutil
@@ -87,11 +88,12 @@ def _cpu_seconds() -> float:
 _CPU_STARTED = pytest.StashKey[float]()
 _STARTS_LOG = pytest.StashKey[Path]()
 STARTS_LOG = "PLAIT_STARTS_LOG"
-"""Where each interpreter of the environment notes its start: its process id and
-command line, a line each (``tools/interpreter-starts.pth``, which tools/bootstrap
+"""Where each interpreter of the environment notes its start: its process id, its
+parent's and its command line, a line each (``tools/interpreter-starts.pth``, which tools/bootstrap
 installs). A test sets it for what it starts; a process started with an environment
 of its own making, without this variable, is not counted."""
 _starts_folder = Path(tempfile.mkdtemp(prefix="plait-starts-"))
+_tests_run = itertools.count()
 
 
 MULTIPROCESSING_HELPERS: Final = (
@@ -132,7 +134,7 @@ def pytest_runtest_protocol(
     imported torch is none), but this process's multiprocessing helpers.
     """
     item.stash[_CPU_STARTED] = _cpu_seconds()
-    log = _starts_folder / f"{len(list(_starts_folder.iterdir()))}.log"
+    log = _starts_folder / f"{next(_tests_run)}.log"
     item.stash[_STARTS_LOG] = log
     os.environ[STARTS_LOG] = str(log)
     try:
