@@ -159,7 +159,6 @@ class WarmProcess:
             if separate_errors
             else self._output
         )
-        self.started = time.monotonic()
         self._process = context.Process(
             target=_run_script,
             kwargs={

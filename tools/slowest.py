@@ -116,10 +116,14 @@ def read_budget(path: Path) -> dict[str, int]:
     return {str(name): int(count) for name, count in files.items()}
 
 
-def check_budget(paths: list[Path], budget: dict[str, int]) -> list[str]:
-    """What exceeds ``budget``: a line for each file that started more interpreters than
-    it may, and for the total; empty when within it."""
-    started = {name: cost.interpreters for name, cost in by_file(paths).items()}
+def interpreters(paths: list[Path]) -> dict[str, int]:
+    """The interpreters each test file's tests started."""
+    return {name: cost.interpreters for name, cost in by_file(paths).items()}
+
+
+def check_budget(started: dict[str, int], budget: dict[str, int]) -> list[str]:
+    """What exceeds ``budget``: a line for each file that ``started`` more interpreters
+    than it may, and for the total; empty when within it."""
     over = [
         f"{name}: {count} interpreters started, {budget.get(name, 0)} in the budget"
         for name, count in sorted(started.items())
@@ -131,20 +135,18 @@ def check_budget(paths: list[Path], budget: dict[str, int]) -> list[str]:
     return over
 
 
-def write_budget(paths: list[Path], path: Path) -> None:
-    """Keep the interpreters each file started in ``path``, as the new budget."""
-    started = {
-        name: cost.interpreters for name, cost in by_file(paths).items() if cost.interpreters
-    }
+def write_budget(started: dict[str, int], path: Path) -> None:
+    """Keep the interpreters each file ``started`` in ``path``, as the new budget."""
+    kept = {name: count for name, count in started.items() if count}
     lines = [
         "# The Python interpreters each test file may start in the check's pytest run",
         "# (tools/check; conftest.py counts them). A change that starts more raises the",
         "# file's number here, in its own diff: python tools/slowest.py --write-budget",
         f"# {path.as_posix()} .cache/check/pytest.xml (every file, from a whole run).",
-        f"# In all: {sum(started.values())}.",
+        f"# In all: {sum(kept.values())}.",
         "",
         "[files]",
-        *(f'"{name}" = {count}' for name, count in sorted(started.items())),
+        *(f'"{name}" = {count}' for name, count in sorted(kept.items())),
     ]
     path.write_text("\n".join(lines) + "\n")
 
@@ -160,12 +162,12 @@ def main(argv: list[str] | None = None) -> int:
     options = parser.parse_args(argv)
     paths = [path for path in options.paths if path.is_file()]
     if options.write_budget is not None:
-        write_budget(paths, options.write_budget)
+        write_budget(interpreters(paths), options.write_budget)
         return 0
     if options.budget is not None:
         budget = read_budget(options.budget)
-        over = check_budget(paths, budget)
-        started = sum(cost.interpreters for cost in by_file(paths).values())
+        started = interpreters(paths)
+        over = check_budget(started, budget)
         for line in over:
             print(f"over the budget: {line}")
         if over:
@@ -175,7 +177,10 @@ def main(argv: list[str] | None = None) -> int:
                 f"{' '.join(map(str, options.paths))})."
             )
             return 1
-        print(f"interpreters started: {started}, within the budget of {sum(budget.values())}")
+        print(
+            f"interpreters started: {sum(started.values())}, "
+            f"within the budget of {sum(budget.values())}"
+        )
         return 0
     for path in paths:
         found = counts(path)
