@@ -243,6 +243,14 @@ BAD_OPTIONS: Final = [
     (("--plait-strategy=ddp", "--plait-backend=ncl"), "invalid choice: 'ncl'"),
     (("--plait-strategy=ddp", "--plait-expectations=nowhere.txt"), "no such file"),
     (("--plait-strategy=ddp", "--plait-meshes=4:2x3"), "the mesh 2x3 holds 6 ranks, not 4"),
+    (
+        ("--plait-strategy=ddp", "-o", "plait_preload=plait.strategies.deepspeeed"),
+        "preload: no module 'plait.strategies.deepspeeed' can be imported here",
+    ),
+    (
+        ("--plait-strategy=ddp", "-o", "plait_preload=deepspeed-zero"),
+        "preload: 'deepspeed-zero' is not a module name",
+    ),
 ]
 """Options that stop the run before any rank starts, and what the run says of them."""
 

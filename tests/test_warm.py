@@ -8,8 +8,11 @@ import signal
 from pathlib import Path
 
 import pytest
+import torch
 from tests import warm
 from tests.reliability.jobs import wait_for
+
+from plait.strategies.deepspeed import library
 
 SCRIPT = """
 import atexit, os, sys, time
@@ -19,6 +22,7 @@ import torch
 atexit.register(lambda: print("atexit ran"))
 print("argv", sys.argv[1:], "X", os.environ.get("X"), "cwd", os.getcwd())
 print("threads", torch.get_num_threads(), "main", __name__)
+print("imported", [name for name in sys.argv[2:] if name in sys.modules])
 print("to stderr", file=sys.stderr)
 action = sys.argv[1]
 if action == "raise":
@@ -44,15 +48,21 @@ def test_a_script_runs_as_main_with_its_arguments_environment_folder_and_exit_st
     script: Path, tmp_path: Path
 ) -> None:
     environ = {**os.environ, "X": "y", "OMP_NUM_THREADS": "1"}
-    process = warm.WarmProcess(script, ["3"], environ, cwd=tmp_path)
+    # What the fork server imported (tests.preload, named in pyproject.toml), the
+    # script has before its first line.
+    preloaded = ["torch._dynamo", "plait.strategies.fsdp", "plait.trainer"]
+    if torch.version.cuda is None and torch.version.hip is None and library.is_available():
+        preloaded += ["deepspeed", "deepspeed.runtime.zero.muon.muon_optimizer"]
+    process = warm.WarmProcess(script, ["3", *preloaded], environ, cwd=tmp_path)
     try:
         assert process.wait(60) == 3
         output = process.output()
     finally:
         process.close()
 
-    assert f"argv ['3'] X y cwd {tmp_path}\n" in output
+    assert f"argv {['3', *preloaded]} X y cwd {tmp_path}\n" in output
     assert "threads 1 main __main__\n" in output
+    assert f"imported {preloaded}\n" in output
     # Unbuffered, in the order written, and the atexit functions run at the end.
     assert output.index("threads") < output.index("to stderr") < output.index("atexit ran")
 

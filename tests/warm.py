@@ -15,8 +15,9 @@ killed) starts real interpreters, as a user's job does. A script run here that s
 processes of its own (a launcher) starts them as it always does.
 
 The fork server is the one of the test process: a conformance lane's rank pool may
-have started it first, with its own modules (torch and plait's strategies among
-them); what a script imports beyond them, it imports itself.
+have started it first, with its own strategy's modules; both import what the
+``plait_preload`` ini option names (`tests.preload`). What a script imports beyond
+them, it imports itself.
 """
 
 from __future__ import annotations
@@ -42,16 +43,13 @@ from typing import Final
 
 from tests.reliability.jobs import processes_in_session
 
-PRELOAD: Final = (
-    "torch",
-    "torch.distributed",
-    "plait.strategies",
-    "plait.trainer",
-    "plait.conformance.worker",
-    "plait.conformance.frozen",  # last: freezes what the others made
-)
-"""What the fork server imports before its first fork (``plait.conformance.frozen``
-freezes it, so that no rank's cycle collector scans it)."""
+from plait.conformance.pool import fork_server_modules
+
+PRELOAD: Final = ("torch", "torch.distributed", "plait.strategies", "plait.trainer")
+"""What the fork server imports first, before the conformance pools' modules and what
+the ``plait_preload`` ini option names (`plait.conformance.fork_server_modules`; last,
+``plait.conformance.frozen`` freezes it all, so that no rank's cycle collector scans
+it)."""
 
 
 _cpu_seconds = 0.0
@@ -152,7 +150,7 @@ class WarmProcess:
         separate_errors: bool = False,
     ) -> None:
         context = multiprocessing.get_context("forkserver")
-        context.set_forkserver_preload(list(PRELOAD))
+        context.set_forkserver_preload(fork_server_modules(*PRELOAD))
         self._output = Path(tempfile.mkstemp(prefix="plait-warm-", suffix=".log")[1])
         self._errors = (
             Path(tempfile.mkstemp(prefix="plait-warm-", suffix=".err")[1])

@@ -11,6 +11,8 @@ multi-process rank pool against any strategy, ours or a third party's:
   `plait.core.TrainingSemantics`, checkpoint round trips, exact resumes, moves), on
   the same pools; `TRAINING_PROPERTIES` and `prove_moves` from Python.
 - `reproduce`: rerun one example, as a failure report prints it.
+- `preload`: what the ranks' fork server imports once, for all of a process's ranks
+  (the ``plait_preload`` ini option).
 - `ExampleKind` and `EXAMPLE_KINDS`: what each kind of example is (its case, its
   property, what a rank runs, how it is judged); a kind of your own is one class
   and a registration (`CollectiveKind` for one collective call per rank).
@@ -46,6 +48,7 @@ from plait.conformance.pool import (
     RankCrashError,
     RankHangError,
     RankPool,
+    preload,
 )
 from plait.conformance.properties import (
     ContractViolation,
@@ -113,6 +116,7 @@ __all__ = [
     "TrainingSuite",
     "backend_unavailable",
     "check",
+    "preload",
     "property_of",
     "prove",
     "prove_moves",

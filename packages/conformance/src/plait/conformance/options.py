@@ -130,6 +130,11 @@ def add_options(parser: pytest.Parser) -> None:
         help="known failures: lines of 'PATTERN  # reason', PATTERN matching "
         "'property[strategy-backend-world_size]'",
     )  # fmt: skip
+    parser.addini(
+        "plait_preload", type="linelist", default=[],
+        help="modules the ranks' fork server imports once per test process, before its "
+        "first rank (what your strategy's ranks import lazily): see plait.conformance.preload",
+    )  # fmt: skip
 
 
 def parse_world_sizes(text: str) -> tuple[int, ...]:

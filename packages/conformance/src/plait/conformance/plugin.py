@@ -32,9 +32,10 @@ from plait.conformance.options import (
     keep,
     options_of,
 )
-from plait.conformance.pool import PoolStartError, RankPool
+from plait.conformance.pool import PoolStartError, RankPool, preload
 from plait.conformance.report import LANE, PROPERTY, STARTED, Reporter
 from plait.conformance.target import StrategyTarget
+from plait.core import ConfigurationError
 
 if TYPE_CHECKING:
     from plait.conformance.suite import Suite
@@ -167,6 +168,10 @@ def pytest_configure(config: pytest.Config) -> None:
     """Check the options early, choose the seed and read the expectations file."""
     options = Options.read(config)
     keep(config, options)
+    try:
+        preload(*config.getini("plait_preload"))
+    except ConfigurationError as error:
+        raise pytest.UsageError(f"the plait_preload ini option: {error}") from error
     # Each lane's tests carry xdist's group marker so that one worker runs a lane;
     # the marker means nothing without pytest-xdist, which then does not see it.
     if options.xdist:

@@ -9,6 +9,7 @@ every rank's stack, and the pool starts afresh for the next one.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import multiprocessing
 import multiprocessing.connection
 import time
@@ -40,6 +41,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "LANES",
+    "RANK_MODULES",
     "STRAGGLER_GRACE",
     "UNHELD_DTYPES",
     "GroupOutcomes",
@@ -50,11 +52,65 @@ __all__ = [
     "RankHangError",
     "RankPool",
     "backend_unavailable",
+    "fork_server_modules",
+    "preload",
     "straggler_grace",
     "waiting_in",
 ]
 
 _STACK_WAIT: Final = 5.0  # seconds a stuck rank has to answer for its stack
+
+RANK_MODULES: Final = ("plait.conformance.worker", "torch._dynamo")
+"""What the ranks' fork server always imports first: the worker, and what torch imports
+at a process's first optimizer (``torch.optim`` brings in ``torch._dynamo``: about
+0.65 s of CPU, which every rank of every pool would pay)."""
+
+_preloaded: list[str] = []
+
+
+def preload(*modules: str) -> None:
+    """Have the ranks' fork server import ``modules`` too, once, before its first rank.
+
+    Every rank of every pool is a fork of one server per test process, started with
+    the first pool: what it imported, no rank imports again. Name here what your
+    strategy's ranks import that its own module does not (a backend it imports
+    lazily, say), to pay for it once per test process instead of once per rank. The
+    ``plait_preload`` ini option calls this when pytest starts. Only a call before the
+    process's first pool (or other use of multiprocessing's fork server) counts.
+
+    Raises:
+        ConfigurationError: A name is not a module that can be found.
+    """
+    for module in modules:
+        if not all(map(str.isidentifier, str(module).split("."))):
+            raise ConfigurationError(
+                f"preload: {module!r} is not a module name",
+                value=module,
+                fix="name modules as an import does, e.g. 'deepspeed' or 'mypackage.ops'",
+            )
+        try:
+            found = importlib.util.find_spec(module) is not None
+        except ImportError:  # its parent package is missing
+            found = False
+        if not found:
+            raise ConfigurationError(
+                f"preload: no module {module!r} can be imported here",
+                value=module,
+                fix="install it, or name a module on sys.path (a package's, or a file "
+                "beside your tests when pytest's pythonpath holds its folder)",
+            )
+        if module not in _preloaded:
+            _preloaded.append(module)
+
+
+def fork_server_modules(*first: str) -> list[str]:
+    """What the ranks' fork server imports, in this order.
+
+    `RANK_MODULES`, ``first`` (a strategy's own modules), what `preload` named, and
+    last ``plait.conformance.frozen``, which freezes what the others made.
+    """
+    return [*RANK_MODULES, *first, *_preloaded, "plait.conformance.frozen"]
+
 
 _GONE: Final = object()
 
@@ -300,11 +356,8 @@ class RankPool:
             )  # fmt: skip
         context = multiprocessing.get_context("forkserver")
         # Ranks fork from a server that has imported these once; it starts with the
-        # first pool of the process, whose strategy's modules it keeps. The last one
-        # freezes what the others made (`plait.conformance.frozen`).
-        context.set_forkserver_preload(
-            ["plait.conformance.worker", *self.target.modules(), "plait.conformance.frozen"]
-        )
+        # first pool of the process, whose strategy's modules it keeps.
+        context.set_forkserver_preload(fork_server_modules(*self.target.modules()))
         port = free_port()
         run_id = f"plait-conformance-{uuid.uuid4().hex[:8]}"
         for rank in range(self.world_size):
