@@ -39,6 +39,10 @@ os.environ.setdefault(
 )
 check_extension_locks(Path(os.environ["TORCH_EXTENSIONS_DIR"]), remove=True)
 
+# What the fork server imports (plait_preload in pyproject.toml): no tests, and not for
+# the test processes themselves, which import what their own tests need.
+collect_ignore = ["tests/preload.py"]
+
 settings.register_profile("default", max_examples=60, deadline=None)
 settings.register_profile(
     "ci",
