@@ -46,10 +46,11 @@ from tests.reliability.jobs import processes_in_session
 from plait.conformance.pool import fork_server_modules
 
 PRELOAD: Final = ("torch", "torch.distributed", "plait.strategies", "plait.trainer")
-"""What the fork server imports first, before the conformance pools' modules and what
-the ``plait_preload`` ini option names (`plait.conformance.fork_server_modules`; last,
-``plait.conformance.frozen`` freezes it all, so that no rank's cycle collector scans
-it)."""
+"""What a warm script needs imported, in the place of the fork server's list where a
+conformance pool puts its strategy's modules: after `plait.conformance.pool.RANK_MODULES`,
+before what the ``plait_preload`` ini option names, and before
+``plait.conformance.frozen``, which freezes it all so that no rank's cycle collector
+scans it (`plait.conformance.pool.fork_server_modules`)."""
 
 
 _cpu_seconds = 0.0
