@@ -16,13 +16,14 @@ import importlib
 import importlib.util
 from typing import Final
 
-import torch
+from tests.warm import ZERO_OPTIMIZERS, preloads_deepspeed
 
 from plait.strategies.deepspeed import library
 
-__all__ = ["MODULES", "ZERO_OPTIMIZERS", "cpu_only"]
+__all__ = ["MODULES"]
 
 MODULES: Final = (
+    "torch",
     "torch.distributed",
     "plait.strategies",
     "plait.strategies.ddp",
@@ -33,18 +34,9 @@ MODULES: Final = (
 )
 """What the tests' ranks and scripts import, whatever their strategy."""
 
-ZERO_OPTIMIZERS: Final = "deepspeed.runtime.zero.muon.muon_optimizer"
-"""What DeepSpeed imports when it first checks an optimizer (``is_zero_supported_optimizer``)."""
-
-
-def cpu_only() -> bool:
-    """Whether this torch was built for the CPU alone (no CUDA, no ROCm)."""
-    return torch.version.cuda is None and torch.version.hip is None
-
-
 for _module in MODULES:
     importlib.import_module(_module)
-if cpu_only() and library.is_available():
+if preloads_deepspeed():
     library.import_deepspeed("cpu")
     if importlib.util.find_spec(ZERO_OPTIMIZERS) is not None:
         importlib.import_module(ZERO_OPTIMIZERS)

@@ -8,11 +8,8 @@ import signal
 from pathlib import Path
 
 import pytest
-import torch
 from tests import warm
 from tests.reliability.jobs import wait_for
-
-from plait.strategies.deepspeed import library
 
 SCRIPT = """
 import atexit, os, sys, time
@@ -51,8 +48,8 @@ def test_a_script_runs_as_main_with_its_arguments_environment_folder_and_exit_st
     # What the fork server imported (tests.preload, named in pyproject.toml), the
     # script has before its first line.
     preloaded = ["torch._dynamo", "plait.strategies.fsdp", "plait.trainer"]
-    if torch.version.cuda is None and torch.version.hip is None and library.is_available():
-        preloaded += ["deepspeed", "deepspeed.runtime.zero.muon.muon_optimizer"]
+    if warm.preloads_deepspeed():
+        preloaded += ["deepspeed", warm.ZERO_OPTIMIZERS]
     process = warm.WarmProcess(script, ["3", *preloaded], environ, cwd=tmp_path)
     try:
         assert process.wait(60) == 3

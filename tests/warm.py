@@ -3,21 +3,22 @@
 A new interpreter spends over a second of CPU importing torch and plait before a
 script's first line. A test whose subject is not how a process starts (a rank's
 collectives, a job's training and checkpoints) runs its script here instead: each
-process is a fork of :mod:`multiprocessing`'s fork server, which imports ``PRELOAD``
-once per test process and has started no thread and no process group, and runs the
-script as ``python SCRIPT ARGS`` would: as ``__main__``, with ``sys.argv``, the
-environment and the working directory it is given, its output in a file, its exit
-status that of the script (``sys.exit``'s code, 1 for an uncaught exception, minus
-the signal's number if one ended it), its ``atexit`` functions run at its end.
+process is a fork of :mod:`multiprocessing`'s fork server, which imports torch and
+plait (`tests.preload`, named by the ``plait_preload`` ini option) once per test
+process and has started no thread and no process group, and runs the script as
+``python SCRIPT ARGS`` would: as ``__main__``, with ``sys.argv``, the environment and
+the working directory it is given, its output in a file, its exit status that of the
+script (``sys.exit``'s code, 1 for an uncaught exception, minus the signal's number if
+one ended it), its ``atexit`` functions run at its end.
 
 What tests the start itself (torchrun, Slurm, ``popen``, ``spawn``, a launcher that is
 killed) starts real interpreters, as a user's job does. A script run here that starts
 processes of its own (a launcher) starts them as it always does.
 
 The fork server is the one of the test process: a conformance lane's rank pool may
-have started it first, with its own strategy's modules; both import what the
-``plait_preload`` ini option names (`tests.preload`). What a script imports beyond
-them, it imports itself.
+have started it first, with its own strategy's modules besides
+(`plait.conformance.pool.fork_server_modules`). What a script imports beyond them, it
+imports itself.
 """
 
 from __future__ import annotations
@@ -45,12 +46,18 @@ from tests.reliability.jobs import processes_in_session
 
 from plait.conformance.pool import fork_server_modules
 
-PRELOAD: Final = ("torch", "torch.distributed", "plait.strategies", "plait.trainer")
-"""What a warm script needs imported, in the place of the fork server's list where a
-conformance pool puts its strategy's modules: after `plait.conformance.pool.RANK_MODULES`,
-before what the ``plait_preload`` ini option names, and before
-``plait.conformance.frozen``, which freezes it all so that no rank's cycle collector
-scans it (`plait.conformance.pool.fork_server_modules`)."""
+ZERO_OPTIMIZERS: Final = "deepspeed.runtime.zero.muon.muon_optimizer"
+"""What DeepSpeed imports when it first checks an optimizer (``is_zero_supported_optimizer``)."""
+
+
+def preloads_deepspeed() -> bool:
+    """Whether the fork server imports DeepSpeed (`tests.preload`): where it is installed,
+    on a build of torch for the CPU alone, whose ranks all tell DeepSpeed the CPU."""
+    import torch  # noqa: PLC0415 (this module imports no torch of its own)
+
+    from plait.strategies.deepspeed import library  # noqa: PLC0415
+
+    return torch.version.cuda is None and torch.version.hip is None and library.is_available()
 
 
 _cpu_seconds = 0.0
@@ -151,7 +158,7 @@ class WarmProcess:
         separate_errors: bool = False,
     ) -> None:
         context = multiprocessing.get_context("forkserver")
-        context.set_forkserver_preload(fork_server_modules(*PRELOAD))
+        context.set_forkserver_preload(fork_server_modules())
         self._output = Path(tempfile.mkstemp(prefix="plait-warm-", suffix=".log")[1])
         self._errors = (
             Path(tempfile.mkstemp(prefix="plait-warm-", suffix=".err")[1])
