@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import re
 import shlex
 import subprocess
@@ -11,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from tests import warm
 
 from plait.strategies.export import read_whole
 from plait.trainer.cli import build_parser, main
@@ -25,19 +25,21 @@ COMMAND_TIMEOUT = 240
 pytestmark = pytest.mark.timeout(2 * COMMAND_TIMEOUT)
 
 
-def _plait(*arguments: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [str(PLAIT), *arguments],
-        capture_output=True,
-        text=True,
-        timeout=COMMAND_TIMEOUT,
-        check=False,
-        cwd=cwd,
-    )
+def _plait(
+    *arguments: str, cwd: Path | None = None, environ: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``plait ARGUMENTS``, its script run warm (`tests.warm`): what these tests check is
+    what the command does, not how an interpreter starts (the test below starts one);
+    the ranks its launcher starts are started as the command always starts them."""
+    return warm.run(PLAIT, arguments, environ=environ, cwd=cwd, timeout=COMMAND_TIMEOUT)
 
 
 def test_the_help_names_the_commands_and_an_example() -> None:
-    completed = _plait("--help")
+    # The command as a user types it: a new interpreter, from the installed script.
+    completed = subprocess.run(
+        [str(PLAIT), "--help"], capture_output=True, text=True, timeout=COMMAND_TIMEOUT,
+        check=False,
+    )  # fmt: skip
 
     assert completed.returncode == 0
     for word in ("fit", "validate", "list", "plait fit --example digits --strategy ddp"):
@@ -97,13 +99,12 @@ def test_fit_trains_your_own_module_named_on_the_command_line_on_fsdp(tmp_path: 
     package = tmp_path / "my_pkg"
     package.mkdir()
     (package / "__init__.py").write_text(_OWN_MODULE)
-    completed = subprocess.run(
-        [str(PLAIT), "fit", "--model", "my_pkg.Regressor", "--model.width", "6",
-         "--data", "my_pkg.Data", "--trainer.strategy", "fsdp", "--trainer.devices", "2",
-         "--trainer.accelerator", "cpu", "--trainer.max_epochs", "2",
-         "--trainer.enable_progress_bar", "false", "--trainer.default_root_dir", str(tmp_path)],
-        capture_output=True, text=True, timeout=COMMAND_TIMEOUT, check=False, cwd=tmp_path,
-        env={**os.environ, "PYTHONPATH": str(tmp_path)},
+    completed = _plait(
+        "fit", "--model", "my_pkg.Regressor", "--model.width", "6", "--data", "my_pkg.Data",
+        "--trainer.strategy", "fsdp", "--trainer.devices", "2", "--trainer.accelerator", "cpu",
+        "--trainer.max_epochs", "2", "--trainer.enable_progress_bar", "false",
+        "--trainer.default_root_dir", str(tmp_path),
+        cwd=tmp_path, environ={"PYTHONPATH": str(tmp_path)},
     )  # fmt: skip
 
     assert completed.returncode == 0, completed.stderr

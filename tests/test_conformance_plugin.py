@@ -1,8 +1,11 @@
 """The pytest plugin as a third party uses it: options, expectations, reports, errors.
 
-Each test runs pytest in a fresh process, in a directory of its own, as an adopter's
-project would; the bad options, which stop a run before any rank starts, run one
-after another in one such process (`pytest.main` for each, as ``python -m pytest``).
+Each test runs ``python -m pytest`` in a process of its own, in a directory of its own,
+as an adopter's project would: forked warm (`tests.warm`), where torch and plait are
+imported already, since what is tested is the session, not an interpreter's start; the
+ranks and xdist workers it starts, it starts as it always does. The bad options, which
+stop a run before any rank starts, run one after another in one such process
+(`pytest.main` for each, as ``python -m pytest``).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from pathlib import Path
 from typing import Final
 
 import pytest
+from tests import warm
 
 BROKEN = Path(__file__).resolve().with_name("conformance_broken.py")
 RUN_TIMEOUT = 300
@@ -26,14 +30,8 @@ pytestmark = pytest.mark.timeout(RUN_TIMEOUT + 60)
 
 
 def _pytest(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=RUN_TIMEOUT,
-        check=False,
-    )
+    arguments = ["-p", "no:cacheprovider", "-q", *args]
+    return warm.run(warm.Module("pytest"), arguments, cwd=cwd, timeout=RUN_TIMEOUT)
 
 
 def _suite(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:

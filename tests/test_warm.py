@@ -26,6 +26,12 @@ if action == "raise":
     raise RuntimeError("the script failed")
 if action == "sleep":
     time.sleep(600)
+if action == "spin-then-leave":  # as the plait command ends: exit functions, then _exit
+    deadline = time.process_time() + 0.3
+    while time.process_time() < deadline:
+        pass
+    atexit._run_exitfuncs()
+    os._exit(0)
 if action == "leave-a-child":
     if os.fork() == 0:
         time.sleep(600)
@@ -99,3 +105,37 @@ def _gone(pid: int) -> bool:
     except (OSError, IndexError):
         return True
     return state in {"Z", "X"}
+
+
+def test_a_module_runs_as_with_dash_m_from_the_folder_it_is_given_with_pythonpath_first(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "here").mkdir()
+    (tmp_path / "here" / "local_tool.py").write_text(
+        "import sys, other\nprint(sys.argv, sys.path[:2], other.NAME)\nsys.exit(4)\n"
+    )
+    (tmp_path / "lib").mkdir()
+    (tmp_path / "lib" / "other.py").write_text("NAME = 'other'\n")
+
+    done = warm.run(
+        warm.Module("local_tool"), ["a", "b"], cwd=tmp_path / "here",
+        environ={"PYTHONPATH": str(tmp_path / "lib")}, timeout=60,
+    )  # fmt: skip
+
+    assert done.returncode == 4, done.stderr
+    assert done.args[1:3] == ["-m", "local_tool"]
+    # As python -m: argv[0] the module's file, its folder (the working one) first on
+    # the path, then PYTHONPATH's entries.
+    module = str(tmp_path / "here" / "local_tool.py")
+    path = [str(tmp_path / "here"), str(tmp_path / "lib")]
+    assert done.stdout == f"{[module, 'a', 'b']} {path} other\n"
+
+
+def test_the_cpu_time_of_a_script_counts_when_it_leaves_by_os_exit(script: Path) -> None:
+    before = warm.cpu_seconds()
+
+    done = warm.run(script, ["spin-then-leave"], timeout=60)
+
+    assert done.returncode == 0, done.stderr
+    assert "atexit ran" in done.stdout
+    assert warm.cpu_seconds() - before >= 0.3

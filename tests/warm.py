@@ -6,10 +6,11 @@ collectives, a job's training and checkpoints) runs its script here instead: eac
 process is a fork of :mod:`multiprocessing`'s fork server, which imports torch and
 plait (`tests.preload`, named by the ``plait_preload`` ini option) once per test
 process and has started no thread and no process group, and runs the script as
-``python SCRIPT ARGS`` would: as ``__main__``, with ``sys.argv``, the environment and
-the working directory it is given, its output in a file, its exit status that of the
-script (``sys.exit``'s code, 1 for an uncaught exception, minus the signal's number if
-one ended it), its ``atexit`` functions run at its end.
+``python SCRIPT ARGS`` would: as ``__main__``, with ``sys.argv``, the environment (its
+``PYTHONPATH`` on ``sys.path``) and the working directory it is given, its output in a
+file, its exit status that of the script (``sys.exit``'s code, 1 for an uncaught
+exception, minus the signal's number if one ended it), its ``atexit`` functions run at
+its end.
 
 What tests the start itself (torchrun, Slurm, ``popen``, ``spawn``, a launcher that is
 killed) starts real interpreters, as a user's job does. A script run here that starts
@@ -26,6 +27,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import ctypes
+import dataclasses
 import io
 import multiprocessing
 import os
@@ -82,9 +84,17 @@ def _exit_code(code: object) -> int:
     return 1
 
 
+@dataclasses.dataclass(frozen=True)
+class Module:
+    """A module run as ``python -m NAME ARGS`` runs it, where a script's path goes."""
+
+    name: str
+
+
 def _run_script(
     *,
     script: str,
+    module: bool,
     args: list[str],
     environ: dict[str, str],
     cwd: str,
@@ -115,10 +125,22 @@ def _run_script(
         torch.set_num_threads(int(environ["OMP_NUM_THREADS"]))
     os.chdir(cwd)
     sys.argv = [script, *args]
-    sys.path[0:0] = [str(Path(script).resolve().parent)]
+    # What an interpreter puts first on its path: the script's folder (the working
+    # directory for ``-m``), then PYTHONPATH's.
+    search = [entry for entry in environ.get("PYTHONPATH", "").split(os.pathsep) if entry]
+    sys.path[0:0] = [os.getcwd() if module else str(Path(script).resolve().parent), *search]
+    # Its CPU time, and its children's, for the test's count (a fork server's child is
+    # no child of the test's process, whose own count misses it): noted by an exit
+    # function registered before the script's own, so run after them, and run too by a
+    # script that runs the exit functions and then leaves by ``os._exit`` (the ``plait``
+    # command).
+    atexit.register(_note_cpu_seconds, Path(output + ".cpu"))
     code = 0
     try:
-        runpy.run_path(script, run_name="__main__")
+        if module:  # as ``-m``: sys.argv[0] becomes the module's file
+            runpy.run_module(script, run_name="__main__", alter_sys=True)
+        else:
+            runpy.run_path(script, run_name="__main__")
     except SystemExit as raised:
         code = _exit_code(raised.code)
     except BaseException:  # noqa: BLE001 - reported as the interpreter would, exit status 1
@@ -134,22 +156,24 @@ def _run_script(
         with contextlib.suppress(Exception):
             sys.stdout.flush()
             sys.stderr.flush()
-        # Its CPU time, and its children's, for the test's count: a fork server's
-        # child is no child of the test's process, whose own count misses it.
-        spent = sum(
-            usage.ru_utime + usage.ru_stime
-            for usage in map(resource.getrusage, (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
-        )
-        Path(output + ".cpu").write_text(f"{spent:.3f}")
     os._exit(code)
 
 
+def _note_cpu_seconds(path: Path) -> None:
+    """Write the CPU seconds of this process and its children to ``path``."""
+    spent = sum(
+        usage.ru_utime + usage.ru_stime
+        for usage in map(resource.getrusage, (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
+    )
+    path.write_text(f"{spent:.3f}")
+
+
 class WarmProcess:
-    """A script running in a process forked from the fork server."""
+    """A script (or a `Module`) running in a process forked from the fork server."""
 
     def __init__(
         self,
-        script: Path,
+        script: Path | Module,
         args: Sequence[str],
         environ: Mapping[str, str],
         *,
@@ -168,7 +192,8 @@ class WarmProcess:
         self._process = context.Process(
             target=_run_script,
             kwargs={
-                "script": str(script),
+                "script": script.name if isinstance(script, Module) else str(script),
+                "module": isinstance(script, Module),
                 "args": [str(arg) for arg in args],
                 "environ": dict(environ),
                 "cwd": str(cwd or Path.cwd()),
@@ -176,7 +201,7 @@ class WarmProcess:
                 "errors": str(self._errors),
                 "new_session": new_session,
             },
-            name=f"warm {Path(script).name}",
+            name=f"warm {script.name}",
         )  # fmt: skip
         self._process.start()
 
@@ -225,14 +250,15 @@ class WarmProcess:
 
 
 def run(
-    script: Path,
+    script: Path | Module,
     args: Sequence[str],
     *,
     environ: Mapping[str, str] | None = None,
     cwd: Path | None = None,
     timeout: float,
 ) -> subprocess.CompletedProcess[str]:
-    """Run ``python SCRIPT ARGS`` warm, in a session of its own, to its end.
+    """Run ``python SCRIPT ARGS`` (``python -m NAME ARGS`` for a `Module`) warm, in a
+    session of its own, to its end.
 
     The environment is this process's with ``environ`` on top. Returns its exit status,
     output and errors, as ``subprocess.run(..., capture_output=True, text=True)``.
@@ -257,7 +283,8 @@ def run(
         output, errors = process.output(), process.errors()
     finally:
         process.close()
-    command = [sys.executable, str(script), *map(str, args)]
+    start = ["-m", script.name] if isinstance(script, Module) else [str(script)]
+    command = [sys.executable, *start, *map(str, args)]
     if code is None:
         raise AssertionError(f"{command} did not end within {timeout:g} s:\n{errors[-4000:]}")
     assert not left, f"{command} left processes behind: {left}\n{errors[-4000:]}"
