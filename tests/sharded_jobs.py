@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 import torch
 from tests import warm
-from tests.reliability.jobs import processes_mentioning
+from tests.processes import processes_mentioning
 
 if TYPE_CHECKING:
     from pathlib import Path

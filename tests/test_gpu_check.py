@@ -17,7 +17,7 @@ from types import ModuleType
 
 import pytest
 import torch
-from tests.reliability.jobs import processes_mentioning
+from tests.processes import processes_mentioning
 
 TOOL = Path(__file__).resolve().parent.parent / "tools" / "gpu_check.py"
 LANES = ["cuda-tests", "conformance-nccl", "conformance-gloo-cuda"]

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from tests.reliability.jobs import processes_mentioning
+from tests.processes import processes_mentioning
 
 APP = Path(__file__).resolve().with_name("hydra_app.py")
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from tests import warm
-from tests.reliability.jobs import processes_mentioning
+from tests.processes import processes_mentioning
 from tests.sharded_jobs import assert_losses_close
 
 from plait.core import ConfigurationError, StrategyRegistry

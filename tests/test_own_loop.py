@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from tests.reliability.jobs import processes_mentioning
+from tests.processes import processes_mentioning
 from torch import nn
 
 from plait.strategies.deepspeed import library

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from tests import warm
-from tests.reliability.jobs import processes_mentioning
+from tests.processes import processes_mentioning
 
 JOB = Path(__file__).resolve().with_name("sharding_job.py")
 

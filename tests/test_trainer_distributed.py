@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from tests import warm
-from tests.reliability.jobs import processes_mentioning
+from tests.processes import processes_mentioning
 
 JOB = Path(__file__).resolve().parent / "trainer_job.py"
 

@@ -24,6 +24,11 @@ print("to stderr", file=sys.stderr)
 action = sys.argv[1]
 if action == "raise":
     raise RuntimeError("the script failed")
+if action == "hook-then-raise":
+    sys.excepthook = lambda kind, error, tb: print("hooked", kind.__name__, file=sys.stderr)
+    raise RuntimeError("the script failed")
+if action == "interrupt":
+    raise KeyboardInterrupt
 if action == "sleep":
     time.sleep(600)
 if action == "spin-then-leave":  # as the plait command ends: exit functions, then _exit
@@ -77,6 +82,15 @@ def test_an_exception_exits_1_with_its_traceback_and_a_signal_with_minus_its_num
     assert failed.returncode == 1
     assert failed.stderr.rstrip().endswith("RuntimeError: the script failed")
     assert "atexit ran" in failed.stdout
+
+    # As an interpreter: sys.excepthook reports it, and an interrupt ends by SIGINT.
+    hooked = warm.run(script, ["hook-then-raise"], timeout=60)
+    assert hooked.returncode == 1
+    assert hooked.stderr.rstrip().endswith("hooked RuntimeError")
+    interrupted = warm.run(script, ["interrupt"], timeout=60)
+    assert interrupted.returncode == -signal.SIGINT
+    assert interrupted.stderr.rstrip().endswith("KeyboardInterrupt")
+    assert "atexit ran" in interrupted.stdout
 
     sleeping = warm.WarmProcess(script, ["sleep"], dict(os.environ))
     try:

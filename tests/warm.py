@@ -8,9 +8,9 @@ plait (`tests.preload`, named by the ``plait_preload`` ini option) once per test
 process and has started no thread and no process group, and runs the script as
 ``python SCRIPT ARGS`` would: as ``__main__``, with ``sys.argv``, the environment (its
 ``PYTHONPATH`` on ``sys.path``) and the working directory it is given, its output in a
-file, its exit status that of the script (``sys.exit``'s code, 1 for an uncaught
-exception, minus the signal's number if one ended it), its ``atexit`` functions run at
-its end.
+file, its exit status that of the script (``sys.exit``'s code; 1 for an uncaught
+exception, which ``sys.excepthook`` reports; minus the signal's number if one ended it,
+SIGINT's for an uncaught interrupt), its ``atexit`` functions run at its end.
 
 What tests the start itself (torchrun, Slurm, ``popen``, ``spawn``, a launcher that is
 killed) starts real interpreters, as a user's job does. A script run here that starts
@@ -39,12 +39,11 @@ import sys
 import tempfile
 import threading
 import time
-import traceback
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Final
 
-from tests.reliability.jobs import processes_in_session
+from tests.processes import processes_in_session
 
 from plait.conformance.pool import fork_server_modules
 
@@ -135,7 +134,7 @@ def _run_script(
     # script that runs the exit functions and then leaves by ``os._exit`` (the ``plait``
     # command).
     atexit.register(_note_cpu_seconds, Path(output + ".cpu"))
-    code = 0
+    code, interrupted = 0, False
     try:
         if module:  # as ``-m``: sys.argv[0] becomes the module's file
             runpy.run_module(script, run_name="__main__", alter_sys=True)
@@ -143,9 +142,11 @@ def _run_script(
             runpy.run_path(script, run_name="__main__")
     except SystemExit as raised:
         code = _exit_code(raised.code)
-    except BaseException:  # noqa: BLE001 - reported as the interpreter would, exit status 1
-        traceback.print_exc()
+    except BaseException as raised:  # noqa: BLE001 - reported as the interpreter would
+        sys.excepthook(type(raised), raised, raised.__traceback__)
+        # Exit status 1; an interrupt ends the process by SIGINT, once cleaned up.
         code = 1
+        interrupted = isinstance(raised, KeyboardInterrupt)
     finally:
         # What an interpreter does at its end: wait for the threads that are not
         # daemons, then the atexit functions (plait's and torch's among them).
@@ -156,6 +157,9 @@ def _run_script(
         with contextlib.suppress(Exception):
             sys.stdout.flush()
             sys.stderr.flush()
+    if interrupted:
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
     os._exit(code)
 
 

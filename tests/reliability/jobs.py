@@ -18,6 +18,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import attrs
+from tests import warm
+from tests.processes import processes_in_session, processes_mentioning
 
 SCRIPT = Path(__file__).resolve().parent / "fit_script.py"
 TORCHRUN = Path(__file__).resolve().parent.parent / "torchrun.py"
@@ -97,37 +99,6 @@ def torchrun_command(root: Path, *settings: str, restarts: int = 0) -> list[str]
     ]
 
 
-def processes_mentioning(marker: str) -> list[int]:
-    """Live processes (not zombies) whose command line contains ``marker``."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == os.getpid():
-            continue
-        try:
-            command = Path("/proc", entry, "cmdline").read_bytes().decode(errors="replace")
-            state = Path("/proc", entry, "stat").read_text().rsplit(")", 1)[1].split()[0]
-        except (OSError, IndexError):
-            continue
-        if marker in command and state != "Z":
-            found.append(int(entry))
-    return found
-
-
-def processes_in_session(session: int) -> list[int]:
-    """Live processes of the session ``session``."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            fields = Path("/proc", entry, "stat").read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if int(fields[3]) == session and fields[0] != "Z":
-            found.append(int(entry))
-    return found
-
-
 def wait_for(
     predicate: Callable[[], bool], timeout: float, what: str, interval: float = 0.02
 ) -> None:
@@ -145,8 +116,53 @@ def _kill_everything(session: int, marker: str) -> None:
             os.kill(pid, signal.SIGKILL)
 
 
+class WarmScript:
+    """The user's script run warm (`tests.warm`), seen as the `subprocess.Popen` a `Job`
+    uses: its id, its signals, its end and its output."""
+
+    def __init__(self, command: Sequence[str], environ: Mapping[str, str], cwd: Path) -> None:
+        self.args = list(command)
+        self._process = warm.WarmProcess(
+            Path(command[1]), command[2:], environ, cwd=cwd, new_session=True,
+            separate_errors=True,
+        )  # fmt: skip
+        self.pid = self._process.pid
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        """The exit status, or None while it runs."""
+        self.returncode = self._process.returncode
+        return self.returncode
+
+    def send_signal(self, signum: int) -> None:
+        """Send ``signum`` to it, if it still runs."""
+        if self.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signum)
+
+    def communicate(self, timeout: float | None = None) -> tuple[str, str]:
+        """Wait for its end (at most ``timeout`` seconds); its output and errors.
+
+        Raises:
+            subprocess.TimeoutExpired: It still runs after ``timeout`` seconds.
+        """
+        if self._process.wait(timeout) is None:
+            raise subprocess.TimeoutExpired(self.args, timeout or 0.0)
+        self.returncode = self._process.returncode
+        written = self._process.output(), self._process.errors()
+        self._process.close()  # its files removed, its CPU time counted
+        return written
+
+
 class Job:
-    """A job started in a session of its own, with its output captured."""
+    """A job started in a session of its own, with its output captured.
+
+    The user's script (`SCRIPT`) runs warm (`tests.warm`): a process forked from one
+    that imported torch and plait, since what these tests check is what a job does when
+    a rank fails, stalls or is stopped, not how an interpreter starts; the ranks its
+    launcher starts (``ddp``'s new interpreters, ``ddp_spawn``'s spawned ones) are
+    started as they always are. Any other command (torchrun) starts anew.
+    """
 
     def __init__(
         self, command: Sequence[str], root: Path, environment: Mapping[str, str] | None = None
@@ -155,15 +171,19 @@ class Job:
         self.started = time.monotonic()
         env = {**os.environ, **(environment or {})}
         env.pop("PLAIT_LAUNCHED", None)
-        self.process = subprocess.Popen(
-            list(command),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=env,
-            cwd=root,
-            start_new_session=True,
-        )
+        self.process: subprocess.Popen[str] | WarmScript
+        if list(command[:2]) == [sys.executable, str(SCRIPT)]:
+            self.process = WarmScript(command, env, root)
+        else:
+            self.process = subprocess.Popen(
+                list(command),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                env=env,
+                cwd=root,
+                start_new_session=True,
+            )
 
     def signal(self, signum: int) -> None:
         """Send ``signum`` to the job's first process (the launcher, or rank 0)."""
@@ -194,7 +214,9 @@ class Job:
                 f"the job did not end within {timeout:g} s:\n{stderr[-4000:]}"
             ) from None
         seconds = time.monotonic() - self.started
-        return Finished(self.process.returncode, stdout, stderr, seconds, self.root, time.time())
+        code = self.process.returncode
+        assert code is not None  # it has ended
+        return Finished(code, stdout, stderr, seconds, self.root, time.time())
 
     def check_nothing_left(self, done: Finished) -> None:
         """Check that the job's processes (its session's, and any naming its folder) exit.

@@ -7,13 +7,8 @@ import time
 from pathlib import Path
 
 import pytest
-from tests.reliability.jobs import (
-    Job,
-    finish_all,
-    processes_mentioning,
-    torchrun_command,
-    wait_for,
-)
+from tests.processes import processes_mentioning
+from tests.reliability.jobs import Job, finish_all, torchrun_command, wait_for
 
 pytestmark = pytest.mark.slow
 
