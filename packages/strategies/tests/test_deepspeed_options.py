@@ -5,6 +5,7 @@ Every refusal names the bad value and a fix; nothing here joins a process group.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -69,20 +70,37 @@ def test_without_deepspeed_choosing_it_names_the_extra(monkeypatch: pytest.Monke
         _made()
 
 
-def test_importing_plait_strategies_does_not_import_deepspeed() -> None:
+_FIRST_IMPORT = """
+import importlib.util, sys
+import plait.strategies, plait.strategies.deepspeed
+from plait.core import StrategyRegistry
+from plait.strategies.deepspeed import library
+
+StrategyRegistry.get('deepspeed_stage_3', accelerator='cpu')
+assert 'deepspeed' not in sys.modules, 'deepspeed was imported'
+
+library.import_deepspeed('cpu')
+from deepspeed.autotuning import autotuner
+assert not autotuner.has_mlflow
+if importlib.util.find_spec('mlflow') is not None:  # installed, and hidden from deepspeed
+    assert 'mlflow' not in sys.modules, 'mlflow was imported with deepspeed'
+    import mlflow  # the user's own import, as usual
+    print('mlflow', mlflow.__name__)
+"""
+
+
+def test_deepspeed_is_imported_when_used_without_what_only_its_autotuner_needs() -> None:
     import subprocess  # noqa: PLC0415
     import sys  # noqa: PLC0415
 
-    code = (
-        "import sys, plait.strategies, plait.strategies.deepspeed\n"
-        "from plait.core import StrategyRegistry\n"
-        "StrategyRegistry.get('deepspeed_stage_3', accelerator='cpu')\n"
-        "assert 'deepspeed' not in sys.modules, 'deepspeed was imported'\n"
-    )
     result = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False
-    )
+        [sys.executable, "-c", _FIRST_IMPORT], capture_output=True, text=True, timeout=120,
+        check=False,
+    )  # fmt: skip
     assert result.returncode == 0, result.stderr
+    assert library.UNUSED_IMPORTS == ("mlflow",)
+    if importlib.util.find_spec("mlflow") is not None:
+        assert "mlflow mlflow" in result.stdout
 
 
 @pytest.mark.parametrize(

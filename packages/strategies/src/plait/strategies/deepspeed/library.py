@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 __all__ = [
     "EXTRA",
     "LIBRARY_NOTICES",
+    "UNUSED_IMPORTS",
     "DeepSpeed",
     "check_extension_locks",
     "configure_activation_checkpointing",
@@ -154,8 +155,32 @@ class DeepSpeed(Protocol):
 _ACCELERATORS: Final = {"cpu": "cpu", "cuda": "cuda", "xpu": "xpu", "mps": "mps"}
 
 
+UNUSED_IMPORTS: Final = ("mlflow",)
+"""What DeepSpeed's import brings in for its autotuner alone (``deepspeed --autotuning``,
+which runs in DeepSpeed's launcher, never in a rank): `import_deepspeed` hides these from
+it. Where installed, MLflow's import is most of DeepSpeed's (0.9 of 1.3 CPU-s, each rank)."""
+
+
+@contextlib.contextmanager
+def _hidden(names: Sequence[str]) -> Iterator[None]:
+    # ``import name`` raises ImportError meanwhile (for those not imported yet), as if
+    # not installed; afterwards they import as usual.
+    hidden = [name for name in names if name not in sys.modules]
+    for name in hidden:
+        sys.modules[name] = None  # type: ignore[assignment] # Python's "not importable" mark
+    try:
+        yield
+    finally:
+        for name in hidden:
+            if name in sys.modules and sys.modules[name] is None:
+                del sys.modules[name]
+
+
 def import_deepspeed(device_type: str | None = None) -> DeepSpeed:
-    """``import deepspeed``, with its compiled shared-memory op left out.
+    """``import deepspeed``, without its compiled shared-memory op or its autotuner's imports.
+
+    What DeepSpeed imports for its autotuner alone (`UNUSED_IMPORTS`) is hidden from
+    its first import, unless imported already.
 
     Args:
         device_type: The strategy's device type: DeepSpeed is told to use it (it
@@ -169,7 +194,8 @@ def import_deepspeed(device_type: str | None = None) -> DeepSpeed:
     already = "deepspeed" in sys.modules
     if not already and device_type in _ACCELERATORS:
         os.environ.setdefault("DS_ACCELERATOR", _ACCELERATORS[device_type])
-    module = importlib.import_module("deepspeed")
+    with _hidden(() if already else UNUSED_IMPORTS):
+        module = importlib.import_module("deepspeed")
     # Also when the user's code imported deepspeed first: the op would build at the
     # first process group (minutes, and it fails to link without libaio).
     skip_shared_memory_op()
