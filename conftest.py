@@ -112,12 +112,18 @@ the test process itself started them."""
 def interpreters_started(log: Path) -> list[str]:
     """The command lines of the interpreters that noted their start in ``log``, once each
     (an environment whose ``lib64`` links to ``lib`` reads its ``.pth`` files twice), but
-    this process's own multiprocessing helpers (`MULTIPROCESSING_HELPERS`)."""
+    this process's own multiprocessing helpers (`MULTIPROCESSING_HELPERS`).
+
+    An entry is a line that starts with two process ids; the lines after it that do not
+    are the rest of its command line (a ``python -c`` program of several lines).
+    """
     if not log.exists():
         return []
     by_process: dict[str, str] = {}
     for line in log.read_text(errors="replace").splitlines():
         process, parent, command = [*line.split(" ", 2), "", ""][:3]
+        if not (process.isdigit() and parent.isdigit()):
+            continue  # a command line's next line
         if parent == str(os.getpid()) and any(h in command for h in MULTIPROCESSING_HELPERS):
             continue
         by_process.setdefault(process, command)

@@ -283,6 +283,8 @@ def bad_option_runs(
     return {args: result for (args, _), result in zip(BAD_OPTIONS, results, strict=True)}
 
 
+# One group: the module's fixture runs them in one process, once, on one worker.
+@pytest.mark.xdist_group("conformance_plugin_bad_options")
 @pytest.mark.parametrize(("args", "message"), BAD_OPTIONS)
 def test_bad_options_stop_the_run_with_a_clear_message(
     bad_option_runs: dict[tuple[str, ...], dict[str, object]], args: tuple[str, ...], message: str

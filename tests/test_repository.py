@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+import conftest
+
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -144,7 +146,8 @@ def test_every_interpreter_of_the_environment_notes_its_start_where_it_is_asked_
 ) -> None:
     # What the interpreter budget counts: tools/bootstrap installs the hook into .venv.
     log = tmp_path / "starts.log"
-    nested = "import subprocess, sys; subprocess.run([sys.executable, '-c', 'pass'], check=True)"
+    # The second a program of three lines: one interpreter, whatever its command line.
+    nested = "import subprocess, sys; subprocess.run([sys.executable, '-c', 'pass\\n\\npass'])"
     subprocess.run(
         [sys.executable, "-c", nested],
         env={**os.environ, "PLAIT_STARTS_LOG": str(log)},
@@ -154,10 +157,16 @@ def test_every_interpreter_of_the_environment_notes_its_start_where_it_is_asked_
 
     started: dict[str, tuple[str, str]] = {}
     for line in log.read_text().splitlines():
-        process, parent, command = line.split(" ", 2)
-        started.setdefault(process, (parent, command))
+        process, parent, command = [*line.split(" ", 2), "", ""][:3]
+        if process.isdigit() and parent.isdigit():
+            started.setdefault(process, (parent, command))
     assert len(started) == 2, log.read_text()
     (first, (_, first_command)), (_, (second_parent, second_command)) = started.items()
     assert first_command.endswith(nested)
     assert second_parent == first  # each names its parent
     assert second_command.endswith("-c pass")
+    # The count the budget holds: the root conftest.py's, from the same log.
+    assert conftest.interpreters_started(log) == [
+        first_command,
+        second_command,
+    ]
