@@ -13,7 +13,6 @@ process ends with the test (`plait.strategies.end_job`), as it would with a prog
 import gc
 import itertools
 import os
-import resource
 import shutil
 import tempfile
 import time
@@ -83,10 +82,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 def _cpu_seconds() -> float:
     # User and system time of this process, of its children that have been waited for,
     # and of the scripts it ran warm (children of the fork server, not of this process).
-    return warm.cpu_seconds() + sum(
-        usage.ru_utime + usage.ru_stime
-        for usage in map(resource.getrusage, (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
-    )
+    return warm.cpu_seconds() + warm.own_cpu_seconds()
 
 
 _CPU_STARTED = pytest.StashKey[float]()

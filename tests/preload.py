@@ -3,7 +3,7 @@
 Named by the ``plait_preload`` ini option (pyproject.toml): the conformance lanes'
 rank pools and the scripts of `tests.warm` are forks of that one server per test
 process. Beyond torch and plait's strategies and Trainer, it holds what their ranks
-would otherwise each import at their first step: DeepSpeed (0.4 s of CPU,
+would otherwise each import at their first step: DeepSpeed (0.25 s of CPU,
 told to use the CPU, as plait's strategy tells it on a CPU machine) and the ZeRO
 optimizer support it imports at a first optimizer (as much again). On a build of
 torch for an accelerator, DeepSpeed is left to each rank, whose device decides

@@ -163,13 +163,17 @@ def _run_script(
     os._exit(code)
 
 
-def _note_cpu_seconds(path: Path) -> None:
-    """Write the CPU seconds of this process and its children to ``path``."""
-    spent = sum(
+def own_cpu_seconds() -> float:
+    """The user and system seconds of this process and of its children waited for."""
+    return sum(
         usage.ru_utime + usage.ru_stime
         for usage in map(resource.getrusage, (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
     )
-    path.write_text(f"{spent:.3f}")
+
+
+def _note_cpu_seconds(path: Path) -> None:
+    """Write `own_cpu_seconds` to ``path``."""
+    path.write_text(f"{own_cpu_seconds():.3f}")
 
 
 class WarmProcess:
