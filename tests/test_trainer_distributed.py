@@ -14,13 +14,23 @@ JOB = Path(__file__).resolve().parent / "trainer_job.py"
 
 
 def _run(
-    tmp_path: Path, scenario: str, strategy: str = "ddp", devices: int = 2
+    tmp_path: Path,
+    scenario: str,
+    strategy: str = "ddp",
+    devices: int = 2,
+    *,
+    launcher: bool = False,
 ) -> tuple[subprocess.CompletedProcess[str], dict[str, object]]:
     arguments = [
         *("--strategy", strategy, "--devices", str(devices)),
         *("--scenario", scenario, "--root", str(tmp_path)),
     ]
-    # The job starts warm (`tests.warm`); its ranks start as its launcher starts them.
+    if not launcher:
+        arguments += ["--start-method", "fork"]
+    # The job starts warm (`tests.warm`). Where the launcher is what a test is about
+    # (``launcher=True``), the ranks start as it starts them (a new interpreter each,
+    # under popen and spawn); elsewhere they are forks of the job's process, which
+    # has imported torch and plait already.
     completed = warm.run(JOB, arguments, timeout=150)
     assert not processes_mentioning(str(tmp_path)), "a rank was left running"
     result_file = tmp_path / "result.json"
@@ -34,7 +44,7 @@ def test_a_cluster_environment_and_accelerator_written_as_in_lightning_train_on_
 ) -> None:
     # Methods where plait has properties, counts where plait has indices: adapted, and
     # each spawned rank's environment told its place, as Lightning tells it.
-    completed, result = _run(tmp_path, "lightning_parts", "ddp_spawn")
+    completed, result = _run(tmp_path, "lightning_parts", "ddp_spawn", launcher=True)
 
     assert completed.returncode == 0, completed.stderr
     assert result["places"] == [[2, 0, "cpus_by_count"], [2, 1, "cpus_by_count"]]
@@ -50,7 +60,7 @@ def test_fit_on_two_ranks_syncs_metrics_without_truncating_and_every_launcher_ru
     for strategy in ("ddp", "ddp_spawn"):
         root = tmp_path / strategy
         root.mkdir()
-        completed, result = _run(root, "fit", strategy)
+        completed, result = _run(root, "fit", strategy, launcher=True)
 
         assert completed.returncode == 0, completed.stderr
         metrics = result["metrics"]
@@ -90,7 +100,13 @@ def test_fit_on_two_ranks_syncs_metrics_without_truncating_and_every_launcher_ru
 
 
 def _same_as_one_process(
-    tmp_path: Path, scenario: str, strategies: list[str], steps: int, tolerance: float = 1e-6
+    tmp_path: Path,
+    scenario: str,
+    strategies: list[str],
+    steps: int,
+    tolerance: float = 1e-6,
+    *,
+    launcher: bool = False,
 ) -> None:
     # The scenario takes 8 samples a step, in order, split over 2 ranks or not at all:
     # each strategy must reach the weights one process reaches.
@@ -98,7 +114,7 @@ def _same_as_one_process(
     for strategy, devices in (("single_device", 1), *((name, 2) for name in strategies)):
         root = tmp_path / strategy
         root.mkdir()
-        completed, result = _run(root, scenario, strategy, devices)
+        completed, result = _run(root, scenario, strategy, devices, launcher=launcher)
         assert completed.returncode == 0, completed.stderr
         assert result["global_step"] == steps
         states[strategy] = result["state"]
@@ -146,7 +162,11 @@ def test_a_module_that_parallelizes_itself_in_configure_model_trains_as_on_one_p
     # splits its layers over mesh["tp"] and shards over mesh["dp_shard"]. Its sharded
     # checkpoint loads into one process (load_from_checkpoint) with the weights one
     # process reaches.
-    _same_as_one_process(tmp_path, "tensor_parallel", ["model_parallel"], steps=2 * 5)
+    # The module fit trained is the caller's (rank 0's, under popen): its checkpoint
+    # is read back in this process.
+    _same_as_one_process(
+        tmp_path, "tensor_parallel", ["model_parallel"], steps=2 * 5, launcher=True
+    )
     # sync_dist folds over the data-parallel ranks: the 40 samples of an epoch count
     # once, not once per tensor-parallel rank.
     for strategy in ("single_device", "model_parallel"):
@@ -160,7 +180,7 @@ def test_layers_made_in_configure_model_on_a_mesh_start_on_meta_and_keep_trainin
 ) -> None:
     # Made on the meta device, parallelized there, then each rank materialises (and
     # initialises) only its shards; a second fit of the same object goes on from them.
-    completed, result = _run(tmp_path, "made_on_the_mesh", "model_parallel")
+    completed, result = _run(tmp_path, "made_on_the_mesh", "model_parallel", launcher=True)
 
     assert completed.returncode == 0, completed.stderr
     assert result["made_on"] == "meta"
@@ -198,7 +218,7 @@ def test_the_module_fit_left_goes_on_to_every_stage_as_a_fresh_one_from_its_chec
 ) -> None:
     # fit, then validate, test, predict and a second Trainer's fit, on the module
     # object as the strategy left it (sharded, partitioned), in the same job.
-    completed, result = _run(tmp_path, "goes_on", strategy)
+    completed, result = _run(tmp_path, "goes_on", strategy, launcher=True)
 
     assert completed.returncode == 0, completed.stderr
     same, fresh = result["same"], result["fresh"]
@@ -217,7 +237,7 @@ def test_the_module_fit_left_goes_on_to_every_stage_as_a_fresh_one_from_its_chec
 
 @pytest.mark.slow
 def test_a_module_sharded_in_a_job_that_ended_is_refused_with_the_fix(tmp_path: Path) -> None:
-    completed, result = _run(tmp_path, "after_the_job", "fsdp")
+    completed, result = _run(tmp_path, "after_the_job", "fsdp", launcher=True)
 
     assert completed.returncode == 0, completed.stderr
     error = result["error"]
@@ -238,7 +258,7 @@ def test_a_step_by_hand_on_fsdp_asks_for_its_parameters_in_blocks(tmp_path: Path
 
 @pytest.mark.slow
 def test_uneven_data_never_hangs(tmp_path: Path) -> None:
-    completed, result = _run(tmp_path, "uneven")
+    completed, result = _run(tmp_path, "uneven", launcher=True)
 
     assert completed.returncode == 0, completed.stderr
     # A torchmetrics object the step updates does not count the repeated batch.
@@ -265,7 +285,7 @@ def test_one_rank_asking_to_stop_stops_every_rank(tmp_path: Path) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("strategy", ["ddp", "ddp_spawn"])
 def test_a_failing_rank_stops_the_job_with_its_traceback(tmp_path: Path, strategy: str) -> None:
-    completed, result = _run(tmp_path, "fail", strategy)
+    completed, result = _run(tmp_path, "fail", strategy, launcher=True)
 
     assert completed.returncode == 0, completed.stderr
     assert result["failed_rank"] == 1
@@ -274,7 +294,7 @@ def test_a_failing_rank_stops_the_job_with_its_traceback(tmp_path: Path, strateg
 
 @pytest.mark.slow
 def test_predictions_of_two_ranks_come_back_in_order(tmp_path: Path) -> None:
-    completed, result = _run(tmp_path, "predict", "ddp_spawn")
+    completed, result = _run(tmp_path, "predict", "ddp_spawn", launcher=True)
 
     assert completed.returncode == 0, completed.stderr
     assert result == {"same": True}
@@ -315,9 +335,9 @@ def test_a_sharded_module_trained_in_spawned_copies_is_saved_as_shards_not_hande
     one, spawned = tmp_path / "one", tmp_path / "spawned"
     one.mkdir()
     spawned.mkdir()
-    completed, reference = _run(one, "spawned", "single_device", 1)
+    completed, reference = _run(one, "spawned", "single_device", 1, launcher=True)
     assert completed.returncode == 0, completed.stderr
-    completed, result = _run(spawned, "spawned", "fsdp")
+    completed, result = _run(spawned, "spawned", "fsdp", launcher=True)
     assert completed.returncode == 0, completed.stderr
 
     assert result["global_step"] == reference["global_step"] == 2 * 5

@@ -34,6 +34,7 @@ from plait.core import (
     ConfigurationError,
     MethodEnvironment,
     PeerFailedError,
+    StrategyRegistry,
     free_port,
     seed_everything,
 )
@@ -543,9 +544,17 @@ class StopOnRankOne(Callback):
             trainer.should_stop = True
 
 
+def _start_method(arguments: argparse.Namespace) -> str:
+    """The start method the job was told to use; else the strategies' own, popen."""
+    return str(arguments.start_method or "popen")
+
+
 def _trainer(arguments: argparse.Namespace, **settings: object) -> Trainer:
+    strategy: object = arguments.strategy
+    if arguments.start_method and arguments.strategy != "single_device":
+        strategy = StrategyRegistry.get(arguments.strategy, start_method=arguments.start_method)
     options: dict[str, object] = {
-        "strategy": arguments.strategy,
+        "strategy": strategy,
         "accelerator": "cpu",
         "devices": arguments.devices,
         "default_root_dir": arguments.root,
@@ -659,7 +668,9 @@ def _gan(arguments: argparse.Namespace) -> dict[str, object]:
     if arguments.scenario == "gan" and arguments.strategy == "fsdp":
         # Each layer sharded on its own: the step's backward passes run inside the
         # root's forward, and only a block's own hooks reduce its gradients there.
-        settings["strategy"] = FSDPStrategy(auto_wrap_policy={torch.nn.Linear})
+        settings["strategy"] = FSDPStrategy(
+            auto_wrap_policy={torch.nn.Linear}, start_method=_start_method(arguments)
+        )
     return _same_steps(arguments, Gan(), **settings)
 
 
@@ -788,6 +799,9 @@ def main() -> None:
     parser.add_argument("--devices", type=int, default=2)
     parser.add_argument("--scenario", required=True)
     parser.add_argument("--root", required=True)
+    # fork: the ranks are forks of this process (where the launcher is not what a
+    # scenario is about); none: as the strategy's launcher starts them.
+    parser.add_argument("--start-method", choices=("fork",), default=None)
     arguments = parser.parse_args()
     seed_everything(0)
     result: dict[str, object] = {}
@@ -834,7 +848,7 @@ def main() -> None:
         # 5 batches per rank, accumulating 2 by 2: steps after batches 2, 4 and 5.
         trainer = _trainer(
             arguments,
-            strategy=CountingDDP(),
+            strategy=CountingDDP(start_method=_start_method(arguments)),
             max_epochs=1,
             accumulate_grad_batches=2,
             callbacks=[ReportNoSync()],
@@ -856,7 +870,11 @@ def main() -> None:
     elif arguments.scenario == "even":
         # 9 samples in batches of 2: rank 0 holds 3 batches, rank 1 holds 2 and pads.
         counts = CountForwards(arguments.root)
-        trainer = _trainer(arguments, strategy=ForwardCountingDDP(), callbacks=[counts])
+        trainer = _trainer(
+            arguments,
+            strategy=ForwardCountingDDP(start_method=_start_method(arguments)),
+            callbacks=[counts],
+        )
         [metrics] = trainer.validate(Toy(), DataLoader(dataset(9), batch_size=2))
         model = Toy()
         predictions = trainer.predict(model, DataLoader(dataset(9), batch_size=2))
