@@ -966,7 +966,9 @@ def main(argv: list[str] | None = None) -> int:
         "--smoke",
         action="store_true",
         help="one round of each section at its smallest sizes (a few steps, 2 ranks, "
-        "8 MB): runs every code path, measures nothing worth reading (tools/check)",
+        "8 MB), the ranks of the fsdp, deepspeed, model_parallel, context_parallel, "
+        "pipeline and checkpoints sections forked rather than spawned: runs every code "
+        "path, measures nothing worth reading (tools/check)",
     )
     parser.add_argument("--sections", default=",".join(SECTIONS),
                         help=f"comma-separated, from: {', '.join(SECTIONS)}")  # fmt: skip
@@ -1002,6 +1004,11 @@ def main(argv: list[str] | None = None) -> int:
     if placement.ranks < 1:
         parser.error("--accelerator cuda: this machine has no CUDA device; use --accelerator cpu")
 
+    if args.smoke:
+        # Nothing is read from a smoke run's figures: the tools fork their ranks from a
+        # process that has imported torch, sparing each a second of CPU to import it
+        # again (tools/two_ranks.py, start_method). The figures measured spawn.
+        os.environ["PLAIT_BENCH_START_METHOD"] = "fork"
     report_dir = args.json.resolve().parent
     report_dir.mkdir(parents=True, exist_ok=True)
     # The sections' own figures go to a folder of their own, removed at the end: only

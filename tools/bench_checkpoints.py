@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import multiprocessing
 import os
 import shutil
 import sys
@@ -30,6 +29,11 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+
+# Run as a script: the repository root holds the ``tools`` package its helper is in.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tools import two_ranks
 
 _FLOAT_BYTES = 4
 _COLUMNS = 1024
@@ -109,7 +113,7 @@ def sharded(args: argparse.Namespace) -> None:
     """Save and load of a sharded state on two gloo ranks, plait against raw DCP."""
     from plait.core import free_port  # noqa: PLC0415
 
-    context = multiprocessing.get_context("spawn")
+    context = two_ranks.process_context()
     port = free_port()
     ranks = [context.Process(target=_sharded_rank, args=(rank, 2, port, args)) for rank in range(2)]
     for process in ranks:

@@ -67,6 +67,11 @@ from plait.strategies.deepspeed.config import sized_buckets
 from plait.strategies.job import leave
 from plait.trainer import Callback, Module, Trainer
 
+# Run as a script: the repository root holds the ``tools`` package its helper is in.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tools import two_ranks
+
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
 
@@ -507,13 +512,22 @@ class MeshRegression(Regression):
         split_over(self.layers, mesh["tp"], mesh["dp_shard"])
 
 
+def _trainer_start_method() -> str:
+    """How the Trainer sides' launcher starts the other ranks: as a user's job does
+    (``popen``: this process is rank 0), or forks where the ranks are forked
+    (`tools.two_ranks.start_method`)."""
+    return "fork" if two_ranks.start_method() == "fork" else "popen"
+
+
 def mesh_trainer(width: int, steps: int, out: Path) -> None:
     """plait's Trainer with ModelParallelStrategy on (dp=2, tp=2), 4 gloo ranks."""
     data = batches(width, steps)  # made before the baseline, as every side's are
     timing = Timing(steps, out)
     timing.record = Record(steps, out)
-    strategy = ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=2)
-    trainer = _measured_trainer(strategy, "cpu", 4, WARMUP + steps, [timing])
+    strategy = ModelParallelStrategy(
+        data_parallel_size=2, tensor_parallel_size=2, start_method=_trainer_start_method()
+    )
+    trainer = _measured_trainer(strategy, "cpu", 4, WARMUP + steps, [timing], out.parent)
     trainer.fit(MeshRegression(mesh_model(width)), data)
 
 
@@ -523,10 +537,16 @@ def _measured_trainer(  # noqa: PLR0917
     devices: int,
     max_steps: int,
     callbacks: list[Callback],
+    root: Path,
     deterministic: bool = False,
 ) -> Trainer:
-    """The Trainer of every Trainer side: no logger, progress bar or checkpoint to time."""
+    """The Trainer of every Trainer side: no logger, progress bar or checkpoint to time.
+
+    Its root is the folder of the figures: where forked ranks trained (the caller
+    being none of them), the trained state is saved there.
+    """
     return Trainer(
+        default_root_dir=root,
         strategy=strategy,
         accelerator=accelerator,
         devices=devices,
@@ -559,12 +579,15 @@ def plait_trainer(  # noqa: PLR0917
     # Before the model is built; rank 0 (this process) uses the first GPU.
     device = torch.device("cuda", 0) if accelerator == "cuda" else None
     timing.record = Record(steps, out, device)
+    start_method = _trainer_start_method()
     strategy = (
-        FSDPStrategy(auto_wrap_policy={Block}) if stage is None else DeepSpeedStrategy(stage=stage)
+        FSDPStrategy(auto_wrap_policy={Block}, start_method=start_method)
+        if stage is None
+        else DeepSpeedStrategy(stage=stage, start_method=start_method)
     )
     callbacks: list[Callback] = [Weights(timing), timing]
     trainer = _measured_trainer(
-        strategy, accelerator, ranks, WARMUP + steps, callbacks, deterministic
+        strategy, accelerator, ranks, WARMUP + steps, callbacks, out.parent, deterministic
     )
     trainer.fit(Regression(model(width)), data)
 
@@ -617,10 +640,12 @@ def main(argv: list[str] | None = None) -> int:
     elif args.side == "plait-deepspeed-2-deterministic":
         plait_trainer(args.width, args.steps, args.out, 2, *where, deterministic=True)
     else:
-        from torch.multiprocessing.spawn import spawn  # noqa: PLC0415
+        from torch.multiprocessing.spawn import start_processes  # noqa: PLC0415
 
         job = Job(args.side, _free_port(), args.width, args.steps, args.out, *where)
-        spawn(rank_main, (job,), nprocs=args.ranks)  # type: ignore[no-untyped-call]
+        start_processes(  # type: ignore[no-untyped-call]
+            rank_main, (job,), nprocs=args.ranks, start_method=two_ranks.start_method()
+        )
     return 0
 
 

@@ -1,8 +1,10 @@
 """Two gloo ranks for a benchmark: started, timed side by side, and their figures written.
 
 Used by ``bench_context.py`` and ``bench_pipeline.py``: `start` runs a function in
-two spawned processes (torchrun's environment, a free port) and fails if either
-does; `time_sides` times each side's step over rounds, the sides taking turns.
+two processes (torchrun's environment, a free port; spawned, or forked where
+`start_method` says) and fails if either does; `time_sides` times each side's step
+over rounds, the sides taking turns. The other tools start their ranks as
+`start_method` says, too.
 """
 
 from __future__ import annotations
@@ -15,6 +17,31 @@ import os
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Final
+
+START_METHOD: Final = "PLAIT_BENCH_START_METHOD"
+"""The variable that says how the benchmarks start their ranks (`start_method`)."""
+
+
+def start_method() -> str:
+    """How a benchmark starts its ranks: ``spawn`` unless ``$PLAIT_BENCH_START_METHOD`` says.
+
+    ``spawn``: each rank a new interpreter, as the figures are measured. ``fork``: each
+    a fork of the tool's process, which has imported torch already (``bench.py
+    --smoke``, whose figures are not read, runs every section so): the ranks run the
+    same code and skip the second of CPU each spends importing torch again.
+    """
+    method = os.environ.get(START_METHOD, "spawn")
+    if method not in ("spawn", "fork"):
+        raise SystemExit(f"{START_METHOD}={method!r}: choose spawn or fork")
+    return method
+
+
+def process_context() -> multiprocessing.context.ForkContext | multiprocessing.context.SpawnContext:
+    """The multiprocessing context of `start_method`."""
+    if start_method() == "fork":
+        return multiprocessing.get_context("fork")
+    return multiprocessing.get_context("spawn")
 
 
 def join_as(rank: int, port: int) -> None:
@@ -67,11 +94,11 @@ def write(rank: int, out: Path, results: Mapping[str, list[float]]) -> None:
 def start(
     target: Callable[[int, int, argparse.Namespace], None], args: argparse.Namespace, what: str
 ) -> None:
-    """Run ``target(rank, port, args)`` in two spawned processes; fail if either does."""
+    """Run ``target(rank, port, args)`` in two processes (`start_method`); fail if either does."""
     from plait.core.network import free_port  # noqa: PLC0415
 
     port = free_port()
-    context = multiprocessing.get_context("spawn")
+    context = process_context()
     ranks = [context.Process(target=target, args=(rank, port, args)) for rank in range(2)]
     for process in ranks:
         process.start()
