@@ -304,9 +304,6 @@ def main(
     """Run rank ``rank`` until the pool closes ``tasks``."""
     _die_with_parent()
     os.environ.update(environ)
-    # A rank forked from a server that imported torch keeps the thread count torch
-    # read then: the variable alone would not reach it.
-    torch.set_num_threads(int(environ.get("OMP_NUM_THREADS", torch.get_num_threads())))
     threading.Thread(target=_answer_stack_requests, args=(control,), daemon=True).start()
     try:
         strategy = target.build()
