@@ -170,3 +170,40 @@ def test_every_interpreter_of_the_environment_notes_its_start_where_it_is_asked_
         first_command,
         second_command,
     ]
+
+
+class _Item:
+    """What `conftest.run_order` reads of a collected test."""
+
+    def __init__(self, nodeid: str, group: str | None = None, *, slow: bool = False) -> None:
+        self.nodeid = nodeid
+        self.keywords = {"slow": True} if slow else {}
+        self._group = group
+
+    def get_closest_marker(self, name: str) -> pytest.Mark | None:
+        if name != "xdist_group" or self._group is None:
+            return None
+        return pytest.mark.xdist_group(self._group).mark
+
+
+def test_the_tests_that_wait_run_first_then_the_largest_groups_then_the_slow_ones() -> None:
+    items = [
+        _Item("tests/test_a.py::quick"),
+        _Item("tests/test_a.py::slow", slow=True),
+        _Item("tests/test_b.py::one[x]", "small"),
+        _Item("tests/test_c.py::one[y]", "large"),
+        _Item("tests/test_c.py::two[y]", "large"),
+        _Item("tests/reliability/test_d.py::waits"),
+        _Item("tests/multinode/test_e.py::waits", "hosts"),
+    ]
+    ordered = list(items)
+    conftest.run_order(ordered)  # type: ignore[arg-type]
+    assert [item.nodeid for item in ordered] == [
+        "tests/multinode/test_e.py::waits",
+        "tests/reliability/test_d.py::waits",
+        "tests/test_c.py::one[y]",
+        "tests/test_c.py::two[y]",
+        "tests/test_b.py::one[x]",
+        "tests/test_a.py::slow",
+        "tests/test_a.py::quick",
+    ]
