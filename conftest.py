@@ -16,7 +16,6 @@ import os
 import shutil
 import tempfile
 import time
-from collections import Counter
 from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Final
@@ -54,51 +53,20 @@ settings.register_profile(
 settings.load_profile("default")
 
 
-WAITING: Final = ("tests/reliability/", "tests/multinode/")
-"""Where the tests mostly wait (on timeouts, grace periods, heartbeats and the processes
-they kill and restart) rather than compute: they run first (`run_order`)."""
-
-
-def _group(item: pytest.Item) -> str | None:
-    mark = item.get_closest_marker("xdist_group")
-    if mark is None:
-        return None
-    return str(mark.kwargs.get("name", mark.args[0] if mark.args else ""))
-
-
-def run_order(items: list[pytest.Item]) -> None:
-    """Sort ``items`` into the order pytest-xdist hands them out (``--dist loadgroup
-    --no-loadscope-reorder``, as tools/check runs them): a stable sort.
-
-    First the tests that mostly wait (`WAITING`): while they wait, the checks beside
-    pytest take the cores (tools/check runs those at a lower priority), where the tests
-    that compute would leave them nothing; then the groups, largest first (the
-    conformance lanes), so that the long ones start while the other worker has short
-    ones to share, instead of one ending the run with the other idle; then the slow
-    tests, then the rest.
-    """
-    sizes = Counter(group for group in map(_group, items) if group is not None)
-
-    def key(item: pytest.Item) -> tuple[bool, bool, int, bool]:
-        group = _group(item)
-        return (
-            not item.nodeid.startswith(WAITING),
-            group is None,
-            -sizes[group] if group is not None else 0,
-            "slow" not in item.keywords,
-        )
-
-    items.sort(key=key)
-
-
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Skip the tests of hardware lanes this machine lacks, saying why; then `run_order`."""
+    """Skip the tests of hardware lanes this machine lacks, saying why; slow tests first.
+
+    pytest-xdist hands out single tests in this order (with ``--dist loadgroup``,
+    after the groups, largest first: the conformance lanes): the long ones start while
+    the other workers have the short ones to share, instead of one long test ending
+    the run with the other workers idle. The order is otherwise kept (a stable sort).
+    """
     if torch.cuda.device_count() == 0:
         skip = pytest.mark.skip(reason="needs a CUDA device: this machine has none")
         for item in items:
             if "cuda" in item.keywords:
                 item.add_marker(skip)
-    run_order(items)
+    items.sort(key=lambda item: "slow" not in item.keywords)
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
