@@ -71,16 +71,19 @@ into .cache/lightning for the run.
 from __future__ import annotations
 
 import argparse
+import atexit
 import importlib.util
 import json
 import multiprocessing
 import os
 import platform
+import runpy
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+import traceback
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
@@ -248,10 +251,77 @@ def _one_thread() -> dict[str, str]:
     return {**os.environ, "OMP_NUM_THREADS": "1"}
 
 
+WARM_MODULES: Final = ("torch", "torch.distributed", "plait.strategies", "plait.trainer")
+"""What the fork server of a smoke run imports once for every tool it runs (`run_python`)."""
+
+_warm: list[multiprocessing.context.ForkServerContext] = []
+"""The fork server's context, once `main` asks for it (--smoke)."""
+
+
+def run_python(
+    command: list[str], env: dict[str, str], timeout: float = 900
+) -> subprocess.CompletedProcess[str]:
+    """Run ``command``, a tool's ``python SCRIPT ARGS``, capturing its output.
+
+    In a smoke run (whose figures nobody reads) the script runs forked from a fork
+    server that has imported torch and plait (`WARM_MODULES`), as ``python SCRIPT
+    ARGS`` would run it: as ``__main__``, with its arguments, environment and intra-op
+    threads, its exit status that of the script. Elsewhere, and for what is not a
+    script (``-m``, ``-c``: a launch or an import, timed from the interpreter's start),
+    a new interpreter runs it.
+    """
+    is_script = len(command) > 1 and command[0] == sys.executable and command[1].endswith(".py")
+    if not (_warm and is_script):
+        return subprocess.run(
+            command, env=env, capture_output=True, text=True, timeout=timeout, check=False
+        )
+    with tempfile.TemporaryDirectory(prefix="plait-bench-run-") as folder:
+        out, err = Path(folder, "stdout"), Path(folder, "stderr")
+        process = _warm[0].Process(target=_run_script, args=(command[1:], env, out, err))
+        process.start()
+        process.join(timeout)
+        if process.is_alive():
+            process.kill()
+            process.join()
+        code = process.exitcode if process.exitcode is not None else -9
+        return subprocess.CompletedProcess(
+            command, code, out.read_text(errors="replace"), err.read_text(errors="replace")
+        )
+
+
+def _run_script(argv: list[str], env: dict[str, str], out: Path, err: Path) -> None:
+    # In the forked process: the script, as `python SCRIPT ARGS` runs it.
+    import torch  # noqa: PLC0415 - the fork server's, imported already
+
+    os.environ.clear()
+    os.environ.update(env)
+    with out.open("wb") as stdout, err.open("wb") as stderr:
+        os.dup2(stdout.fileno(), 1)
+        os.dup2(stderr.fileno(), 2)
+    if "OMP_NUM_THREADS" in env:  # read by torch at its import, in the server
+        torch.set_num_threads(int(env["OMP_NUM_THREADS"]))
+    sys.argv = list(argv)
+    sys.path[0] = str(Path(argv[0]).resolve().parent)
+    code = 0
+    try:
+        runpy.run_path(argv[0], run_name="__main__")
+    except SystemExit as leaving:
+        if isinstance(leaving.code, int) or leaving.code is None:
+            code = leaving.code or 0
+        else:
+            print(leaving.code, file=sys.stderr)
+            code = 1
+    except BaseException:  # noqa: BLE001 - reported as python reports it
+        traceback.print_exc()
+        code = 1
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 def _checked_run(command: list[str], what: str) -> str:
-    done = subprocess.run(
-        command, env=_one_thread(), capture_output=True, text=True, timeout=900, check=False
-    )
+    done = run_python(command, _one_thread())
     if done.returncode != 0:
         raise RuntimeError(f"{what} exited with {done.returncode}:\n{done.stderr[-4000:]}")
     return done.stdout
@@ -428,7 +498,7 @@ def _sharding_figures(
                        "--width", str(width), "--steps", str(steps), "--out", str(out),
                        "--accelerator", placement.accelerator,
                        "--ranks", str(placement.ranks)]  # fmt: skip
-            done = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
+            done = run_python(command, env)
             if done.returncode != 0:
                 raise RuntimeError(f"{side} failed:\n{_what_failed(done.stderr)}")
             result = json.loads(out.read_text(encoding="utf-8"))
@@ -966,9 +1036,10 @@ def main(argv: list[str] | None = None) -> int:
         "--smoke",
         action="store_true",
         help="one round of each section at its smallest sizes (a few steps, 2 ranks, "
-        "8 MB), the ranks of the fsdp, deepspeed, model_parallel, context_parallel, "
-        "pipeline and checkpoints sections forked rather than spawned: runs every code "
-        "path, measures nothing worth reading (tools/check)",
+        "8 MB), each tool's script forked from a server that imported torch and plait, "
+        "and the ranks of the fsdp, deepspeed, model_parallel, context_parallel, pipeline "
+        "and checkpoints sections forked rather than spawned: runs every code path, "
+        "measures nothing worth reading (tools/check)",
     )
     parser.add_argument("--sections", default=",".join(SECTIONS),
                         help=f"comma-separated, from: {', '.join(SECTIONS)}")  # fmt: skip
@@ -1009,6 +1080,11 @@ def main(argv: list[str] | None = None) -> int:
         # process that has imported torch, sparing each a second of CPU to import it
         # again (tools/two_ranks.py, start_method). The figures measured spawn.
         os.environ["PLAIT_BENCH_START_METHOD"] = "fork"
+        # And the tools' scripts run forked from a server that imported torch and
+        # plait once, each sparing two to three seconds of CPU (run_python).
+        context = multiprocessing.get_context("forkserver")
+        context.set_forkserver_preload(list(WARM_MODULES))
+        _warm.append(context)
     report_dir = args.json.resolve().parent
     report_dir.mkdir(parents=True, exist_ok=True)
     # The sections' own figures go to a folder of their own, removed at the end: only
