@@ -39,6 +39,7 @@ from plait.conformance.properties import merge_ranks
 from plait.conformance.spec import failing_parts, reference_reduce, same_object, tolerance
 from plait.conformance.worker import describe_tensor, materialize
 from plait.core import ConfigurationError
+from plait.strategies import DDPStrategy
 
 
 def _tensor(values: tuple[object, ...], dtype: str = "float32") -> TensorData:
@@ -496,3 +497,18 @@ def test_a_message_goes_contiguous_to_another_rank() -> None:
         Message(1, 1, spec)
     with pytest.raises(ValueError, match="contiguous, as a pipeline stage sends it"):
         Message(0, 1, TensorSpec("float32", (2,), (1.0, 2.0), "strided"))
+
+
+def ddp_counting_threads() -> DDPStrategy:
+    """``ddp``, refused where the rank computes on more than the one thread it was given."""
+    if torch.get_num_threads() != 1:
+        raise ConfigurationError(f"this rank computes on {torch.get_num_threads()} threads")
+    return DDPStrategy()
+
+
+def test_a_pool_rank_computes_on_the_one_thread_its_environment_gives_it() -> None:
+    # The ranks are forks of a server that imported torch before OMP_NUM_THREADS was
+    # theirs: two ranks on two cores would otherwise each start a thread per core.
+    with RankPool(f"{__file__}:ddp_counting_threads", world_size=2, deadline=30) as pool:
+        pool.start()
+        assert pool.devices == ("cpu", "cpu")

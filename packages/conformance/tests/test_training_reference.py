@@ -2,9 +2,23 @@
 
 from __future__ import annotations
 
+import importlib
+
+import attrs
+import pytest
+import torch
+from torch import nn
+
+from plait.conformance.lanes import RANK_THREADS
 from plait.conformance.training.cases import TrainingCase, TrainingRun
 from plait.conformance.training.program import TrainingReport, tolerance
-from plait.conformance.training.reference import ORDERS, Reference, _reference, reference
+from plait.conformance.training.reference import (
+    NUDGED_RUNS,
+    ORDERS,
+    Reference,
+    _reference,
+    reference,
+)
 from plait.conformance.training.replicas import check_replicas as _check_replicas
 from plait.core import PeriodicAveraging, Synchronous, TrainingSemantics
 
@@ -155,13 +169,25 @@ DDP_GAP = 4.06e-4
 def test_the_rounding_of_an_lbfgs_example_is_measured_with_its_gradients_nudged_too() -> None:
     expected = reference(ILL_CONDITIONED, 2, Synchronous(), rounding=True)
     orders = [_reference(ILL_CONDITIONED, 2, Synchronous(), order=order) for order in ORDERS]
+    nudged = [
+        _reference(
+            ILL_CONDITIONED,
+            2,
+            Synchronous(),
+            order="at once",
+            nudges=torch.Generator().manual_seed(ILL_CONDITIONED.seed * NUDGED_RUNS + index),
+        )
+        for index in range(NUDGED_RUNS)
+    ]
 
     def gap(other: Reference, step: int) -> float:
         return _gap(other, expected, step)
 
-    # The nudged runs measure more than the orders alone: on the machine that found
-    # it, the orders gave a tenth of DDP's gap; on another CPU's kernels, 0.58 of it.
-    assert expected.rounding(4) > max(gap(other, 4) for other in orders)
+    # The nudged runs alone measure rounding of DDP's order, where the orders may not:
+    # on the machine that found it, the orders gave a tenth of DDP's gap; on another
+    # CPU's kernels 0.58 of it, and on one thread 0.93. The rounding is the most of all.
+    assert max(gap(other, 4) for other in nudged) > DDP_GAP / 3
+    assert expected.rounding(4) >= max(gap(other, 4) for other in [*orders, *nudged])
     assert expected.rounding(4) > DDP_GAP / 3
     assert max(expected.rounding(step) for step in range(4)) < 1e-4
 
@@ -184,3 +210,30 @@ def test_the_rounding_of_an_lbfgs_example_is_measured_with_its_gradients_nudged_
     off = 5 * expected.rounding(4)
     [_cause, problem, *_] = _check_replicas(case, [report(rank, off) for rank in range(2)])
     assert "its module after step 4 is not what one process on the global batch" in problem
+
+
+@pytest.mark.parametrize("replicas", [Synchronous(), PeriodicAveraging(every=2)])
+def test_the_reference_computes_on_the_threads_of_a_rank_and_gives_the_caller_its_own_back(
+    monkeypatch: pytest.MonkeyPatch, replicas: Synchronous | PeriodicAveraging
+) -> None:
+    # A kernel may sum in another order on another number of threads: the reference
+    # computes on as many as a pool's rank, whatever its caller runs on.
+    # (The package's ``reference`` is the function: the module is read by its name.)
+    reference_module = importlib.import_module("plait.conformance.training.reference")
+    seen: list[int] = []
+    made = reference_module.make_model
+
+    def make_model(run: TrainingRun) -> nn.Module:
+        seen.append(torch.get_num_threads())
+        return made(run)
+
+    monkeypatch.setattr(reference_module, "make_model", make_model)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(RANK_THREADS + 1)
+    try:
+        reference(attrs.evolve(CHAOTIC, optimizer="sgd", steps=2), 2, replicas)
+        assert seen
+        assert set(seen) == {RANK_THREADS}
+        assert torch.get_num_threads() == RANK_THREADS + 1
+    finally:
+        torch.set_num_threads(threads)

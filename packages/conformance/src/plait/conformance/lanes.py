@@ -13,7 +13,7 @@ import torch
 
 from plait.core import ConfigurationError
 
-__all__ = ["LANES", "UNHELD_DTYPES", "backend_unavailable"]
+__all__ = ["LANES", "RANK_THREADS", "UNHELD_DTYPES", "backend_unavailable"]
 
 LANES: Final = {"gloo": "cpu", "gloo-cuda": "cuda", "nccl": "cuda", "xla": "xla"}
 """Each backend lane and the device type its ranks must run on.
@@ -21,6 +21,14 @@ LANES: Final = {"gloo": "cpu", "gloo-cuda": "cuda", "nccl": "cuda", "xla": "xla"
 ``gloo-cuda`` is gloo with the ranks' tensors on CUDA devices, which ranks may share:
 it runs several ranks on a machine of one GPU. Its strategies choose their devices
 and the gloo backend themselves (a factory reads ``PLAIT_CONFORMANCE_BACKEND``).
+"""
+
+RANK_THREADS: Final = 1
+"""The intra-op threads each rank of a pool computes on (its ``OMP_NUM_THREADS``).
+
+Several ranks share a machine's cores: more threads each would only wait on one
+another. The training kit computes its references on as many, since a kernel may sum
+in another order on another number of threads.
 """
 
 UNHELD_DTYPES: Final[dict[str, dict[str, str]]] = {

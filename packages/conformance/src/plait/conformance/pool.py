@@ -23,7 +23,7 @@ from typing_extensions import Self, override
 
 from plait.conformance import worker
 from plait.conformance.hangs import STRAGGLER_GRACE, hang_headline, straggler_grace, waiting_in
-from plait.conformance.lanes import LANES, UNHELD_DTYPES, backend_unavailable
+from plait.conformance.lanes import LANES, RANK_THREADS, UNHELD_DTYPES, backend_unavailable
 from plait.conformance.mesh import mesh_text
 from plait.conformance.outcomes import Outcome, RaisedError
 from plait.conformance.registry import EXAMPLE_KINDS
@@ -172,7 +172,7 @@ def _rank_environ(
         "TORCHELASTIC_RUN_ID": run_id,
         "PLAIT_CLUSTER_ENVIRONMENT": "torchelastic",
         "PLAIT_CONFORMANCE_BACKEND": backend,
-        "OMP_NUM_THREADS": "1",
+        "OMP_NUM_THREADS": str(RANK_THREADS),
     }
     if backend == "gloo":
         environ["CUDA_VISIBLE_DEVICES"] = ""

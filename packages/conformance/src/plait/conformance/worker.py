@@ -304,6 +304,11 @@ def main(
     """Run rank ``rank`` until the pool closes ``tasks``."""
     _die_with_parent()
     os.environ.update(environ)
+    # Forked from a server that imported torch before this environment was the rank's,
+    # the rank would keep the thread count torch read then (one per core): the
+    # variable alone comes too late to reach it.
+    if "OMP_NUM_THREADS" in environ:
+        torch.set_num_threads(int(environ["OMP_NUM_THREADS"]))
     threading.Thread(target=_answer_stack_requests, args=(control,), daemon=True).start()
     try:
         strategy = target.build()

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Final, Literal
 import attrs
 import torch
 
+from plait.conformance.lanes import RANK_THREADS
 from plait.conformance.training.example import check_training, reports
 from plait.conformance.training.models import (
     global_batch,
@@ -444,6 +445,19 @@ def _gap(mine: tuple[torch.Tensor, ...], theirs: tuple[torch.Tensor, ...]) -> fl
     )
 
 
+@contextlib.contextmanager
+def _as_the_ranks() -> Iterator[None]:
+    """Compute as a pool's rank does: on its intra-op threads (`RANK_THREADS`), where a
+    kernel sums in the order it sums there, and leaving the caller's random state alone."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(RANK_THREADS)
+    try:
+        with torch.random.fork_rng(devices=[]):
+            yield
+    finally:
+        torch.set_num_threads(threads)
+
+
 def _reference(
     run: TrainingRun,
     world_size: int,
@@ -453,7 +467,7 @@ def _reference(
     buffers: Buffers = "broadcast",
     nudges: torch.Generator | None = None,
 ) -> Reference:
-    with torch.random.fork_rng(devices=[]):
+    with _as_the_ranks():
         if isinstance(replicas, Synchronous):
             return _synchronous(run, world_size, order=order, buffers=buffers, nudges=nudges)
         return _periodic(run, world_size, replicas, order=order, nudges=nudges)
@@ -465,7 +479,7 @@ def resized_reference(run: TrainingRun, world_size: int, moved_to: int, at: int)
     One process on each step's global batch: ``world_size`` ranks' before the move,
     ``moved_to`` ranks' from it on (where every rank loads rank 0's buffers).
     """
-    with torch.random.fork_rng(devices=[]):
+    with _as_the_ranks():
         return _synchronous(run, world_size, order="at once", moved=(moved_to, at))
 
 
@@ -597,7 +611,7 @@ class _Outer:
 
 def meetings_reference(run: TrainingRun, world_size: int, meetings: Meetings) -> Reference:
     """``run`` at ``world_size`` with replicas on their own data meeting as ``meetings`` says."""
-    with torch.random.fork_rng(devices=[]):
+    with _as_the_ranks():
         return _periodic(run, world_size, meetings, order="at once")
 
 
