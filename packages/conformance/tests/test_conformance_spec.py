@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import math
+import os
 
 import pytest
 import torch
@@ -11,6 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import plait.conformance
+import plait.conformance.pool as pool_module
 from plait.conformance import (
     PROPERTIES,
     AllGatherCase,
@@ -34,6 +36,7 @@ from plait.conformance import (
 )
 from plait.conformance.cases import OPS
 from plait.conformance.generate import dtypes_for
+from plait.conformance.lanes import RANK_THREADS
 from plait.conformance.outcomes import Outcome, RaisedError, TensorData
 from plait.conformance.properties import merge_ranks
 from plait.conformance.spec import failing_parts, reference_reduce, same_object, tolerance
@@ -500,15 +503,23 @@ def test_a_message_goes_contiguous_to_another_rank() -> None:
 
 
 def ddp_counting_threads() -> DDPStrategy:
-    """``ddp``, refused where the rank computes on more than the one thread it was given."""
-    if torch.get_num_threads() != 1:
-        raise ConfigurationError(f"this rank computes on {torch.get_num_threads()} threads")
+    """``ddp``, refused where the rank computes on other than the threads it was given."""
+    given = int(os.environ["OMP_NUM_THREADS"])
+    if torch.get_num_threads() != given:
+        raise ConfigurationError(
+            f"this rank computes on {torch.get_num_threads()} threads, not the {given} it was given"
+        )
     return DDPStrategy()
 
 
-def test_a_pool_rank_computes_on_the_one_thread_its_environment_gives_it() -> None:
+def test_a_pool_rank_computes_on_the_threads_its_environment_gives_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     # The ranks are forks of a server that imported torch before OMP_NUM_THREADS was
-    # theirs: two ranks on two cores would otherwise each start a thread per core.
+    # theirs, and kept the count it read then: 3 is neither that (one per core, or the
+    # tests' one) nor, on its own, what a fork would keep.
+    monkeypatch.setattr(pool_module, "RANK_THREADS", 3)
     with RankPool(f"{__file__}:ddp_counting_threads", world_size=2, deadline=30) as pool:
         pool.start()
         assert pool.devices == ("cpu", "cpu")
+    assert RANK_THREADS == 1  # what the pools give their ranks

@@ -225,7 +225,8 @@ def test_the_reference_computes_on_the_threads_of_a_rank_and_gives_the_caller_it
 
     def make_model(run: TrainingRun) -> nn.Module:
         seen.append(torch.get_num_threads())
-        return made(run)
+        model: nn.Module = made(run)
+        return model
 
     monkeypatch.setattr(reference_module, "make_model", make_model)
     threads = torch.get_num_threads()

@@ -447,8 +447,11 @@ def _gap(mine: tuple[torch.Tensor, ...], theirs: tuple[torch.Tensor, ...]) -> fl
 
 @contextlib.contextmanager
 def _as_the_ranks() -> Iterator[None]:
-    """Compute as a pool's rank does: on its intra-op threads (`RANK_THREADS`), where a
-    kernel sums in the order it sums there, and leaving the caller's random state alone."""
+    """Compute as a pool's rank does, on its intra-op threads (`RANK_THREADS`).
+
+    A kernel then sums in the order it sums there. The caller's random state and
+    thread count are its own again afterwards.
+    """
     threads = torch.get_num_threads()
     torch.set_num_threads(RANK_THREADS)
     try:
