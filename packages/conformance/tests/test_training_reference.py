@@ -16,6 +16,7 @@ from plait.conformance.training.reference import (
     NUDGED_RUNS,
     ORDERS,
     Reference,
+    _nudge_generator,
     _reference,
     reference,
 )
@@ -175,7 +176,7 @@ def test_the_rounding_of_an_lbfgs_example_is_measured_with_its_gradients_nudged_
             2,
             Synchronous(),
             order="at once",
-            nudges=torch.Generator().manual_seed(ILL_CONDITIONED.seed * NUDGED_RUNS + index),
+            nudges=_nudge_generator(ILL_CONDITIONED, index),
         )
         for index in range(NUDGED_RUNS)
     ]

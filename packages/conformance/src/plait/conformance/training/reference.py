@@ -422,7 +422,7 @@ def reference(
             replicas,
             order="at once",
             buffers=buffers,
-            nudges=torch.Generator().manual_seed(run.seed * NUDGED_RUNS + index),
+            nudges=_nudge_generator(run, index),
         )
         for index in range(NUDGED_RUNS)
     ]
@@ -435,6 +435,11 @@ def reference(
         for step, mine in enumerate(expected.losses)
     )
     return attrs.evolve(expected, spread=spread, loss_spread=loss_spread)
+
+
+def _nudge_generator(run: TrainingRun, index: int) -> torch.Generator:
+    """The generator of the ``index``-th of the run's `NUDGED_RUNS`, from its seed."""
+    return torch.Generator().manual_seed(run.seed * NUDGED_RUNS + index)
 
 
 def _gap(mine: tuple[torch.Tensor, ...], theirs: tuple[torch.Tensor, ...]) -> float:
