@@ -170,7 +170,14 @@ def interrupt_once_saved(slurm: Cluster, folder: Path, job: str, command: list[s
     loaded machine) found a job that had already finished its training.
     """
     saved = folder / "run" / "checkpoints" / "last.ckpt"
-    wait_for(saved.exists, 240, f"the first epoch's checkpoint of job {job}")
+    try:
+        wait_for(saved.exists, 240, f"the first epoch's checkpoint of job {job}")
+    except AssertionError as error:
+        output = folder / "out.txt"
+        printed = output.read_text(errors="replace")[-3000:] if output.exists() else "(none yet)"
+        raise AssertionError(
+            f"{error}\n--- the job's output\n{printed}\n{slurm.diagnosis(job)}"
+        ) from None
     interrupted = slurm.run(*command, job)
     assert interrupted.returncode == 0, interrupted.stderr
 
