@@ -14,9 +14,8 @@ from __future__ import annotations
 import warnings
 from collections.abc import Mapping, Sequence
 from datetime import timedelta
-from typing import TYPE_CHECKING, ClassVar, Final, Literal
+from typing import TYPE_CHECKING, ClassVar
 
-import attrs
 import torch
 import torch.distributed as dist
 from typing_extensions import override
@@ -29,6 +28,14 @@ from plait.strategies.context_parallel import (
     shard_sequence,
 )
 from plait.strategies.mesh import MeshStrategy, is_dtensor, names_parts_as_whole
+from plait.strategies.mesh_plan import (
+    FLATTENED_DIMENSIONS,
+    MESH_DIMENSIONS,
+    MeshShape,
+    MeshSizes,
+    Size,
+    check_size,
+)
 from plait.strategies.parallel import DEFAULT_START_TIMEOUT, DEFAULT_TIMEOUT, process_group_options
 from plait.strategies.pipeline import schedule_name
 from plait.strategies.pipeline import stages_per_rank as stages_per_rank_of
@@ -51,132 +58,13 @@ if TYPE_CHECKING:
     from plait.strategies.collectives import DistributedCollectives
     from plait.strategies.pipeline import LossFunction, Pipeline
 
-__all__ = ["FLATTENED_DIMENSIONS", "MESH_DIMENSIONS", "MeshShape", "ModelParallelStrategy"]
-
-MESH_DIMENSIONS: Final = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
-"""The mesh's dimensions, outermost first: pipeline stages (only neighbours exchange
-activations, so they may sit on different nodes), data-parallel replicas,
-data-parallel shards within a replica, context-parallel ranks (each a slice of every
-sequence) and tensor-parallel ranks (innermost: neighbouring ranks, which share a
-node's fastest links; context parallelism, an all-gather in every attention layer,
-beside them). The device mesh has ``pp`` and ``cp`` only when they are more than 1
-(`MeshShape.mesh_dimensions`)."""
-
-FLATTENED_DIMENSIONS: Final = {
-    "dp": ("dp_replicate", "dp_shard"),
-    "dp_shard_cp": ("dp_shard", "cp"),
-    "dp_cp": ("dp_replicate", "dp_shard", "cp"),
-}
-"""Groups over several dimensions at once, by name: ``dp`` (the ranks that read
-different data), ``dp_shard_cp`` (what FSDP shards over: the context-parallel ranks'
-gradients of the same parameters are summed there) and ``dp_cp`` (where a loss or a
-metric over every token of a step is averaged)."""
-
-Size = int | Literal["auto"]
-
-
-def _check_size(name: str, value: object) -> Size:
-    if value == "auto" or (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
-        return value
-    raise ConfigurationError(
-        f"{name}={value!r} is neither a positive int nor 'auto'",
-        value=value,
-        fix=f"pass {name}=2 (say), or 'auto' to take what the world leaves",
-    )
-
-
-@attrs.frozen
-class MeshShape:
-    """The sizes of the mesh's dimensions, and this rank's place along each.
-
-    Ranks are laid out row-major over (``pp``, ``dp_replicate``, ``dp_shard``,
-    ``cp``, ``tp``): the ranks of one tensor-parallel group are neighbours, and with
-    ``pipeline=1`` and ``context=1`` the numbering is the same as over
-    (``dp_replicate``, ``dp_shard``, ``tp``).
-
-    Attributes:
-        replicate: Data-parallel replicas (``dp_replicate``).
-        shard: Data-parallel shards within a replica (``dp_shard``).
-        tensor: Tensor-parallel ranks (``tp``).
-        context: Context-parallel ranks (``cp``): each holds a slice of every sequence.
-        pipeline: Pipeline ranks (``pp``): each holds its stages of the model.
-    """
-
-    replicate: int
-    shard: int
-    tensor: int
-    context: int = 1
-    pipeline: int = 1
-
-    @property
-    def sizes(self) -> dict[str, int]:
-        """The size of each of `MESH_DIMENSIONS`, in order."""
-        return {
-            "pp": self.pipeline,
-            "dp_replicate": self.replicate,
-            "dp_shard": self.shard,
-            "cp": self.context,
-            "tp": self.tensor,
-        }
-
-    @property
-    def mesh_dimensions(self) -> tuple[str, ...]:
-        """The dimensions of the device mesh: `MESH_DIMENSIONS`, less ``pp`` and ``cp`` at 1.
-
-        Without pipeline or context parallelism the mesh is (``dp_replicate``,
-        ``dp_shard``, ``tp``), as it always was; the collectives know ``"pp"`` and
-        ``"cp"`` either way.
-        """
-        optional = {"pp": self.pipeline, "cp": self.context}
-        return tuple(name for name in MESH_DIMENSIONS if optional.get(name, 2) > 1)
-
-    @property
-    def data_parallel(self) -> int:
-        """The distinct shards of the data: replicas times shards."""
-        return self.replicate * self.shard
-
-    @property
-    def world_size(self) -> int:
-        """The ranks the mesh holds."""
-        return self.pipeline * self.data_parallel * self.context * self.tensor
-
-    def ranks(self) -> torch.Tensor:
-        """The global ranks, shaped (``pp``, ``dp_replicate``, ``dp_shard``, ``cp``, ``tp``)."""
-        # On the CPU whatever the default device (the meta one, inside
-        # model_sharded_context): these are numbers, not a model's tensors.
-        return torch.arange(self.world_size, device="cpu").view(
-            self.pipeline, self.replicate, self.shard, self.context, self.tensor
-        )
-
-    def lines(self, dimensions: Sequence[str]) -> torch.Tensor:
-        """Every group along ``dimensions`` (several: one flattened group), a row each.
-
-        Row ``i`` holds the global ranks of one group, in the order of their index
-        along it; every rank is in exactly one row.
-        """
-        axes = [MESH_DIMENSIONS.index(name) for name in dimensions]
-        others = [axis for axis in range(len(MESH_DIMENSIONS)) if axis not in axes]
-        size = 1
-        for name in dimensions:
-            size *= self.sizes[name]
-        return self.ranks().permute(*others, *axes).reshape(-1, size)
-
-    def coordinates(self, rank: int) -> dict[str, int]:
-        """``rank``'s index along each dimension, and along each flattened one."""
-        rest, tensor = divmod(rank, self.tensor)
-        rest, context = divmod(rest, self.context)
-        pipeline, data_parallel = divmod(rest, self.data_parallel)
-        replicate, shard = divmod(data_parallel, self.shard)
-        return {
-            "pp": pipeline,
-            "dp_replicate": replicate,
-            "dp_shard": shard,
-            "cp": context,
-            "tp": tensor,
-            "dp": data_parallel,
-            "dp_shard_cp": shard * self.context + context,
-            "dp_cp": data_parallel * self.context + context,
-        }
+__all__ = [
+    "FLATTENED_DIMENSIONS",
+    "MESH_DIMENSIONS",
+    "MeshShape",
+    "MeshSizes",
+    "ModelParallelStrategy",
+]
 
 
 class ModelParallelStrategy(MeshStrategy):
@@ -269,33 +157,19 @@ class ModelParallelStrategy(MeshStrategy):
         start_timeout: timedelta = DEFAULT_START_TIMEOUT,
         checked_collectives: bool = True,
     ) -> None:
-        self.data_parallel_size = _check_size("data_parallel_size", data_parallel_size)
-        self.tensor_parallel_size = _check_size("tensor_parallel_size", tensor_parallel_size)
-        replicate = _check_size("data_parallel_replicate_size", data_parallel_replicate_size)
-        if replicate == "auto":
-            raise ConfigurationError(
-                "data_parallel_replicate_size takes a positive int, not 'auto'",
-                value=replicate,
-                fix="pass data_parallel_replicate_size=1 (pure sharding), or the replicas",
-            )
-        if isinstance(self.data_parallel_size, int) and self.data_parallel_size % replicate:
-            raise ConfigurationError(
-                f"data_parallel_replicate_size={replicate} does not divide "
-                f"data_parallel_size={self.data_parallel_size}: each replica is sharded "
-                "over as many ranks as the others",
-                value=replicate,
-                fix="pass a replica count that divides data_parallel_size",
-            )
-        self.data_parallel_replicate_size = replicate
-        context = _check_size("context_parallel_size", context_parallel_size)
-        if context == "auto":
-            raise ConfigurationError(
-                "context_parallel_size takes a positive int, not 'auto'",
-                value=context,
-                fix="pass context_parallel_size=1 (no context parallelism), or the ranks "
-                "each sequence is split over",
-            )
-        self.context_parallel_size = context
+        self.mesh_sizes = MeshSizes(
+            data_parallel_size=data_parallel_size,
+            tensor_parallel_size=tensor_parallel_size,
+            data_parallel_replicate_size=data_parallel_replicate_size,
+            context_parallel_size=context_parallel_size,
+            pipeline_parallel_size=pipeline_parallel_size,
+        )
+        """The sizes asked for, checked: `MeshSizes.resolve` lays them out."""
+        self.data_parallel_size = self.mesh_sizes.data_parallel_size
+        self.tensor_parallel_size = self.mesh_sizes.tensor_parallel_size
+        self.data_parallel_replicate_size = self.mesh_sizes.data_parallel_replicate_size
+        self.context_parallel_size = self.mesh_sizes.context_parallel_size
+        self.pipeline_parallel_size = self.mesh_sizes.pipeline_parallel_size
         if not isinstance(context_parallel_load_balancing, bool):
             raise ConfigurationError(
                 f"context_parallel_load_balancing={context_parallel_load_balancing!r} is "
@@ -304,21 +178,12 @@ class ModelParallelStrategy(MeshStrategy):
                 fix="pass True (chunks r and 2W-1-r, for causal masks) or False",
             )
         self.context_parallel_load_balancing = context_parallel_load_balancing
-        pipeline = _check_size("pipeline_parallel_size", pipeline_parallel_size)
-        if pipeline == "auto":
-            raise ConfigurationError(
-                "pipeline_parallel_size takes a positive int, not 'auto'",
-                value=pipeline,
-                fix="pass pipeline_parallel_size=1 (no pipeline), or the ranks the "
-                "model's stages are spread over",
-            )
-        self.pipeline_parallel_size = pipeline
         self.pipeline_schedule = schedule_name(pipeline_schedule)
         self.pipeline_stages_per_rank = stages_per_rank_of(
             self.pipeline_schedule, pipeline_stages_per_rank
         )
         if pipeline_microbatches is not None:
-            _check_size("pipeline_microbatches", pipeline_microbatches)
+            check_size("pipeline_microbatches", pipeline_microbatches)
         self.pipeline_microbatches = pipeline_microbatches
         check_start_method(start_method)
         self.start_method = start_method
@@ -349,85 +214,12 @@ class ModelParallelStrategy(MeshStrategy):
 
     @property
     def mesh_shape(self) -> MeshShape:
-        """The mesh's sizes, resolved against the job's world size.
+        """The mesh's sizes, resolved against the job's world size (`MeshSizes.resolve`).
 
         Raises:
             ConfigurationError: The sizes given do not make the world size.
         """
-        world = self.world_size
-        data, tensor = self.data_parallel_size, self.tensor_parallel_size
-        context, pipeline = self.context_parallel_size, self.pipeline_parallel_size
-        for name, size in (("pipeline", pipeline), ("context", context)):
-            if world % size:
-                raise ConfigurationError(
-                    f"{name}_parallel_size={size} does not divide the world of {world} ranks",
-                    value=size,
-                    fix=f"pass a {name}_parallel_size that divides {world}",
-                )
-        if world % (context * pipeline):
-            raise ConfigurationError(
-                f"pipeline_parallel_size={pipeline} x context_parallel_size={context} "
-                f"does not divide the world of {world} ranks",
-                value=(pipeline, context),
-                fix=f"pass sizes whose product divides {world}",
-            )
-        # What the data- and tensor-parallel sizes share: the world less pp and cp.
-        shared = world // (context * pipeline)
-        if data == "auto" and tensor == "auto":
-            nodes = self.num_nodes
-            data = nodes if shared % nodes == 0 else 1
-        if tensor == "auto":
-            assert isinstance(data, int)
-            tensor = self._leaves("tensor_parallel_size", "data_parallel_size", data, shared)
-        elif data == "auto":
-            data = self._leaves("data_parallel_size", "tensor_parallel_size", tensor, shared)
-        if pipeline * data * context * tensor != world:
-            with_pipeline = f"pipeline_parallel_size={pipeline} x " if pipeline > 1 else ""
-            with_context = f" x context_parallel_size={context}" if context > 1 else ""
-            given = {"pp": pipeline, "dp": data, "cp": context, "tp": tensor}
-            raise ConfigurationError(
-                f"{with_pipeline}data_parallel_size={data}{with_context} x "
-                f"tensor_parallel_size={tensor} is {pipeline * data * context * tensor} "
-                f"ranks, and the world has {world}",
-                value=tuple(
-                    size for name, size in given.items() if name in ("dp", "tp") or size > 1
-                ),
-                fix=f"give sizes whose product is {world}, or leave one 'auto'",
-            )
-        replicate = self.data_parallel_replicate_size
-        if data % replicate:
-            raise ConfigurationError(
-                f"data_parallel_replicate_size={replicate} does not divide the "
-                f"data-parallel size {data}",
-                value=replicate,
-                fix=f"pass a replica count that divides {data}",
-            )
-        return MeshShape(
-            replicate=replicate,
-            shard=data // replicate,
-            tensor=tensor,
-            context=context,
-            pipeline=pipeline,
-        )
-
-    def _leaves(self, name: str, given_name: str, given: int, shared: int) -> int:
-        if shared % given:
-            context, pipeline = self.context_parallel_size, self.pipeline_parallel_size
-            taken = " x ".join(
-                f"{name}_parallel_size of {size}"
-                for name, size in (("a pipeline", pipeline), ("a context", context))
-                if size > 1
-            )
-            world = (
-                f"the {shared} ranks {taken} leaves" if taken else f"the world of {shared} ranks"
-            )
-            raise ConfigurationError(
-                f"{given_name}={given} does not divide {world}, so {name}='auto' has no "
-                "size to take",
-                value=given,
-                fix=f"pass a {given_name} that divides {shared}",
-            )
-        return shared // given
+        return self.mesh_sizes.resolve(self.world_size, self.num_nodes)
 
     @property
     @override
@@ -610,7 +402,7 @@ class ModelParallelStrategy(MeshStrategy):
         )
         chunks = microbatches if microbatches is not None else self.pipeline_microbatches
         if chunks is not None:
-            _check_size("microbatches", chunks)
+            check_size("microbatches", chunks)
         group = self.pipeline_group
         ranks = shape.lines(["pp"])
         [line] = [row for row in ranks.tolist() if self.global_rank in row]
