@@ -22,7 +22,11 @@ from pathlib import Path
 import pytest
 import torch
 from tests.multinode.hosts import Host, hosts, unavailable
-from tests.reliability.jobs import SCRIPT, TORCHRUN, Finished, Job, finish_all
+from tests.reliability.jobs import LAUNCH_TIMEOUT, SCRIPT, TORCHRUN, Finished, Job, finish_all
+
+JOB_TIMEOUT = 2 * LAUNCH_TIMEOUT
+"""Each job's bound: torchrun on two hosts takes 20 to 70 s alone; with a second whole
+check beside it on two cores, an elastic restart took past 150 s."""
 
 # One worker runs the module, so that the undisturbed run its tests share runs once.
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("multinode_hosts")]
@@ -78,7 +82,7 @@ def on_every_host(
     jobs = [
         Job(torchrun(host, every, program, restarts=restarts), root, variables) for host in every
     ]
-    return finish_all(jobs, 150)  # every job is reaped, even after one failed
+    return finish_all(jobs, JOB_TIMEOUT)  # every job is reaped, even after one failed
 
 
 def plait_fit(root: Path, *options: str, devices: int = 2, strategy: str = "ddp") -> list[str]:
@@ -96,7 +100,7 @@ def on_one_host(root: Path, strategy: str) -> subprocess.CompletedProcess[str]:
         plait_fit(root, devices=4, strategy=strategy),
         capture_output=True,
         text=True,
-        timeout=150,
+        timeout=JOB_TIMEOUT,
         check=False,
         env={**os.environ, "OMP_NUM_THREADS": "1"},
     )
@@ -117,7 +121,7 @@ def parameters(root: Path) -> dict[str, torch.Tensor]:
     return state
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(JOB_TIMEOUT + 60)
 def test_every_rank_knows_its_place_across_two_hosts(two_hosts: list[Host], tmp_path: Path) -> None:
     done = on_every_host(two_hosts, [str(PLACED)], tmp_path)
 
@@ -132,7 +136,7 @@ def test_every_rank_knows_its_place_across_two_hosts(two_hosts: list[Host], tmp_
     ]  # fmt: skip
 
 
-@pytest.mark.timeout(450)
+@pytest.mark.timeout(2 * JOB_TIMEOUT + 60)  # across the hosts, then on one
 def test_plait_fit_across_two_hosts_trains_as_one_host_of_four_ranks(
     two_hosts: list[Host], tmp_path: Path
 ) -> None:
@@ -158,7 +162,7 @@ def test_plait_fit_across_two_hosts_trains_as_one_host_of_four_ranks(
     assert accuracy == [line for line in one_host.stdout.splitlines() if line.startswith("val_acc")]
 
 
-@pytest.mark.timeout(450)
+@pytest.mark.timeout(2 * JOB_TIMEOUT + 60)  # across the hosts, then on one
 def test_plait_fit_with_fsdp_across_two_hosts_ends_as_on_one_host(
     two_hosts: list[Host], tmp_path: Path
 ) -> None:
@@ -183,7 +187,7 @@ def test_plait_fit_with_fsdp_across_two_hosts_ends_as_on_one_host(
     ]
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(JOB_TIMEOUT + 60)
 def test_a_num_nodes_that_disagrees_with_torchrun_is_refused_on_every_host(
     two_hosts: list[Host], tmp_path: Path
 ) -> None:
@@ -220,7 +224,7 @@ def undisturbed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[Fi
         return root, on_every_host(two, program, root, restarts=1)
 
 
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(2 * JOB_TIMEOUT + 60)  # the undisturbed run (the first), and its own
 @pytest.mark.parametrize("failing_rank", [2, 0])
 def test_an_elastic_restart_across_hosts_resumes_and_ends_as_an_undisturbed_run(
     two_hosts: list[Host],

@@ -18,11 +18,16 @@ from tests.reliability.jobs import LAUNCH_TIMEOUT, Finished, fit_command, run
 
 from plait.core.checkpoint_dirs import PARTIAL_SUFFIX, verify_manifest
 
+JOB_TIMEOUT = 2 * LAUNCH_TIMEOUT
+"""Each job's bound: a run of 3 epochs on 2 or 4 ranks, which takes 30 to 80 s alone;
+with a second whole check beside it on two cores, DeepSpeed's ZeRO-3 reference run
+took past 150 s."""
+
 # pytest's own bound (120 s) is for a test in one process. Each job here is bounded by
-# LAUNCH_TIMEOUT, and a test's bound is its jobs' (the strategy's reference run, if it
+# JOB_TIMEOUT, and a test's bound is its jobs' (the strategy's reference run, if it
 # is the first of its worker, and its own) and a minute more: a job that runs long is
 # stopped by its own bound and reported with its output, and none is left running.
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(2 * LAUNCH_TIMEOUT + 60)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(2 * JOB_TIMEOUT + 60)]
 
 
 def _on(name: str) -> pytest.MarkDecorator:
@@ -49,6 +54,7 @@ def _job(name: str, root: Path, *settings: str, **env: str) -> Finished:
         fit_command(name, ranks, root, "max_epochs=3", *settings),
         root,
         {"STRATEGY_OPTIONS": json.dumps(options), **env},
+        timeout=JOB_TIMEOUT,
     )
     _seen[id(done)] = done.seen()
     for path in root.glob("seen-*.json"):  # the next run in this root writes its own
@@ -93,7 +99,7 @@ def _stop_step(stopped: Finished) -> int:
     return int(found.group(1))
 
 
-@pytest.mark.timeout(4 * LAUNCH_TIMEOUT + 60)  # the reference and three jobs
+@pytest.mark.timeout(4 * JOB_TIMEOUT + 60)  # the reference and three jobs
 @pytest.mark.parametrize(
     ("name", "killed"),
     [
@@ -200,6 +206,7 @@ def test_a_checkpoint_goes_on_in_another_layout(
         fit_command(name, devices, root, "max_epochs=3", f"ckpt_path={str(source)!r}"),
         root,
         {"STRATEGY_OPTIONS": json.dumps(options)},
+        timeout=JOB_TIMEOUT,
     )
     _seen[id(done)] = done.seen()
 
