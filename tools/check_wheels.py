@@ -14,6 +14,7 @@ sibling that a package imports without declaring it fails the import.
 from __future__ import annotations
 
 import argparse
+import fcntl
 import hashlib
 import os
 import shutil
@@ -79,13 +80,21 @@ def base_environment(cache: Path) -> Path:
     made_of = [sys.version, *third_party]
     key = hashlib.sha256("\n".join(made_of).encode()).hexdigest()[:16]
     base = cache / f"base-{key}"
-    if not (base / ".complete").exists():
-        shutil.rmtree(base, ignore_errors=True)
-        print(f"wheels: making the base environment with {', '.join(third_party)}")
-        venv.create(base, with_pip=False)
-        python = base / "bin" / "python"
-        run(sys.executable, "-m", "pip", "--python", python, "install", "--quiet", *third_party)
-        (base / ".complete").touch()
+    cache.mkdir(parents=True, exist_ok=True)
+    # Two checks at once (two clones on one machine) take turns: one makes the
+    # base, the other finds it complete.
+    with (cache / f"base-{key}.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (base / ".complete").exists():
+            shutil.rmtree(base, ignore_errors=True)
+            print(f"wheels: making the base environment with {', '.join(third_party)}")
+            venv.create(base, with_pip=False)
+            python = base / "bin" / "python"
+            run(
+                sys.executable, "-m", "pip", "--python", python, "install", "--quiet",
+                *third_party,
+            )  # fmt: skip
+            (base / ".complete").touch()
     return next((base / "lib").glob("python3.*/site-packages"))
 
 
