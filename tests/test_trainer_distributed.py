@@ -189,6 +189,14 @@ def test_layers_made_in_configure_model_on_a_mesh_start_on_meta_and_keep_trainin
     assert isinstance(first, float)
     assert isinstance(after, float)
     assert after < first
+    # Resolved once when each rank joined, and kept after the runs: both ranks answer
+    # the job's (dp=1, tp=2).
+    for rank in (0, 1):
+        answer = json.loads((tmp_path / f"mesh-after-{rank}.json").read_text())
+        assert answer == {
+            "mesh": {"pp": 1, "dp_replicate": 1, "dp_shard": 1, "cp": 1, "tp": 2},
+            "world": 2,
+        }
 
 
 @pytest.mark.slow

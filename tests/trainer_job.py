@@ -38,7 +38,7 @@ from plait.core import (
     free_port,
     seed_everything,
 )
-from plait.strategies import DDPStrategy, FSDPStrategy, end_job
+from plait.strategies import DDPStrategy, FSDPStrategy, ModelParallelStrategy, end_job
 from plait.strategies.mesh import is_dtensor
 from plait.trainer import Callback, CSVLogger, MLFlowLogger, ModelCheckpoint, Module, Trainer
 
@@ -274,6 +274,12 @@ def _made_on_the_mesh(arguments: argparse.Namespace) -> dict[str, object]:
     trainer.fit(module, DataLoader(dataset(40), batch_size=8))
     second = _trainer(arguments, max_epochs=3)  # a second Trainer goes on, parallelized
     second.fit(module, DataLoader(dataset(40), batch_size=8))
+    # After the fits, every rank's strategy still answers the job's mesh: rank 0's
+    # process (the caller's, under popen) counts one again.
+    strategy = second.strategy
+    assert isinstance(strategy, ModelParallelStrategy)
+    answer = {"mesh": dict(strategy.mesh_shape.sizes), "world": strategy.world_size}
+    Path(arguments.root, f"mesh-after-{second.global_rank}.json").write_text(json.dumps(answer))
     return {
         "made_on": module.made_on,
         "loss_epoch": float(trainer.callback_metrics["loss_epoch"]),

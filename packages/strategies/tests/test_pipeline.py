@@ -15,6 +15,7 @@ from typing_extensions import override
 
 from plait.core import ConfigurationError
 from plait.strategies import ModelParallelStrategy
+from plait.strategies.mesh_plan import MeshSizes
 from plait.strategies.pipeline import (
     SCHEDULES,
     schedule_name,
@@ -205,24 +206,11 @@ def test_a_batch_that_does_not_split_and_a_missing_target_are_refused(
     ],
 )
 def test_pipeline_sizes_that_do_not_make_the_world_are_refused_naming_them(
-    monkeypatch: pytest.MonkeyPatch, sizes: dict[str, int], message: str
+    sizes: dict[str, int], message: str
 ) -> None:
-    # A job of 6 ranks, as torchrun describes one to rank 0.
-    for name, value in {
-        "TORCHELASTIC_RUN_ID": "sizes", "WORLD_SIZE": "6", "RANK": "0", "LOCAL_RANK": "0",
-        "LOCAL_WORLD_SIZE": "6", "GROUP_RANK": "0", "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": "29500",
-    }.items():  # fmt: skip
-        monkeypatch.setenv(name, value)
-    strategy = ModelParallelStrategy(
-        accelerator="cpu",
-        cluster_environment="torchelastic",
-        **sizes,  # type: ignore[arg-type]
-    )
-    assert strategy.world_size == 6
+    # A job of 6 ranks: the sizes as the strategy checks them, resolved against it.
+    checked = MeshSizes(**sizes)
     with pytest.raises(ConfigurationError, match=message):
-        _ = strategy.mesh_shape
-    fitting = ModelParallelStrategy(
-        accelerator="cpu", cluster_environment="torchelastic", pipeline_parallel_size=3
-    )
-    assert fitting.mesh_shape.sizes == {"pp": 3, "dp_replicate": 1, "dp_shard": 1, "cp": 1, "tp": 2}
+        checked.resolve(world_size=6)
+    fitting = MeshSizes(pipeline_parallel_size=3).resolve(world_size=6)
+    assert fitting.sizes == {"pp": 3, "dp_replicate": 1, "dp_shard": 1, "cp": 1, "tp": 2}

@@ -12,7 +12,8 @@ to float rounding.
 `sequence_positions` says which global positions a rank holds: a contiguous slice,
 or (``load_balanced=True``, for causal masks) chunks ``r`` and ``2W - 1 - r`` of
 ``2W``, so that every rank has as many early (cheap) tokens as late (dear) ones.
-`shard_sequence` takes those positions out of a tensor.
+`shard_sequence` takes those positions out of a tensor. `ContextParallel` is the part
+`ModelParallelStrategy` is built from: the same, for this rank of its mesh.
 """
 
 from __future__ import annotations
@@ -23,11 +24,19 @@ import torch
 from typing_extensions import override
 
 from plait.core import ConfigurationError
+from plait.strategies.mesh_plan import MeshDim
 
 if TYPE_CHECKING:
     import torch.distributed as dist
 
-__all__ = ["context_parallel_attention", "sequence_positions", "shard_sequence"]
+    from plait.strategies.mesh_plan import MeshHost
+
+__all__ = [
+    "ContextParallel",
+    "context_parallel_attention",
+    "sequence_positions",
+    "shard_sequence",
+]
 
 
 def _check_rank(rank: object, size: object) -> None:
@@ -253,3 +262,82 @@ def context_parallel_attention(
     everywhere = _gather(mine, group, 0, grad=False)
     mask = mine[:, None] >= everywhere[None, :]
     return functional.scaled_dot_product_attention(query, keys, values, attn_mask=mask, scale=scale)
+
+
+class ContextParallel:
+    """A mesh strategy's context parallelism: this rank's ``cp`` slice and attention over it.
+
+    Made with the strategy (``context_parallel_load_balancing`` is checked then); it
+    reads the mesh from its host once the host has joined its job.
+
+    Args:
+        host: The strategy (its mesh, rank and groups).
+        load_balancing: Chunks ``r`` and ``2W - 1 - r`` of ``2W`` of each sequence;
+            ``False``: the ``r``-th contiguous slice.
+
+    Raises:
+        ConfigurationError: ``load_balancing`` is not a bool.
+    """
+
+    def __init__(self, host: MeshHost, load_balancing: bool = True) -> None:
+        if not isinstance(load_balancing, bool):
+            raise ConfigurationError(
+                f"context_parallel_load_balancing={load_balancing!r} is not a bool",
+                value=load_balancing,
+                fix="pass True (chunks r and 2W-1-r, for causal masks) or False",
+            )
+        self._host = host
+        self.load_balancing = load_balancing
+
+    @property
+    def group(self) -> dist.ProcessGroup | None:
+        """This rank's ``cp`` group (``None``: no context parallelism)."""
+        if self._host.mesh_shape.context == 1:
+            return None
+        return self._host.mesh_group(MeshDim.CONTEXT)
+
+    def _place(self) -> tuple[int, int]:
+        shape = self._host.mesh_shape
+        return shape.coordinates(self._host.global_rank)[MeshDim.CONTEXT], shape.context
+
+    def sequence_positions(self, length: int) -> torch.Tensor:
+        """The global positions of this rank's tokens of a sequence of ``length``.
+
+        Raises:
+            ConfigurationError: ``length`` does not split evenly over the ``cp`` ranks.
+        """
+        rank, size = self._place()
+        return sequence_positions(
+            length, rank=rank, size=size, load_balanced=self.load_balancing and size > 1
+        )
+
+    def shard_sequence(self, tensor: torch.Tensor, dim: int = 1) -> torch.Tensor:
+        """This rank's tokens of ``tensor`` along ``dim`` (all of them without cp).
+
+        Raises:
+            ConfigurationError: ``dim`` is not one of ``tensor``'s, or its length does
+                not split evenly over the ``cp`` ranks.
+        """
+        rank, size = self._place()
+        return shard_sequence(
+            tensor, rank=rank, size=size, dim=dim, load_balanced=self.load_balancing and size > 1
+        )
+
+    def attention(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        *,
+        is_causal: bool = False,
+    ) -> torch.Tensor:
+        """`context_parallel_attention` of this rank's tokens over its ``cp`` group."""
+        group = self.group
+        positions = (
+            None
+            if group is None
+            else self.sequence_positions(query.shape[-2] * self._host.mesh_shape.context)
+        )
+        return context_parallel_attention(
+            query, key, value, group=group, positions=positions, is_causal=is_causal
+        )

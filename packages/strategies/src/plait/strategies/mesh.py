@@ -18,6 +18,7 @@ from typing_extensions import override
 
 from plait.core import ConfigurationError, SupportsLoadInPlace
 from plait.strategies import meta
+from plait.strategies.mesh_plan import FLATTENED_DIMENSIONS, MeshDim, MeshShape
 from plait.strategies.self_launching import SelfLaunchingStrategy
 from plait.strategies.state import (
     check_state_fits,
@@ -37,7 +38,13 @@ if TYPE_CHECKING:
 
     from plait.core.typing import Checkpoint, PathLike, StateDict
 
-__all__ = ["MeshStrategy", "NamedAsWhole", "is_dtensor", "names_parts_as_whole"]
+__all__ = [
+    "MeshStrategy",
+    "NamedAsWhole",
+    "check_parallelized",
+    "is_dtensor",
+    "names_parts_as_whole",
+]
 
 
 @runtime_checkable
@@ -387,3 +394,68 @@ class MeshStrategy(SelfLaunchingStrategy):
         self._optimizers = []
         self._names = {}
         super().teardown()
+
+
+def check_parallelized(module: torch.nn.Module, shape: MeshShape) -> None:
+    """Refuse a module that was not parallelized over the mesh of ``shape`` as it must be.
+
+    Raises:
+        ConfigurationError: No parameter is a DTensor (nothing parallelized the
+            module), or, with several data-parallel or context-parallel ranks, some
+            parameters are not sharded over those dimensions (nothing would average
+            or sum their gradients).
+    """
+    parameters = list(module.named_parameters())
+    if not parameters or shape.world_size == shape.pipeline:
+        # One rank per stage: each holds its stages whole.
+        return
+    # Named as its user knows it: the module inside a wrapper (the Trainer's).
+    described = type(getattr(module, "module", module)).__name__
+    if not any(is_dtensor(p) for _, p in parameters):
+        raise ConfigurationError(
+            f"ModelParallelStrategy got a {described} that nothing "
+            "parallelized: the strategy never guesses a plan, and every rank would "
+            "train a whole copy",
+            value=described,
+            fix="parallelize it over strategy.device_mesh: with the Trainer, in the "
+            "module's configure_model (self.device_mesh); in your own loop, before "
+            "setup_module (parallelize_module(..., mesh['tp'], plan), then "
+            "fully_shard(..., mesh=mesh['dp_shard']))",
+        )
+    needed = [
+        name for name in (MeshDim.REPLICATE, MeshDim.SHARD, MeshDim.CONTEXT) if shape.enabled(name)
+    ]
+    unsynced = [name for name, p in parameters if not set(needed) <= set(_mesh_dimensions_of(p))]
+    shown = ", ".join(unsynced[:3]) + (", ..." if len(unsynced) > 3 else "")
+    if unsynced and MeshDim.CONTEXT in needed:
+        raise ConfigurationError(
+            f"{len(unsynced)} parameters ({shown}) are not sharded over a mesh that "
+            f"includes cp: each of the {shape.context} context-parallel ranks computes "
+            "their gradients from its own slice of the sequences, and nothing would "
+            "sum them",
+            value=unsynced,
+            fix="call fully_shard on each block and on the root over "
+            "strategy.data_parallel_mesh (dp_shard and cp flattened, 'dp_shard_cp')",
+        )
+    needed = [name for name in needed if name != MeshDim.CONTEXT]
+    if unsynced:
+        raise ConfigurationError(
+            f"{len(unsynced)} parameters ({shown}) are not sharded over the mesh's "
+            f"data-parallel dimensions {needed}: their gradients would not be averaged "
+            f"across the {shape.data_parallel} data-parallel ranks, which would drift apart",
+            value=unsynced,
+            fix="after parallelize_module, call fully_shard on each block and on the "
+            "root over mesh['dp_shard'] (mesh['dp_replicate', 'dp_shard'] with "
+            "replicas)",
+        )
+
+
+def _mesh_dimensions_of(parameter: torch.Tensor) -> tuple[str, ...]:
+    # The named dimensions a DTensor parameter is laid out over (none for a tensor),
+    # a flattened one as the dimensions it flattens.
+    if not is_dtensor(parameter):
+        return ()
+    names = getattr(getattr(parameter, "device_mesh", None), "mesh_dim_names", None)
+    return tuple(
+        dimension for name in names or () for dimension in FLATTENED_DIMENSIONS.get(name, (name,))
+    )

@@ -9,24 +9,64 @@ joins a process group: the strategy resolves its sizes once, when it joins its j
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Sequence
-from typing import Final, Literal
+from typing import TYPE_CHECKING, Final, Literal, Protocol
 
 import attrs
 import torch
+from typing_extensions import override
 
 from plait.core import ConfigurationError
+
+if TYPE_CHECKING:
+    import torch.distributed as dist
 
 __all__ = [
     "FLATTENED_DIMENSIONS",
     "MESH_DIMENSIONS",
+    "MeshDim",
+    "MeshHost",
     "MeshShape",
     "MeshSizes",
     "Size",
     "check_size",
 ]
 
-MESH_DIMENSIONS: Final = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
+
+class MeshDim(enum.StrEnum):
+    """A dimension of the mesh, or a group flattened over several, by the name it goes by.
+
+    Each member is its name (``MeshDim.TENSOR == "tp"``): collectives' ``group=``,
+    ``device_mesh[...]`` and the layout's dimensions take either. Adding a dimension
+    starts here, with a rule in `MeshSizes.resolve`.
+    """
+
+    PIPELINE = "pp"
+    REPLICATE = "dp_replicate"
+    SHARD = "dp_shard"
+    CONTEXT = "cp"
+    TENSOR = "tp"
+    DATA = "dp"
+    """``dp_replicate`` and ``dp_shard`` flattened: the ranks that read different data."""
+    SHARD_CONTEXT = "dp_shard_cp"
+    """``dp_shard`` and ``cp`` flattened: what FSDP shards over with context parallelism."""
+    DATA_CONTEXT = "dp_cp"
+    """``dp`` and ``cp`` flattened: where a loss over every token of a step is averaged."""
+
+    @override
+    def __repr__(self) -> str:
+        # Shown as the name it goes by, in lists and messages: ['dp_shard'].
+        return repr(self.value)
+
+
+MESH_DIMENSIONS: Final = (
+    MeshDim.PIPELINE,
+    MeshDim.REPLICATE,
+    MeshDim.SHARD,
+    MeshDim.CONTEXT,
+    MeshDim.TENSOR,
+)
 """The mesh's dimensions, outermost first: pipeline stages (only neighbours exchange
 activations, so they may sit on different nodes), data-parallel replicas,
 data-parallel shards within a replica, context-parallel ranks (each a slice of every
@@ -36,9 +76,9 @@ beside them). The device mesh has ``pp`` and ``cp`` only when they are more than
 (`MeshShape.mesh_dimensions`)."""
 
 FLATTENED_DIMENSIONS: Final = {
-    "dp": ("dp_replicate", "dp_shard"),
-    "dp_shard_cp": ("dp_shard", "cp"),
-    "dp_cp": ("dp_replicate", "dp_shard", "cp"),
+    MeshDim.DATA: (MeshDim.REPLICATE, MeshDim.SHARD),
+    MeshDim.SHARD_CONTEXT: (MeshDim.SHARD, MeshDim.CONTEXT),
+    MeshDim.DATA_CONTEXT: (MeshDim.REPLICATE, MeshDim.SHARD, MeshDim.CONTEXT),
 }
 """Groups over several dimensions at once, by name: ``dp`` (the ranks that read
 different data), ``dp_shard_cp`` (what FSDP shards over: the context-parallel ranks'
@@ -97,24 +137,24 @@ class MeshShape:
 
     @property
     def sizes(self) -> dict[str, int]:
-        """The size of each of `MESH_DIMENSIONS`, in order."""
+        """The size of each of `MESH_DIMENSIONS`, in order, keyed by `MeshDim` (or its name)."""
         return {
-            "pp": self.pipeline,
-            "dp_replicate": self.replicate,
-            "dp_shard": self.shard,
-            "cp": self.context,
-            "tp": self.tensor,
+            MeshDim.PIPELINE: self.pipeline,
+            MeshDim.REPLICATE: self.replicate,
+            MeshDim.SHARD: self.shard,
+            MeshDim.CONTEXT: self.context,
+            MeshDim.TENSOR: self.tensor,
         }
 
     @property
-    def mesh_dimensions(self) -> tuple[str, ...]:
+    def mesh_dimensions(self) -> tuple[MeshDim, ...]:
         """The dimensions of the device mesh: `MESH_DIMENSIONS`, less ``pp`` and ``cp`` at 1.
 
         Without pipeline or context parallelism the mesh is (``dp_replicate``,
         ``dp_shard``, ``tp``), as it always was; the collectives know ``"pp"`` and
         ``"cp"`` either way.
         """
-        optional = {"pp": self.pipeline, "cp": self.context}
+        optional = {MeshDim.PIPELINE: self.pipeline, MeshDim.CONTEXT: self.context}
         return tuple(name for name in MESH_DIMENSIONS if optional.get(name, 2) > 1)
 
     @property
@@ -135,7 +175,19 @@ class MeshShape:
             self.pipeline, self.replicate, self.shard, self.context, self.tensor
         )
 
-    def lines(self, dimensions: Sequence[str]) -> torch.Tensor:
+    def enabled(self, dimension: MeshDim) -> bool:
+        """Whether ``dimension`` spans more than one rank (a flattened one: any of its own)."""
+        return any(
+            self.sizes[name] > 1 for name in FLATTENED_DIMENSIONS.get(dimension, (dimension,))
+        )
+
+    def line(self, dimensions: Sequence[MeshDim], rank: int) -> list[int]:
+        """The global ranks of ``rank``'s group along ``dimensions``, in their order along it."""
+        rows: list[list[int]] = self.lines(dimensions).tolist()
+        [mine] = [row for row in rows if rank in row]
+        return mine
+
+    def lines(self, dimensions: Sequence[MeshDim]) -> torch.Tensor:
         """Every group along ``dimensions`` (several: one flattened group), a row each.
 
         Row ``i`` holds the global ranks of one group, in the order of their index
@@ -149,20 +201,20 @@ class MeshShape:
         return self.ranks().permute(*others, *axes).reshape(-1, size)
 
     def coordinates(self, rank: int) -> dict[str, int]:
-        """``rank``'s index along each dimension, and along each flattened one."""
+        """``rank``'s index along each dimension and each flattened one, keyed by `MeshDim`."""
         rest, tensor = divmod(rank, self.tensor)
         rest, context = divmod(rest, self.context)
         pipeline, data_parallel = divmod(rest, self.data_parallel)
         replicate, shard = divmod(data_parallel, self.shard)
         return {
-            "pp": pipeline,
-            "dp_replicate": replicate,
-            "dp_shard": shard,
-            "cp": context,
-            "tp": tensor,
-            "dp": data_parallel,
-            "dp_shard_cp": shard * self.context + context,
-            "dp_cp": data_parallel * self.context + context,
+            MeshDim.PIPELINE: pipeline,
+            MeshDim.REPLICATE: replicate,
+            MeshDim.SHARD: shard,
+            MeshDim.CONTEXT: context,
+            MeshDim.TENSOR: tensor,
+            MeshDim.DATA: data_parallel,
+            MeshDim.SHARD_CONTEXT: shard * self.context + context,
+            MeshDim.DATA_CONTEXT: data_parallel * self.context + context,
         }
 
 
@@ -256,13 +308,20 @@ class MeshSizes:
         if pipeline * data * context * tensor != world:
             with_pipeline = f"pipeline_parallel_size={pipeline} x " if pipeline > 1 else ""
             with_context = f" x context_parallel_size={context}" if context > 1 else ""
-            given = {"pp": pipeline, "dp": data, "cp": context, "tp": tensor}
+            given = {
+                MeshDim.PIPELINE: pipeline,
+                MeshDim.DATA: data,
+                MeshDim.CONTEXT: context,
+                MeshDim.TENSOR: tensor,
+            }
             raise ConfigurationError(
                 f"{with_pipeline}data_parallel_size={data}{with_context} x "
                 f"tensor_parallel_size={tensor} is {pipeline * data * context * tensor} "
                 f"ranks, and the world has {world}",
                 value=tuple(
-                    size for name, size in given.items() if name in ("dp", "tp") or size > 1
+                    size
+                    for name, size in given.items()
+                    if name in (MeshDim.DATA, MeshDim.TENSOR) or size > 1
                 ),
                 fix=f"give sizes whose product is {world}, or leave one 'auto'",
             )
@@ -302,3 +361,30 @@ class MeshSizes:
                 fix=f"pass a {given_name} that divides {shared}",
             )
         return shared // given
+
+
+class MeshHost(Protocol):
+    """What a parallelism's part needs of the strategy it is part of: the job's mesh."""
+
+    @property
+    def mesh_shape(self) -> MeshShape:
+        """The mesh, resolved once when the strategy joined its job."""
+        ...
+
+    @property
+    def global_rank(self) -> int:
+        """This rank's index in the job."""
+        ...
+
+    @property
+    def root_device(self) -> torch.device:
+        """The device this rank computes on."""
+        ...
+
+    def mesh_group(self, dimension: MeshDim) -> dist.ProcessGroup | None:
+        """This rank's group along ``dimension`` (``None``: the whole job).
+
+        Raises:
+            ConfigurationError: The strategy has not joined its job yet.
+        """
+        ...

@@ -22,27 +22,22 @@ from typing_extensions import override
 
 from plait.core import ConfigurationError, ProcessLayout, TrainingSemantics
 from plait.strategies import meta
-from plait.strategies.context_parallel import (
-    context_parallel_attention,
-    sequence_positions,
-    shard_sequence,
-)
-from plait.strategies.mesh import MeshStrategy, is_dtensor, names_parts_as_whole
+from plait.strategies.context_parallel import ContextParallel
+from plait.strategies.mesh import MeshStrategy, check_parallelized, names_parts_as_whole
+from plait.strategies.mesh_build import build_mesh
 from plait.strategies.mesh_plan import (
     FLATTENED_DIMENSIONS,
     MESH_DIMENSIONS,
+    MeshDim,
     MeshShape,
     MeshSizes,
     Size,
-    check_size,
 )
 from plait.strategies.parallel import DEFAULT_START_TIMEOUT, DEFAULT_TIMEOUT, process_group_options
-from plait.strategies.pipeline import schedule_name
-from plait.strategies.pipeline import stages_per_rank as stages_per_rank_of
+from plait.strategies.pipeline_parallel import PipelineParallel
 from plait.strategies.self_launching import check_start_method
 
 if TYPE_CHECKING:
-    from torch._C._distributed_c10d import Backend as C10dBackend
     from torch.distributed.checkpoint.state_dict import StateDictOptions
     from torch.distributed.device_mesh import DeviceMesh
 
@@ -56,11 +51,13 @@ if TYPE_CHECKING:
     )
     from plait.core.typing import StateDict
     from plait.strategies.collectives import DistributedCollectives
-    from plait.strategies.pipeline import LossFunction, Pipeline
+    from plait.strategies.pipeline import Pipeline
+    from plait.strategies.pipeline_plan import LossFunction
 
 __all__ = [
     "FLATTENED_DIMENSIONS",
     "MESH_DIMENSIONS",
+    "MeshDim",
     "MeshShape",
     "MeshSizes",
     "ModelParallelStrategy",
@@ -164,35 +161,17 @@ class ModelParallelStrategy(MeshStrategy):
             context_parallel_size=context_parallel_size,
             pipeline_parallel_size=pipeline_parallel_size,
         )
-        """The sizes asked for, checked: `MeshSizes.resolve` lays them out."""
-        self.data_parallel_size = self.mesh_sizes.data_parallel_size
-        self.tensor_parallel_size = self.mesh_sizes.tensor_parallel_size
-        self.data_parallel_replicate_size = self.mesh_sizes.data_parallel_replicate_size
-        self.context_parallel_size = self.mesh_sizes.context_parallel_size
-        self.pipeline_parallel_size = self.mesh_sizes.pipeline_parallel_size
-        if not isinstance(context_parallel_load_balancing, bool):
-            raise ConfigurationError(
-                f"context_parallel_load_balancing={context_parallel_load_balancing!r} is "
-                "not a bool",
-                value=context_parallel_load_balancing,
-                fix="pass True (chunks r and 2W-1-r, for causal masks) or False",
-            )
-        self.context_parallel_load_balancing = context_parallel_load_balancing
-        self.pipeline_schedule = schedule_name(pipeline_schedule)
-        self.pipeline_stages_per_rank = stages_per_rank_of(
-            self.pipeline_schedule, pipeline_stages_per_rank
+        self.context_parallel = ContextParallel(self, context_parallel_load_balancing)
+        self.pipeline_parallel = PipelineParallel(
+            self, pipeline_schedule, pipeline_microbatches, pipeline_stages_per_rank
         )
-        if pipeline_microbatches is not None:
-            check_size("pipeline_microbatches", pipeline_microbatches)
-        self.pipeline_microbatches = pipeline_microbatches
-        check_start_method(start_method)
-        self.start_method = start_method
-        super().__init__(
-            **process_group_options(
-                locals(),
-                checkpoint_io=checkpoint_io if checkpoint_io is not None else "distributed",
-            )
-        )
+        self._shape: MeshShape | None = None
+        self.start_method = check_start_method(start_method)
+        io = checkpoint_io if checkpoint_io is not None else "distributed"
+        super().__init__(**process_group_options(locals(), checkpoint_io=io))
+        self._check_plugins()
+
+    def _check_plugins(self) -> None:
         if self.precision.needs_scaler:
             raise ConfigurationError(
                 f"ModelParallelStrategy with {self.precision!r}: a gradient scaler cannot "
@@ -210,16 +189,77 @@ class ModelParallelStrategy(MeshStrategy):
                 "state on demand with strategy.export_checkpoint(module, path)",
             )
 
+    # The sizes and settings asked for, as the parts hold them.
+
+    @property
+    def data_parallel_size(self) -> Size:
+        """As asked (``"auto"`` allowed): `mesh_shape` has the size resolved."""
+        return self.mesh_sizes.data_parallel_size
+
+    @property
+    def tensor_parallel_size(self) -> Size:
+        """As asked (``"auto"`` allowed): `mesh_shape` has the size resolved."""
+        return self.mesh_sizes.tensor_parallel_size
+
+    @property
+    def data_parallel_replicate_size(self) -> int:
+        """The data-parallel replicas asked for."""
+        return self.mesh_sizes.data_parallel_replicate_size
+
+    @property
+    def context_parallel_size(self) -> int:
+        """The ranks each sequence is split over."""
+        return self.mesh_sizes.context_parallel_size
+
+    @property
+    def pipeline_parallel_size(self) -> int:
+        """The ranks the model's stages are spread over."""
+        return self.mesh_sizes.pipeline_parallel_size
+
+    @property
+    def context_parallel_load_balancing(self) -> bool:
+        """Whether each ``cp`` rank holds chunks ``r`` and ``2W - 1 - r`` (`ContextParallel`)."""
+        return self.context_parallel.load_balancing
+
+    @property
+    def pipeline_schedule(self) -> str:
+        """The pipeline's schedule, as `pipeline_plan.SCHEDULES` spells it (`PipelineParallel`)."""
+        return self.pipeline_parallel.schedule
+
+    @property
+    def pipeline_microbatches(self) -> int | None:
+        """Microbatches a pipeline's step is cut into (``None``: its number of stages)."""
+        return self.pipeline_parallel.microbatches
+
+    @property
+    def pipeline_stages_per_rank(self) -> int:
+        """Stages each pipeline rank holds."""
+        return self.pipeline_parallel.stages_per_rank
+
     # The mesh.
 
     @property
     def mesh_shape(self) -> MeshShape:
-        """The mesh's sizes, resolved against the job's world size (`MeshSizes.resolve`).
+        """The mesh's sizes, resolved against the job's world (`MeshSizes.resolve`).
+
+        Resolved once, when the strategy joins its job, and kept: every rank answers
+        the job's shape during a run and after it. Before the strategy joins a job,
+        the sizes resolved against the world it will start: in the process that
+        launches the ranks (``fit`` under ``spawn`` or ``fork``, whose own world is of
+        one), the world of the processes it launches, so that this process answers as
+        its ranks do, before and after they run.
 
         Raises:
-            ConfigurationError: The sizes given do not make the world size.
+            ConfigurationError: Before the strategy joins a job, the sizes given do not
+                make the world it will start.
         """
-        return self.mesh_sizes.resolve(self.world_size, self.num_nodes)
+        if self._shape is not None:
+            return self._shape
+        world = self.world_size
+        if world == 1 and not self.cluster_environment.creates_processes_externally:
+            # The launching process: its ranks, one per parallel device, on this node.
+            world = self.num_processes
+        return self.mesh_sizes.resolve(world, self.num_nodes)
 
     @property
     @override
@@ -230,79 +270,50 @@ class ModelParallelStrategy(MeshStrategy):
         sizes cannot be laid out yet, the layout of that one process: the sizes are
         checked against the job's world when the strategy joins it.
         """
-        try:
-            shape = self.mesh_shape
-        except ConfigurationError:
-            if self._mesh is not None:
-                raise
-            return super().layout
+        shape = self._shape
+        if shape is None or shape.world_size != self.world_size:
+            try:
+                shape = self.mesh_sizes.resolve(self.world_size, self.num_nodes)
+            except ConfigurationError:
+                if self._mesh is not None:
+                    raise
+                return super().layout
         where = shape.coordinates(self.global_rank)
-        named = [name for name in ("pp", "cp") if shape.sizes[name] > 1] + ["tp"]
+        named = [
+            *(name for name in (MeshDim.PIPELINE, MeshDim.CONTEXT) if shape.enabled(name)),
+            MeshDim.TENSOR,
+        ]
         return ProcessLayout(
             world_size=self.world_size,
             global_rank=self.global_rank,
             data_parallel_size=shape.data_parallel,
-            data_parallel_rank=where["dp"],
+            data_parallel_rank=where[MeshDim.DATA],
             dimensions={name: shape.sizes[name] for name in named},
             coordinates={name: where[name] for name in named},
         )
 
     @override
     def make_collectives(self, distributed: DistributedCollectives) -> Collectives:
-        """Plait's collectives, with ``group=`` naming the mesh's dimensions."""
-        shape = self.mesh_shape
+        """Plait's collectives, with ``group=`` naming the mesh's dimensions.
+
+        The sizes are resolved against the job's world here, once, and kept
+        (`mesh_shape`).
+        """
+        shape = self._shape = self.mesh_sizes.resolve(self.world_size, self.num_nodes)
         # One mesh per shape in a job: a module parallelized over it in one run goes
         # on over it in the next, and no run makes groups of its own again.
         self._mesh, groups, self._flattened = self.job_held(
-            ("model parallel mesh", shape), lambda: self._make_mesh(shape)
+            ("model parallel mesh", shape),
+            lambda: build_mesh(
+                shape,
+                self.subgroup,
+                device_type=self.root_device.type,
+                backend=self.process_group_backend or dist.get_backend(),
+                timeout=self.timeout,
+            ),
         )
         self._groups = groups
         return distributed.with_dimensions(groups)
-
-    def _make_mesh(
-        self, shape: MeshShape
-    ) -> tuple[DeviceMesh, dict[str, dist.ProcessGroup | None], dict[str, DeviceMesh]]:
-        from torch.distributed.device_mesh import DeviceMesh  # noqa: PLC0415
-
-        # Groups of their own, with the strategy's collective timeout: every rank
-        # makes every group, in the same order.
-        mine = [self.subgroup(shape.lines([name])) for name in MESH_DIMENSIONS]
-        data_parallel = self.subgroup(shape.lines(FLATTENED_DIMENSIONS["dp"]))
-        along = dict(zip(MESH_DIMENSIONS, mine, strict=True))
-        names = shape.mesh_dimensions
-        mesh = DeviceMesh.from_group(
-            [along[name] for name in names],
-            self.root_device.type,
-            mesh=shape.ranks().view(*(shape.sizes[name] for name in names)),
-            mesh_dim_names=names,
-        )
-        groups: dict[str, dist.ProcessGroup | None] = dict(along)
-        whole = shape.data_parallel == shape.world_size
-        groups["dp"] = groups["data_parallel"] = None if whole else data_parallel
-        flattened: dict[str, DeviceMesh] = {}
-        if shape.context == 1:
-            # Without context parallelism these are the groups the mesh has already.
-            groups["dp_shard_cp"] = groups["dp_shard"]
-            groups["dp_cp"] = groups["dp"]
-            return mesh, groups, flattened
-        for name in ("dp_shard_cp", "dp_cp"):
-            # A flattened mesh is what FSDP shards over; its group, made by torch,
-            # takes the strategy's timeout through the backend's options.
-            flattened[name] = mesh[FLATTENED_DIMENSIONS[name]]._flatten(
-                name, backend_override=self._backend_options()
-            )
-            groups[name] = flattened[name].get_group()
-        return mesh, groups, flattened
-
-    def _backend_options(self) -> tuple[str, C10dBackend.Options]:
-        backend = self.process_group_backend or dist.get_backend()
-        options: C10dBackend.Options
-        if backend == "nccl":
-            options = dist.ProcessGroupNCCL.Options()
-        else:
-            options = dist.ProcessGroupGloo._Options()  # type: ignore[attr-defined]
-        options._timeout = self.timeout
-        return backend, options
 
     @property
     def data_parallel_mesh(self) -> DeviceMesh:
@@ -319,15 +330,26 @@ class ModelParallelStrategy(MeshStrategy):
         mesh = self.device_mesh
         shape = self.mesh_shape
         if shape.context == 1:
-            return mesh["dp_replicate", "dp_shard"] if shape.replicate > 1 else mesh["dp_shard"]
-        flat = self._flattened["dp_shard_cp"]
+            if shape.replicate > 1:
+                return mesh[MeshDim.REPLICATE.value, MeshDim.SHARD.value]
+            return mesh[MeshDim.SHARD.value]
+        flat = self._flattened[MeshDim.SHARD_CONTEXT]
         if shape.replicate == 1:
             return flat
         with warnings.catch_warnings():
             # The flattened mesh is held here; torch warns of slicing one from the
             # root, which is the only public way to pair it with dp_replicate.
             warnings.filterwarnings("ignore", "Slicing a flattened dim", UserWarning)
-            return mesh["dp_replicate", "dp_shard_cp"]
+            return mesh[MeshDim.REPLICATE.value, MeshDim.SHARD_CONTEXT.value]
+
+    def mesh_group(self, dimension: MeshDim) -> dist.ProcessGroup | None:
+        """This rank's group along ``dimension`` (``None``: the whole job).
+
+        Raises:
+            ConfigurationError: `setup_environment` has not run yet.
+        """
+        _ = self.device_mesh
+        return self._groups[dimension]
 
     @property
     def context_parallel_group(self) -> dist.ProcessGroup | None:
@@ -337,7 +359,7 @@ class ModelParallelStrategy(MeshStrategy):
             ConfigurationError: `setup_environment` has not run yet.
         """
         _ = self.device_mesh
-        return self._groups["cp"] if self.mesh_shape.context > 1 else None
+        return self.context_parallel.group
 
     @property
     def pipeline_group(self) -> dist.ProcessGroup | None:
@@ -347,7 +369,7 @@ class ModelParallelStrategy(MeshStrategy):
             ConfigurationError: `setup_environment` has not run yet.
         """
         _ = self.device_mesh
-        return self._groups["pp"] if self.mesh_shape.pipeline > 1 else None
+        return self.pipeline_parallel.group
 
     def pipeline(
         self,
@@ -381,41 +403,14 @@ class ModelParallelStrategy(MeshStrategy):
                 name that is not a submodule, one named twice, a parameter in no
                 stage), or an unknown schedule.
         """
-        from plait.strategies.pipeline import Pipeline, split_module  # noqa: PLC0415
-
-        name = schedule_name(schedule) if schedule is not None else self.pipeline_schedule
-        per_rank = (
-            self.pipeline_stages_per_rank
-            if schedule is None and stages_per_rank is None
-            else stages_per_rank_of(name, stages_per_rank)
-        )
-        shape = self.mesh_shape
-        rank = shape.coordinates(self.global_rank)["pp"]
-        parts, mine, count = split_module(
+        return self.pipeline_parallel.pipeline(
             module,
-            stages=stages,
+            loss_fn,
             units=units,
-            schedule=name,
-            per_rank=per_rank,
-            rank=rank,
-            size=shape.pipeline,
-        )
-        chunks = microbatches if microbatches is not None else self.pipeline_microbatches
-        if chunks is not None:
-            check_size("microbatches", chunks)
-        group = self.pipeline_group
-        ranks = shape.lines(["pp"])
-        [line] = [row for row in ranks.tolist() if self.global_rank in row]
-        return Pipeline(
-            parts,
-            stages=mine,
-            num_stages=count,
-            schedule=name,
-            microbatches=chunks if chunks is not None else count,
-            loss_fn=loss_fn,
-            group=group,
-            group_ranks=line,
-            device=self.root_device,
+            stages=stages,
+            schedule=schedule,
+            microbatches=microbatches,
+            stages_per_rank=stages_per_rank,
         )
 
     def sequence_positions(self, length: int) -> torch.Tensor:
@@ -428,13 +423,7 @@ class ModelParallelStrategy(MeshStrategy):
         Raises:
             ConfigurationError: ``length`` does not split evenly over the ``cp`` ranks.
         """
-        shape = self.mesh_shape
-        return sequence_positions(
-            length,
-            rank=shape.coordinates(self.global_rank)["cp"],
-            size=shape.context,
-            load_balanced=self.context_parallel_load_balancing and shape.context > 1,
-        )
+        return self.context_parallel.sequence_positions(length)
 
     def attention(
         self,
@@ -451,15 +440,8 @@ class ModelParallelStrategy(MeshStrategy):
         a causal mask follows their global positions (`sequence_positions` of the
         whole length). Without context parallelism, ``scaled_dot_product_attention``.
         """
-        group = self.context_parallel_group
-        positions = (
-            None
-            if group is None
-            else self.sequence_positions(query.shape[-2] * self.mesh_shape.context)
-        )
-        return context_parallel_attention(
-            query, key, value, group=group, positions=positions, is_causal=is_causal
-        )
+        _ = self.device_mesh
+        return self.context_parallel.attention(query, key, value, is_causal=is_causal)
 
     def shard_sequence(self, tensor: torch.Tensor, dim: int = 1) -> torch.Tensor:
         """This rank's tokens of ``tensor`` along ``dim`` (all of them without cp).
@@ -471,14 +453,7 @@ class ModelParallelStrategy(MeshStrategy):
             ConfigurationError: ``dim`` is not one of ``tensor``'s, or its length does
                 not split evenly over the ``cp`` ranks.
         """
-        shape = self.mesh_shape
-        return shard_sequence(
-            tensor,
-            rank=shape.coordinates(self.global_rank)["cp"],
-            size=shape.context,
-            dim=dim,
-            load_balanced=self.context_parallel_load_balancing and shape.context > 1,
-        )
+        return self.context_parallel.shard_sequence(tensor, dim)
 
     # The module.
 
@@ -500,50 +475,9 @@ class ModelParallelStrategy(MeshStrategy):
         return module
 
     def _check_parallelized(self, module: torch.nn.Module) -> None:
-        parameters = list(module.named_parameters())
-        shape = self.mesh_shape
-        if not parameters or shape.world_size == shape.pipeline:
-            # One rank per stage: each holds its stages whole.
-            return
-        # Named as its user knows it: the module inside a wrapper (the Trainer's).
-        described = type(getattr(module, "module", module)).__name__
-        if not any(is_dtensor(p) for _, p in parameters):
-            raise ConfigurationError(
-                f"ModelParallelStrategy got a {described} that nothing "
-                "parallelized: the strategy never guesses a plan, and every rank would "
-                "train a whole copy",
-                value=described,
-                fix="parallelize it over strategy.device_mesh: with the Trainer, in the "
-                "module's configure_model (self.device_mesh); in your own loop, before "
-                "setup_module (parallelize_module(..., mesh['tp'], plan), then "
-                "fully_shard(..., mesh=mesh['dp_shard']))",
-            )
-        needed = [name for name in ("dp_replicate", "dp_shard", "cp") if shape.sizes[name] > 1]
-        unsynced = [
-            name for name, p in parameters if not set(needed) <= set(_mesh_dimensions_of(p))
-        ]
-        shown = ", ".join(unsynced[:3]) + (", ..." if len(unsynced) > 3 else "")
-        if unsynced and "cp" in needed:
-            raise ConfigurationError(
-                f"{len(unsynced)} parameters ({shown}) are not sharded over a mesh that "
-                f"includes cp: each of the {shape.context} context-parallel ranks computes "
-                "their gradients from its own slice of the sequences, and nothing would "
-                "sum them",
-                value=unsynced,
-                fix="call fully_shard on each block and on the root over "
-                "strategy.data_parallel_mesh (dp_shard and cp flattened, 'dp_shard_cp')",
-            )
-        needed = [name for name in needed if name != "cp"]
-        if unsynced:
-            raise ConfigurationError(
-                f"{len(unsynced)} parameters ({shown}) are not sharded over the mesh's "
-                f"data-parallel dimensions {needed}: their gradients would not be averaged "
-                f"across the {shape.data_parallel} data-parallel ranks, which would drift apart",
-                value=unsynced,
-                fix="after parallelize_module, call fully_shard on each block and on the "
-                "root over mesh['dp_shard'] (mesh['dp_replicate', 'dp_shard'] with "
-                "replicas)",
-            )
+        # The plan's checks (`plait.strategies.mesh.check_parallelized`), in a method a
+        # subclass may replace.
+        check_parallelized(module, self.mesh_shape)
 
     @override
     def check_closure_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
@@ -563,18 +497,11 @@ class ModelParallelStrategy(MeshStrategy):
 
         A stage's ranks hold its buffers, which another stage's do not: they are sent
         along ``dp``, ``cp`` and ``tp`` in turn from the rank whose coordinates there
-        are 0.
+        are 0 (`PipelineParallel.buffer_sources`).
         """
-        shape = self.mesh_shape
-        if shape.pipeline == 1:
+        if not self.pipeline_parallel.enabled:
             return super().buffer_sources()
-        sources: list[tuple[dist.ProcessGroup | None, int]] = []
-        for name in ("dp", "cp", "tp"):
-            lines = shape.lines(FLATTENED_DIMENSIONS.get(name, (name,)))
-            [line] = [row for row in lines.tolist() if self.global_rank in row]
-            if len(line) > 1:
-                sources.append((self._groups[name], line[0]))
-        return sources
+        return self.pipeline_parallel.buffer_sources()
 
     @override
     def full_module_state(self, module: torch.nn.Module) -> StateDict:
@@ -583,8 +510,7 @@ class ModelParallelStrategy(MeshStrategy):
         Each stage's state is gathered whole within its ranks, then the stages' are
         gathered over ``pp`` to rank 0, keyed by the whole module's names.
         """
-        group = self.pipeline_group
-        if group is None or not names_parts_as_whole(module):
+        if not self.pipeline_parallel.enabled or not names_parts_as_whole(module):
             return super().full_module_state(module)
         from torch.distributed.checkpoint.state_dict import (  # noqa: PLC0415
             StateDictOptions,
@@ -592,24 +518,7 @@ class ModelParallelStrategy(MeshStrategy):
 
         # Whole on every rank of the stage (each stage's ranks gather their own).
         state = self._module_state(module, StateDictOptions(full_state_dict=True))
-        where = self.mesh_shape.coordinates(self.global_rank)
-        first = all(where[name] == 0 for name in ("dp", "cp", "tp"))
-        mine = (
-            {
-                name: value.detach().cpu() if isinstance(value, torch.Tensor) else value
-                for name, value in state.items()
-            }
-            if first
-            else {}
-        )
-        stages: list[StateDict | None] = [None] * self.mesh_shape.pipeline
-        dist.all_gather_object(stages, mine, group=group)
-        if not self.is_global_zero:
-            return {}
-        whole: dict[str, object] = {}
-        for part in stages:
-            whole.update(part or {})
-        return whole
+        return self.pipeline_parallel.whole_state(state)
 
     @override
     def _optimizer_state(
@@ -622,23 +531,9 @@ class ModelParallelStrategy(MeshStrategy):
         and load into an optimizer over the whole model (DDP's, one process's).
         """
         state = super()._optimizer_state(module, optimizer, options)
-        group = self.pipeline_group
-        if group is None or not names_parts_as_whole(module):
+        if not self.pipeline_parallel.enabled or not names_parts_as_whole(module):
             return state
-        groups = state.get("param_groups")
-        assert isinstance(groups, list)
-        mine = [list(entry["params"]) for entry in groups]
-        everyone: list[list[list[str]] | None] = [None] * self.mesh_shape.pipeline
-        dist.all_gather_object(everyone, mine, group=group)
-        return {
-            **state,
-            "param_groups": [
-                {**entry, "params": list(dict.fromkeys(
-                    name for ranks in everyone if ranks is not None for name in ranks[index]
-                ))}
-                for index, entry in enumerate(groups)
-            ],
-        }  # fmt: skip
+        return self.pipeline_parallel.whole_param_groups(state)
 
     @override
     def clip_gradients(
@@ -655,22 +550,9 @@ class ModelParallelStrategy(MeshStrategy):
         norms are summed over the ``pp`` group first (the largest magnitude, for
         ``"value"``, needs no sum: each rank clips its own).
         """
-        if self.mesh_shape.pipeline == 1 or algorithm != "norm":
+        if not self.pipeline_parallel.enabled or algorithm != "norm":
             return super().clip_gradients(module, optimizer, clip_val, algorithm)
-        parameters = [
-            parameter
-            for group in optimizer.param_groups
-            for parameter in group["params"]
-            if parameter.grad is not None
-        ]
-        norms = [_whole_norm(torch.linalg.vector_norm(p.grad)) for p in parameters]
-        squared = (
-            torch.stack(norms).square().sum() if norms else torch.zeros((), device=self.root_device)
-        )
-        dist.all_reduce(squared, group=self.pipeline_group)
-        total = squared.sqrt()
-        torch.nn.utils.clip_grads_with_norm_(parameters, clip_val, total)
-        return total
+        return self.pipeline_parallel.clip_norm(optimizer, clip_val)
 
     @property
     @override
@@ -699,21 +581,3 @@ class ModelParallelStrategy(MeshStrategy):
             f"pipeline_parallel_size={self.pipeline_parallel_size}, "
             f"{self.size_text()}, device={str(self.root_device)!r})"
         )
-
-
-def _whole_norm(norm: torch.Tensor) -> torch.Tensor:
-    # A DTensor gradient's norm is a DTensor (partial or replicated): its whole value.
-    full = getattr(norm, "full_tensor", None)
-    value: torch.Tensor = full() if callable(full) else norm
-    return value
-
-
-def _mesh_dimensions_of(parameter: torch.Tensor) -> tuple[str, ...]:
-    # The named dimensions a DTensor parameter is laid out over (none for a tensor),
-    # a flattened one as the dimensions it flattens.
-    if not is_dtensor(parameter):
-        return ()
-    names = getattr(getattr(parameter, "device_mesh", None), "mesh_dim_names", None)
-    return tuple(
-        dimension for name in names or () for dimension in FLATTENED_DIMENSIONS.get(name, (name,))
-    )

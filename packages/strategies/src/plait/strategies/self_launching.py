@@ -71,8 +71,8 @@ def process_launcher(
     )
 
 
-def check_start_method(start_method: str) -> None:
-    """Refuse a start method that is none of `START_METHODS`, or that this platform lacks.
+def check_start_method(start_method: str) -> str:
+    """``start_method``, refused if it is none of `START_METHODS` or this platform lacks it.
 
     Whatever the number of processes: a strategy made with it would fail only once
     it starts its ranks.
@@ -86,7 +86,7 @@ def check_start_method(start_method: str) -> None:
     if start_method not in START_METHODS:
         raise ConfigurationError.invalid_choice("start_method", start_method, START_METHODS)
     if start_method == "popen" or start_method in multiprocessing.get_all_start_methods():
-        return
+        return start_method
     raise ConfigurationError(
         f"start_method={start_method!r} is not available on this platform (it has "
         f"{', '.join(multiprocessing.get_all_start_methods())}); ddp_fork and ddp_notebook "
