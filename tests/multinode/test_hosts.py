@@ -22,11 +22,17 @@ from pathlib import Path
 import pytest
 import torch
 from tests.multinode.hosts import Host, hosts, unavailable
-from tests.reliability.jobs import LAUNCH_TIMEOUT, SCRIPT, TORCHRUN, Finished, Job, finish_all
+from tests.reliability.jobs import (
+    LONG_JOB_TIMEOUT,
+    SCRIPT,
+    TORCHRUN,
+    Finished,
+    Job,
+    finish_all,
+)
 
-JOB_TIMEOUT = 2 * LAUNCH_TIMEOUT
-"""Each job's bound: torchrun on two hosts takes 20 to 70 s alone; with a second whole
-check beside it on two cores, an elastic restart took past 150 s."""
+JOB_TIMEOUT = LONG_JOB_TIMEOUT
+"""Each job's bound: torchrun on two hosts."""
 
 # One worker runs the module, so that the undisturbed run its tests share runs once.
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("multinode_hosts")]

@@ -15,7 +15,7 @@ import os
 import re
 import subprocess
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -98,6 +98,27 @@ class Cluster:
         [value] = self.fields(job, name)
         return value
 
+    def wait(
+        self,
+        job: str,
+        ready: Callable[[], bool],
+        timeout: float,
+        what: str,
+        *,
+        interval: float = 0.02,
+        output: Path | None = None,
+    ) -> None:
+        """`wait_for` ``ready``, failing with the end of ``output`` and what the cluster
+        says of ``job`` and its daemons."""
+        try:
+            wait_for(ready, timeout, what, interval=interval)
+        except AssertionError as error:
+            printed = ""
+            if output is not None:
+                tail = output.read_text(errors="replace")[-3000:] if output.exists() else "(none)"
+                printed = f"--- the job's output\n{tail}\n"
+            raise AssertionError(f"{error}\n{printed}{self.diagnosis(job)}") from None
+
     def wait_until_ended(self, job: str, timeout: float, what: str) -> str:
         """Wait for ``job`` to end; its final state.
 
@@ -109,10 +130,7 @@ class Cluster:
             state, reason = self.fields(job, "JobState", "Reason")
             return state in ENDED or reason == "launch_failed_requeued_held"
 
-        try:
-            wait_for(ended, timeout, what, interval=0.5)
-        except AssertionError as error:
-            raise AssertionError(f"{error}\n{self.diagnosis(job)}") from None
+        self.wait(job, ended, timeout, what, interval=0.5)
         state = self.field(job, "JobState")
         if state not in ENDED:
             raise AssertionError(f"{what}: the job was held\n{self.diagnosis(job)}")
@@ -170,14 +188,8 @@ def interrupt_once_saved(slurm: Cluster, folder: Path, job: str, command: list[s
     loaded machine) found a job that had already finished its training.
     """
     saved = folder / "run" / "checkpoints" / "last.ckpt"
-    try:
-        wait_for(saved.exists, 240, f"the first epoch's checkpoint of job {job}")
-    except AssertionError as error:
-        output = folder / "out.txt"
-        printed = output.read_text(errors="replace")[-3000:] if output.exists() else "(none yet)"
-        raise AssertionError(
-            f"{error}\n--- the job's output\n{printed}\n{slurm.diagnosis(job)}"
-        ) from None
+    what = f"the first epoch's checkpoint of job {job}"
+    slurm.wait(job, saved.exists, 240, what, output=folder / "out.txt")
     interrupted = slurm.run(*command, job)
     assert interrupted.returncode == 0, interrupted.stderr
 

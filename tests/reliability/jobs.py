@@ -27,6 +27,11 @@ TORCHRUN = Path(__file__).resolve().parent.parent / "torchrun.py"
 LAUNCH_TIMEOUT = 150.0
 """No job of these tests may take longer, whatever it does: a hang fails, it never blocks."""
 
+LONG_JOB_TIMEOUT = 2 * LAUNCH_TIMEOUT
+"""The bound of the jobs that took past `LAUNCH_TIMEOUT` with a second whole check beside
+them on two cores (30 to 80 s alone): DeepSpeed's ZeRO-3 resume runs, and torchrun's
+elastic restarts across two hosts."""
+
 
 @attrs.frozen
 class Finished:

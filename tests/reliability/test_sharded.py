@@ -14,14 +14,12 @@ import shutil
 from pathlib import Path
 
 import pytest
-from tests.reliability.jobs import LAUNCH_TIMEOUT, Finished, fit_command, run
+from tests.reliability.jobs import LONG_JOB_TIMEOUT, Finished, fit_command, run
 
 from plait.core.checkpoint_dirs import PARTIAL_SUFFIX, verify_manifest
 
-JOB_TIMEOUT = 2 * LAUNCH_TIMEOUT
-"""Each job's bound: a run of 3 epochs on 2 or 4 ranks, which takes 30 to 80 s alone;
-with a second whole check beside it on two cores, DeepSpeed's ZeRO-3 reference run
-took past 150 s."""
+JOB_TIMEOUT = LONG_JOB_TIMEOUT
+"""Each job's bound: a run of 3 epochs on 2 or 4 ranks."""
 
 # pytest's own bound (120 s) is for a test in one process. Each job here is bounded by
 # JOB_TIMEOUT, and a test's bound is its jobs' (the strategy's reference run, if it
