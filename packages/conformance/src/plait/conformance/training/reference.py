@@ -8,15 +8,18 @@ compares the ranks' reports with it and says the first difference
 (`plait.conformance.training.replicas.check_replicas`); the judging every example
 shares (`check_training`, `reports`) is in `plait.conformance.training.example`.
 
-With LBFGS, whose two-loop recursion divides by differences of gradients, an example
-may magnify the rounding of a sum taken in another order past any fixed tolerance
-(seen: a transformer whose module after four steps moves by 2e-3 when its window's
-gradients are summed micro-batch by micro-batch instead of at once; an embedding in
+An example may magnify the rounding of a sum taken in another order past any fixed
+tolerance. Seen: with LBFGS, whose two-loop recursion divides by differences of
+gradients, a transformer whose module after four steps moves by 2e-3 when its window's
+gradients are summed micro-batch by micro-batch instead of at once, and an embedding in
 ``bf16-mixed`` whose second step moves a weight by 5.6 when they are summed rank by
-rank, as data-parallel strategies sum them, and by 2e-5 micro-batch by micro-batch).
-Where an LBFGS example misses the fixed tolerance, the reference is computed in each
-of the `ORDERS` too, and the values may differ by the precision's tolerance plus three
-times the largest gap between them: how far this example carries rounding alone.
+rank, as data-parallel strategies sum them; with Adam, which makes a whole step of a
+gradient that is nothing but rounding, BatchNorm over 2-sample micro-batches on 3 ranks
+whose second step moves a weight by 3e-5 summed rank by rank. Where an example misses
+the fixed tolerance, the reference is computed in each of the `ORDERS` too (and with
+its gradients nudged), and the values (parameters, buffers, the exported module, the
+losses) may differ by the precision's tolerance plus three times the largest gap
+between them: how far this example carries rounding alone.
 """
 
 from __future__ import annotations
@@ -68,10 +71,10 @@ micro-batch in turn, or each rank's window in turn and then their mean (the orde
 data-parallel strategy)."""
 
 ORDERS: Final[tuple[Order, ...]] = ("micro-batch by micro-batch", "rank by rank")
-"""The orders besides "at once" in which an LBFGS example's rounding is measured."""
+"""The orders besides "at once" in which an example's rounding is measured."""
 
 NUDGED_RUNS: Final = 4
-"""How many runs, besides those in other `ORDERS`, measure an LBFGS example's rounding:
+"""How many runs, besides those in other `ORDERS`, measure an example's rounding:
 each with every gradient it steps from nudged at random by one unit in its last place.
 LBFGS divides by differences of gradients; where they are small, a rounding apart is
 magnified by a factor the other orders alone may underestimate tenfold."""
@@ -97,12 +100,16 @@ class Reference:
     spread: tuple[float, ...] = ()
     """After each step (and the end), how far the example carries rounding alone: the
     largest gap between the reference and the same run with its gradients summed in
-    one of the other `ORDERS` (LBFGS only; empty otherwise)."""
+    one of the other `ORDERS` or nudged (empty where not measured)."""
     loss_spread: tuple[float, ...] = ()
     """The same for the loss of each step."""
     buffers: tuple[torch.Tensor, ...] = ()
     """After the end of training, each rank's buffers (BatchNorm's running
     statistics), flattened; empty tensors for a model without buffers."""
+    buffer_spread: tuple[float, ...] = ()
+    """The same as ``spread`` for each rank's ``buffers``."""
+    final_spread: dict[str, float] = attrs.field(factory=dict)
+    """The same as ``spread`` for each entry of ``final``."""
 
     def rounding(self, index: int, *, loss: bool = False) -> float:
         """The ``spread`` after step ``index`` (the last: after the end); 0 if not measured.
@@ -111,6 +118,24 @@ class Reference:
         """
         measured = self.loss_spread if loss else self.spread
         return measured[index] if measured else 0.0
+
+    def buffer_rounding(self, rank: int) -> float:
+        """The ``buffer_spread`` of rank ``rank``'s buffers; 0 if not measured."""
+        return self.buffer_spread[rank] if self.buffer_spread else 0.0
+
+    def final_rounding(self, name: str) -> float:
+        """The ``final_spread`` of the exported module's ``name``; 0 if not measured."""
+        return self.final_spread.get(name, 0.0)
+
+    def measured_as(self, other: Reference) -> Reference:
+        """This reference, judged within the rounding ``other`` measured."""
+        return attrs.evolve(
+            self,
+            spread=other.spread,
+            loss_spread=other.loss_spread,
+            buffer_spread=other.buffer_spread,
+            final_spread=other.final_spread,
+        )
 
 
 def describe(replicas: Replicas, world_size: int) -> str:
@@ -399,14 +424,15 @@ def reference(
 ) -> Reference:
     """``run`` at ``world_size`` as ``replicas`` says a strategy trains it.
 
-    With ``rounding`` and LBFGS, also how far the example carries rounding
-    (`Reference.spread`: the run is computed again in each of the other `ORDERS`, and
-    `NUDGED_RUNS` times with its gradients nudged by a rounding, from the run's seed).
+    With ``rounding``, also how far the example carries rounding (`Reference.spread`
+    and the buffers', the export's and the losses' alike: the run is computed again in
+    each of the other `ORDERS`, and `NUDGED_RUNS` times with its gradients nudged by a
+    rounding, from the run's seed).
     ``buffers`` says what becomes of synchronous replicas' buffers
     (`plait.core.TrainingSemantics.buffers`); replicas on their own keep their own.
     """
     expected = _reference(run, world_size, replicas, order="at once", buffers=buffers)
-    if not rounding or run.optimizer != "lbfgs":
+    if not rounding:
         return expected
     # Replicas on their own data (and one rank) sum rank by rank as they sum at once.
     by_rank = isinstance(replicas, Synchronous) and world_size > 1
@@ -434,7 +460,21 @@ def reference(
         max(abs(mine - other.losses[step]) for other in others)
         for step, mine in enumerate(expected.losses)
     )
-    return attrs.evolve(expected, spread=spread, loss_spread=loss_spread)
+    buffer_spread = tuple(
+        max(_gap((mine,), (other.buffers[rank],)) for other in others)
+        for rank, mine in enumerate(expected.buffers)
+    )
+    final_spread = {
+        name: max(_gap((mine,), (other.final[name],)) for other in others)
+        for name, mine in expected.final.items()
+    }
+    return attrs.evolve(
+        expected,
+        spread=spread,
+        loss_spread=loss_spread,
+        buffer_spread=buffer_spread,
+        final_spread=final_spread,
+    )
 
 
 def _nudge_generator(run: TrainingRun, index: int) -> torch.Generator:

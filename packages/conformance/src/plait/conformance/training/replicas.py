@@ -13,7 +13,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
-import attrs
 import torch
 from typing_extensions import override
 
@@ -125,13 +124,15 @@ def check_replicas(case: TrainingCase, kept: Sequence[TrainingReport]) -> list[s
     updates = semantics.buffer_updates
     expected = reference(run, world_size, semantics.replicas, buffers=updates)
     problems = _judge(run, kept, expected, said)
-    if problems and run.optimizer == "lbfgs":
+    validation = _check_validation(case, kept, expected)
+    validation += _check_buffers(run, kept, expected, semantics)
+    if problems or validation:
         # Judged again within the rounding this example carries, measured only where
         # the fixed tolerance is not enough: the reference runs in other orders cost time.
         expected = reference(run, world_size, semantics.replicas, rounding=True, buffers=updates)
         problems = _judge(run, kept, expected, said)
-    validation = _check_validation(case, kept, expected)
-    validation += _check_buffers(run, kept, expected, semantics)
+        validation = _check_validation(case, kept, expected)
+        validation += _check_buffers(run, kept, expected, semantics)
     if not problems:
         return validation
     # The cause, before the details: the likely flaw the run matches, and where
@@ -143,7 +144,7 @@ def check_replicas(case: TrainingCase, kept: Sequence[TrainingReport]) -> list[s
         lambda other: _judge(
             run,
             kept,
-            attrs.evolve(other, spread=expected.spread, loss_spread=expected.loss_spread),
+            other.measured_as(expected),
             said,
         ),
     )
@@ -244,13 +245,13 @@ def _check_buffers(
             continue
         found = torch.tensor(report.buffers, dtype=torch.float64)
         want = expected.buffers[place]
-        if _close(found, want, run, expected.rounding(run.steps)):
+        if _close(found, want, run, expected.buffer_rounding(place)):
             continue
         matches = ""
         if isinstance(semantics.replicas, Synchronous):
             other: Buffers = "own" if declared == "broadcast" else "broadcast"
             theirs = reference(run, len(expected.buffers), semantics.replicas, buffers=other)
-            if _close(found, theirs.buffers[place], run, theirs.rounding(run.steps)):
+            if _close(found, theirs.buffers[place], run, expected.buffer_rounding(place)):
                 matches = f"; they are what buffers={other!r} gives ({_BUFFERS[other]})"
         return [
             (
@@ -316,7 +317,7 @@ def _check_export(
         got = export.get(name)
         if got is None:
             return [f"the exported module has no {name!r}: it has {sorted(export)}"]
-        if not _close(got.float(), want.float(), run, expected.rounding(run.steps)):
+        if not _close(got.float(), want.float(), run, expected.final_rounding(name)):
             return [
                 (
                     f"the exported module's {name!r} is not the trained module {said} gives: "
