@@ -14,8 +14,8 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 from typing_extensions import override
 
-from plait.core import ConfigurationError, SupportsPipeline
-from plait.strategies import ModelParallelStrategy
+from plait.core import ConfigurationError, SupportsAccumulation, SupportsPipeline
+from plait.strategies import DDPStrategy, ModelParallelStrategy
 from plait.strategies.pipeline import WholePipeline
 from plait.trainer import Module, Trainer
 from plait.trainer.examples.decoder import Decoder, DecoderLM
@@ -75,6 +75,17 @@ def test_the_model_parallel_strategy_is_one_that_pipelines() -> None:
     strategy = ModelParallelStrategy(accelerator="cpu")
     assert isinstance(strategy, SupportsPipeline)
     assert strategy.pipeline_parallel_size == 1
+
+
+def test_the_trainer_tells_the_accumulation_to_a_strategy_that_asks_for_it() -> None:
+    # The Trainer imports no strategy family: a pipeline's scaling by the batches
+    # accumulated goes through plait.core.SupportsAccumulation.
+    strategy = ModelParallelStrategy(accelerator="cpu")
+    assert isinstance(strategy, SupportsAccumulation)
+    assert not isinstance(DDPStrategy(accelerator="cpu"), SupportsAccumulation)
+    with pytest.raises(ConfigurationError, match=r"accumulate\(batches=0\).*positive int"):
+        strategy.accumulate(nn.Linear(2, 2), 0)
+    strategy.accumulate(nn.Linear(2, 2), 4)  # no pipeline in it: nothing to scale
 
 
 class _Stack(Module):

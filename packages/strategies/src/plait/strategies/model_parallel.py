@@ -371,6 +371,14 @@ class ModelParallelStrategy(MeshStrategy):
         _ = self.device_mesh
         return self.pipeline_parallel.group
 
+    def accumulate(self, module: torch.nn.Module, batches: int) -> None:
+        """A step follows ``batches`` backward passes: the pipelines in ``module`` scale by it.
+
+        `plait.core.SupportsAccumulation`: the Trainer calls it before a run's first
+        batch; a loop of your own that accumulates calls it once, before training.
+        """
+        self.pipeline_parallel.accumulate(module, batches)
+
     def pipeline(
         self,
         module: torch.nn.Module,

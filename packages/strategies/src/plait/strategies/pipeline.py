@@ -13,7 +13,9 @@ any other split, or into the whole model in one process.
 like any module on the mesh) and runs torch's pipeline schedules over them:
 `Pipeline.step` (forward and backward over microbatches, the loss on every rank)
 and `Pipeline.evaluate` (forward only). The planning (schedules, stages, the split)
-lives in `plait.strategies.pipeline_plan`; its names are here too.
+lives in `plait.strategies.pipeline_plan`, and the module kept whole where nothing
+splits it (`WholePipeline`) in `plait.strategies.whole_pipeline`; their names are
+here too.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from plait.strategies.pipeline_plan import (
     stage_owner,
     stages_per_rank,
 )
+from plait.strategies.whole_pipeline import WholePipeline
 
 if TYPE_CHECKING:
     from torch.distributed.pipelining.schedules import _PipelineSchedule
@@ -312,55 +315,6 @@ class Pipeline(nn.Module):
             )
         with torch.no_grad():
             return self._run("eval", args, target, kwargs)
-
-
-class WholePipeline(nn.Module):
-    """A module's pipeline where nothing splits it: the module whole, then the loss.
-
-    What ``Module.pipeline`` gives under a strategy without pipeline ranks (or with
-    ``pipeline_parallel_size=1``), so that one module runs everywhere: its
-    parameters, buffers and submodules are the network's own, under the same names
-    (a checkpoint of either loads into the other), and calling it gives the loss of
-    the network's output, to back-propagate as any loss.
-
-    Args:
-        network: The module the stages would be cut from.
-        loss_fn: The loss of the network's output and the target.
-    """
-
-    def __init__(self, network: nn.Module, loss_fn: LossFunction) -> None:
-        super().__init__()
-        # The network's own tables: the same names, and the same tensors.
-        self._modules = network._modules
-        self._parameters = network._parameters
-        self._buffers = network._buffers
-        object.__setattr__(self, "network", network)
-        self.loss_fn = loss_fn
-        self.gradient_scale = 1.0
-
-    network: nn.Module
-
-    @property
-    def parts(self) -> tuple[nn.Module, ...]:
-        """The one part: the network."""
-        return (self.network,)
-
-    @override
-    def forward(
-        self, *args: torch.Tensor, target: torch.Tensor | None = None, **kwargs: object
-    ) -> torch.Tensor:
-        """The loss of the network's output on ``args`` (and ``kwargs``) against ``target``."""
-        if target is None:
-            raise ConfigurationError(
-                "a pipeline computes the loss, and no target was given",
-                fix="pass target= (the same on every rank: only the last stage reads it)",
-            )
-        return self.loss_fn(self.network(*args, **kwargs), target)
-
-    @override
-    def train(self, mode: bool = True) -> WholePipeline:
-        self.network.training = mode
-        return super().train(mode)
 
 
 def _buffers_kept_through_shape_inference(stage: object) -> None:

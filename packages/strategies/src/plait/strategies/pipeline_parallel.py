@@ -4,9 +4,10 @@
 made with the strategy's pipeline settings (the schedule, microbatches and stages a
 rank holds, checked then by `plait.strategies.pipeline_plan`), it reads the mesh from
 its host once the host has joined its job. It splits a module into this rank's
-stages (`PipelineParallel.pipeline`) and does what spans the stages: whose buffers
-each stage's ranks take, the whole model's state and optimizer groups gathered
-over ``pp``, and a gradient norm over every stage.
+stages (`PipelineParallel.pipeline`), scales the gradients its schedules make by the
+batches a step accumulates (`PipelineParallel.accumulate`), and does what spans the
+stages: whose buffers each stage's ranks take, the whole model's state and optimizer
+groups gathered over ``pp``, and a gradient norm over every stage.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import TYPE_CHECKING
 import torch
 import torch.distributed as dist
 
+from plait.core import ConfigurationError
 from plait.strategies.mesh_plan import FLATTENED_DIMENSIONS, MeshDim, check_size
 from plait.strategies.pipeline_plan import schedule_name, split_module
 from plait.strategies.pipeline_plan import stages_per_rank as stages_per_rank_of
@@ -66,6 +68,25 @@ class PipelineParallel:
     def group(self) -> dist.ProcessGroup | None:
         """This rank's ``pp`` group (``None``: pp = 1)."""
         return self._host.mesh_group(MeshDim.PIPELINE) if self.enabled else None
+
+    def accumulate(self, module: torch.nn.Module, batches: int) -> None:
+        """Each pipeline in ``module`` divides the gradients its schedule makes by ``batches``.
+
+        A pipeline back-propagates inside its call, before the caller could divide its
+        loss by the batches accumulated into one optimizer step.
+        """
+        from plait.strategies.pipeline import Pipeline  # noqa: PLC0415
+
+        if isinstance(batches, bool) or batches < 1:
+            raise ConfigurationError(
+                f"accumulate(batches={batches!r}): the batches of one optimizer step "
+                "must be a positive int",
+                value=batches,
+                fix="pass the accumulate_grad_batches the loop steps with (1: none)",
+            )
+        for submodule in module.modules():
+            if isinstance(submodule, Pipeline):
+                submodule.gradient_scale = 1 / batches
 
     def pipeline(
         self,

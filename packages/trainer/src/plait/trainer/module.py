@@ -10,6 +10,7 @@ from typing_extensions import Self, override
 
 from plait.core import (
     ConfigurationError,
+    PipelineModule,
     SupportsContextParallel,
     SupportsDeviceMesh,
     SupportsPipeline,
@@ -318,11 +319,13 @@ class Module(SavesHyperParameters, torch.nn.Module):
         of ``network``, cut where ``units`` (its submodules' names in forward order,
         split evenly) or ``stages`` (one list of names per stage) say, as a
         `plait.strategies.pipeline.Pipeline`: its call runs the schedule's forward
-        and backward in training (the Trainer does not back-propagate again) and the
-        forward alone in validation, and returns the mean loss on every rank.
-        Anywhere else (another strategy, ``pipeline_parallel_size=1``, no trainer)
-        the network whole, as a `plait.strategies.pipeline.WholePipeline` under the
-        same parameter names: call it the same way.
+        and backward in training (the Trainer's backward pass adds nothing; the
+        strategy divides the gradients by the batches accumulated,
+        `plait.core.SupportsAccumulation`) and the forward alone in validation, and
+        returns the mean loss on every rank. Anywhere else (another strategy,
+        ``pipeline_parallel_size=1``, no trainer) the network whole, as a
+        `plait.strategies.whole_pipeline.WholePipeline` under the same parameter
+        names: call it the same way. Either is a `plait.core.PipelineModule`.
 
         Call it in `configure_model`, keeping the result where the network was
         (``self.model = self.pipeline(self.model, loss_fn, units=...)``), then
@@ -330,18 +333,15 @@ class Module(SavesHyperParameters, torch.nn.Module):
         network's ``forward`` must skip a submodule that is ``None`` (another
         stage's). Checkpoints keep the whole network's names either way.
         """
-        from plait.strategies.pipeline import (  # noqa: PLC0415
-            Pipeline,
-            WholePipeline,
-            check_declaration,
-        )
-
-        if isinstance(network, Pipeline | WholePipeline):
+        if isinstance(network, PipelineModule):
             return network  # a later run of the job: made already
         trainer = self._trainer
         strategy: object = trainer.strategy if trainer is not None else None
         if isinstance(strategy, SupportsPipeline) and strategy.pipeline_parallel_size > 1:
             return strategy.pipeline(network, loss_fn, units=units, stages=stages)
+        from plait.strategies.pipeline_plan import check_declaration  # noqa: PLC0415
+        from plait.strategies.whole_pipeline import WholePipeline  # noqa: PLC0415
+
         # Checked here too: a declaration that a pipeline would refuse is refused
         # in one process, before it is run on many.
         check_declaration(network, units=units, stages=stages)
@@ -601,7 +601,11 @@ class Module(SavesHyperParameters, torch.nn.Module):
         """After each training batch."""
 
     def on_before_backward(self, loss: torch.Tensor) -> None:
-        """Before the backward pass of ``loss`` (the Trainer's, or `manual_backward`'s)."""
+        """Before the backward pass of ``loss`` (the Trainer's, or `manual_backward`'s).
+
+        With a pipeline (`pipeline`), at the same place, though its schedule ran the
+        backward inside the call already: the batch's gradients are there.
+        """
 
     def on_after_backward(self) -> None:
         """After a backward pass, before the gradients are clipped or stepped with."""

@@ -16,6 +16,7 @@ from plait.core import (
     ConfigurationError,
     GradientClipAlgorithm,
     Strategy,
+    SupportsAccumulation,
     SupportsClosureOptimizers,
     SupportsManualOptimization,
 )
@@ -248,7 +249,10 @@ class AutomaticOptimization(Optimization):
         self.timing = regions_of(hooks.profiler) is not None  # else no region per batch
         # An optimizer that evaluates the step itself (LBFGS), alone (checked at set-up).
         self._closure = len(self.optimizers) == 1 and needs_closure(self.optimizers[0])
-        _scale_pipelines(attached.module, 1 / accumulate)
+        # A strategy whose modules back-propagate inside their call (a pipeline)
+        # divides those gradients by the batches accumulated itself.
+        if isinstance(strategy, SupportsAccumulation):
+            strategy.accumulate(attached.module, accumulate)
 
     @override
     def run(self, batch: object, batch_idx: int, *, stepping: bool) -> StepOutput:
@@ -335,16 +339,6 @@ class AutomaticOptimization(Optimization):
             strategy.zero_grad(optimizer)
         self.progress.global_step += 1
         self.schedulers.step("step")
-
-
-def _scale_pipelines(module: torch.nn.Module, scale: float) -> None:
-    # A pipeline's schedule back-propagates inside the step, before the trainer
-    # divides the loss by the batches accumulated: it scales its loss itself.
-    from plait.strategies.pipeline import Pipeline  # noqa: PLC0415
-
-    for submodule in module.modules():
-        if isinstance(submodule, Pipeline):
-            submodule.gradient_scale = scale
 
 
 class TrainerOptimizer:

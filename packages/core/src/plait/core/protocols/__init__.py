@@ -20,9 +20,11 @@ from plait.core.protocols.environment import ClusterEnvironment
 from plait.core.protocols.launcher import Launcher
 from plait.core.protocols.precision import GradientClipAlgorithm, Precision
 from plait.core.protocols.strategy import (
+    PipelineModule,
     RunProgress,
     Stateful,
     Strategy,
+    SupportsAccumulation,
     SupportsClosureOptimizers,
     SupportsContextParallel,
     SupportsContextParallelAttention,
@@ -46,10 +48,12 @@ __all__ = [
     "Collectives",
     "GradientClipAlgorithm",
     "Launcher",
+    "PipelineModule",
     "Precision",
     "RunProgress",
     "Stateful",
     "Strategy",
+    "SupportsAccumulation",
     "SupportsAsyncCheckpoint",
     "SupportsClosureOptimizers",
     "SupportsCollectiveIO",

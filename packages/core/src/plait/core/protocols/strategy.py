@@ -439,6 +439,45 @@ class SupportsPipeline(Protocol):
 
 
 @runtime_checkable
+class PipelineModule(Protocol):
+    """A network as a pipeline gives it: called with a batch and ``target=``, the loss.
+
+    What `SupportsPipeline.pipeline` returns (this rank's stages, whose call in
+    training runs the schedule's forward and backward), or the network kept whole
+    where nothing splits it. ``parts`` are the modules to parallelize (one per stage
+    the rank holds, or the network); ``gradient_scale`` multiplies the gradients a
+    call back-propagates itself (1 where the caller back-propagates the loss).
+    """
+
+    gradient_scale: float
+
+    @property
+    def parts(self) -> Iterable[torch.nn.Module]:
+        """The modules this rank holds, to parallelize as the whole network would be."""
+        ...
+
+    def loss_fn(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        """The loss of the network's output and the target."""
+        ...
+
+
+@runtime_checkable
+class SupportsAccumulation(Protocol):
+    """A strategy told how many batches make one optimizer step.
+
+    The Trainer tells it once per run, before the first batch, when it accumulates
+    gradients itself (``accumulate_grad_batches``): a strategy whose modules
+    back-propagate inside their own call (a pipeline's schedule, `PipelineModule`)
+    divides those gradients by ``batches`` there, as the Trainer divides a loss it
+    back-propagates. Nothing else the Trainer does depends on the strategy's family.
+    """
+
+    def accumulate(self, module: torch.nn.Module, batches: int) -> None:
+        """Each optimizer step of ``module``'s optimizers follows ``batches`` backward passes."""
+        ...
+
+
+@runtime_checkable
 class SupportsProcessDataloader(Protocol):
     """A strategy that wraps the loaders it is fed from (a device loader, say)."""
 

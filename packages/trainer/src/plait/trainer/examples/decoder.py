@@ -25,7 +25,8 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 from typing_extensions import override
 
-from plait.core import ConfigurationError
+from plait.core import ConfigurationError, PipelineModule
+from plait.strategies.whole_pipeline import WholePipeline
 from plait.trainer.module import DataModule, Module
 
 if TYPE_CHECKING:
@@ -189,9 +190,7 @@ class DecoderLM(Module):
     @property
     def pipelined(self) -> bool:
         """Whether the model is cut into pipeline stages (the strategy has ``pp`` ranks)."""
-        from plait.strategies.pipeline import Pipeline  # noqa: PLC0415
-
-        return isinstance(self.model, Pipeline)
+        return isinstance(self.model, PipelineModule) and not isinstance(self.model, WholePipeline)
 
     @override
     def configure_model(self) -> None:
