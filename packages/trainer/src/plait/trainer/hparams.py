@@ -7,9 +7,10 @@ import os
 import sys
 from collections.abc import Mapping, Sequence
 from types import FrameType
-from typing import TYPE_CHECKING, Final, TypeVar
+from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 import torch
+from typing_extensions import override
 
 from plait.core import CheckpointError, ConfigurationError, rank_zero_warn
 from plait.strategies.export import read_whole
@@ -20,6 +21,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "NOT_PLAIN",
+    "HyperParameters",
+    "SavesHyperParameters",
     "caller_arguments",
     "class_path",
     "init_arguments",
@@ -235,3 +238,68 @@ def _device(map_location: object) -> torch.device | None:
         value=map_location,
         fix="pass a device: map_location='cpu', 'cuda:0' or torch.device(...)",
     )
+
+
+class HyperParameters(dict[str, object]):
+    """A module's hyperparameters: a dict whose items read as attributes too (``hparams.lr``)."""
+
+    # Any: each value has the type the user gave it, which no annotation here knows.
+    def __getattr__(self, name: str) -> Any:
+        """The item ``name``.
+
+        Raises:
+            AttributeError: There is no such hyperparameter.
+        """
+        try:
+            return self[name]
+        except KeyError:
+            raise AttributeError(
+                f"no hyperparameter {name!r}; saved: {', '.join(sorted(self)) or 'none'}"
+            ) from None
+
+    @override
+    def __setattr__(self, name: str, value: object) -> None:
+        self[name] = value
+
+
+class SavesHyperParameters:
+    """``save_hyperparameters`` and ``hparams``, as a `Module` and a `DataModule` have them."""
+
+    def save_hyperparameters(
+        self, *names: str, ignore: Sequence[str] | str = (), logger: bool = True
+    ) -> None:
+        """Save the calling ``__init__``'s arguments as `hparams`, in checkpoints and logs.
+
+        Call it in ``__init__``: the arguments (all, or those named; less those in
+        ``ignore``) become `hparams`, go into every checkpoint (so that
+        `Module.load_from_checkpoint` can make the module again; a data module's as
+        ``"datamodule_hyper_parameters"``) and, with ``logger``, to the loggers'
+        ``log_hyperparams`` when a run starts (a module's and a data module's
+        together: a name both hold with different values is refused).
+
+        A module among them (a ``net`` argument) is kept in `hparams` with a warning,
+        and left out of checkpoints and logs (its weights are the state dict's):
+        pass it to `Module.load_from_checkpoint` again.
+
+        Raises:
+            ConfigurationError: A name is not an argument, or a value is not plain
+                data (numbers, strings, lists, dicts) nor a module: ignore it and
+                pass it to `Module.load_from_checkpoint` instead.
+        """
+        self.hparams.update(caller_arguments(names, ignore))
+        # Through __dict__: a torch module's attribute setting is its own.
+        self.__dict__["_log_hyperparams"] = logger
+
+    @property
+    def hparams(self) -> HyperParameters:
+        """The hyperparameters `save_hyperparameters` saved (empty by default)."""
+        found = self.__dict__.get("_hparams")
+        if found is None:
+            found = self.__dict__["_hparams"] = HyperParameters()
+        assert isinstance(found, HyperParameters)
+        return found
+
+    @property
+    def logs_hyperparameters(self) -> bool:
+        """Whether the loggers get the hyperparameters (``save_hyperparameters(logger=...)``)."""
+        return bool(self.__dict__.get("_log_hyperparams", True)) and bool(self.hparams)

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Final, Literal, TypeAlias
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Literal, TypeAlias
 
 import torch
 from typing_extensions import Self, override
@@ -15,17 +15,15 @@ from plait.core import (
     SupportsDeviceMesh,
     SupportsPipeline,
 )
-from plait.trainer.hparams import caller_arguments, load_module
+from plait.trainer.data_module import LOADER_METHODS, DataModule, ModuleData, defines
+from plait.trainer.hparams import HyperParameters, SavesHyperParameters, load_module
+from plait.trainer.lightning_module import ManualOptimizationCalls, ModuleHooks
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
-    from torch.optim.lr_scheduler import LRScheduler, ReduceLROnPlateau
 
-    from plait.core import GradientClipAlgorithm
-    from plait.core.typing import Checkpoint, PathLike
-    from plait.trainer.attach import Attached
+    from plait.core.typing import PathLike
     from plait.trainer.metric_objects import MetricObject
-    from plait.trainer.optimization import TrainerOptimizer
     from plait.trainer.trainer import Trainer
 
 __all__ = [
@@ -54,72 +52,7 @@ StepOutput: TypeAlias = "torch.Tensor | Mapping[str, object] | None"
 _REDUCE_FX: tuple[ReduceFx, ...] = ("mean", "sum", "max", "min")
 
 
-class HyperParameters(dict[str, object]):
-    """A module's hyperparameters: a dict whose items read as attributes too (``hparams.lr``)."""
-
-    # Any: each value has the type the user gave it, which no annotation here knows.
-    def __getattr__(self, name: str) -> Any:
-        """The item ``name``.
-
-        Raises:
-            AttributeError: There is no such hyperparameter.
-        """
-        try:
-            return self[name]
-        except KeyError:
-            raise AttributeError(
-                f"no hyperparameter {name!r}; saved: {', '.join(sorted(self)) or 'none'}"
-            ) from None
-
-    @override
-    def __setattr__(self, name: str, value: object) -> None:
-        self[name] = value
-
-
-class SavesHyperParameters:
-    """``save_hyperparameters`` and ``hparams``, as a `Module` and a `DataModule` have them."""
-
-    def save_hyperparameters(
-        self, *names: str, ignore: Sequence[str] | str = (), logger: bool = True
-    ) -> None:
-        """Save the calling ``__init__``'s arguments as `hparams`, in checkpoints and logs.
-
-        Call it in ``__init__``: the arguments (all, or those named; less those in
-        ``ignore``) become `hparams`, go into every checkpoint (so that
-        `Module.load_from_checkpoint` can make the module again; a data module's as
-        ``"datamodule_hyper_parameters"``) and, with ``logger``, to the loggers'
-        ``log_hyperparams`` when a run starts (a module's and a data module's
-        together: a name both hold with different values is refused).
-
-        A module among them (a ``net`` argument) is kept in `hparams` with a warning,
-        and left out of checkpoints and logs (its weights are the state dict's):
-        pass it to `Module.load_from_checkpoint` again.
-
-        Raises:
-            ConfigurationError: A name is not an argument, or a value is not plain
-                data (numbers, strings, lists, dicts) nor a module: ignore it and
-                pass it to `Module.load_from_checkpoint` instead.
-        """
-        self.hparams.update(caller_arguments(names, ignore))
-        # Through __dict__: a torch module's attribute setting is its own.
-        self.__dict__["_log_hyperparams"] = logger
-
-    @property
-    def hparams(self) -> HyperParameters:
-        """The hyperparameters `save_hyperparameters` saved (empty by default)."""
-        found = self.__dict__.get("_hparams")
-        if found is None:
-            found = self.__dict__["_hparams"] = HyperParameters()
-        assert isinstance(found, HyperParameters)
-        return found
-
-    @property
-    def logs_hyperparameters(self) -> bool:
-        """Whether the loggers get the hyperparameters (``save_hyperparameters(logger=...)``)."""
-        return bool(self.__dict__.get("_log_hyperparams", True)) and bool(self.hparams)
-
-
-class Module(SavesHyperParameters, torch.nn.Module):
+class Module(SavesHyperParameters, ManualOptimizationCalls, ModuleHooks, torch.nn.Module):
     """A `torch.nn.Module` that knows how to train itself: override its steps.
 
     Only `training_step` and `configure_optimizers` are needed for `Trainer.fit`;
@@ -439,216 +372,6 @@ class Module(SavesHyperParameters, torch.nn.Module):
         for name, value in values.items():
             self.log(name, value, **options)  # type: ignore[arg-type]
 
-    # Optimization by hand.
-
-    def _running(self, what: str) -> Attached:
-        trainer = self._trainer  # read as it is (not through `trainer`): called every step
-        attached = trainer.attached if trainer is not None else None
-        if attached is None:
-            raise ConfigurationError(
-                f"{what} was called where no run is in progress",
-                fix=f"call {what} inside training_step or a hook of a running fit",
-            )
-        return attached
-
-    def optimizers(self) -> TrainerOptimizer | list[TrainerOptimizer]:
-        """The run's optimizers, stepped through the strategy: one, or a list of several.
-
-        Raises:
-            ConfigurationError: No fit is running.
-        """
-        handles = self._running("optimizers()").handles
-        return handles[0] if len(handles) == 1 else list(handles)
-
-    def lr_schedulers(
-        self,
-    ) -> LRScheduler | ReduceLROnPlateau | list[LRScheduler | ReduceLROnPlateau] | None:
-        """The run's learning-rate schedulers: none, one, or a list of several.
-
-        Under manual optimization the trainer does not step them: call ``step()``.
-
-        Raises:
-            ConfigurationError: No fit is running.
-        """
-        schedulers = [config.scheduler for config in self._running("lr_schedulers()").schedulers]
-        if not schedulers:
-            return None
-        return schedulers[0] if len(schedulers) == 1 else schedulers
-
-    def manual_backward(self, loss: torch.Tensor) -> None:
-        """Compute the gradients of ``loss`` through the strategy (manual optimization).
-
-        The strategy and its precision run the backward pass: the loss is scaled for
-        ``16-mixed``, DeepSpeed's engine runs it, and DDP and FSDP synchronise the
-        gradients (not inside ``toggle_model(sync_grad=False)``).
-
-        Raises:
-            ConfigurationError: Under automatic optimization (the trainer runs the
-                backward pass of the loss ``training_step`` returns), or outside a fit.
-        """
-        if self.__dict__.get("_automatic_optimization", True):  # automatic_optimization
-            raise ConfigurationError(
-                "manual_backward was called under automatic optimization: the trainer "
-                "runs the backward pass of the loss training_step returns, and would run "
-                "a second one",
-                value="automatic_optimization=True",
-                fix="set self.automatic_optimization = False in __init__ to step the "
-                "optimizers yourself, or return the loss and drop manual_backward",
-            )
-        attached = self._running("manual_backward")
-        attached.hooks.on_before_backward(loss)
-        attached.hooks.trainer.strategy.backward(loss, attached.wrapped)
-        attached.hooks.on_after_backward()
-
-    def toggle_optimizer(self, optimizer: TrainerOptimizer | torch.optim.Optimizer) -> None:
-        """Until `untoggle_optimizer`, the other optimizers' parameters take no gradients.
-
-        For several optimizers over parts of one model (a GAN's generator and
-        discriminator): a backward pass then leaves the others' gradients alone.
-        Both the parameters the optimizers hold and those the module holds now
-        are toggled: a sharded module (FSDP) runs its step on gathered copies.
-
-        Raises:
-            ConfigurationError: Another optimizer is toggled already, or
-                ``optimizer`` is not one of the run's.
-        """
-        if self._toggled is not None:
-            raise ConfigurationError(
-                "toggle_optimizer was called while another optimizer is toggled",
-                fix="call untoggle_optimizer(optimizer) before toggling the next one",
-            )
-        handles = self._running("toggle_optimizer").handles
-        chosen = _handle_of(optimizer, handles)
-        others = [handle for handle in handles if handle is not chosen]
-        frozen = set().union(*(h.parameter_names for h in others)) - chosen.parameter_names
-        kept = {id(p) for group in chosen.optimizer.param_groups for p in group["params"]}
-        saved: dict[int, tuple[torch.nn.Parameter, bool]] = {}
-
-        def freeze(parameter: torch.nn.Parameter) -> None:
-            saved.setdefault(id(parameter), (parameter, parameter.requires_grad))
-            parameter.requires_grad = False
-
-        for name, parameter in self.named_parameters():  # as the module holds them now
-            if name in frozen:
-                freeze(parameter)
-        for handle in others:  # as the optimizers hold them (shards, for FSDP)
-            for group in handle.optimizer.param_groups:
-                for parameter in group["params"]:
-                    if id(parameter) not in kept:
-                        freeze(parameter)
-        self._toggled = list(saved.values())
-
-    def untoggle_optimizer(self, optimizer: TrainerOptimizer | torch.optim.Optimizer) -> None:
-        """Give every parameter back the ``requires_grad`` it had before `toggle_optimizer`."""
-        for parameter, requires_grad in self._toggled or ():
-            parameter.requires_grad = requires_grad
-        self._toggled = None
-
-    def clip_gradients(
-        self,
-        optimizer: TrainerOptimizer | torch.optim.Optimizer,
-        gradient_clip_val: float,
-        gradient_clip_algorithm: GradientClipAlgorithm = "norm",
-    ) -> None:
-        """Clip ``optimizer``'s gradients through the strategy (manual optimization).
-
-        Raises:
-            ConfigurationError: Outside a fit.
-        """
-        attached = self._running("clip_gradients")
-        inner = getattr(optimizer, "optimizer", optimizer)
-        assert isinstance(inner, torch.optim.Optimizer)
-        self.trainer.strategy.clip_gradients(
-            attached.wrapped, inner, gradient_clip_val, gradient_clip_algorithm
-        )
-
-    # Hooks, each a no-op by default.
-
-    def prepare_data(self) -> None:
-        """Fetch or write data once per job, on global rank 0, before ``setup`` (a hook)."""
-
-    def setup(self, stage: str) -> None:
-        """At the start of every run, on every rank, before the module is set up (a hook).
-
-        ``stage`` is ``"fit"``, ``"validate"``, ``"test"`` or ``"predict"``.
-        """
-
-    def teardown(self, stage: str) -> None:
-        """At the end of every run, however it ends, on every rank (a hook)."""
-
-    def on_fit_start(self) -> None:
-        """Once, before the first epoch, on every rank."""
-
-    def on_fit_end(self) -> None:
-        """Once, after the last epoch, on every rank."""
-
-    def on_train_start(self) -> None:
-        """When the training loop starts (after the sanity check), on every rank."""
-
-    def on_train_end(self) -> None:
-        """When the training loop reached its end (not when it failed), on every rank."""
-
-    def on_train_epoch_start(self) -> None:
-        """Before each training epoch."""
-
-    def on_train_epoch_end(self) -> None:
-        """After each training epoch (and its validation)."""
-
-    def on_train_batch_start(self, batch: object, batch_idx: int) -> None:
-        """Before each training batch."""
-
-    def on_train_batch_end(self, outputs: StepOutput, batch: object, batch_idx: int) -> None:
-        """After each training batch."""
-
-    def on_before_backward(self, loss: torch.Tensor) -> None:
-        """Before the backward pass of ``loss`` (the Trainer's, or `manual_backward`'s).
-
-        With a pipeline (`pipeline`), at the same place, though its schedule ran the
-        backward inside the call already: the batch's gradients are there.
-        """
-
-    def on_after_backward(self) -> None:
-        """After a backward pass, before the gradients are clipped or stepped with."""
-
-    def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
-        """After the gradients are final (and clipped), before ``optimizer`` steps."""
-
-    def on_validation_start(self) -> None:
-        """Before a validation run (before `on_validation_epoch_start`)."""
-
-    def on_validation_end(self) -> None:
-        """After a validation run, its values folded into ``trainer.callback_metrics``."""
-
-    def on_validation_epoch_start(self) -> None:
-        """Before each validation run."""
-
-    def on_validation_epoch_end(self) -> None:
-        """After each validation run; logged epoch values are not folded yet."""
-
-    def on_test_start(self) -> None:
-        """Before the test run (before `on_test_epoch_start`)."""
-
-    def on_test_end(self) -> None:
-        """After the test run, its values folded into ``trainer.callback_metrics``."""
-
-    def on_test_epoch_start(self) -> None:
-        """Before the test run."""
-
-    def on_test_epoch_end(self) -> None:
-        """After the test run."""
-
-    def on_predict_start(self) -> None:
-        """Before the predict run."""
-
-    def on_predict_end(self) -> None:
-        """After the predict run."""
-
-    def on_save_checkpoint(self, checkpoint: Checkpoint) -> None:
-        """Add to (or change) ``checkpoint`` before it is written."""
-
-    def on_load_checkpoint(self, checkpoint: Checkpoint) -> None:
-        """Read what `on_save_checkpoint` added, before the state is restored."""
-
 
 def overrides(module: Module, method: str) -> bool:
     """Whether ``module``'s class defines its own ``method`` (a step or hook of `Module`)."""
@@ -665,110 +388,3 @@ def check_reduce_fx(value: object) -> ReduceFx:
         if value == choice:
             return choice
     raise ConfigurationError.invalid_choice("reduce_fx", value, _REDUCE_FX)
-
-
-def _handle_of(
-    optimizer: TrainerOptimizer | torch.optim.Optimizer, handles: list[TrainerOptimizer]
-) -> TrainerOptimizer:
-    for handle in handles:
-        if optimizer is handle or optimizer is handle.optimizer:
-            return handle
-    raise ConfigurationError(
-        f"{type(optimizer).__name__} is not one of the run's optimizers",
-        value=optimizer,
-        fix="pass an optimizer from self.optimizers()",
-    )
-
-
-class DataModule(SavesHyperParameters):
-    """The data of a run, kept apart from the model: override the loaders you have.
-
-    ``setup(stage)`` runs on every rank before the loaders are asked for, with
-    ``stage`` one of ``"fit"``, ``"validate"``, ``"test"``, ``"predict"``;
-    ``prepare_data()`` runs once per job, on global rank 0, before it (download
-    there, never in ``setup``). ``self.trainer`` is the trainer of the running run
-    (``self.trainer.world_size`` in ``setup``), ``None`` outside one.
-    """
-
-    trainer: Trainer | None = None
-    """The trainer of the running run, set before ``prepare_data`` and ``setup``."""
-
-    def prepare_data(self) -> None:
-        """Fetch or write data once per job (rank 0 only)."""
-
-    def setup(self, stage: str) -> None:
-        """Build the datasets for ``stage`` (on every rank)."""
-
-    def train_dataloader(self) -> Iterable[object]:
-        """The training loader."""
-        raise NotImplementedError(f"{type(self).__name__} has no train_dataloader()")
-
-    def val_dataloader(self) -> Iterable[object]:
-        """The validation loader."""
-        raise NotImplementedError(f"{type(self).__name__} has no val_dataloader()")
-
-    def test_dataloader(self) -> Iterable[object]:
-        """The test loader."""
-        raise NotImplementedError(f"{type(self).__name__} has no test_dataloader()")
-
-    def predict_dataloader(self) -> Iterable[object]:
-        """The prediction loader."""
-        raise NotImplementedError(f"{type(self).__name__} has no predict_dataloader()")
-
-    def has(self, stage_loader: str) -> bool:
-        """Whether this data module overrides the loader method ``stage_loader``."""
-        return getattr(type(self), stage_loader) is not getattr(DataModule, stage_loader)
-
-
-LOADER_METHODS: Final = (
-    "train_dataloader",
-    "val_dataloader",
-    "test_dataloader",
-    "predict_dataloader",
-)
-"""The loader methods a `DataModule`, or a module that holds its own data, defines."""
-
-
-def defines(module: Module, method: str) -> bool:
-    """Whether ``module``'s class defines ``method`` (a hook Lightning modules may have)."""
-    return callable(getattr(type(module), method, None))
-
-
-class ModuleData(DataModule):
-    """The data a module defines itself, as Lightning modules may: its loader methods.
-
-    ``trainer.fit(model)`` with neither loaders nor a data module reads the model's
-    ``train_dataloader()`` (and ``val_dataloader()``), and ``trainer.fit(model,
-    train_loader)`` its ``val_dataloader()``; the module's own ``prepare_data`` and
-    ``setup`` run as its hooks, whatever supplies the data.
-
-    Args:
-        module: The module with ``*_dataloader`` methods.
-    """
-
-    def __init__(self, module: Module) -> None:
-        self.module = module
-
-    @override
-    def has(self, stage_loader: str) -> bool:
-        return defines(self.module, stage_loader)
-
-    def _loader(self, method: str) -> Iterable[object]:
-        loader: Iterable[object] = getattr(self.module, method)()
-        return loader
-
-    @override
-    def train_dataloader(self) -> Iterable[object]:
-        return self._loader("train_dataloader")
-
-    @override
-    def val_dataloader(self) -> Iterable[object]:
-        return self._loader("val_dataloader")
-
-    @override
-    def test_dataloader(self) -> Iterable[object]:
-        return self._loader("test_dataloader")
-
-    @override
-    def predict_dataloader(self) -> Iterable[object]:
-        return self._loader("predict_dataloader")
