@@ -23,8 +23,6 @@ from plait.core import (
     rank_zero_info,
 )
 from plait.trainer.attach import Attached, Run, attach, restore
-from plait.trainer.callbacks.checkpoint import ModelCheckpoint
-from plait.trainer.callbacks.early_stopping import EarlyStopping
 from plait.trainer.callbacks.resolve import resolve_callbacks
 from plait.trainer.checkpointing import Checkpointer, resolve_checkpoint
 from plait.trainer.checks import (
@@ -38,6 +36,7 @@ from plait.trainer.checks import (
 )
 from plait.trainer.connector import Connection, Plugin, connect
 from plait.trainer.launch import Launch, Outcome, origin
+from plait.trainer.lightning_trainer import TrainerProperties
 from plait.trainer.limits import Limits, Stage
 from plait.trainer.loggers import Logger, resolve_loggers
 from plait.trainer.module import DataModule, Module, ModuleData, defines
@@ -51,19 +50,16 @@ from plait.trainer.stages import LoopContext, LoopSettings, Setting, run_stage_l
 from plait.trainer.torch_flags import Deterministic, TorchFlags
 
 if TYPE_CHECKING:
-    import torch
-
     from plait.core.typing import Checkpoint, DeviceSpec, PathLike
     from plait.trainer.callbacks.base import Callback
     from plait.trainer.metrics import Number
-    from plait.trainer.optim import SchedulerConfig
 
 __all__ = ["Trainer"]
 
 _DEFAULT_CHECKPOINT_TIMEOUT: Final = 1800.0
 
 
-class Trainer:
+class Trainer(TrainerProperties):
     """Trains a `Module` with a strategy built from the parts you name.
 
     Every setting is checked here, when the trainer is made, before any process
@@ -361,42 +357,6 @@ class Trainer:
         """How many processes a run uses."""
         return self.connection.num_processes
 
-    @property
-    def accelerator(self) -> Accelerator:
-        """The strategy's accelerator."""
-        return self.strategy.accelerator
-
-    @property
-    def precision_plugin(self) -> Precision:
-        """The strategy's precision plugin (Lightning's name for it)."""
-        return self.strategy.precision
-
-    @property
-    def precision(self) -> str:
-        """The precision's name, as Lightning gives it: ``"32-true"``, ``"bf16-mixed"``..."""
-        name = getattr(self.strategy.precision, "name", None)
-        return name if isinstance(name, str) else type(self.strategy.precision).__name__
-
-    @property
-    def num_devices(self) -> int:
-        """Devices (processes) on each node."""
-        return len(self.connection.devices)
-
-    @property
-    def device_ids(self) -> list[int]:
-        """The indices of the devices a node's processes use."""
-        return list(self.connection.devices)
-
-    @property
-    def logger(self) -> Logger | None:
-        """The first logger, if any."""
-        return self.loggers[0] if self.loggers else None
-
-    @property
-    def log_dir(self) -> str | None:
-        """The first logger's directory (known once a run has logged)."""
-        return self.results.log_dir
-
     # Where training stands (the counters outlive a run).
 
     @property
@@ -425,16 +385,6 @@ class Trainer:
     @should_stop.setter
     def should_stop(self, value: bool) -> None:
         self.progress.should_stop = value
-
-    @property
-    def num_training_batches(self) -> int:
-        """Batches in the running training epoch (0 when the loader cannot say)."""
-        return self.progress.training_batches
-
-    @property
-    def num_eval_batches(self) -> int:
-        """Batches in the running evaluation or prediction (0 when unknown)."""
-        return self.progress.eval_batches
 
     @property
     def max_epochs(self) -> int | None:
@@ -472,69 +422,6 @@ class Trainer:
     def attached(self) -> Attached | None:
         """What the run in progress holds in this rank (module, wrapper, optimizers...)."""
         return self._attached
-
-    @property
-    def model(self) -> torch.nn.Module | None:
-        """The module the run in progress trains, as the strategy wrapped it (DDP's, ...).
-
-        The module itself where the strategy does not wrap it, and before the
-        strategy sets it up (in ``configure_model`` and ``configure_optimizers``);
-        ``None`` outside a run.
-        """
-        attached = self._attached
-        if attached is not None and attached.wrapped is not attached.steps:
-            return attached.wrapped
-        return self._module
-
-    @property
-    def optimizers(self) -> list[torch.optim.Optimizer]:
-        """The running fit's optimizers, as set up by the strategy (none outside a fit)."""
-        return self._attached.optimizers if self._attached is not None else []
-
-    @property
-    def lr_schedulers(self) -> list[SchedulerConfig]:
-        """The running fit's learning-rate schedulers (none outside a fit)."""
-        return self._attached.schedulers if self._attached is not None else []
-
-    # What was logged.
-
-    @property
-    def callback_metrics(self) -> dict[str, Number]:
-        """Every value logged, by name, as callbacks (checkpoints, early stopping) see it."""
-        return self.results.callback_metrics
-
-    @property
-    def logged_metrics(self) -> dict[str, Number]:
-        """The last value of each metric sent to the loggers."""
-        return self.results.logged_metrics
-
-    @property
-    def progress_bar_metrics(self) -> dict[str, Number]:
-        """The values the progress bar shows."""
-        return self.results.progress_bar_metrics
-
-    @property
-    def checkpoint_callbacks(self) -> list[ModelCheckpoint]:
-        """The `ModelCheckpoint` callbacks."""
-        return [callback for callback in self.callbacks if isinstance(callback, ModelCheckpoint)]
-
-    @property
-    def checkpoint_callback(self) -> ModelCheckpoint | None:
-        """The first `ModelCheckpoint`, if any."""
-        found = self.checkpoint_callbacks
-        return found[0] if found else None
-
-    @property
-    def early_stopping_callback(self) -> EarlyStopping | None:
-        """The first `EarlyStopping`, if any."""
-        found = [c for c in self.callbacks if isinstance(c, EarlyStopping)]
-        return found[0] if found else None
-
-    # Logging.
-
-    def log_to_loggers(self, metrics: Mapping[str, Number], step: int | None = None) -> None:
-        """Send ``metrics`` to every logger (on global rank 0; nothing elsewhere)."""
-        self.results.log(metrics, step)
 
     # The entry points.
 
