@@ -54,7 +54,7 @@ from plait.conformance.training.properties import prove_moves
 
 if TYPE_CHECKING:
     from plait.conformance.cases import Case
-    from plait.conformance.plugin import Lane, PoolCache
+    from plait.conformance.lane import Lane, PoolCache
     from plait.conformance.pool import MeshDimension, RankPool
     from plait.conformance.target import StrategyFactory
 

@@ -34,7 +34,7 @@ from plait.strategies.deepspeed.layout import (
 
 if TYPE_CHECKING:
     from plait.core.typing import Checkpoint, PathLike
-    from plait.strategies.deepspeed.strategy import DeepSpeedStrategy
+    from plait.strategies.deepspeed.engine import EngineHost
 
 __all__ = [
     "PARAMETER_NAMES",
@@ -57,7 +57,7 @@ class DeepSpeedCheckpointIO:
     collective: Final = True
     format: Final = "deepspeed"
 
-    def __init__(self, strategy: DeepSpeedStrategy) -> None:
+    def __init__(self, strategy: EngineHost) -> None:
         self._strategy = strategy
 
     def save_checkpoint(self, checkpoint: Mapping[str, object], path: PathLike) -> None:

@@ -7,7 +7,7 @@ import logging
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import timedelta
-from typing import TYPE_CHECKING, Final, Protocol, cast
+from typing import TYPE_CHECKING, Final, cast
 
 import torch
 from typing_extensions import override
@@ -59,6 +59,7 @@ from plait.strategies.state import (
 if TYPE_CHECKING:
     from plait.core import Accelerator, CheckpointIO, ClusterEnvironment, Precision
     from plait.core.typing import Checkpoint, PathLike, StateDict
+    from plait.strategies.deepspeed.engine import Engine
 
 __all__ = ["CONFIG_PATH_VARIABLE", "DeepSpeedStrategy"]
 
@@ -81,35 +82,6 @@ def _statistics_in(module: torch.nn.Module, dtype: torch.dtype) -> None:
         for name, buffer in norm.named_buffers(recurse=False):
             if buffer.is_floating_point() and buffer.dtype != dtype:
                 setattr(norm, name, buffer.to(dtype))
-
-
-class Engine(Protocol):
-    """The part of DeepSpeed's ``DeepSpeedEngine`` the strategy drives."""
-
-    module: torch.nn.Module
-    optimizer: object
-
-    def __call__(self, *args: object, **kwargs: object) -> object: ...
-    def backward(self, loss: torch.Tensor) -> object: ...
-    def step(self) -> None: ...
-    def gradient_clipping(self) -> float: ...
-    def save_checkpoint(
-        self,
-        save_dir: str,
-        tag: str | None = None,
-        client_state: Mapping[str, object] = ...,
-        save_latest: bool = ...,
-        exclude_frozen_parameters: bool = ...,
-    ) -> bool: ...
-    def load_checkpoint(
-        self,
-        load_dir: str,
-        tag: str | None = None,
-        load_module_strict: bool = True,
-        load_optimizer_states: bool = True,
-        load_lr_scheduler_states: bool = True,
-    ) -> tuple[str | None, dict[str, object] | None]: ...
-    def destroy(self) -> None: ...
 
 
 def _cast_floating(data: object, dtype: torch.dtype) -> object:
