@@ -1,4 +1,6 @@
-from collections.abc import Mapping
+import importlib
+import inspect
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import pytest
@@ -98,3 +100,49 @@ def test_state_keyed_by_name_keeps_its_keys() -> None:
 
     assert list(by_name["state"]) == ["0"]
     assert list(by_index["state"]) == [0]
+
+
+def test_a_read_detects_the_format_once_and_reads_the_io_s_signature_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A read is decided in Checkpoints once: the format detected once per read, the
+    # strategy asked only for its own in-place read (never back through its
+    # read_checkpoint), and the IO's load_checkpoint signature looked up once per IO.
+    checkpoints_module = importlib.import_module("plait.strategies.checkpoints")
+    detected: list[str] = []
+    detect = checkpoints_module.detect_checkpoint_format
+
+    def counting_detect(path: PathLike) -> object:
+        detected.append(str(path))
+        return detect(path)
+
+    signatures: list[object] = []
+    signature = inspect.signature
+
+    def counting_signature(function: Callable[..., object]) -> inspect.Signature:
+        if getattr(function, "__name__", "") == "load_checkpoint":
+            signatures.append(function)
+        return signature(function)
+
+    monkeypatch.setattr(checkpoints_module, "detect_checkpoint_format", counting_detect)
+    monkeypatch.setattr(checkpoints_module.inspect, "signature", counting_signature)
+    strategy = SingleDeviceStrategy("cpu")
+
+    def no_way_back(*args: object, **kwargs: object) -> Checkpoint:
+        raise AssertionError("Checkpoints called back into the strategy's read_checkpoint")
+
+    monkeypatch.setattr(strategy, "read_checkpoint", no_way_back)
+    module, optimizer = _adam_after_a_step()
+    path = tmp_path / "a.ckpt"
+    strategy.save_checkpoint({"model": module, "optimizer": optimizer, "step": 3}, path)
+    for _ in range(2):
+        left = strategy.load_checkpoint(path, {"model": module, "optimizer": optimizer})
+        assert dict(left) == {"step": 3}
+    assert detected == [str(path)] * 2
+    assert len(signatures) == 1
+    # Another IO assigned (the strategy made anew with it) is looked up anew, once.
+    strategy.checkpoint_io = JustSaveAndLoad()
+    strategy.save_checkpoint({"step": 4}, path)
+    assert strategy.load_checkpoint(path) == {"step": 4}
+    assert strategy.load_checkpoint(path) == {"step": 4}
+    assert len(signatures) == 2

@@ -601,6 +601,22 @@ class BaseStrategy(LightningCalls, Lifecycle, Remakeable, abc.ABC):
         """Read the checkpoint at ``path`` without restoring it, on the CPU (`Checkpoints.read`)."""
         return self._checkpoints.read(path, module, weights_only=weights_only)
 
+    def read_in_place(
+        self,
+        path: PathLike,
+        module: torch.nn.Module | None,
+        *,
+        weights_only: bool,
+        recognized: bool,
+    ) -> Checkpoint | None:
+        """A checkpoint of the IO's own format read this strategy's way: none by default.
+
+        `Checkpoints.read` asks it once per read, after detecting the format; ``None``
+        reads through the checkpoint IO.
+        """
+        del path, module, weights_only, recognized
+        return None
+
     def remove_checkpoint(self, path: PathLike) -> None:
         """Delete the checkpoint at ``path`` (`Checkpoints.remove`)."""
         self._checkpoints.remove(path)

@@ -5,7 +5,10 @@ it turns the live objects a caller hands over (a module, its optimizers, `Statef
 values) into a checkpoint through the strategy's state-dict functions, writes it
 through the strategy's checkpoint IO, and restores one in place. The strategy
 supplies only how it takes and sets state (`get_state_dict`, `set_state_dict`,
-`full_module_state`) and how it reads its own checkpoints (`read_checkpoint`).
+`full_module_state`) and, where it reads its own checkpoints in place (a mesh's
+shards, DeepSpeed's engine), how (`CheckpointsHost.read_in_place`). A read is decided
+here once: the checkpoint's format detected once, then read whole (another
+strategy's), in place, or through the checkpoint IO.
 """
 
 from __future__ import annotations
@@ -100,6 +103,21 @@ class CheckpointsHost(Strategy, Protocol):
         """The module's whole state, with ``state_dict``'s keys the module has over it."""
         ...
 
+    def read_in_place(
+        self,
+        path: PathLike,
+        module: torch.nn.Module | None,
+        *,
+        weights_only: bool,
+        recognized: bool,
+    ) -> Checkpoint | None:
+        """A checkpoint of the IO's own format read the strategy's way; ``None``: the IO's.
+
+        ``recognized``: whether a registered format recognized ``path`` (it is then the
+        IO's own; a foreign one never comes here).
+        """
+        ...
+
 
 class Checkpoints:
     """Save, load, read, remove and export a strategy's checkpoints.
@@ -110,6 +128,9 @@ class Checkpoints:
 
     def __init__(self, strategy: CheckpointsHost) -> None:
         self._strategy = strategy
+        # Whether the checkpoint IO's load_checkpoint takes map_location, by the IO
+        # it was decided for (a part may be assigned later): looked up once.
+        self._map_location: tuple[object, bool] | None = None
 
     @property
     def collective(self) -> bool:
@@ -134,7 +155,9 @@ class Checkpoints:
         ``None`` for a checkpoint of the IO's own format, or of none registered (a
         URL the IO reads, say), which the checkpoint IO reads.
         """
-        found = detect_checkpoint_format(path)
+        return self._foreign(detect_checkpoint_format(path))
+
+    def _foreign(self, found: CheckpointFormat | None) -> CheckpointFormat | None:
         return found if found is not None and found.name != self.native_format else None
 
     def save(self, checkpoint: Mapping[str, object], path: PathLike) -> None:
@@ -248,7 +271,7 @@ class Checkpoints:
         strategy = self._strategy
         self.settle()
         if state is None:
-            return strategy.read_checkpoint(path)
+            return self.read(path)
         given: Mapping[str, object] = (
             {"module": state} if isinstance(state, torch.nn.Module) else state
         )
@@ -261,7 +284,7 @@ class Checkpoints:
         # The module alone may be given a file of its bare state_dict() (Fabric's load_raw).
         raw = isinstance(state, torch.nn.Module)
         if strict:
-            checkpoint = strategy.read_checkpoint(path, live.module, weights_only=alone)
+            checkpoint = self.read(path, live.module, weights_only=alone)
             checkpoint = bare_module_state(checkpoint) if raw else checkpoint
         else:
             checkpoint = self._loose(path, live, weights_only=alone, raw=raw)
@@ -296,7 +319,7 @@ class Checkpoints:
         keys the module has put over it.
         """
         strategy = self._strategy
-        checkpoint = dict(strategy.read_checkpoint(path, weights_only=weights_only))
+        checkpoint = dict(self.read(path, weights_only=weights_only))
         checkpoint = bare_module_state(checkpoint) if raw else checkpoint
         live.stateful = {k: v for k, v in live.stateful.items() if k in checkpoint}
         live.values = {k: v for k, v in live.values.items() if k in checkpoint}
@@ -338,21 +361,35 @@ class Checkpoints:
         """
         strategy = self._strategy
         io = strategy.checkpoint_io
-        foreign = self.foreign(path)
+        found = detect_checkpoint_format(path)  # once per read
+        foreign = self._foreign(found)
         if foreign is not None:
             # Another strategy's checkpoint (a DeepSpeed directory, a sharded one for a
             # strategy that writes files, a file for one that writes shards): whole.
             return foreign.read_whole(path, optimizers=not weights_only)
+        own = strategy.read_in_place(
+            path, module, weights_only=weights_only, recognized=found is not None
+        )
+        if own is not None:
+            return own
         if module is not None and isinstance(io, SupportsLoadInPlace):
             return io.load_checkpoint_into(path, {"state_dict": strategy.module_state_dict(module)})
-        # A checkpoint IO of the user's may take no map_location (as Lightning's
-        # examples write them).
-        parameters = inspect.signature(io.load_checkpoint).parameters
-        if "map_location" in parameters or any(
-            p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()
-        ):
+        if self._takes_map_location(io):
             return io.load_checkpoint(path, map_location="cpu")
         return io.load_checkpoint(path)
+
+    def _takes_map_location(self, io: object) -> bool:
+        # A checkpoint IO of the user's may take no map_location (as Lightning's
+        # examples write them): its signature is read once, not on every read.
+        decided = self._map_location
+        if decided is None or decided[0] is not io:
+            load = getattr(io, "load_checkpoint", None)
+            parameters = inspect.signature(load).parameters if callable(load) else {}
+            takes = "map_location" in parameters or any(
+                p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()
+            )
+            decided = self._map_location = (io, takes)
+        return decided[1]
 
     def remove(self, path: PathLike) -> None:
         """Delete the checkpoint at ``path``.

@@ -344,22 +344,23 @@ class MeshStrategy(SelfLaunchingStrategy):
         )
 
     @override
-    def read_checkpoint(
-        self, path: PathLike, module: torch.nn.Module | None = None, *, weights_only: bool = False
-    ) -> Checkpoint:
-        """Read the checkpoint at ``path``.
+    def read_in_place(
+        self,
+        path: PathLike,
+        module: torch.nn.Module | None,
+        *,
+        weights_only: bool,
+        recognized: bool,
+    ) -> Checkpoint | None:
+        """A sharded checkpoint read in place (with ``module``, after set-up).
 
-        A sharded checkpoint is read in place (with ``module``, after set-up): each
-        rank reads its shards of the module's and the optimizers' state, whatever the
-        world size that saved it. A full one is read whole on every rank, on the CPU.
+        Each rank reads its shards of the module's and the optimizers' state,
+        whatever the world size that saved it. A full one (``None``) is read whole on
+        every rank, on the CPU, by the checkpoint IO.
         """
         io = self.checkpoint_io
-        if (
-            module is None
-            or not isinstance(io, SupportsLoadInPlace)
-            or self.checkpoints.foreign(path) is not None
-        ):
-            return super().read_checkpoint(path, module, weights_only=weights_only)
+        if module is None or not isinstance(io, SupportsLoadInPlace):
+            return None
         from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict  # noqa: PLC0415
 
         # The live shards to read into; an optimizer that never stepped is given its

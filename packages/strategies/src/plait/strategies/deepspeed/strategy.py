@@ -38,7 +38,6 @@ from plait.strategies.deepspeed.config import (
     sized_buckets,
 )
 from plait.strategies.deepspeed.export import checkpoint_layout
-from plait.strategies.deepspeed.format import DeepSpeedFormat
 from plait.strategies.deepspeed.whole_state import (
     is_partitioned,
     set_master_weights,
@@ -831,9 +830,14 @@ class DeepSpeedStrategy(SelfLaunchingStrategy):
                 load_module_state(target, state, source)
 
     @override
-    def read_checkpoint(
-        self, path: PathLike, module: torch.nn.Module | None = None, *, weights_only: bool = False
-    ) -> Checkpoint:
+    def read_in_place(
+        self,
+        path: PathLike,
+        module: torch.nn.Module | None,
+        *,
+        weights_only: bool,
+        recognized: bool,
+    ) -> Checkpoint | None:
         """Read a checkpoint: through the engine, in place, if DeepSpeed wrote it.
 
         The engine loads its module's partitions (and, when it has an optimizer, the
@@ -846,8 +850,10 @@ class DeepSpeedStrategy(SelfLaunchingStrategy):
             CheckpointError: A DeepSpeed checkpoint given before set-up, or one the
                 engine cannot read.
         """
-        if not DeepSpeedFormat().recognizes(path):
-            # Another strategy's checkpoint (a file, shards): read whole.
+        del module
+        if not recognized:
+            # No registered format's (another strategy's are read whole before):
+            # read whole.
             return read_whole(path, optimizers=not weights_only)
         if self._engine is None:
             raise CheckpointError(

@@ -53,6 +53,19 @@ class OnXLADevice(BaseStrategy):
         super().save_checkpoint(checkpoint, path)
 
     @override
+    def load_checkpoint(
+        self,
+        path: PathLike,
+        state: torch.nn.Module | Mapping[str, object] | None = None,
+        *,
+        weights_only: bool = False,
+        strict: bool = True,
+    ) -> Checkpoint:
+        """Restore the checkpoint at ``path`` once the device has finished its work."""
+        self._xla.sync(wait=True)
+        return super().load_checkpoint(path, state, weights_only=weights_only, strict=strict)
+
+    @override
     def read_checkpoint(
         self, path: PathLike, module: torch.nn.Module | None = None, *, weights_only: bool = False
     ) -> Checkpoint:
