@@ -373,6 +373,40 @@ def bench_steps(rounds: int, steps: int, widths: list[int]) -> list[Row]:
             Row("steps", f"width {width}: {label}", "s", times[side], times[base], base_label)
             for side, label, base, base_label in pairs
         ]
+        rows += _step_profile(width, min(steps, 200))
+    return rows
+
+
+_PROFILED: Final = {
+    # side profiled: its label
+    "plait-trainer-memory": "plait Trainer",
+    "plait-trainer-manual-memory": "plait Trainer, manual optimization",
+}
+
+PROFILES: Final[list[str]] = []
+"""What one step of the plait Trainer calls, printed after the table (`print_table`)."""
+
+
+def _step_profile(width: int, steps: int) -> list[Row]:
+    """Python calls per step against the plain loop's, and plait's own functions a step calls.
+
+    Counted (`bench_training.profile_steps`), not timed: the same on a busy machine.
+    """
+    sides = ["plain-memory", *_PROFILED]
+    command = [sys.executable, str(TRAINING), "profile", "--width", str(width),
+               "--steps", str(steps), "--sides", ",".join(sides)]  # fmt: skip
+    profiles = json.loads(_checked_run(command, "the step profile").splitlines()[-1])
+    plain = float(profiles["plain-memory"]["calls"])
+    rows = []
+    for side, label in _PROFILED.items():
+        calls = float(profiles[side]["calls"])
+        rows.append(Row("steps", f"width {width}: Python calls a step makes, {label}", "calls",
+                        [calls], [plain], "plain loop"))  # fmt: skip
+        listing = "\n".join(f"  {count:5.1f}  {name}" for name, count in profiles[side]["plait"])
+        PROFILES.append(
+            f"width {width}, {label}: {calls:.0f} Python calls a step, the plain loop "
+            f"{plain:.0f}; plait's own functions, called per step:\n{listing}"
+        )
     return rows
 
 
@@ -1094,6 +1128,8 @@ def main(argv: list[str] | None = None) -> int:
         rows = _run_sections(sections, rounds, sizes=sizes, placement=placement,
                              scratch=Path(temporary))  # fmt: skip
     print_table(rows)
+    for profile in PROFILES:
+        print(f"\n{profile}")
     report = {
         "machine": {
             "python": platform.python_version(),
@@ -1102,6 +1138,7 @@ def main(argv: list[str] | None = None) -> int:
         },
         "rounds": rounds,
         "rows": [row.as_json() for row in rows],
+        "step_profiles": PROFILES,
     }
     args.json.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
     print(f"\nwrote {args.json}")

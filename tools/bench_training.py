@@ -2,12 +2,14 @@
 
     python tools/bench_training.py steps --width 32 --steps 300 --rounds 5 --sides plain,trainer
     python tools/bench_training.py ddp --side plait-ddp --width 256 --steps 300 --out result.json
+    python tools/bench_training.py profile --width 32 --steps 200 --sides plain-memory,plait-trainer
 
 ``steps`` trains on one process, every side in turn, round after round, and prints
 the seconds per step of each side and round as JSON. ``ddp`` runs one side on two
 gloo processes (starting them as that side does) and rank 0 writes the wall-clock
 time its first step ended and the seconds per step to ``--out``; tools/bench knows
-when it started the command, and so the launch-to-first-step time.
+when it started the command, and so the launch-to-first-step time. ``profile``
+counts what one step of each side calls (`profile_steps`), and prints it as JSON.
 
 Every side trains the same model (an MLP of 32 inputs, two hidden layers of
 ``--width`` and 10 classes) on the same batches of 64 from a DataLoader, with SGD;
@@ -20,9 +22,11 @@ the end of step ``WARMUP + steps``.
 from __future__ import annotations
 
 import argparse
+import cProfile
 import gc
 import importlib.util
 import json
+import pstats
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -358,6 +362,49 @@ def run_steps(width: int, steps: int, rounds: int, sides: Sequence[str]) -> dict
     return results
 
 
+class StepProfile(TypedDict):
+    """What one step of a side calls, counted by `profile_steps`."""
+
+    calls: float
+    """Python calls (functions, methods, builtins) one step makes."""
+    plait: list[tuple[str, float]]
+    """plait's own functions one step calls, with how many times, most called first."""
+
+
+def _calls(side: str, width: int, steps: int) -> dict[str, int]:
+    profile = cProfile.Profile()
+    profile.enable()
+    STEP_SIDES[side](width, steps)
+    profile.disable()
+    stats: dict[tuple[str, int, str], tuple[int, ...]] = pstats.Stats(profile).stats  # type: ignore[attr-defined]
+    return {f"{path}:{line}({name})": counts[1] for (path, line, name), counts in stats.items()}
+
+
+def profile_steps(width: int, steps: int, sides: Sequence[str]) -> dict[str, StepProfile]:
+    """What one step of each side calls: counted over ``steps`` and ``2 * steps``.
+
+    A run's set-up and end call the same whatever its length: the difference between
+    a run of ``2 * steps`` and one of ``steps``, over ``steps``, is what a step calls.
+    Counts, not times, so a busy machine gives the same figures.
+    """
+    torch.set_num_threads(1)
+    profiles: dict[str, StepProfile] = {}
+    for side in sides:
+        STEP_SIDES[side](width, min(steps, 20))  # lazy imports and first calls
+        short, long = _calls(side, width, steps), _calls(side, width, 2 * steps)
+        per_step = {name: (count - short.get(name, 0)) / steps for name, count in long.items()}
+        plait = sorted(
+            (
+                (name.split("/src/", 1)[-1], calls)
+                for name, calls in per_step.items()
+                if "/src/plait/" in name and calls >= 0.5
+            ),
+            key=lambda item: (-item[1], item[0]),
+        )
+        profiles[side] = {"calls": sum(per_step.values()), "plait": plait}
+    return profiles
+
+
 # Two processes.
 
 
@@ -418,22 +465,27 @@ def main(argv: Sequence[str] | None = None) -> int:
         description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )  # fmt: skip
-    parser.add_argument("workload", choices=("steps", "ddp"))
+    parser.add_argument("workload", choices=("steps", "ddp", "profile"))
     parser.add_argument("--width", type=int, default=32)
     parser.add_argument("--steps", type=int, default=300, help="steps timed per run")
     parser.add_argument("--rounds", type=int, default=5, help="steps: runs per side")
-    parser.add_argument("--sides", default="plain,plait-trainer", help="steps: comma-separated")
+    parser.add_argument(
+        "--sides", default="plain,plait-trainer", help="steps, profile: comma-separated"
+    )
     parser.add_argument("--side", default="plain-mp", help="ddp: the side to run")
     parser.add_argument("--out", type=Path, help="ddp: where rank 0 writes its times")
     args = parser.parse_args(argv)
-    if args.workload == "steps":
+    if args.workload in ("steps", "profile"):
         sides = args.sides.split(",")
         unknown = [side for side in sides if side not in STEP_SIDES]
         if unknown:
             parser.error(f"unknown sides {unknown}: choose from {', '.join(STEP_SIDES)}")
         if any(side.startswith("lightning") for side in sides) and not lightning_installed():
             parser.error("the lightning sides need lightning: run tools/bench --with-lightning")
-        print(json.dumps(run_steps(args.width, args.steps, args.rounds, sides)))
+        if args.workload == "profile":
+            print(json.dumps(profile_steps(args.width, args.steps, sides)))
+        else:
+            print(json.dumps(run_steps(args.width, args.steps, args.rounds, sides)))
     else:
         if args.out is None:
             parser.error("ddp needs --out")
