@@ -46,6 +46,7 @@ from plait.trainer import (
     Trainer,
 )
 from plait.trainer.checkpointing import newest_checkpoint
+from plait.trainer.hooks import Hooks
 
 if TYPE_CHECKING:
     from plait.core.typing import PathLike
@@ -343,6 +344,36 @@ def test_every_batch_calls_the_hooks_a_callback_or_module_defines(tmp_path: Path
         "callback_start:0", "patched_before_step", "module_end:0",
         "callback_start:1", "patched_before_step", "module_end:1",
     ]  # fmt: skip
+
+
+def test_a_batch_event_nobody_defines_is_not_called_at_all(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A hook nobody defines costs nothing: the loops skip the event's call itself,
+    # and call it again for a run whose module defines the hook.
+    called: list[str] = []
+    for event in ("on_train_batch_start", "on_before_backward", "on_after_backward"):
+        kept = getattr(Hooks, event)
+
+        def counted(
+            self: Hooks, *args: object, _event: str = event, _kept: Callable[..., object] = kept
+        ) -> None:
+            called.append(_event)
+            _kept(self, *args)
+
+        counted.__wrapped__ = counted  # type: ignore[attr-defined] # what Hooks binds unprofiled
+        monkeypatch.setattr(Hooks, event, counted)
+
+    _trainer(tmp_path, max_epochs=1).fit(Regressor(), _loader(n=16))
+    assert called == []
+
+    class Hooked(Regressor):
+        @override
+        def on_before_backward(self, loss: torch.Tensor) -> None:
+            pass
+
+    _trainer(tmp_path, max_epochs=1).fit(Hooked(), _loader(n=16))
+    assert called == ["on_before_backward"] * 2
 
 
 def test_hooks_run_in_order(tmp_path: Path) -> None:

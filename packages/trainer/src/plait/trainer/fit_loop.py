@@ -218,7 +218,8 @@ class FitLoop:
         results.current_batch = on_device = to_device(batch, device)
         results.active = metrics
         metrics.start_step()
-        hooks.on_train_batch_start(on_device, batch_idx)
+        if hooks.runs_batch_start:
+            hooks.on_train_batch_start(on_device, batch_idx)
         stepping = is_step_batch(batch_idx, self.accumulate, progress.training_batches)
         if steps.stage != "fit":  # set only after validation: a Module's setattr is slow
             steps.stage = "fit"
@@ -233,7 +234,8 @@ class FitLoop:
             group=self._metric_group,
         )
         results.publish_step(metrics, stepping=stepping)
-        hooks.on_train_batch_end(output, on_device, batch_idx)
+        if hooks.runs_batch_end:
+            hooks.on_train_batch_end(output, on_device, batch_idx)
 
     def _end_epoch(self, metrics: Metrics, *, ran_out: bool) -> None:
         progress, results, hooks = self.progress, self.results, self.attached.hooks

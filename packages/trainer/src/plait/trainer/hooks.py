@@ -103,6 +103,20 @@ class Hooks:
         self._module_before_optimizer_step = _does(module, "on_before_optimizer_step")
         self._module_before_backward = _does(module, "on_before_backward")
         self._module_after_backward = _does(module, "on_after_backward")
+        # Whether each per-batch event calls anything (or is timed): where not, the
+        # loops skip the event's call too, and a hook nobody defines costs nothing.
+        timed = not isinstance(self.profiler, PassThroughProfiler)
+        self.runs_batch_start = timed or bool(self._batch_start) or self._module_batch_start
+        self.runs_batch_end = timed or bool(self._batch_end) or self._module_batch_end
+        self.runs_before_backward = (
+            timed or bool(self._before_backward) or self._module_before_backward
+        )
+        self.runs_after_backward = (
+            timed or bool(self._after_backward) or self._module_after_backward
+        )
+        self.runs_before_optimizer_step = (
+            timed or bool(self._before_optimizer_step) or self._module_before_optimizer_step
+        )
 
     # A run.
 

@@ -279,13 +279,15 @@ class AutomaticOptimization(Optimization):
             if self.accumulate > 1:
                 loss = loss / self.accumulate
             hooks = self.hooks
-            hooks.on_before_backward(loss)
+            if hooks.runs_before_backward:
+                hooks.on_before_backward(loss)
             if timing:
                 with self.region("backward"):
                     strategy.backward(loss, wrapped)
             else:
                 strategy.backward(loss, wrapped)
-            hooks.on_after_backward()
+            if hooks.runs_after_backward:
+                hooks.on_after_backward()
         return output
 
     def _step_with_closure(self, batch: object, batch_idx: int) -> StepOutput:
@@ -330,7 +332,8 @@ class AutomaticOptimization(Optimization):
         for optimizer in self.optimizers:
             if self.clip_val is not None:
                 strategy.clip_gradients(wrapped, optimizer, self.clip_val, self.clip_algorithm)
-            self.hooks.on_before_optimizer_step(optimizer)
+            if self.hooks.runs_before_optimizer_step:
+                self.hooks.on_before_optimizer_step(optimizer)
             if self.timing:
                 with self.region("optimizer_step"):
                     strategy.optimizer_step(optimizer)
