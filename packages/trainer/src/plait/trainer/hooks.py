@@ -63,7 +63,9 @@ class Hooks:
     Every event runs in a region of the profiler, named ``[Hooks]<event>``. The
     events of every batch call the hooks the callbacks and the module define when the
     run starts (a hook set on an instance counts); the base classes' empty hooks are
-    not called.
+    not called, and where no hook of an event is defined (nor a profiler times it)
+    the loops skip the event's call too (`runs_batch_start`, `runs_batch_end`,
+    `runs_before_backward`, `runs_after_backward`, `runs_before_optimizer_step`).
 
     Args:
         trainer: What the callbacks receive.
