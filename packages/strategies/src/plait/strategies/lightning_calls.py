@@ -17,25 +17,18 @@ from typing import Protocol
 
 import torch
 
-from plait.core import ConfigurationError, GradientClipAlgorithm, Precision
+from plait.core import ConfigurationError, Precision, Strategy
 from plait.strategies.init_contexts import SkipInitialisation, precision_context
 from plait.strategies.state import check_state_fits
 
 __all__ = ["LightningCalls", "StrategyHost"]
 
 
-class StrategyHost(Protocol):
-    """What `LightningCalls` reads of the strategy it is part of (`BaseStrategy` has it all)."""
+class StrategyHost(Strategy, Protocol):
+    """What `LightningCalls` reads of the strategy it is part of: a `Strategy` and more.
 
-    @property
-    def root_device(self) -> torch.device:
-        """This process's device."""
-        ...
-
-    @property
-    def precision(self) -> Precision:
-        """The strategy's precision."""
-        ...
+    `BaseStrategy` has it all.
+    """
 
     @property
     def is_set_up(self) -> bool:
@@ -69,55 +62,14 @@ class StrategyHost(Protocol):
         """Make the strategy anew with ``changes``."""
         ...
 
-    def setup_environment(self) -> None:
-        """Join the job, make the device current."""
-        ...
-
-    def setup_module_and_optimizers(
-        self, module: torch.nn.Module, optimizers: Sequence[torch.optim.Optimizer]
-    ) -> tuple[torch.nn.Module, list[torch.optim.Optimizer]]:
-        """Set the module and its optimizers up."""
-        ...
-
-    def setup_optimizers(
-        self, optimizers: Sequence[torch.optim.Optimizer]
-    ) -> list[torch.optim.Optimizer]:
-        """Set the optimizers up."""
-        ...
-
     def model_sharded_context(self) -> AbstractContextManager[None]:
         """The context to create the model in."""
-        ...
-
-    def unwrap_module(self, module: torch.nn.Module) -> torch.nn.Module:
-        """The user's module inside any wrapper."""
         ...
 
     def module_state_fitted(
         self, module: torch.nn.Module, state_dict: Mapping[str, object]
     ) -> dict[str, object]:
         """The module's whole state with ``state_dict``'s keys put over it."""
-        ...
-
-    def set_state_dict(
-        self,
-        module: torch.nn.Module,
-        optimizers: Sequence[torch.optim.Optimizer],
-        state: Mapping[str, object],
-        *,
-        source: object = "the state",
-    ) -> None:
-        """Load a state into ``module`` and ``optimizers``."""
-        ...
-
-    def clip_gradients(
-        self,
-        module: torch.nn.Module,
-        optimizer: torch.optim.Optimizer,
-        clip_val: float,
-        algorithm: GradientClipAlgorithm = "norm",
-    ) -> torch.Tensor | None:
-        """Clip ``optimizer``'s gradients."""
         ...
 
 
