@@ -9,17 +9,15 @@ IO stands on them and the strategy on the IO, with no import back.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from datetime import timedelta
-from typing import TYPE_CHECKING, Protocol, TypeVar
+from typing import TYPE_CHECKING, Protocol
+
+from plait.core import Strategy
 
 if TYPE_CHECKING:
     import torch
 
-    from plait.core.typing import Group
 
 __all__ = ["Engine", "EngineHost"]
-
-T = TypeVar("T")
 
 
 class Engine(Protocol):
@@ -71,8 +69,11 @@ class Engine(Protocol):
         ...
 
 
-class EngineHost(Protocol):
-    """What DeepSpeed's checkpoint IO reads of its strategy (`DeepSpeedStrategy` has it)."""
+class EngineHost(Strategy, Protocol):
+    """What DeepSpeed's checkpoint IO reads of its strategy: a `Strategy` and its engine.
+
+    `DeepSpeedStrategy` has it all.
+    """
 
     @property
     def stage(self) -> int:
@@ -82,11 +83,6 @@ class EngineHost(Protocol):
     @property
     def exclude_frozen_parameters(self) -> bool:
         """Whether parameters that do not train are left out of checkpoints."""
-        ...
-
-    @property
-    def is_global_zero(self) -> bool:
-        """Whether this is global rank 0."""
         ...
 
     @property
@@ -102,19 +98,6 @@ class EngineHost(Protocol):
     @property
     def optimizer_parameter_names(self) -> list[str]:
         """The names of the optimizer's parameters, in its order."""
-        ...
-
-    def broadcast(self, obj: T, src: int = 0, group: Group | None = None) -> T:
-        """Rank ``src``'s ``obj`` on every rank."""
-        ...
-
-    def barrier(
-        self,
-        name: str | None = None,
-        timeout: timedelta | float | None = None,
-        group: Group | None = None,
-    ) -> None:
-        """Wait for every rank."""
         ...
 
     def load_whole_module_state(self, state: Mapping[str, object], *, source: object) -> None:
