@@ -190,6 +190,34 @@ class Job:
                 start_new_session=True,
             )
 
+    def wait_until(
+        self, predicate: Callable[[], bool], what: str, timeout: float = LAUNCH_TIMEOUT
+    ) -> None:
+        """Wait until ``predicate()`` holds while the job runs: the job's progress.
+
+        Bounded as a launch is (a loaded machine starts ranks slowly): the bound a
+        test checks comes after, on what the job does next.
+
+        Raises:
+            AssertionError: The job ended first (with its output: the cause), or
+                ``timeout`` passed (the job is killed, its output shown).
+        """
+        deadline = time.monotonic() + timeout
+        while not predicate():
+            if self.process.poll() is not None:
+                done = self.wait(10)
+                raise AssertionError(
+                    f"the job ended (status {done.returncode}) before {what}:\n"
+                    f"{done.stderr[-4000:]}"
+                )
+            if time.monotonic() > deadline:
+                _kill_everything(self.process.pid, str(self.root))
+                _, stderr = self.process.communicate()
+                raise AssertionError(
+                    f"timed out after {timeout:g} s waiting for {what}:\n{stderr[-4000:]}"
+                )
+            time.sleep(0.02)
+
     def signal(self, signum: int) -> None:
         """Send ``signum`` to the job's first process (the launcher, or rank 0)."""
         self.process.send_signal(signum)

@@ -45,7 +45,7 @@ def test_workers_die_with_a_killed_torchrun_within_30s(tmp_path: Path) -> None:
         tmp_path,
         {"STALL_RANK": "1", "STALL_STEP": "2"},
     )
-    wait_for((tmp_path / "stalling-1").exists, 60, "rank 1 to stall")
+    job.wait_until((tmp_path / "stalling-1").exists, "rank 1 to stall")
 
     job.signal(signal.SIGKILL)  # torchrun can run no clean-up
 
@@ -65,7 +65,7 @@ def test_a_rank_asleep_when_another_fails_ends_within_its_stop_timeout_under_tor
         tmp_path,
         {"FAIL_RANK": "1", "FAIL_STEP": "5", "STALL_RANK": "0", "STALL_STEP": "5"},
     )
-    wait_for((tmp_path / "stalling-0").exists, 90, "rank 0 to fall asleep")
+    job.wait_until((tmp_path / "stalling-0").exists, "rank 0 to fall asleep")
     asleep = time.monotonic()
 
     done = job.finish(60)

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
-from tests.reliability.jobs import Job, fit_command, run, torchrun_command, wait_for
+from tests.reliability.jobs import Job, fit_command, run, torchrun_command
 
 from plait.core.checkpoint_dirs import verify_manifest
 
@@ -87,7 +87,7 @@ def test_sigterm_to_torchrun_stops_the_workers_gracefully_within_60s(tmp_path: P
         tmp_path,
         {"STALL_RANK": "0", "STALL_STEP": "4", "STALL_SECONDS": "0"},
     )
-    wait_for((tmp_path / "stalling-0").exists, 60, "training to reach step 4")
+    job.wait_until((tmp_path / "stalling-0").exists, "training to reach step 4")
 
     job.signal(signal.SIGTERM)
     done = job.finish(60)
@@ -115,7 +115,7 @@ def test_a_stop_on_a_loaded_machine_saves_within_slurms_kill_wait(tmp_path: Path
     # every rank's part of a sharded save included, must end within it while two
     # busy processes hold both cores.
     job = Job(fit_command("fsdp", 2, tmp_path, *SETTINGS), tmp_path, {"WIDTH": "1024"})
-    wait_for((tmp_path / "checkpoints" / "last.ckpt" / ".metadata").exists, 120, "a first save")
+    job.wait_until((tmp_path / "checkpoints" / "last.ckpt" / ".metadata").exists, "a first save")
     load = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
     try:
         signalled = time.monotonic()
