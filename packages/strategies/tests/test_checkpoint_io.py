@@ -140,9 +140,11 @@ def test_a_read_detects_the_format_once_and_reads_the_io_s_signature_once(
         assert dict(left) == {"step": 3}
     assert detected == [str(path)] * 2
     assert len(signatures) == 1
-    # Another IO assigned (the strategy made anew with it) is looked up anew, once.
-    strategy.checkpoint_io = JustSaveAndLoad()
-    strategy.save_checkpoint({"step": 4}, path)
-    assert strategy.load_checkpoint(path) == {"step": 4}
-    assert strategy.load_checkpoint(path) == {"step": 4}
+    # An IO of the user's that takes no map_location: its signature looked up once too.
+    io = JustSaveAndLoad()
+    assert isinstance(io, CheckpointIO)  # at run time: its load takes no map_location
+    other = SingleDeviceStrategy("cpu", checkpoint_io=io)
+    other.save_checkpoint({"step": 4}, path)
+    assert other.load_checkpoint(path) == {"step": 4}
+    assert other.load_checkpoint(path) == {"step": 4}
     assert len(signatures) == 2
