@@ -149,8 +149,10 @@ def test_a_rank_stalling_after_a_first_call_of_the_job_is_named_within_60s(
 def test_a_stalled_rank_under_torchrun_is_named_by_the_rank_that_waited_within_60s(
     tmp_path: Path,
 ) -> None:
+    # torchrun answers rank 0's failure with SIGTERM to rank 1, asleep in the user's
+    # code: stop_timeout bounds its graceful stop (3 s) where torchrun would wait 30 s.
     done = run(
-        torchrun_command(tmp_path, "max_epochs=1"),
+        torchrun_command(tmp_path, "max_epochs=1", "stop_timeout=3"),
         tmp_path,
         {"STALL_RANK": "1", "STALL_STEP": "3", "TIMEOUT": "5"},
     )
