@@ -236,6 +236,7 @@ def main() -> None:
     parser.add_argument("--resume-from", default=None)
     parser.add_argument("--uneven-validation", action="store_true")
     parser.add_argument("--sgd", action="store_true")
+    parser.add_argument("--batches", type=int, default=4, help="training batches an epoch")
     parser.add_argument("--no-checkpoints", action="store_true")
     parser.add_argument(
         "--keep-every-epoch", action="store_true",
@@ -247,7 +248,7 @@ def main() -> None:
     )  # fmt: skip
     arguments = parser.parse_args()
     seed_everything(0)
-    train = _batches(4, seed=1, size=8)
+    train = _batches(arguments.batches, seed=1, size=8)
     # 9 validation samples: each rank holds them as the Trainer shards a DataLoader.
     validation = None
     if arguments.uneven_validation:

@@ -206,10 +206,13 @@ def test_a_model_larger_than_the_per_process_budget_is_built_and_trained(tmp_pat
     # process may grow by. Built on the meta device, each of 4 ranks materialises its
     # quarter; training (SGD) adds a quarter of the gradients and one gathered block.
     # Large allocations are mapped and unmapped (no heap fragments): the peak resident
-    # size then follows the live tensors.
+    # size then follows the live tensors. Two steps: the first makes the gradients,
+    # the second runs with them held (SGD keeps no state); each step costs seconds of
+    # the kernel's page mapping, and a third would add nothing to the peak.
     env = {"FSDP_JOB_WIDTH": "2048", "MALLOC_MMAP_THRESHOLD_": "131072"}
     _run(tmp_path, "big", "--devices", "4", "--epochs", "1", "--depth", "16", "--lazy",
-         "--sgd", "--no-checkpoints", "--options", '{"wrap": "blocks"}', env=env)  # fmt: skip
+         "--sgd", "--batches", "2", "--no-checkpoints", "--options", '{"wrap": "blocks"}',
+         env=env)  # fmt: skip
 
     for rank in range(4):
         result = rank_result(tmp_path, "big", rank)
