@@ -374,6 +374,8 @@ def background_save_then_load(strategy: DDPStrategy) -> None:
         assert all(bool((p == float(step)).all()) for p in model.parameters()), step
         assert dict(rest) == {}, rest
     strategy.barrier("background saves read")
+    if rank == 0:
+        shutil.rmtree(directory)  # read by every rank: the folder is this job's to remove
     print(f"rank {rank}: background saves ok")
 
 
