@@ -443,8 +443,9 @@ GRID_LATENESS_MS: Final = 50
 A barrier that lets ranks out early is seen only where the others read the count
 before the late rank adds itself: the drawn lateness (1 to 5 ms) is within what a
 loaded machine's scheduling can hide (the store's server answering both ranks'
-entries before either's read), so the grid's examples, which every run tries, wait
-long enough that no scheduling hides it.
+entries before either's read), so the grid's examples, which every run tries, come
+ten times later than the latest drawn one: late enough that a loaded machine's
+scheduling does not hide it.
 """
 
 
