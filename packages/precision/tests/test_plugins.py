@@ -307,3 +307,26 @@ def test_a_name_of_another_kind_of_format_is_refused_with_the_valid_ones(
     with pytest.raises(ConfigurationError, match=name) as raised:
         make(name)
     assert listed in str(raised.value)
+
+
+def test_the_quick_look_at_a_batch_still_finds_a_tensor_to_cast_at_any_depth() -> None:
+    # The usual batch (tuples and lists of tensors) is looked at without a walk's
+    # calls; a tensor to cast anywhere in it, or what the look cannot judge (a tensor
+    # subclass, a dict), still gets the full walk.
+    deep = torch.ones(2, dtype=torch.float64)
+    batch: tuple[tuple[torch.Tensor, tuple[int, list[torch.Tensor]]], int] = (
+        (torch.ones(1), (7, [deep])),
+        3,
+    )
+    converted = TruePrecision(torch.float32).convert_input(batch)
+    assert converted is not batch
+    assert converted[0][1][1][0].dtype == torch.float32
+    assert converted[0][0] is batch[0][0]
+
+    weight = torch.nn.Parameter(torch.ones(2, dtype=torch.float64))
+    assert TruePrecision(torch.float32).convert_input((weight,))[0].dtype == torch.float32
+    mixed = (torch.ones(1), {"x": torch.ones(1, dtype=torch.float64)})
+    assert TruePrecision(torch.float32).convert_input(mixed)[1]["x"].dtype == torch.float32
+
+    ints = (torch.tensor([1]), [torch.tensor([2], dtype=torch.int32)], None, "label")
+    assert TruePrecision(torch.float32).convert_input(ints) is ints

@@ -50,6 +50,8 @@ def convert_floats(data: T, dtype: torch.dtype) -> T:
     What needs no cast is returned as it is, containers included: a batch already in
     ``dtype`` (the usual case) costs a walk, not a copy.
     """
+    if _in_dtype(data, dtype):  # the usual batch: a walk without a call per tensor
+        return data
 
     def cast_float(tensor: torch.Tensor) -> torch.Tensor:
         # The dtype is compared first: even a no-op `to` dispatches into torch.
@@ -58,6 +60,27 @@ def convert_floats(data: T, dtype: torch.dtype) -> T:
         return tensor.to(dtype)
 
     return map_tensors(data, cast_float)
+
+
+def _in_dtype(data: object, dtype: torch.dtype) -> bool:
+    """Whether ``data`` (tuples and lists of plain tensors and leaves) needs no cast to ``dtype``.
+
+    ``False`` where it cannot tell at once (any other container, a tensor subclass):
+    `map_tensors` then walks it, and still returns what needs no cast as it is.
+    """
+    kind = type(data)
+    if kind is torch.Tensor:
+        return data.dtype == dtype or not data.is_floating_point()  # type: ignore[attr-defined]
+    if kind is not tuple and kind is not list:
+        return kind in _LEAVES
+    for item in data:  # type: ignore[attr-defined]
+        kind = type(item)
+        if kind is torch.Tensor:
+            if item.dtype != dtype and item.is_floating_point():
+                return False
+        elif kind not in _LEAVES and not _in_dtype(item, dtype):
+            return False
+    return True
 
 
 _LEAVES: Final = frozenset({int, float, bool, str, bytes, type(None)})

@@ -180,7 +180,9 @@ class TruePrecision(ClippingHooks):
         self, optimizer: torch.optim.Optimizer, closure: Callable[[], object] | None = None
     ) -> object:
         """Step ``optimizer``; returns what its ``step`` returned."""
-        return _step(optimizer, closure)
+        if closure is None:  # the usual step, without a call more (as `_step`)
+            return optimizer.step()
+        return optimizer.step(closure)  # type: ignore[arg-type]
 
     def clip_gradients(
         self,

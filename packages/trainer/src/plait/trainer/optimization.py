@@ -341,7 +341,8 @@ class AutomaticOptimization(Optimization):
                 strategy.optimizer_step(optimizer)
             strategy.zero_grad(optimizer)
         self.progress.global_step += 1
-        self.schedulers.step("step")
+        if self.schedulers.configs:  # none, the usual case: no call
+            self.schedulers.step("step")
 
 
 class TrainerOptimizer:

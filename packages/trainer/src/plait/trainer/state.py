@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import random
 from collections.abc import Iterator, Mapping
-from typing import TypeVar
+from typing import Final, TypeVar
 
 import torch
 
@@ -22,6 +22,8 @@ def to_device(data: T, device: torch.device) -> T:
 
     What is on ``device`` already is returned as it is, containers included.
     """
+    if _on(data, device):  # the usual batch: a walk without a call per tensor
+        return data
 
     def move(tensor: torch.Tensor) -> torch.Tensor:
         if tensor.device == device:  # the usual case on CPU: a comparison beats a no-op `to`
@@ -29,6 +31,30 @@ def to_device(data: T, device: torch.device) -> T:
         return tensor.to(device, non_blocking=True)
 
     return map_tensors(data, move)
+
+
+_LEAVES: Final = frozenset({int, float, bool, str, bytes, type(None)})
+
+
+def _on(data: object, device: torch.device) -> bool:
+    """Whether ``data`` (tuples and lists of plain tensors and leaves) is all on ``device``.
+
+    ``False`` where it cannot tell at once (any other container, a tensor subclass):
+    `map_tensors` then walks it, and still returns what is on ``device`` as it is.
+    """
+    kind = type(data)
+    if kind is torch.Tensor:
+        return data.device == device  # type: ignore[attr-defined,no-any-return]
+    if kind is not tuple and kind is not list:
+        return kind in _LEAVES
+    for item in data:  # type: ignore[attr-defined]
+        kind = type(item)
+        if kind is torch.Tensor:
+            if item.device != device:
+                return False
+        elif kind not in _LEAVES and not _on(item, device):
+            return False
+    return True
 
 
 def rng_state(*, cuda: bool = True) -> dict[str, object]:
