@@ -17,7 +17,9 @@ import pytest
 from plait.conformance import (
     PROPERTIES,
     AllGatherCase,
+    Call,
     ContractViolation,
+    MismatchCase,
     RankCrashError,
     RankHangError,
     RankPool,
@@ -26,7 +28,6 @@ from plait.conformance import (
     check,
     prove,
 )
-from plait.conformance.cases import Call, MismatchCase
 
 BROKEN = Path(__file__).resolve().with_name("conformance_broken.py")
 BY_NAME = {prop.name: prop for prop in PROPERTIES}

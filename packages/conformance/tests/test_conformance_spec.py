@@ -31,11 +31,16 @@ from plait.conformance import (
     TensorSpec,
     backend_unavailable,
     check,
-    generate,
-    grid,
 )
 from plait.conformance.cases import OPS
-from plait.conformance.generate import dtypes_for
+from plait.conformance.generate import dtypes_for, shapes, tensor_specs
+from plait.conformance.kinds.all_gather import all_gather_cases
+from plait.conformance.kinds.bad_arguments import bad_argument_cases
+from plait.conformance.kinds.barrier import barrier_cases
+from plait.conformance.kinds.broadcast import broadcast_cases
+from plait.conformance.kinds.groups import group_cases
+from plait.conformance.kinds.mismatch import mismatch_cases
+from plait.conformance.kinds.reduce import reduce_cases, reduce_tensor_grid
 from plait.conformance.lanes import RANK_THREADS
 from plait.conformance.outcomes import Outcome, RaisedError, TensorData
 from plait.conformance.properties import merge_ranks
@@ -218,14 +223,14 @@ def test_every_drawn_case_repr_is_the_python_that_rebuilds_it(data: st.DataObjec
     strategy = data.draw(
         st.sampled_from(
             [
-                generate.reduce_cases(world_size),
-                generate.reduce_cases(world_size, numbers=True),
-                generate.broadcast_cases(world_size),
-                generate.all_gather_cases(world_size),
-                generate.barrier_cases(world_size),
-                generate.mismatch_cases(world_size),
-                generate.bad_argument_cases(world_size),
-                generate.group_cases(world_size),
+                reduce_cases(world_size),
+                reduce_cases(world_size, numbers=True),
+                broadcast_cases(world_size),
+                all_gather_cases(world_size),
+                barrier_cases(world_size),
+                mismatch_cases(world_size),
+                bad_argument_cases(world_size),
+                group_cases(world_size),
             ]
         )
     )
@@ -236,7 +241,7 @@ def test_every_drawn_case_repr_is_the_python_that_rebuilds_it(data: st.DataObjec
 
 @given(st.sampled_from(["float16", "bfloat16", "int16", "complex64", "bool"]), st.data())
 def test_a_spec_materialises_in_its_layout_with_its_values(dtype: str, data: st.DataObject) -> None:
-    spec = data.draw(generate.tensor_specs(dtype, data.draw(generate.shapes())))
+    spec = data.draw(tensor_specs(dtype, data.draw(shapes())))
 
     tensor = materialize(spec, torch.device("cpu"))
 
@@ -255,7 +260,7 @@ _SMALLEST_NORMAL = {"float16": 2.0**-14, "bfloat16": 2.0**-126, "float32": 2.0**
 def test_products_never_pass_through_the_subnormals_in_any_order(
     world_size: int, data: st.DataObject
 ) -> None:
-    case = data.draw(generate.reduce_cases(world_size))
+    case = data.draw(reduce_cases(world_size))
     specs = [spec for spec in case.inputs if isinstance(spec, TensorSpec)]
     if case.op != "product" or not specs or specs[0].dtype not in _SMALLEST_NORMAL:
         return
@@ -329,7 +334,7 @@ def test_only_the_gloo_lane_hides_the_gpus_from_its_ranks() -> None:
 
 
 def test_the_dtypes_of_an_example_are_found_wherever_its_tensors_are() -> None:
-    from plait.conformance.cases import BroadcastCase, Call, MismatchCase  # noqa: PLC0415
+    from plait.conformance import BroadcastCase, Call, MismatchCase  # noqa: PLC0415
     from plait.conformance.cases import dtypes_of as _dtypes_of  # noqa: PLC0415
 
     nested = BroadcastCase(
@@ -348,7 +353,7 @@ def test_the_dtypes_of_an_example_are_found_wherever_its_tensors_are() -> None:
 
 @pytest.mark.parametrize("world_size", [1, 2, 3, 4, 8])
 def test_the_grid_covers_every_op_and_dtype_and_tells_the_ops_apart(world_size: int) -> None:
-    cases = [case for case in grid.reduce_tensors(world_size) if isinstance(case, ReduceCase)]
+    cases = [case for case in reduce_tensor_grid(world_size) if isinstance(case, ReduceCase)]
     covered = {(case.op, case.inputs[0].dtype) for case in cases}  # type: ignore[union-attr]
 
     assert covered >= {(op, dtype) for op in OPS for dtype in dtypes_for(op)}

@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from plait.conformance import (
+    AllGatherCase,
     BroadcastCase,
     GroupCase,
     Message,
@@ -23,18 +24,21 @@ from plait.conformance import (
     ReduceCase,
     TensorSpec,
     check,
-    grid,
 )
 from plait.conformance.cases import (
     COMPLEX_DTYPES,
     FLOAT_DTYPES,
     INT_DTYPES,
     OPS,
-    AllGatherCase,
     Case,
     spellings_of,
 )
 from plait.conformance.generate import dtypes_for
+from plait.conformance.kinds.all_gather import all_gather_grid
+from plait.conformance.kinds.broadcast import broadcast_grid
+from plait.conformance.kinds.groups import sub_group_grid
+from plait.conformance.kinds.point_to_point import point_to_point_grid
+from plait.conformance.kinds.reduce import reduce_number_grid, reduce_tensor_grid
 from plait.conformance.outcomes import Outcome, RaisedError
 from plait.conformance.worker import describe_tensor, materialize
 
@@ -86,7 +90,7 @@ def _caught(cases: Sequence[Case], reduction: Reduction) -> list[ReduceCase]:
 def _tensor_reduces(world_size: int, dtype: str | None = None) -> list[ReduceCase]:
     return [
         case
-        for case in grid.reduce_tensors(world_size)
+        for case in reduce_tensor_grid(world_size)
         if isinstance(case, ReduceCase)
         and isinstance(case.inputs[0], TensorSpec)
         and (dtype is None or case.inputs[0].dtype == dtype)
@@ -139,7 +143,7 @@ def _numbers_mean_truncated(case: ReduceCase) -> list[Outcome]:
 def test_a_truncated_mean_of_python_ints_shows_at_every_world_size(world_size: int) -> None:
     means = [
         case
-        for case in grid.reduce_numbers(world_size)
+        for case in reduce_number_grid(world_size)
         if isinstance(case, ReduceCase)
         and case.reduction == "mean"
         and all(isinstance(value, int) for value in case.inputs)
@@ -274,7 +278,7 @@ _LOSSY: Final = [
 def test_broadcast_and_all_gather_through_a_narrower_dtype_show_for_every_dtype(
     world_size: int, dtype: str, carrier: str
 ) -> None:
-    for cases in (grid.broadcast(world_size), grid.all_gather(world_size)):
+    for cases in (broadcast_grid(world_size), all_gather_grid(world_size)):
         moving = [
             case
             for case in cases
@@ -323,7 +327,7 @@ def _value_error() -> RaisedError:
 def test_a_src_read_as_a_group_rank_shows_on_the_grid_at_every_world_size(
     world_size: int,
 ) -> None:
-    groups = [case for case in grid.sub_groups(world_size) if isinstance(case, GroupCase)]
+    groups = [case for case in sub_group_grid(world_size) if isinstance(case, GroupCase)]
     devices = ["cpu"] * world_size
     for case in groups:
         right = _group_outcomes(case, src_as_group_rank=False)
@@ -377,7 +381,7 @@ def _delivered(case: PointToPointCase, world_size: int, transport: Transport) ->
 
 
 def _p2p_caught(world_size: int, transport: Transport) -> list[PointToPointCase]:
-    cases = [case for case in grid.point_to_point(world_size) if isinstance(case, PointToPointCase)]
+    cases = [case for case in point_to_point_grid(world_size) if isinstance(case, PointToPointCase)]
     return [
         case
         for case in cases
@@ -413,7 +417,7 @@ def _last_posted_first(rank: int, message: Message, messages: Sequence[Message])
 @pytest.mark.parametrize("world_size", WORLD_SIZES)
 def test_whole_messages_pass_every_point_to_point_example_of_the_grid(world_size: int) -> None:
     assert _p2p_caught(world_size, _whole) == []
-    assert bool(grid.point_to_point(world_size)) == (world_size > 1)
+    assert bool(point_to_point_grid(world_size)) == (world_size > 1)
 
 
 @pytest.mark.parametrize("world_size", WORLD_SIZES[2:])

@@ -10,6 +10,7 @@ import attrs
 import pytest
 from typing_extensions import override
 
+import plait.conformance as case_values
 from plait.conformance import (
     EXAMPLE_KINDS,
     PROPERTIES,
@@ -25,7 +26,6 @@ from plait.conformance import (
     TrainingRun,
     property_of,
 )
-from plait.conformance import cases as case_values
 from plait.conformance.training.example import TRAINING_EXAMPLES, TrainingExamples
 from plait.conformance.training.replicas import Replicas
 from plait.core import ConfigurationError

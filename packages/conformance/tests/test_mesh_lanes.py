@@ -6,8 +6,14 @@ from typing import ClassVar
 
 import pytest
 
-from plait.conformance import ConformanceSuite, StrategyTarget
-from plait.conformance.cases import BadArgumentCase, Case, ReduceCase, TensorSpec
+from plait.conformance import (
+    BadArgumentCase,
+    Case,
+    ConformanceSuite,
+    ReduceCase,
+    StrategyTarget,
+    TensorSpec,
+)
 from plait.conformance.mesh import MeshLayout
 from plait.conformance.options import parse_meshes as _meshes
 from plait.conformance.outcomes import Outcome, RaisedError

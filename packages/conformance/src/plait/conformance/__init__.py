@@ -18,26 +18,18 @@ multi-process rank pool against any strategy, ours or a third party's:
   and a registration (`CollectiveKind` for one collective call per rank).
 """
 
-from plait.conformance.cases import (
-    AllGatherCase,
-    BadArgumentCase,
-    BarrierCase,
-    BarrierTimeoutCase,
-    BroadcastCase,
-    Call,
-    Case,
-    DecisionCase,
-    GroupCase,
-    Message,
-    MismatchCase,
-    PointToPointCase,
-    ReduceCase,
-    TensorSpec,
-    TrainingCase,
-    TrainingRun,
-)
+from plait.conformance.cases import Case, TensorSpec, TrainingCase, TrainingRun
 from plait.conformance.kind import ExampleKind, Property, RankContext
 from plait.conformance.kinds import PROPERTIES, CollectiveKind
+from plait.conformance.kinds.all_gather import AllGatherCase
+from plait.conformance.kinds.bad_arguments import BadArgumentCase
+from plait.conformance.kinds.barrier import BarrierCase, BarrierTimeoutCase
+from plait.conformance.kinds.broadcast import BroadcastCase
+from plait.conformance.kinds.decision import DecisionCase
+from plait.conformance.kinds.groups import GroupCase
+from plait.conformance.kinds.mismatch import Call, MismatchCase
+from plait.conformance.kinds.point_to_point import Message, PointToPointCase
+from plait.conformance.kinds.reduce import ReduceCase
 from plait.conformance.lanes import LANES, backend_unavailable
 from plait.conformance.mesh import MeshLayout
 from plait.conformance.pool import (

@@ -1,9 +1,11 @@
-"""The inputs of one example: what every rank passes to a collective.
+"""What the examples are made of: dtypes, ops, tensors described as values, and `Case`.
 
 Cases are plain frozen values (tuples, numbers, strings): they pickle cheaply to
 the ranks, and their ``repr`` is the Python that rebuilds them, which is what a
-reproduction snippet prints. The collective contract's cases come first, then the
-training kit's (`TrainingRun`, `TrainingCase`); what each kind of case means to a
+reproduction snippet prints. Each kind's case type lives with its kind (the
+collective contract's in `plait.conformance.kinds`, one module each); here is what
+they share (`TensorSpec`, the dtypes and the ops' spellings) and the training
+kit's values (`TrainingRun`, `TrainingCase`). What each kind of case means to a
 rank and to the judge is its kind's (`plait.conformance.EXAMPLE_KINDS`).
 """
 
@@ -28,23 +30,11 @@ __all__ = [
     "OPTIMIZERS",
     "OP_SPELLINGS",
     "SCHEDULERS",
-    "AllGatherCase",
-    "BadArgumentCase",
-    "BarrierCase",
-    "BarrierTimeoutCase",
-    "BroadcastCase",
-    "Call",
     "Case",
-    "DecisionCase",
-    "GroupCase",
     "Kind",
-    "Message",
-    "MismatchCase",
     "ModelName",
     "Number",
     "OptimizerName",
-    "PointToPointCase",
-    "ReduceCase",
     "SchedulerName",
     "StateValue",
     "TensorSpec",
@@ -150,163 +140,6 @@ class TensorSpec:
 
 Value: TypeAlias = TensorSpec | int | float
 """What a rank reduces: a tensor, or a Python number."""
-
-
-@attrs.frozen
-class ReduceCase:
-    """Every rank calls ``reduce(inputs[rank], op)``.
-
-    ``op`` is any spelling of `OP_SPELLINGS`: ``"mean"``, ``"AVG"``, or
-    ``"torch.distributed.ReduceOp.AVG"`` (the ranks pass the enum member itself).
-    """
-
-    op: str = attrs.field(validator=attrs.validators.in_(OP_SPELLINGS))
-    inputs: tuple[Value, ...]
-
-    @property
-    def reduction(self) -> str:
-        """The reduction ``op`` names, as one of `OPS`."""
-        return op_of(self.op)
-
-
-@attrs.frozen
-class BroadcastCase:
-    """Every rank calls ``broadcast(objects[rank], src)``; a tensor is a `TensorSpec`."""
-
-    src: int
-    objects: tuple[object, ...]
-
-
-@attrs.frozen
-class AllGatherCase:
-    """Every rank calls ``all_gather(inputs[rank])``."""
-
-    inputs: tuple[TensorSpec, ...]
-
-
-@attrs.frozen
-class DecisionCase:
-    """Every rank calls ``reduce_boolean_decision(decisions[rank], all=all)``."""
-
-    decisions: tuple[bool, ...]
-    all: bool = True
-
-
-@attrs.frozen
-class BarrierCase:
-    """Every rank calls ``barrier(name, timeout)``; ``late_rank`` arrives ``delay_ms`` late.
-
-    Each rank records in a store shared with the harness that it entered, and reads,
-    on leaving, how many ranks had entered: a barrier that lets a rank out early is
-    seen as a count below the world size.
-    """
-
-    name: str | None
-    timeout: float | None
-    late_rank: int
-    delay_ms: int
-
-
-@attrs.frozen
-class BarrierTimeoutCase:
-    """Every rank but ``absent_rank`` calls ``barrier(timeout=timeout)``, which must time out."""
-
-    absent_rank: int
-    timeout: float
-
-
-@attrs.frozen
-class Call:
-    """One rank's call in a `MismatchCase`: a collective and its arguments.
-
-    ``tensor`` is the tensor argument (``reduce``, ``all_gather``, ``broadcast``);
-    ``arg`` the other one: the op of ``reduce``, the ``src`` of ``broadcast``, the
-    name of ``barrier``, ``all`` of ``reduce_boolean_decision``.
-    """
-
-    collective: str = attrs.field(
-        validator=attrs.validators.in_(
-            ("reduce", "broadcast", "barrier", "all_gather", "reduce_boolean_decision")
-        )
-    )
-    tensor: TensorSpec | None = None
-    arg: object = None
-
-
-@attrs.frozen
-class MismatchCase:
-    """The ranks make calls that do not match: every rank must raise, none may hang."""
-
-    calls: tuple[Call, ...]
-
-
-@attrs.frozen
-class Message:
-    """A tensor the rank at place ``src`` sends to the rank at place ``dst``."""
-
-    src: int
-    dst: int
-    tensor: TensorSpec
-
-    def __attrs_post_init__(self) -> None:
-        if self.src == self.dst:
-            raise ValueError(f"a message goes to another rank, not from {self.src} to itself")
-        if self.tensor.layout != "contiguous":
-            raise ValueError("a message's tensor is contiguous, as a pipeline stage sends it")
-
-
-@attrs.frozen
-class PointToPointCase:
-    """Each rank posts its sends and receives of ``messages`` at once, in their order.
-
-    As a pipeline schedule passes activations and gradients between stages: every
-    rank makes one ``torch.distributed.batch_isend_irecv`` over its group, an
-    ``isend`` of each message it is ``src`` of and an ``irecv`` of each it is
-    ``dst`` of, in the order of ``messages``, then waits for them all.
-    """
-
-    messages: tuple[Message, ...]
-
-
-@attrs.frozen
-class BadArgumentCase:
-    """Every rank calls ``collective`` with the same bad argument ``value``.
-
-    ``expected`` is the documented error: ``"TypeError"``, ``"ValueError"`` or
-    ``"ConfigurationError"``.
-    """
-
-    collective: str
-    argument: str
-    value: object
-    expected: str
-
-
-@attrs.frozen
-class GroupCase:
-    """The ranks of ``members`` collect over a process group of just them.
-
-    Every rank makes the group (``torch.distributed.new_group(members)``). Each member
-    calls ``reduce(inputs[rank], group, op)``, ``all_gather(inputs[rank], group)`` and
-    ``broadcast(inputs[rank], src, group)``; each other rank calls ``reduce`` with the
-    group, which must raise ``ValueError`` at once (not hang, not reduce).
-    """
-
-    members: tuple[int, ...]
-    op: str = attrs.field(validator=attrs.validators.in_(OP_SPELLINGS))
-    src: int
-    inputs: tuple[TensorSpec, ...]
-
-    @property
-    def reduction(self) -> str:
-        """The reduction ``op`` names, as one of `OPS`."""
-        return op_of(self.op)
-
-    def __attrs_post_init__(self) -> None:
-        if not self.members or list(self.members) != sorted(set(self.members)):
-            raise ValueError(f"members {self.members} must be distinct ranks in order")
-        if self.src not in self.members:
-            raise ValueError(f"src {self.src} is not one of the members {self.members}")
 
 
 # The training kit's examples: a small run, and what each rank does with it.

@@ -212,7 +212,9 @@ class ExampleKind(abc.ABC, Generic[C]):
         raises: Every rank's error is an expected result (a refused call, a
             timeout), not a failure in itself: `judge` says which errors are right.
         snippet_names: Names a reproduction snippet imports from the case type's
-            module besides the case type (the values its ``repr`` holds).
+            module besides the case type (the values its ``repr`` holds); where
+            ``plait.conformance`` exports every one (the built-in kinds'), it imports
+            them from there.
     """
 
     case_type: type[C]

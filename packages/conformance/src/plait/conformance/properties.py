@@ -8,6 +8,7 @@ The contract's properties are their kinds' (`plait.conformance.kinds`, listed in
 from __future__ import annotations
 
 import re
+import sys
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Final
 
@@ -15,9 +16,10 @@ from hypothesis import HealthCheck, Phase, given, reject, settings
 from hypothesis import seed as hypothesis_seed
 from hypothesis.errors import FlakyFailure, Unsatisfiable
 
-from plait.conformance.cases import ReduceCase, TensorSpec, dtypes_of
+from plait.conformance.cases import TensorSpec, dtypes_of
 from plait.conformance.kind import Property
 from plait.conformance.kinds import PROPERTIES
+from plait.conformance.kinds.reduce import ReduceCase
 from plait.conformance.lanes import UNHELD_DTYPES
 from plait.conformance.outcomes import Outcome, rank_list
 from plait.conformance.pool import (
@@ -150,11 +152,15 @@ class ContractViolation(AssertionError):  # noqa: N818 - a failed property, as p
         case_type = type(self.case)
         kind = EXAMPLE_KINDS.kind_of(self.case)
         names = sorted({case_type.__name__, *kind.snippet_names})
+        module = case_type.__module__
+        package = sys.modules.get("plait.conformance")
+        if package is not None and all(hasattr(package, name) for name in names):
+            module = "plait.conformance"  # a built-in kind's names, where users import them
         arguments = ", ".join(f"{key}={value!r}" for key, value in self.rerun.items())
         return "\n".join(
             [
                 "from plait.conformance import reproduce",
-                f"from {case_type.__module__} import {', '.join(names)}",
+                f"from {module} import {', '.join(names)}",
                 "",
                 'if __name__ == "__main__":',
                 f"    reproduce({self.strategy!r}, {self.case!r}, {arguments})",

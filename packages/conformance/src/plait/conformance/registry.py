@@ -152,6 +152,10 @@ class KindRegistry:
         """Every registered property, in the order their kinds were registered."""
         return [prop for entry in list(self._entries.values()) for prop in entry.properties]
 
+    def case_types(self) -> list[type]:
+        """Every registered case type, in the order their kinds were registered."""
+        return list(self._entries)
+
     def files(self) -> frozenset[str]:
         """The source files of the registered kinds (and those they build on), resolved.
 

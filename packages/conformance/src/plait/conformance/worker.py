@@ -24,7 +24,6 @@ import attrs
 import torch
 import torch.distributed as dist
 
-from plait.conformance.cases import BadArgumentCase, GroupCase, MismatchCase
 from plait.conformance.mesh import MeshLayout
 from plait.conformance.outcomes import Outcome, RaisedError, TensorData
 from plait.conformance.registry import EXAMPLE_KINDS
@@ -257,7 +256,8 @@ if not TYPE_CHECKING:  # type checkers flag the name, as they flag any other it 
                 DeprecationWarning,
                 stacklevel=2,
             )
-            return (MismatchCase, BadArgumentCase, GroupCase)
+            by_name = {case_type.__name__: case_type for case_type in EXAMPLE_KINDS.case_types()}
+            return tuple(by_name[name] for name in ("MismatchCase", "BadArgumentCase", "GroupCase"))
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

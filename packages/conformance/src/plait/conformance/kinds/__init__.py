@@ -1,8 +1,11 @@
 """The kinds of example of the collective contract, one module each.
 
-Each module holds one kind (`plait.conformance.ExampleKind`): its case type, its
+Each module holds one kind (`plait.conformance.ExampleKind`): its case type, how its
+examples are drawn and its grid (the explicit examples every run tries first), its
 property, what each rank runs and how the ranks' outcomes are judged, and registers
-it in `plait.conformance.EXAMPLE_KINDS`. `CollectiveKind` is what they share.
+it in `plait.conformance.EXAMPLE_KINDS`. `CollectiveKind` is what they share; the
+values the draws and grids are made of are `plait.conformance.generate`'s and
+`plait.conformance.grid`'s. A new kind is one module here and its line below.
 """
 
 from typing import Final

@@ -5,11 +5,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Final
 
+import attrs
 import torch
+from hypothesis import strategies as st
 from typing_extensions import override
 
-from plait.conformance import generate, grid
-from plait.conformance.cases import AllGatherCase, TensorSpec
+from plait.conformance.cases import DTYPES, TensorSpec
+from plait.conformance.generate import shapes, tensor_specs
+from plait.conformance.grid import SHAPES_AND_LAYOUTS, per_rank
 from plait.conformance.kind import Property
 from plait.conformance.kinds.collective import CollectiveKind
 from plait.conformance.outcomes import TensorData, shown
@@ -17,17 +20,44 @@ from plait.conformance.registry import EXAMPLE_KINDS
 from plait.conformance.spec import tensor_problem
 
 if TYPE_CHECKING:
+    from plait.conformance.cases import Case
     from plait.conformance.kind import RankContext
     from plait.conformance.outcomes import Outcome
 
-__all__ = ["ALL_GATHER", "AllGatherKind"]
+__all__ = ["ALL_GATHER", "AllGatherCase", "AllGatherKind", "all_gather_cases", "all_gather_grid"]
+
+
+@attrs.frozen
+class AllGatherCase:
+    """Every rank calls ``all_gather(inputs[rank])``."""
+
+    inputs: tuple[TensorSpec, ...]
+
+
+@st.composite
+def all_gather_cases(draw: st.DrawFn, world_size: int) -> AllGatherCase:
+    """Every rank gathers a tensor of one dtype and shape, in any layout."""
+    dtype = draw(st.sampled_from(DTYPES), label="dtype")
+    specs = tensor_specs(dtype, draw(shapes(), label="shape"))
+    return AllGatherCase(tuple(draw(specs) for _ in range(world_size)))
+
+
+def all_gather_grid(world_size: int) -> list[Case]:
+    """Every dtype, and each shape and layout of `SHAPES_AND_LAYOUTS`."""
+    cases: list[Case] = [AllGatherCase(per_rank(dtype, None, world_size)) for dtype in DTYPES]
+    cases += [
+        AllGatherCase(per_rank("float32", None, world_size, shape, layout))
+        for shape, layout in SHAPES_AND_LAYOUTS
+    ]
+    return cases
+
 
 ALL_GATHER: Final = Property(
     "all_gather",
     "all_gather(t) returns [world_size, *t.shape] whose row i is rank i's tensor, on "
     "every rank, for every dtype and layout",
-    generate.all_gather_cases,
-    grid=grid.all_gather,
+    all_gather_cases,
+    grid=all_gather_grid,
 )
 
 
@@ -37,7 +67,7 @@ class AllGatherKind(CollectiveKind[AllGatherCase]):
     case_type = AllGatherCase
     properties = (ALL_GATHER,)
     writes_results = True
-    snippet_names = ("Call", "TensorSpec")
+    snippet_names = ("TensorSpec",)
 
     @override
     def argument(self, case: AllGatherCase, rank: int) -> object:

@@ -2,33 +2,101 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Final
 
 import attrs
 import torch
+from hypothesis import strategies as st
 from typing_extensions import override
 
-from plait.conformance import generate, grid
-from plait.conformance.cases import BadArgumentCase
 from plait.conformance.kind import Property
 from plait.conformance.kinds.collective import CollectiveKind
 from plait.conformance.registry import EXAMPLE_KINDS
 from plait.conformance.spec import show
 
 if TYPE_CHECKING:
+    from plait.conformance.cases import Case
     from plait.conformance.kind import RankContext
     from plait.conformance.outcomes import Outcome
 
-__all__ = ["BAD_ARGUMENTS", "BadArgumentKind"]
+__all__ = [
+    "BAD_ARGUMENTS",
+    "BadArgumentCase",
+    "BadArgumentKind",
+    "bad_argument_cases",
+    "bad_argument_grid",
+    "bad_argument_table",
+]
+
+
+@attrs.frozen
+class BadArgumentCase:
+    """Every rank calls ``collective`` with the same bad argument ``value``.
+
+    ``expected`` is the documented error: ``"TypeError"``, ``"ValueError"`` or
+    ``"ConfigurationError"``.
+    """
+
+    collective: str
+    argument: str
+    value: object
+    expected: str
+
+
+def bad_argument_table(
+    world_size: int,
+) -> tuple[tuple[str, str, tuple[object, ...], str], ...]:
+    """Each documented bad argument: collective, argument, bad values, the error it raises."""
+    not_numbers: tuple[object, ...] = ("1", b"1", None, [1.0], {"value": 1}, (2,))
+    return (
+        ("reduce", "value", not_numbers, "TypeError"),
+        (
+            "reduce",
+            "reduce_op",
+            ("median", "mode", "add", "averag", "bitwise_and", "xor"),
+            "ConfigurationError",
+        ),
+        ("broadcast", "src", (-1, world_size, world_size + 1, 2**31), "ValueError"),
+        ("all_gather", "tensor", not_numbers, "TypeError"),
+        ("barrier", "timeout", (0, -1, 0.0, -0.5), "ValueError"),
+    )
+
+
+@functools.cache
+def bad_argument_cases(world_size: int) -> st.SearchStrategy[BadArgumentCase]:
+    """A bad argument every rank passes alike, and the error the contract documents."""
+    return st.one_of(
+        *(
+            st.builds(
+                BadArgumentCase,
+                st.just(collective),
+                st.just(argument),
+                st.sampled_from(values),
+                st.just(expected),
+            )
+            for collective, argument, values, expected in bad_argument_table(world_size)
+        )
+    )
+
+
+def bad_argument_grid(world_size: int) -> list[Case]:
+    """Every documented bad argument, every rank passing it alike."""
+    return [
+        BadArgumentCase(collective, argument, value, expected)
+        for collective, argument, values, expected in bad_argument_table(world_size)
+        for value in values
+    ]
+
 
 BAD_ARGUMENTS: Final = Property(
     "bad_arguments",
     "a value that is not a tensor or number raises TypeError naming its type; an "
     "unknown op ConfigurationError; src outside the ranks or a timeout <= 0 "
     "ValueError; on every rank, and the strategy still works afterwards",
-    generate.bad_argument_cases,
-    grid=grid.bad_arguments,
+    bad_argument_cases,
+    grid=bad_argument_grid,
 )
 
 
@@ -38,7 +106,6 @@ class BadArgumentKind(CollectiveKind[BadArgumentCase]):
     case_type = BadArgumentCase
     properties = (BAD_ARGUMENTS,)
     raises = True
-    snippet_names = ("Call", "TensorSpec")
 
     @override
     def call(self, context: RankContext, case: BadArgumentCase, argument: object) -> object:

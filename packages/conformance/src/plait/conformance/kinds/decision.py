@@ -2,28 +2,55 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Final
 
+import attrs
+from hypothesis import strategies as st
 from typing_extensions import override
 
-from plait.conformance import generate, grid
-from plait.conformance.cases import DecisionCase
 from plait.conformance.kind import Property
 from plait.conformance.kinds.collective import CollectiveKind
 from plait.conformance.registry import EXAMPLE_KINDS
 
 if TYPE_CHECKING:
+    from plait.conformance.cases import Case
     from plait.conformance.kind import RankContext
     from plait.conformance.outcomes import Outcome
 
-__all__ = ["DECISION", "DecisionKind"]
+__all__ = ["DECISION", "DecisionCase", "DecisionKind", "decision_cases", "decision_grid"]
+
+
+@attrs.frozen
+class DecisionCase:
+    """Every rank calls ``reduce_boolean_decision(decisions[rank], all=all)``."""
+
+    decisions: tuple[bool, ...]
+    all: bool = True
+
+
+@functools.cache
+def decision_cases(world_size: int) -> st.SearchStrategy[DecisionCase]:
+    """Each rank votes; the ranks ask for all or any."""
+    votes = st.lists(st.booleans(), min_size=world_size, max_size=world_size).map(tuple)
+    return st.builds(DecisionCase, votes, st.booleans())
+
+
+def decision_grid(world_size: int) -> list[Case]:
+    """All and any, over unanimous votes and a single dissent at each rank."""
+    votes: list[tuple[bool, ...]] = [(True,) * world_size, (False,) * world_size]
+    for rank in range(world_size):
+        votes.append(tuple(other != rank for other in range(world_size)))
+        votes.append(tuple(other == rank for other in range(world_size)))
+    return [DecisionCase(vote, every) for every in (True, False) for vote in dict.fromkeys(votes)]
+
 
 DECISION: Final = Property(
     "reduce_boolean_decision",
     "reduce_boolean_decision(b, all) is the logical all (or any) of every rank's b",
-    generate.decision_cases,
-    grid=grid.decisions,
+    decision_cases,
+    grid=decision_grid,
     over_groups=False,  # it takes no group: always the whole job
 )
 
@@ -33,7 +60,6 @@ class DecisionKind(CollectiveKind[DecisionCase]):
 
     case_type = DecisionCase
     properties = (DECISION,)
-    snippet_names = ("Call", "TensorSpec")
 
     @override
     def call(self, context: RankContext, case: DecisionCase, argument: object) -> object:

@@ -14,12 +14,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Final
 
+import attrs
 import torch
 import torch.distributed as dist
+from hypothesis import strategies as st
 from typing_extensions import override
 
-from plait.conformance import generate, grid
-from plait.conformance.cases import Message, PointToPointCase
+from plait.conformance.cases import DTYPES, TensorSpec
+from plait.conformance.generate import any_tensor
+from plait.conformance.grid import rank_spec
 from plait.conformance.kind import ExampleKind, Property
 from plait.conformance.outcomes import Outcome
 from plait.conformance.registry import EXAMPLE_KINDS
@@ -28,9 +31,120 @@ from plait.conformance.worker import describe_tensor, materialize, raised
 from plait.core import ConfigurationError, SupportsDeviceMesh
 
 if TYPE_CHECKING:
+    from plait.conformance.cases import Case
     from plait.conformance.kind import RankContext
 
-__all__ = ["POINT_TO_POINT", "PointToPointKind"]
+__all__ = [
+    "POINT_TO_POINT",
+    "Message",
+    "PointToPointCase",
+    "PointToPointKind",
+    "point_to_point_cases",
+    "point_to_point_grid",
+]
+
+
+@attrs.frozen
+class Message:
+    """A tensor the rank at place ``src`` sends to the rank at place ``dst``."""
+
+    src: int
+    dst: int
+    tensor: TensorSpec
+
+    def __attrs_post_init__(self) -> None:
+        if self.src == self.dst:
+            raise ValueError(f"a message goes to another rank, not from {self.src} to itself")
+        if self.tensor.layout != "contiguous":
+            raise ValueError("a message's tensor is contiguous, as a pipeline stage sends it")
+
+
+@attrs.frozen
+class PointToPointCase:
+    """Each rank posts its sends and receives of ``messages`` at once, in their order.
+
+    As a pipeline schedule passes activations and gradients between stages: every
+    rank makes one ``torch.distributed.batch_isend_irecv`` over its group, an
+    ``isend`` of each message it is ``src`` of and an ``irecv`` of each it is
+    ``dst`` of, in the order of ``messages``, then waits for them all.
+    """
+
+    messages: tuple[Message, ...]
+
+
+@st.composite
+def point_to_point_cases(draw: st.DrawFn, world_size: int) -> PointToPointCase:
+    """A pipeline's traffic, posted in any order, each message of any dtype and shape.
+
+    Each place sends to the next (activations, stage to stage), so every rank sends
+    or receives; then up to four more messages between any two places (gradients
+    back, the last stage's to the first in a looped schedule, several between one
+    pair).
+    """
+    places = st.integers(0, world_size - 1)
+    chain = [(place, place + 1) for place in range(world_size - 1)]
+    more = draw(
+        st.lists(st.tuples(places, places).filter(lambda pair: pair[0] != pair[1]), max_size=4),
+        label="more",
+    )
+    pairs = draw(st.permutations([*chain, *more]), label="order")
+    return PointToPointCase(
+        tuple(Message(src, dst, draw(_contiguous_tensor())) for src, dst in pairs)
+    )
+
+
+@st.composite
+def _contiguous_tensor(draw: st.DrawFn) -> TensorSpec:
+    return attrs.evolve(draw(any_tensor()), layout="contiguous")
+
+
+def _sent(
+    pairs: Sequence[tuple[int, int]], dtype: str, world_size: int, shape: tuple[int, ...] = (2,)
+) -> list[Message]:
+    # Each sender's values are its own, so a message from another rank shows.
+    return [Message(src, dst, rank_spec(dtype, None, world_size, src, shape)) for src, dst in pairs]
+
+
+def point_to_point_grid(world_size: int) -> list[Case]:
+    """A pipeline's traffic: forward, back, around, every dtype, empty and scalar, all pairs.
+
+    The chain (each place to the next) is every schedule's forward; gradients go back
+    along it; a looped schedule's last stage sends to the first. Two messages between
+    one pair (of other shapes, then alike but for their values) go in the order they
+    were posted; every rank sending to every other shows a message delivered from or
+    to the wrong rank.
+    """
+    if world_size < 2:  # a message goes between two ranks
+        return []
+    chain = [(place, place + 1) for place in range(world_size - 1)]
+    back = [(dst, src) for src, dst in chain]
+    cases: list[Case] = [
+        PointToPointCase(tuple(_sent(chain, "float32", world_size))),
+        PointToPointCase(
+            tuple(
+                _sent(chain, "float32", world_size, (2, 3))
+                + _sent(back, "float64", world_size, (3,))
+            )
+        ),
+        PointToPointCase(tuple(_sent([*chain, (world_size - 1, 0)], "bfloat16", world_size, (4,)))),
+    ]
+    cases += [PointToPointCase(tuple(_sent(chain, dtype, world_size))) for dtype in DTYPES]
+    cases.append(
+        PointToPointCase(
+            tuple(_sent(chain, "int64", world_size, (0,)) + _sent(chain, "int64", world_size, ()))
+        )
+    )
+    # Twice between each pair, alike but for the values: only the order tells them apart.
+    first = _sent(chain, "float32", world_size, (3,))
+    second = [
+        Message(m.src, m.dst, attrs.evolve(m.tensor, values=tuple(-2 * v for v in m.tensor.values)))
+        for m in first
+    ]
+    cases.append(PointToPointCase((*first, *second)))
+    every = [(src, dst) for src in range(world_size) for dst in range(world_size) if src != dst]
+    cases.append(PointToPointCase(tuple(_sent(every, "float32", world_size))))
+    return cases
+
 
 POINT_TO_POINT: Final = Property(
     "point_to_point",
@@ -38,8 +152,8 @@ POINT_TO_POINT: Final = Property(
     "dimension's group (as a pipeline schedule posts them) deliver every contiguous "
     "tensor whole: its dtype, shape and values, from the rank that sent it, in the "
     "order sent, on the receiver's root_device, with the sender's tensor unchanged",
-    generate.point_to_point_cases,
-    grid=grid.point_to_point,
+    point_to_point_cases,
+    grid=point_to_point_grid,
     min_world_size=2,
     over_job=False,
 )

@@ -5,10 +5,31 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Final
 
+import attrs
+from hypothesis import strategies as st
 from typing_extensions import override
 
-from plait.conformance import generate, grid
-from plait.conformance.cases import FLOAT_DTYPES, ReduceCase, TensorSpec
+from plait.conformance.cases import (
+    COMPLEX_DTYPES,
+    FLOAT_DTYPES,
+    INT_DTYPES,
+    OP_SPELLINGS,
+    OPS,
+    TensorSpec,
+    Value,
+    op_of,
+    spellings_of,
+)
+from plait.conformance.generate import dtypes_for, floats, int_bounds, shapes, tensor_specs
+from plait.conformance.grid import (
+    SHAPES_AND_LAYOUTS,
+    extremes,
+    float_values,
+    int_extremes,
+    int_values,
+    per_rank,
+    uneven,
+)
 from plait.conformance.kind import Property
 from plait.conformance.kinds.collective import CollectiveKind
 from plait.conformance.outcomes import Outcome, TensorData
@@ -23,20 +44,124 @@ from plait.conformance.spec import (
 from plait.conformance.worker import reduce_op
 
 if TYPE_CHECKING:
-    from hypothesis import strategies as st
-
     from plait.conformance.cases import Case
     from plait.conformance.kind import RankContext
 
-__all__ = ["REDUCE_NUMBERS", "REDUCE_TENSORS", "ReduceKind", "op_labels"]
+__all__ = [
+    "REDUCE_NUMBERS",
+    "REDUCE_TENSORS",
+    "ReduceCase",
+    "ReduceKind",
+    "op_labels",
+    "reduce_cases",
+    "reduce_number_grid",
+    "reduce_tensor_grid",
+]
+
+
+@attrs.frozen
+class ReduceCase:
+    """Every rank calls ``reduce(inputs[rank], op)``.
+
+    ``op`` is any spelling of `OP_SPELLINGS`: ``"mean"``, ``"AVG"``, or
+    ``"torch.distributed.ReduceOp.AVG"`` (the ranks pass the enum member itself).
+    """
+
+    op: str = attrs.field(validator=attrs.validators.in_(OP_SPELLINGS))
+    inputs: tuple[Value, ...]
+
+    @property
+    def reduction(self) -> str:
+        """The reduction ``op`` names, as one of `OPS`."""
+        return op_of(self.op)
+
+
+@st.composite
+def reduce_cases(draw: st.DrawFn, world_size: int, *, numbers: bool = False) -> ReduceCase:
+    """Every rank reduces a tensor of one dtype and shape, or (``numbers``) a Python number.
+
+    The op comes in any spelling the contract accepts (`spellings_of`); shrinking
+    leads to its plain name, so a spelling stays in a shrunk example only where the
+    flaw needs it.
+    """
+    op = draw(st.sampled_from(OPS), label="op")
+    spelling = draw(st.sampled_from(spellings_of(op)), label="spelling")
+    inputs: list[Value]
+    if numbers:
+        if draw(st.booleans(), label="floats?"):
+            number = floats("float64", op, world_size, 64)
+            inputs = list(draw(st.lists(number, min_size=world_size, max_size=world_size)))
+        else:
+            low, high = int_bounds("int64", op, world_size)
+            ints = st.integers(low, high)
+            inputs = list(draw(st.lists(ints, min_size=world_size, max_size=world_size)))
+        return ReduceCase(spelling, tuple(inputs))
+    dtype = draw(st.sampled_from(dtypes_for(op)), label="dtype")
+    shape = draw(shapes(), label="shape")
+    specs = tensor_specs(dtype, shape, op=op, world_size=world_size)
+    return ReduceCase(spelling, tuple(draw(specs) for _ in range(world_size)))
+
+
+_SPELLING_DTYPES: Final = ("float64", "int32")
+"""The dtypes every other spelling of an op is tried on: a float, and an integer
+(whose mean is floating)."""
+
+
+def reduce_tensor_grid(world_size: int) -> list[Case]:
+    """Every op x dtype, and over each shape and layout of `SHAPES_AND_LAYOUTS`, in each spelling.
+
+    Then every op over each integer and floating dtype at the extremes of its range.
+    """
+    cases: list[Case] = [
+        ReduceCase(op, per_rank(dtype, op, world_size)) for op in OPS for dtype in dtypes_for(op)
+    ]
+    for op in OPS:
+        for dtype in ("float32", "int64"):
+            for shape, layout in SHAPES_AND_LAYOUTS:
+                cases.append(ReduceCase(op, per_rank(dtype, op, world_size, shape, layout)))
+    for op in OPS:
+        for spelling in spellings_of(op)[1:]:
+            cases += [
+                ReduceCase(spelling, per_rank(dtype, op, world_size)) for dtype in _SPELLING_DTYPES
+            ]
+    cases += [
+        ReduceCase(op, extremes(dtype, op, world_size))
+        for op in OPS
+        for dtype in (*INT_DTYPES, *FLOAT_DTYPES, *COMPLEX_DTYPES)
+        if dtype in dtypes_for(op)
+    ]
+    return cases
+
+
+def reduce_number_grid(world_size: int) -> list[Case]:
+    """Every spelling of every op over Python ints and floats; ints at int64's extremes."""
+    cases: list[Case] = []
+    for op in OPS:
+        low, high = int_bounds("int64", op, world_size)
+        column = [
+            int(int_values("int64", op, world_size, rank)[rank % 2]) for rank in range(world_size)
+        ]
+        ints: tuple[Value, ...] = tuple(uneven(column, low, high) if op == "mean" else column)
+        floats: tuple[Value, ...] = tuple(
+            float(float_values("float64", op, world_size, rank)[rank % 2])  # type: ignore[arg-type]
+            for rank in range(world_size)
+        )
+        cases += [
+            ReduceCase(spelling, numbers)
+            for spelling in spellings_of(op)
+            for numbers in (ints, floats)
+        ]
+        extremes = int_extremes("int64", op, world_size)
+        cases.append(ReduceCase(op, tuple(pair[rank % 2] for rank, pair in enumerate(extremes))))
+    return cases
 
 
 def _tensor_reduces(world_size: int) -> st.SearchStrategy[Case]:
-    return generate.reduce_cases(world_size)
+    return reduce_cases(world_size)
 
 
 def _number_reduces(world_size: int) -> st.SearchStrategy[Case]:
-    return generate.reduce_cases(world_size, numbers=True)
+    return reduce_cases(world_size, numbers=True)
 
 
 REDUCE_TENSORS: Final = Property(
@@ -45,7 +170,7 @@ REDUCE_TENSORS: Final = Property(
     "matches the reference on every rank, bit for bit the same everywhere, on the "
     "input's device; the mean of integers or bools is floating; the input is unchanged",
     _tensor_reduces,
-    grid=grid.reduce_tensors,
+    grid=reduce_tensor_grid,
 )
 
 REDUCE_NUMBERS: Final = Property(
@@ -53,7 +178,7 @@ REDUCE_NUMBERS: Final = Property(
     "reduce of Python ints and floats returns a Python number of the right type "
     "(int for sum/min/max/product of ints, float otherwise) equal to the reference",
     _number_reduces,
-    grid=grid.reduce_numbers,
+    grid=reduce_number_grid,
 )
 
 
@@ -63,7 +188,7 @@ class ReduceKind(CollectiveKind[ReduceCase]):
     case_type = ReduceCase
     properties = (REDUCE_TENSORS, REDUCE_NUMBERS)
     writes_results = True
-    snippet_names = ("Call", "TensorSpec")
+    snippet_names = ("TensorSpec",)
 
     @override
     def property_of(self, case: ReduceCase) -> Property:
