@@ -32,6 +32,7 @@ from plait.conformance.training.cases import (
 from plait.core import CheckpointIORegistry, PeriodicAveraging
 
 if TYPE_CHECKING:
+    from plait.conformance.training.cases import Kind
     from plait.core import TrainingSemantics
 
 __all__ = [
@@ -93,7 +94,7 @@ def coverage(cases: Sequence[TrainingCase], semantics: TrainingSemantics) -> str
     if period is not None:
         meetings = sorted({length // period for length in lengths})
         text += f" ({_spans(meetings)} meetings before the end)"
-    stopping = [case for case in cases if case.kind != "replicas"]
+    stopping = [case for case in cases if case.stop_at]  # replicas run to the end
     if not stopping:
         return text
     stops = sorted({case.stop_at for case in stopping})
@@ -200,29 +201,38 @@ def stops(semantics: TrainingSemantics, run: TrainingRun, last: int) -> st.Searc
 
 @st.composite
 def _stopped(
-    draw: st.DrawFn, semantics: TrainingSemantics, kind: str, *, inside: bool, io: bool
+    draw: st.DrawFn,
+    semantics: TrainingSemantics,
+    kind: Kind,
+    *,
+    inside: bool,
+    io: bool,
+    goes_on: bool = True,
+    user_state: bool = False,
 ) -> TrainingCase:
+    # goes_on: the run trains after the stop (a resume, a move), so it stops before
+    # its last step; user_state: a user's Stateful object is saved with the run.
     run = draw(runs(semantics))
-    stop_at = draw(stops(semantics, run, run.steps - 1 if kind != "round_trip" else run.steps))
+    stop_at = draw(stops(semantics, run, run.steps - 1 if goes_on else run.steps))
     # A model with buffers stops between windows: a checkpoint saved inside one
     # holds the buffers its forwards updated, and a resume runs that window again,
     # whatever the strategy (the loop's to avoid, not the strategy's).
     inside = inside and run.model not in MODELS_WITH_BUFFERS
     stop_inside = draw(st.integers(0, run.accumulate - 1)) if inside else 0
     return TrainingCase(
-        kind,  # type: ignore[arg-type]
+        kind,
         run,
         stop_at=stop_at,
         stop_inside=stop_inside,
         checkpoint_io=draw(checkpoint_ios()) if io else None,
-        user_state=draw(user_states()) if kind == "round_trip" else {},
+        user_state=draw(user_states()) if user_state else {},
     )
 
 
 def round_trips(world_size: int, semantics: TrainingSemantics) -> st.SearchStrategy[TrainingCase]:
     """A run saved after some steps, with every checkpoint IO, and a user's state."""
     del world_size
-    return _stopped(semantics, "round_trip", inside=False, io=True)
+    return _stopped(semantics, "round_trip", inside=False, io=True, goes_on=False, user_state=True)
 
 
 def resumes(world_size: int, semantics: TrainingSemantics) -> st.SearchStrategy[TrainingCase]:
