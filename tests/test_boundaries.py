@@ -22,7 +22,8 @@ ENGINE = "Inside plait.conformance, the engine knows no kind of example"
 KIT = "Inside the training kit, each example stands on the loop"
 TRAINER = "The Trainer imports no strategy family"
 DEEPSPEED = "Inside the DeepSpeed family, the strategy stands on its checkpoint IO"
-CONTRACTS = 8
+TRAINER_FACE = "The Trainer's values, metrics, results, loggers"
+CONTRACTS = 9
 
 
 def lint_with_extra_import(tmp_path: Path, module: str, statement: str) -> tuple[int, str]:
@@ -85,6 +86,10 @@ def lint_with_extra_import(tmp_path: Path, module: str, statement: str) -> tuple
         ("plait.conformance.suite", "import plait.conformance.plugin", {ENGINE}),
         # The Trainer switching on a family's class again, where a Protocol says it.
         ("plait.trainer.optimization", "import plait.strategies.pipeline", {TRAINER}),
+        # The Trainer's circle growing again: the metrics naming the module's class
+        # (as they did for its logged values' types), or a logger a callback.
+        ("plait.trainer.metrics", "import plait.trainer.module", {TRAINER_FACE}),
+        ("plait.trainer.loggers.base", "import plait.trainer.callbacks.base", {TRAINER_FACE}),
         # DeepSpeed's checkpoint IO reaching back to its strategy.
         (
             "plait.strategies.deepspeed.checkpoint_io",

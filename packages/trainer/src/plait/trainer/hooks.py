@@ -16,8 +16,8 @@ if TYPE_CHECKING:
 
     from plait.core.typing import Checkpoint
     from plait.trainer.limits import Stage
-    from plait.trainer.module import StepOutput
     from plait.trainer.trainer import Trainer
+    from plait.trainer.values import StepOutput
 
 __all__ = ["Hooks"]
 

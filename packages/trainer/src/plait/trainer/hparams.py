@@ -7,7 +7,7 @@ import os
 import sys
 from collections.abc import Mapping, Sequence
 from types import FrameType
-from typing import TYPE_CHECKING, Any, Final, TypeVar
+from typing import TYPE_CHECKING, Any, Final, Protocol, TypeVar
 
 import torch
 from typing_extensions import override
@@ -17,7 +17,6 @@ from plait.strategies.export import read_whole
 
 if TYPE_CHECKING:
     from plait.core.typing import PathLike
-    from plait.trainer.module import Module
 
 __all__ = [
     "NOT_PLAIN",
@@ -31,7 +30,22 @@ __all__ = [
     "saved",
 ]
 
-M = TypeVar("M", bound="Module")
+
+class _Loadable(Protocol):
+    """What `load_module` needs of the class it makes: a module with layers made on demand."""
+
+    def configure_model(self) -> None: ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state_dict: Mapping[str, Any], strict: bool = True) -> object: ...
+
+    def to(self, device: torch.device) -> object: ...
+
+    def eval(self) -> object: ...
+
+
+M = TypeVar("M", bound=_Loadable)
 
 
 def class_path(cls: type[object]) -> str:

@@ -22,9 +22,9 @@ if TYPE_CHECKING:
     from plait.core import GradientClipAlgorithm
     from plait.core.typing import Checkpoint
     from plait.trainer.attach import Attached
-    from plait.trainer.module import StepOutput
     from plait.trainer.optimization import TrainerOptimizer
     from plait.trainer.trainer import Trainer
+    from plait.trainer.values import StepOutput
 
 __all__ = ["ManualOptimizationCalls", "ModuleHooks"]
 

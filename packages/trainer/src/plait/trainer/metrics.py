@@ -17,7 +17,7 @@ from plait.trainer.metric_objects import MetricObject
 if TYPE_CHECKING:
     from plait.core import Collectives, ProcessLayout
     from plait.core.typing import Group
-    from plait.trainer.module import LogValue, ReduceFx
+    from plait.trainer.values import LogValue, ReduceFx
 
 __all__ = [
     "MetricFloat",

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Literal, TypeAlias
+from typing import TYPE_CHECKING
 
 import torch
 from typing_extensions import Self, override
@@ -18,12 +18,12 @@ from plait.core import (
 from plait.trainer.data_module import LOADER_METHODS, DataModule, ModuleData, defines
 from plait.trainer.hparams import HyperParameters, SavesHyperParameters, load_module
 from plait.trainer.lightning_module import ManualOptimizationCalls, ModuleHooks
+from plait.trainer.values import LogValue, ReduceFx, StepOutput
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
 
     from plait.core.typing import PathLike
-    from plait.trainer.metric_objects import MetricObject
     from plait.trainer.trainer import Trainer
 
 __all__ = [
@@ -39,15 +39,6 @@ __all__ = [
     "defines",
     "overrides",
 ]
-
-LogValue: TypeAlias = "torch.Tensor | float | int | bool | MetricObject"
-"""What `Module.log` takes: a number, a one-element tensor, or a metric object (torchmetrics')."""
-
-ReduceFx: TypeAlias = Literal["mean", "sum", "max", "min"]
-"""How `Module.log` folds a metric's values over an epoch (and over ranks)."""
-
-StepOutput: TypeAlias = "torch.Tensor | Mapping[str, object] | None"
-"""What `Module.training_step` returns: the loss, a mapping with ``"loss"``, or ``None`` to skip."""
 
 _REDUCE_FX: tuple[ReduceFx, ...] = ("mean", "sum", "max", "min")
 

@@ -25,10 +25,11 @@ from plait.trainer.profiler import regions_of
 if TYPE_CHECKING:
     from plait.trainer.attach import Attached
     from plait.trainer.hooks import Hooks
-    from plait.trainer.module import Module, StepOutput
+    from plait.trainer.module import Module
     from plait.trainer.optim import SchedulerConfig
     from plait.trainer.progress import Progress
     from plait.trainer.results import Results
+    from plait.trainer.values import StepOutput
 
 __all__ = [
     "AutomaticOptimization",

@@ -15,8 +15,8 @@ from plait.trainer.metrics import Metrics, Number, held, metric_group
 if TYPE_CHECKING:
     from plait.core import Strategy
     from plait.trainer.loggers import Logger
-    from plait.trainer.module import LogValue, ReduceFx
     from plait.trainer.progress import Progress
+    from plait.trainer.values import LogValue, ReduceFx
 
 __all__ = ["Results"]
 

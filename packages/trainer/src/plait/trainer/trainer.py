@@ -25,21 +25,14 @@ from plait.core import (
 from plait.trainer.attach import Attached, Run, attach, restore
 from plait.trainer.callbacks.resolve import resolve_callbacks
 from plait.trainer.checkpointing import Checkpointer, resolve_checkpoint
-from plait.trainer.checks import (
-    check_count,
-    check_data,
-    check_manual_optimization,
-    check_module,
-    check_root,
-    check_timeout,
-    compile_options,
-)
+from plait.trainer.checks import check_count, check_root, check_timeout, compile_options
 from plait.trainer.connector import Connection, Plugin, connect
 from plait.trainer.launch import Launch, Outcome, origin
 from plait.trainer.lightning_trainer import TrainerProperties
 from plait.trainer.limits import Limits, Stage
 from plait.trainer.loggers import Logger, resolve_loggers
 from plait.trainer.module import DataModule, Module, ModuleData, defines
+from plait.trainer.module_checks import check_data, check_manual_optimization, check_module
 from plait.trainer.optimization import (
     is_step_batch,
 )

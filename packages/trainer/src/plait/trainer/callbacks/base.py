@@ -8,8 +8,9 @@ if TYPE_CHECKING:
     import torch
 
     from plait.core.typing import Checkpoint, StateDict
-    from plait.trainer.module import Module, StepOutput
+    from plait.trainer.module import Module
     from plait.trainer.trainer import Trainer
+    from plait.trainer.values import StepOutput
 
 __all__ = ["Callback"]
 

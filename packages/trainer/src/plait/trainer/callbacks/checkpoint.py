@@ -27,8 +27,9 @@ from plait.trainer.checks import check_count
 if TYPE_CHECKING:
     from plait.core.typing import StateDict
     from plait.trainer.metrics import Number
-    from plait.trainer.module import Module, StepOutput
+    from plait.trainer.module import Module
     from plait.trainer.trainer import Trainer
+    from plait.trainer.values import StepOutput
 
 __all__ = ["LAST_NAME", "ModelCheckpoint"]
 

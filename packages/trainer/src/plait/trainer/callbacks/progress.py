@@ -15,8 +15,9 @@ if TYPE_CHECKING:
     from rich.progress import Progress, ProgressColumn, TaskID
 
     from plait.trainer.metrics import Number
-    from plait.trainer.module import Module, StepOutput
+    from plait.trainer.module import Module
     from plait.trainer.trainer import Trainer
+    from plait.trainer.values import StepOutput
 
 __all__ = ["RichProgressBar", "format_metrics"]
 
