@@ -17,8 +17,8 @@ from plait.trainer.state import to_device
 
 if TYPE_CHECKING:
     from plait.trainer.attach import Attached
+    from plait.trainer.loop_settings import LoopContext
     from plait.trainer.results import Results
-    from plait.trainer.stages import LoopContext
 
 __all__ = ["EvaluationLoop", "PredictionLoop", "kept"]
 

@@ -27,9 +27,9 @@ if TYPE_CHECKING:
     from plait.trainer.callbacks.checkpoint import ModelCheckpoint
     from plait.trainer.checkpointing import Checkpointer
     from plait.trainer.evaluation_loop import EvaluationLoop
+    from plait.trainer.loop_settings import LoopContext
     from plait.trainer.module import DataModule
     from plait.trainer.optimization import Optimization, Schedulers
-    from plait.trainer.stages import LoopContext
 
 __all__ = ["FitLoop", "datamodule_loader"]
 

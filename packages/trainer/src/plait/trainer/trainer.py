@@ -31,6 +31,7 @@ from plait.trainer.launch import Launch, Outcome, origin
 from plait.trainer.lightning_trainer import TrainerProperties
 from plait.trainer.limits import Limits, Stage
 from plait.trainer.loggers import Logger, resolve_loggers
+from plait.trainer.loop_settings import LoopContext, LoopSettings, Setting
 from plait.trainer.module import DataModule, Module, ModuleData, defines
 from plait.trainer.module_checks import check_data, check_manual_optimization, check_module
 from plait.trainer.optimization import (
@@ -39,7 +40,7 @@ from plait.trainer.optimization import (
 from plait.trainer.profiler import Profiler, make_profiler
 from plait.trainer.progress import Progress
 from plait.trainer.results import Results
-from plait.trainer.stages import LoopContext, LoopSettings, Setting, run_stage_loop
+from plait.trainer.stages import run_stage_loop
 from plait.trainer.torch_flags import Deterministic, TorchFlags
 
 if TYPE_CHECKING:
