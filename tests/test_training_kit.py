@@ -22,7 +22,9 @@ from plait.conformance import (
     ContractViolation,
     MoveViolation,
     RankPool,
-    TrainingCase,
+    ReplicasCase,
+    ResumeCase,
+    RoundTripCase,
     TrainingRun,
     TrainingSuite,
     prove,
@@ -174,7 +176,7 @@ def test_every_broken_strategy_is_caught_in_every_run_by_the_property_it_breaks(
     assert violation.explicit, message
     assert problem in message, message
     assert "reproduce(" in message
-    assert "TrainingCase(kind=" in message
+    assert "Case(run=TrainingRun(" in message
 
 
 @pytest.mark.slow
@@ -210,7 +212,7 @@ def test_a_strategy_of_a_file_that_declares_factories_reruns_alone(
     loaded = "_plait_conformance_target_" + re.sub(r"\W", "_", str(BROKEN))
     monkeypatch.delitem(sys.modules, loaded, raising=False)
     run = TrainingRun("mlp", 7, micro_batch=2, accumulate=1, steps=9, steps_per_epoch=2)
-    case = TrainingCase("round_trip", run, stop_at=5, checkpoint_io="distributed")
+    case = RoundTripCase(run, stop_at=5, checkpoint_io="distributed")
 
     reproduce(f"{BROKEN}:DiLoCoAdamW", case, world_size=2, deadline=60)
 
@@ -232,7 +234,7 @@ def test_ddp_sharded_resumes_through_a_distributed_checkpoint() -> None:
     # Found by the kit: its optimizer's state, consolidated on rank 0 alone, lost its
     # structure in a checkpoint every rank writes (KeyError: 'param_groups').
     run = TrainingRun("mlp", 0, micro_batch=1, accumulate=1, steps=2, steps_per_epoch=1)
-    case = TrainingCase("resume", run, stop_at=1, checkpoint_io="distributed")
+    case = ResumeCase(run, stop_at=1, checkpoint_io="distributed")
 
     reproduce("ddp_sharded", case, world_size=2, deadline=60)
 
@@ -252,9 +254,9 @@ def test_a_sharded_strategy_trains_batch_norm_and_checkpoints_rank_zeros_buffers
         optimizer="adam", precision=precision,
     )  # fmt: skip
     for case in (
-        TrainingCase("replicas", run),
-        TrainingCase("round_trip", run, stop_at=2),
-        TrainingCase("resume", run, stop_at=2),
+        ReplicasCase(run),
+        RoundTripCase(run, stop_at=2),
+        ResumeCase(run, stop_at=2),
     ):
         reproduce(strategy, case, world_size=2, deadline=60)
 

@@ -18,15 +18,17 @@ from plait.conformance import (
     CollectiveKind,
     ExampleKind,
     KindRegistry,
+    MoveCase,
     Property,
     RankContext,
     ReduceCase,
+    ResumeCase,
+    StoppedCase,
     TensorSpec,
     TrainingCase,
     TrainingRun,
     property_of,
 )
-from plait.conformance.training.example import TRAINING_EXAMPLES, TrainingExamples
 from plait.conformance.training.replicas import Replicas
 from plait.core import ConfigurationError
 
@@ -58,9 +60,11 @@ def test_every_case_type_of_the_contract_and_the_kit_has_a_kind_and_its_properti
     collective = [
         value
         for value in vars(case_values).values()
-        if isinstance(value, type) and value.__name__.endswith("Case")
+        if isinstance(value, type)
+        and value.__name__.endswith("Case")
+        and value not in (TrainingCase, StoppedCase)  # what the kit's case types build on
     ]
-    assert len(collective) == 11  # ten of the contract's and the training kit's
+    assert len(collective) == 14  # ten of the contract's and four of the training kit's
     assert all(case_type in EXAMPLE_KINDS for case_type in collective)
     registered = [prop.name for prop in EXAMPLE_KINDS.properties()]
     for prop in (*PROPERTIES, *TRAINING_PROPERTIES):
@@ -73,8 +77,8 @@ def test_a_kind_answers_for_the_property_of_its_examples() -> None:
     assert property_of(tensors).name == "reduce_tensors"
     assert property_of(ReduceCase("sum", (1, 2))).name == "reduce_numbers"
     run = TrainingRun("mlp", 0, micro_batch=1, accumulate=1, steps=2, steps_per_epoch=1)
-    assert property_of(TrainingCase("resume", run, stop_at=1)).name == "resume_exactness"
-    assert property_of(TrainingCase("move_in", run, stop_at=1)).name == "checkpoint_moves"
+    assert property_of(ResumeCase(run, stop_at=1)).name == "resume_exactness"
+    assert property_of(MoveCase(run, stop_at=1, source="saved")).name == "checkpoint_moves"
 
 
 def test_a_case_type_and_a_property_name_are_registered_once() -> None:
@@ -143,15 +147,22 @@ def test_an_example_kind_needs_a_rank_part_and_a_judge() -> None:
         Unfinished()  # type: ignore[abstract]
 
 
-def test_a_training_example_kind_is_registered_once_and_an_unknown_one_is_named() -> None:
-    examples = TrainingExamples()
-    examples.register(Replicas())
-    with pytest.raises(ConfigurationError, match="'replicas' is already Replicas's"):
-        examples.register(Replicas())
+def test_a_training_kind_is_registered_once_and_a_case_of_none_is_named() -> None:
+    registry = KindRegistry()
+    registry.register(Replicas())
+    with pytest.raises(ConfigurationError, match="ReplicasCase is already the case type of "):
+        registry.register(Replicas())
+
+    @attrs.frozen(hash=False)
+    class UnregisteredCase(StoppedCase):
+        pass
+
     run = TrainingRun("mlp", 0, micro_batch=1, accumulate=1, steps=2, steps_per_epoch=1)
-    bogus = TrainingCase("replica", run, stop_at=1)  # type: ignore[arg-type]
-    with pytest.raises(ConfigurationError, match="did you mean 'replicas'"):
-        TRAINING_EXAMPLES.of(bogus)
+    with pytest.raises(ConfigurationError, match="no kind of example is registered") as caught:
+        EXAMPLE_KINDS.kind_of(UnregisteredCase(run, stop_at=1))
+    assert "ResumeCase" in str(caught.value)  # the registered case types are listed
+    with pytest.raises(ValueError, match=r"stop_at=3 must be within the run's 1\.\.2"):
+        ResumeCase(run, stop_at=3)
 
 
 def test_the_worker_names_what_replaced_its_table_of_examples_that_raise() -> None:

@@ -12,18 +12,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from plait.conformance.training.cases import TrainingCase, TrainingRun
+from plait.conformance.training.cases import TrainingRun
 from plait.conformance.training.flaws import likely_flaws
-from plait.conformance.training.generate import (
-    coverage,
-    declared_period,
-    next_meeting,
-    replicas,
-    resume_grid,
-    resumes,
-    round_trip_grid,
-    round_trips,
-)
+from plait.conformance.training.generate import coverage, declared_period, next_meeting
 from plait.conformance.training.loop import TrainingReport
 from plait.conformance.training.reference import (
     Meetings,
@@ -32,7 +23,9 @@ from plait.conformance.training.reference import (
     reference,
     resized_reference,
 )
-from plait.conformance.training.replicas import check_replicas
+from plait.conformance.training.replicas import ReplicasCase, check_replicas, replicas
+from plait.conformance.training.resume import ResumeCase, resume_grid, resumes
+from plait.conformance.training.round_trip import RoundTripCase, round_trip_grid, round_trips
 from plait.core import PeriodicAveraging, Synchronous, TrainingSemantics
 
 DILOCO = PeriodicAveraging(every=4, outer_lr=0.7, outer_momentum=0.9, nesterov=True)
@@ -69,7 +62,7 @@ def test_the_stops_drawn_fall_after_meetings_and_inside_periods() -> None:
 
     @settings(max_examples=60, deadline=None, database=None)
     @given(case=round_trips(2, semantics))
-    def draw(case: TrainingCase) -> None:
+    def draw(case: RoundTripCase) -> None:
         if case.stop_at % 4 == 0:
             seen.add("after")
         elif case.stop_at > 4:
@@ -90,15 +83,15 @@ def test_a_synchronous_declaration_keeps_short_runs_and_its_grid() -> None:
 def test_the_summary_says_the_period_the_lengths_and_the_stops() -> None:
     semantics = TrainingSemantics(replicas=PeriodicAveraging(every=4))
     cases = [
-        TrainingCase("resume", RUN, stop_at=5),
-        TrainingCase("resume", RUN, stop_at=8),
-        TrainingCase("resume", TrainingRun("mlp", 1, 1, 1, 11, 1), stop_at=2),
+        ResumeCase(RUN, stop_at=5),
+        ResumeCase(RUN, stop_at=8),
+        ResumeCase(TrainingRun("mlp", 1, 1, 1, 11, 1), stop_at=2),
     ]
     assert coverage(cases, semantics) == (
         "period 4 declared; 3 runs of 9 to 11 steps (2 meetings before the end); stops "
         "after steps 2, 5, 8 (1 right after a meeting, 1 inside a period after one)"
     )
-    assert coverage([TrainingCase("replicas", RUN)], TrainingSemantics()) == (
+    assert coverage([ReplicasCase(RUN)], TrainingSemantics()) == (
         "no period declared (synchronous); 1 runs of 9 steps"
     )
 
@@ -154,7 +147,7 @@ def _reports(run: Reference, semantics: TrainingSemantics) -> list[TrainingRepor
 def test_a_run_that_is_a_likely_flaws_is_named_as_that_flaw(flaw: Meetings, named: str) -> None:
     semantics = TrainingSemantics(replicas=DILOCO)
     reports = _reports(meetings_reference(RUN, 2, flaw), semantics)
-    problems = check_replicas(TrainingCase("replicas", RUN), reports)
+    problems = check_replicas(ReplicasCase(RUN), reports)
     assert problems
     assert problems[0].startswith(named), problems[0]
 
@@ -162,12 +155,12 @@ def test_a_run_that_is_a_likely_flaws_is_named_as_that_flaw(flaw: Meetings, name
 def test_synchronous_replicas_that_part_are_shown_where_they_part() -> None:
     semantics = TrainingSemantics()
     alone = meetings_reference(RUN, 2, Meetings(None, at_end=False))
-    problems = check_replicas(TrainingCase("replicas", RUN), _reports(alone, semantics))
+    problems = check_replicas(ReplicasCase(RUN), _reports(alone, semantics))
     assert problems[0].startswith("the run matches replicas that never meet"), problems[0]
     assert "the replicas part after step 0: rank 0 holds " in problems[0]
     # The declared run itself has no cause to name.
     right = _reports(reference(RUN, 2, Synchronous()), semantics)
-    assert check_replicas(TrainingCase("replicas", RUN), right) == []
+    assert check_replicas(ReplicasCase(RUN), right) == []
 
 
 def test_every_period_has_its_flaws_and_none_is_the_declaration() -> None:
@@ -190,13 +183,13 @@ def test_a_declared_outer_optimizer_is_the_reference_and_losing_its_state_is_nam
     declared = PeriodicAveraging(every=4, outer_optimizer=_adamw, outer_scheduler=_halving)
     semantics = TrainingSemantics(replicas=declared)
     right = _reports(reference(RUN, 2, declared), semantics)
-    assert check_replicas(TrainingCase("replicas", RUN), right) == []
+    assert check_replicas(ReplicasCase(RUN), right) == []
     # Not the outer SGD: the factory's AdamW moves the anchor otherwise.
     plain = meetings_reference(RUN, 2, Meetings(4))
     assert plain.losses[5] != reference(RUN, 2, declared).losses[5]
     fresh = Meetings(4, outer_optimizer=_adamw, outer_scheduler=_halving, fresh_outer=True)
     problems = check_replicas(
-        TrainingCase("replicas", RUN), _reports(meetings_reference(RUN, 2, fresh), semantics)
+        ReplicasCase(RUN), _reports(meetings_reference(RUN, 2, fresh), semantics)
     )
     assert problems[0].startswith("the run matches an outer optimizer made anew"), problems[0]
     assert "outer optimizer _adamw scheduled by _halving" in problems[1], problems[1]

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from plait.conformance.lanes import RANK_THREADS
-from plait.conformance.training.cases import TrainingCase, TrainingRun
+from plait.conformance.training.cases import TrainingRun
 from plait.conformance.training.program import TrainingReport, tolerance
 from plait.conformance.training.reference import (
     NUDGED_RUNS,
@@ -20,6 +20,7 @@ from plait.conformance.training.reference import (
     _reference,
     reference,
 )
+from plait.conformance.training.replicas import ReplicasCase
 from plait.conformance.training.replicas import check_replicas as _check_replicas
 from plait.core import PeriodicAveraging, Synchronous, TrainingSemantics
 
@@ -64,7 +65,7 @@ def test_an_lbfgs_example_is_judged_within_the_rounding_it_carries() -> None:
         replicas=tuple(tuple(after[0].tolist()) for after in other.replicas),
         export=other.final,
     )
-    assert _check_replicas(TrainingCase(kind="replicas", run=CHAOTIC), [faithful]) == []
+    assert _check_replicas(ReplicasCase(run=CHAOTIC), [faithful]) == []
 
     # ...and one a little further off than the rounding the step carries is caught.
     def off(step: int) -> float:
@@ -77,7 +78,7 @@ def test_an_lbfgs_example_is_judged_within_the_rounding_it_carries() -> None:
     wrong = TrainingReport(
         semantics=semantics, losses=other.losses, replicas=shifted, export=other.final
     )
-    [cause, problem] = _check_replicas(TrainingCase(kind="replicas", run=CHAOTIC), [wrong])
+    [cause, problem] = _check_replicas(ReplicasCase(run=CHAOTIC), [wrong])
     assert cause.startswith("the run matches none of the likely flaws tried: "), cause
     assert "its module after step 3 is not what 1 replicas" in problem
 
@@ -124,7 +125,7 @@ def test_the_rounding_of_an_lbfgs_example_is_measured_in_the_order_ranks_sum_too
         )
 
     # DDP's run (the gradients summed rank by rank) keeps the declaration...
-    case = TrainingCase(kind="replicas", run=RANK_ORDERED)
+    case = ReplicasCase(run=RANK_ORDERED)
     assert _check_replicas(case, [report(by_rank)] * 3) == []
     # ...and one off by more than the rounding this example carries is caught.
     [_cause, problem, *_] = _check_replicas(case, [report(by_rank, off=5 * gap(by_rank, 1))] * 3)
@@ -191,7 +192,7 @@ def test_every_optimizer_is_judged_within_the_rounding_its_example_carries() -> 
             buffers=tuple((by_rank.buffers[rank] + buffers_off).tolist()),
         )
 
-    case = TrainingCase(kind="replicas", run=ADAM_NORM)
+    case = ReplicasCase(run=ADAM_NORM)
     # DDP's run (the gradients summed rank by rank), parameters and buffers, passes...
     assert _check_replicas(case, [report(rank) for rank in range(3)]) == []
     # ...and one off by more than the rounding the example carries is caught, in its
@@ -258,7 +259,7 @@ def test_the_rounding_of_an_lbfgs_example_is_measured_with_its_gradients_nudged_
             buffers=tuple(expected.buffers[rank].tolist()),
         )
 
-    case = TrainingCase(kind="replicas", run=ILL_CONDITIONED)
+    case = ReplicasCase(run=ILL_CONDITIONED)
     # A run as far off as DDP's keeps the declaration...
     assert _check_replicas(case, [report(rank, DDP_GAP) for rank in range(2)]) == []
     # ...and one off by more than the rounding the example carries is caught.

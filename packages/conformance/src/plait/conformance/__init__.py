@@ -18,7 +18,7 @@ multi-process rank pool against any strategy, ours or a third party's:
   and a registration (`CollectiveKind` for one collective call per rank).
 """
 
-from plait.conformance.cases import Case, TensorSpec, TrainingCase, TrainingRun
+from plait.conformance.cases import Case, StoppedCase, TensorSpec, TrainingCase, TrainingRun
 from plait.conformance.kind import ExampleKind, Property, RankContext
 from plait.conformance.kinds import PROPERTIES, CollectiveKind
 from plait.conformance.kinds.all_gather import AllGatherCase
@@ -57,7 +57,11 @@ from plait.conformance.target import StrategyFactory, StrategyTarget
 from plait.conformance.training import (
     MOVES,
     TRAINING_PROPERTIES,
+    MoveCase,
     MoveViolation,
+    ReplicasCase,
+    ResumeCase,
+    RoundTripCase,
     TrainingKind,
     prove_moves,
     reproduce_move,
@@ -88,6 +92,7 @@ __all__ = [
     "MeshLayout",
     "Message",
     "MismatchCase",
+    "MoveCase",
     "MoveViolation",
     "PointToPointCase",
     "PoolError",
@@ -99,6 +104,10 @@ __all__ = [
     "RankPool",
     "ReduceCase",
     "Refusal",
+    "ReplicasCase",
+    "ResumeCase",
+    "RoundTripCase",
+    "StoppedCase",
     "StrategyFactory",
     "StrategyTarget",
     "TensorSpec",

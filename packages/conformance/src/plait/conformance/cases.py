@@ -5,7 +5,8 @@ the ranks, and their ``repr`` is the Python that rebuilds them, which is what a
 reproduction snippet prints. Each kind's case type lives with its kind (the
 collective contract's in `plait.conformance.kinds`, one module each); here is what
 they share (`TensorSpec`, the dtypes and the ops' spellings) and the training
-kit's values (`TrainingRun`, `TrainingCase`). What each kind of case means to a
+kit's values (`TrainingRun`, and `TrainingCase` and `StoppedCase`, which each training
+example's case type builds on). What each kind of case means to a
 rank and to the judge is its kind's (`plait.conformance.EXAMPLE_KINDS`).
 """
 
@@ -22,7 +23,6 @@ __all__ = [
     "DTYPES",
     "FLOAT_DTYPES",
     "INT_DTYPES",
-    "KINDS",
     "LAYOUTS",
     "MODELS",
     "MODELS_WITH_BUFFERS",
@@ -31,12 +31,12 @@ __all__ = [
     "OP_SPELLINGS",
     "SCHEDULERS",
     "Case",
-    "Kind",
     "ModelName",
     "Number",
     "OptimizerName",
     "SchedulerName",
     "StateValue",
+    "StoppedCase",
     "TensorSpec",
     "TrainingCase",
     "TrainingRun",
@@ -147,7 +147,6 @@ Value: TypeAlias = TensorSpec | int | float
 ModelName: TypeAlias = Literal["mlp", "conv", "embedding", "transformer", "norm", "attention"]
 OptimizerName: TypeAlias = Literal["sgd", "adam", "lbfgs"]
 SchedulerName: TypeAlias = Literal["none", "step", "epoch", "plateau"]
-Kind: TypeAlias = Literal["replicas", "round_trip", "resume", "move_out", "move_in"]
 
 MODELS: Final[tuple[ModelName, ...]] = (
     "mlp",
@@ -161,7 +160,6 @@ MODELS_WITH_BUFFERS: Final[tuple[ModelName, ...]] = ("norm",)
 """The models whose buffers (batch normalization's running statistics) change in training."""
 OPTIMIZERS: Final[tuple[OptimizerName, ...]] = ("sgd", "adam", "lbfgs")
 SCHEDULERS: Final[tuple[SchedulerName, ...]] = ("none", "step", "epoch", "plateau")
-KINDS: Final[tuple[Kind, ...]] = ("replicas", "round_trip", "resume", "move_out", "move_in")
 
 StateValue: TypeAlias = (
     "int | float | str | bool | tuple[float, ...] | list[StateValue] | dict[int | str, StateValue]"
@@ -219,51 +217,38 @@ class TrainingRun:
             )
 
 
-@attrs.frozen(hash=False)  # it holds a dict
+@attrs.frozen(hash=False)  # a round trip's holds a dict
 class TrainingCase:
-    """One example of a training property: a run, and what each rank does with it.
+    """What every training example holds: a run, and the checkpoint IO it saves with.
+
+    Each training property's examples are a subclass of their own, defined and
+    registered with the property's kind (`plait.conformance.EXAMPLE_KINDS`):
+    `ReplicasCase` (the declared semantics), `RoundTripCase`, `ResumeCase` and
+    `MoveCase`.
 
     Attributes:
-        kind: ``"replicas"``: train and report the losses, the replicas after each
-            step and the export; ``"round_trip"``: train, save, disturb, load, and
-            compare every state (then the module alone, the load contract);
-            ``"resume"``: stop at ``stop_at`` (``stop_inside`` micro-batches into the
-            next window), resume in a fresh strategy, and compare with the run never
-            stopped; ``"move_out"``: train to ``stop_at``, save and go on (the
-            losses a moved checkpoint must go on with); ``"move_in"``: load
-            ``source`` and go on from ``stop_at``.
         run: The training run.
-        stop_at: The optimizer steps taken before saving (round trip, resume, moves).
-        stop_inside: Micro-batches of the next window run before the stop (resume).
         checkpoint_io: The checkpoint IO (a registered name) the strategy is built
             with; None: its own.
-        user_state: What the user's `Stateful` object holds (round trip).
-        source: The checkpoint to load (``"move_in"``), as ``"move_out"`` wrote it.
-        validate_after: After how many steps each rank runs the strategy's
-            validation hooks and reports the module it validates (replicas).
     """
 
-    kind: Kind
     run: TrainingRun
-    stop_at: int = 0
-    stop_inside: int = 0
-    checkpoint_io: str | None = None
-    user_state: dict[int | str, StateValue] = attrs.field(factory=dict)
-    source: str | None = None
-    validate_after: tuple[int, ...] = ()
+    checkpoint_io: str | None = attrs.field(default=None, kw_only=True)
+
+
+@attrs.frozen(hash=False)
+class StoppedCase(TrainingCase):
+    """A training example whose run stops: it saves after ``stop_at`` optimizer steps.
+
+    Attributes:
+        stop_at: The optimizer steps taken before saving (1 to the run's steps).
+    """
+
+    stop_at: int = attrs.field(kw_only=True)
 
     def __attrs_post_init__(self) -> None:
-        if self.kind != "replicas" and not 0 < self.stop_at <= self.run.steps:
+        if not 0 < self.stop_at <= self.run.steps:
             raise ValueError(f"stop_at={self.stop_at} must be within the run's 1..{self.run.steps}")
-        if not 0 <= self.stop_inside < self.run.accumulate:
-            raise ValueError(
-                f"stop_inside={self.stop_inside} must be below accumulate={self.run.accumulate}"
-            )
-        if any(not 0 < after <= self.run.steps for after in self.validate_after):
-            raise ValueError(
-                f"validate_after={self.validate_after} must be within the run's "
-                f"1..{self.run.steps} steps"
-            )
 
 
 Case: TypeAlias = AttrsInstance

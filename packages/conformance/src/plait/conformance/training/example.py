@@ -1,34 +1,38 @@
-"""A kind of training example: its property, each rank's part, and how the reports are judged.
+"""The base of every training example kind: each rank's part, and how the reports are judged.
 
-Every training example is a `TrainingCase`; its ``kind`` names the
-`TrainingExample` that answers for it in `TRAINING_EXAMPLES` (one module each:
-`replicas`, `round_trip`, `resume`, `moves`). The harness's side of every example
-is the same (`check_training`): each rank sent a `TrainingReport`, they agree on
-refusing, none found a problem itself; then the example's own judge.
+Each training property's examples are a case type of their own, with the
+`TrainingKind` that answers for them, registered in
+`plait.conformance.EXAMPLE_KINDS` as any kind is (one module each: `replicas`,
+`round_trip`, `resume`, `moves`). The harness's side of every example is the same
+(`check_training`): each rank sent a `TrainingReport`, they agree on refusing, none
+found a problem itself; then the kind's own `TrainingKind.check`.
 """
 
 from __future__ import annotations
 
 import abc
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, ClassVar, Final
+from typing import TYPE_CHECKING, Final, TypeVar
 
-from plait.conformance.outcomes import rank_list
-from plait.conformance.training.loop import TrainingReport
-from plait.core import ConfigurationError
+from typing_extensions import override
+
+from plait.conformance.kind import ExampleKind
+from plait.conformance.outcomes import Outcome, rank_list
+from plait.conformance.training.cases import TrainingCase
+from plait.conformance.training.generate import coverage
+from plait.conformance.training.loop import Refused, TrainingReport, build_strategy
+from plait.conformance.worker import raised
+from plait.core import TrainingSemantics, training_semantics_of
 
 if TYPE_CHECKING:
-    from plait.conformance.cases import Kind, TrainingCase
-    from plait.conformance.kind import Property
-    from plait.conformance.outcomes import Outcome
+    from plait.conformance.kind import RankContext
     from plait.conformance.target import StrategyTarget
-    from plait.core import Strategy, TrainingSemantics
+    from plait.core import Strategy
 
 __all__ = [
     "SLOWER",
-    "TRAINING_EXAMPLES",
-    "TrainingExample",
-    "TrainingExamples",
+    "TC",
+    "TrainingKind",
     "check_training",
     "reports",
 ]
@@ -37,24 +41,31 @@ SLOWER: Final = 4.0
 """How many of the pool's deadlines a training example may take: it runs a few short
 trainings, a hundred collectives, not one."""
 
+TC = TypeVar("TC", bound=TrainingCase)
+"""A training example's case type."""
 
-class TrainingExample(abc.ABC):
-    """One kind of training example (a value of ``TrainingCase.kind``).
 
-    Attributes:
-        kind: The ``TrainingCase.kind`` it answers for.
-        property: The training property its examples prove.
+class TrainingKind(ExampleKind[TC]):
+    """A kind of training example: each rank runs its part on fresh strategies of the target.
+
+    A subclass names its case type and its property, and says what a rank does
+    (`train`) and, where the reports must agree across ranks, how they are judged
+    (`check`); the ranks' reports are judged against what the strategy declares
+    (`plait.core.TrainingSemantics`), and settings every rank refused alike are drawn
+    again.
+
+    Its subclasses set ``case_type`` and ``properties`` (the one training property
+    its examples prove), as every `ExampleKind` does.
     """
 
-    kind: ClassVar[Kind]
-    property: ClassVar[Property]
+    snippet_names = ("TrainingRun",)
 
     @abc.abstractmethod
-    def run(
+    def train(
         self,
         strategy: Strategy,
         target: StrategyTarget,
-        case: TrainingCase,
+        case: TC,
         semantics: TrainingSemantics,
     ) -> TrainingReport:
         """This rank's part of ``case``, starting on ``strategy`` (fresh, joined).
@@ -66,50 +77,52 @@ class TrainingExample(abc.ABC):
             Refused: The strategy refused the example's settings.
         """
 
-    def judge(self, case: TrainingCase, reports: Sequence[TrainingReport]) -> list[str]:
+    def check(self, case: TC, reports: Sequence[TrainingReport]) -> list[str]:
         """What the ranks' reports (every rank's, none refused) break besides their own problems."""
         del case, reports
         return []
 
+    def run_on(self, target: StrategyTarget, case: TC) -> TrainingReport:
+        """This rank's part of ``case``, on a fresh strategy of ``target`` it builds first."""
+        try:
+            first = build_strategy(target, case.run, case.checkpoint_io)
+        except Refused as refusal:
+            return TrainingReport(TrainingSemantics(), refused=str(refusal))
+        semantics = training_semantics_of(first)
+        try:
+            return self.train(first, target, case, semantics)
+        except Refused as refusal:
+            return TrainingReport(semantics, refused=str(refusal))
 
-class TrainingExamples:
-    """The training examples, by the ``TrainingCase.kind`` each answers for."""
+    @override
+    def run(self, context: RankContext, case: TC) -> Outcome:
+        assert context.target is not None
+        try:
+            outcome = Outcome(context.rank, result=self.run_on(context.target, case))
+        except Exception as error:  # noqa: BLE001 - every error is reported, not raised
+            outcome = Outcome(context.rank, error=raised(error))
+        context.rejoin()
+        return outcome
 
-    def __init__(self) -> None:
-        self._examples: dict[str, TrainingExample] = {}
+    @override
+    def judge(self, case: TC, outcomes: Sequence[Outcome], devices: Sequence[str]) -> list[str]:
+        del devices  # every rank's run is on its own device; the reports say the rest
+        return check_training(self, case, outcomes)
 
-    def register(self, example: TrainingExample) -> TrainingExample:
-        """Make ``example`` the one for its kind; returns it.
+    @override
+    def covered(self, cases: Sequence[TC], semantics: TrainingSemantics) -> str | None:
+        """The runs' lengths and the stops, against the period the strategy declares."""
+        return coverage(cases, semantics)
 
-        Raises:
-            ConfigurationError: Its kind has an example already.
-        """
-        held = self._examples.get(example.kind)
-        if held is not None:
-            raise ConfigurationError(
-                f"the training example {example.kind!r} is already {type(held).__name__}'s",
-                value=example,
-                fix="give the new example a kind of its own",
-            )
-        self._examples[example.kind] = example
-        return example
-
-    def of(self, case: TrainingCase) -> TrainingExample:
-        """The example ``case`` is one of.
-
-        Raises:
-            ConfigurationError: Its kind names none (the kinds are listed).
-        """
-        found = self._examples.get(case.kind)
-        if found is None:
-            raise ConfigurationError.invalid_choice(
-                "training example kind", case.kind, sorted(self._examples)
-            )
-        return found
-
-
-TRAINING_EXAMPLES: Final = TrainingExamples()
-"""Every training example, by kind."""
+    @override
+    def refusal(self, outcomes: Sequence[Outcome]) -> str | None:
+        refused = {
+            outcome.result.refused if isinstance(outcome.result, TrainingReport) else None
+            for outcome in outcomes
+        }
+        if len(refused) == 1:
+            return refused.pop()
+        return None
 
 
 def reports(outcomes: Sequence[Outcome]) -> tuple[list[TrainingReport], list[str]]:
@@ -133,7 +146,7 @@ def reports(outcomes: Sequence[Outcome]) -> tuple[list[TrainingReport], list[str
     return kept, problems
 
 
-def check_training(case: TrainingCase, outcomes: Sequence[Outcome]) -> list[str]:
+def check_training(kind: TrainingKind[TC], case: TC, outcomes: Sequence[Outcome]) -> list[str]:
     """How the ranks' reports of ``case`` break the declared semantics; empty if they keep it."""
     kept, problems = reports(outcomes)
     if problems or not kept or kept[0].refused is not None:
@@ -142,4 +155,4 @@ def check_training(case: TrainingCase, outcomes: Sequence[Outcome]) -> list[str]
         problems += [f"rank {index}: {problem}" for problem in report.problems]
     if problems:
         return problems
-    return TRAINING_EXAMPLES.of(case).judge(case, kept)
+    return kind.check(case, kept)

@@ -26,30 +26,29 @@ from plait.conformance.training.cases import (
     OPTIMIZERS,
     SCHEDULERS,
     StateValue,
+    StoppedCase,
     TrainingCase,
     TrainingRun,
 )
 from plait.core import CheckpointIORegistry, PeriodicAveraging
 
 if TYPE_CHECKING:
-    from plait.conformance.training.cases import Kind
     from plait.core import TrainingSemantics
 
 __all__ = [
+    "ATTENTION_RUN",
+    "GRID_RUN",
+    "NORM_RUN",
     "checkpoint_ios",
     "coverage",
     "declared_period",
+    "grid_run",
+    "inside_second_period",
     "meets_after",
-    "moves",
-    "moves_grid",
     "next_meeting",
-    "replicas",
-    "replicas_grid",
-    "resume_grid",
-    "resumes",
-    "round_trip_grid",
-    "round_trips",
     "runs",
+    "stopped_run",
+    "stops",
     "user_states",
 ]
 
@@ -94,7 +93,7 @@ def coverage(cases: Sequence[TrainingCase], semantics: TrainingSemantics) -> str
     if period is not None:
         meetings = sorted({length // period for length in lengths})
         text += f" ({_spans(meetings)} meetings before the end)"
-    stopping = [case for case in cases if case.stop_at]  # replicas run to the end
+    stopping = [case for case in cases if isinstance(case, StoppedCase)]
     if not stopping:
         return text
     stops = sorted({case.stop_at for case in stopping})
@@ -170,19 +169,6 @@ def user_states() -> st.SearchStrategy[dict[int | str, StateValue]]:
     return st.dictionaries(keys, nested, min_size=1, max_size=3)
 
 
-@st.composite
-def _validated(draw: st.DrawFn, semantics: TrainingSemantics) -> TrainingCase:
-    run = draw(runs(semantics))
-    after = draw(st.lists(st.integers(1, run.steps), max_size=2, unique=True))
-    return TrainingCase("replicas", run, validate_after=tuple(sorted(after)))
-
-
-def replicas(world_size: int, semantics: TrainingSemantics) -> st.SearchStrategy[TrainingCase]:
-    """Examples of the declared semantics: a run, its losses, replicas, validations, export."""
-    del world_size  # every run fits every world size
-    return _validated(semantics)
-
-
 def stops(semantics: TrainingSemantics, run: TrainingRun, last: int) -> st.SearchStrategy[int]:
     """Where a run of ``run.steps`` stops (1 to ``last`` steps taken).
 
@@ -200,18 +186,14 @@ def stops(semantics: TrainingSemantics, run: TrainingRun, last: int) -> st.Searc
 
 
 @st.composite
-def _stopped(
-    draw: st.DrawFn,
-    semantics: TrainingSemantics,
-    kind: Kind,
-    *,
-    inside: bool,
-    io: bool,
-    goes_on: bool = True,
-    user_state: bool = False,
-) -> TrainingCase:
-    # goes_on: the run trains after the stop (a resume, a move), so it stops before
-    # its last step; user_state: a user's Stateful object is saved with the run.
+def stopped_run(
+    draw: st.DrawFn, semantics: TrainingSemantics, *, inside: bool, goes_on: bool
+) -> tuple[TrainingRun, int, int]:
+    """A run, where it stops (``stop_at``) and how far into the next window (``stop_inside``).
+
+    ``goes_on``: the run trains after the stop (a resume, a move), so it stops before
+    its last step. ``inside``: the stop may fall inside an accumulation window.
+    """
     run = draw(runs(semantics))
     stop_at = draw(stops(semantics, run, run.steps - 1 if goes_on else run.steps))
     # A model with buffers stops between windows: a checkpoint saved inside one
@@ -219,32 +201,7 @@ def _stopped(
     # whatever the strategy (the loop's to avoid, not the strategy's).
     inside = inside and run.model not in MODELS_WITH_BUFFERS
     stop_inside = draw(st.integers(0, run.accumulate - 1)) if inside else 0
-    return TrainingCase(
-        kind,
-        run,
-        stop_at=stop_at,
-        stop_inside=stop_inside,
-        checkpoint_io=draw(checkpoint_ios()) if io else None,
-        user_state=draw(user_states()) if user_state else {},
-    )
-
-
-def round_trips(world_size: int, semantics: TrainingSemantics) -> st.SearchStrategy[TrainingCase]:
-    """A run saved after some steps, with every checkpoint IO, and a user's state."""
-    del world_size
-    return _stopped(semantics, "round_trip", inside=False, io=True, goes_on=False, user_state=True)
-
-
-def resumes(world_size: int, semantics: TrainingSemantics) -> st.SearchStrategy[TrainingCase]:
-    """A run stopped inside an epoch (and inside an accumulation window), then resumed."""
-    del world_size
-    return _stopped(semantics, "resume", inside=True, io=True)
-
-
-def moves(world_size: int, semantics: TrainingSemantics) -> st.SearchStrategy[TrainingCase]:
-    """A run saved after some steps that goes on, here and where its checkpoint moves."""
-    del world_size
-    return _stopped(semantics, "move_out", inside=False, io=False)
+    return run, stop_at, stop_inside
 
 
 # The grid: the examples of each property that every run tries first, whatever the
@@ -257,7 +214,7 @@ def moves(world_size: int, semantics: TrainingSemantics) -> st.SearchStrategy[Tr
 # stops fall inside the second period (the anchor, the outer momentum and the
 # replicas all their own) and right after the second meeting.
 
-_GRID_RUN = TrainingRun(
+GRID_RUN: Final = TrainingRun(
     model="mlp",
     seed=7,
     micro_batch=2,
@@ -269,78 +226,21 @@ _GRID_RUN = TrainingRun(
 )
 
 
-def _grid_run(semantics: TrainingSemantics, run: TrainingRun = _GRID_RUN) -> TrainingRun:
+def grid_run(semantics: TrainingSemantics, run: TrainingRun = GRID_RUN) -> TrainingRun:
+    """``run``, stretched to two meetings and one step where the replicas meet."""
     period = declared_period(semantics)
     return run if period is None else attrs.evolve(run, steps=2 * period + 1)
 
 
-def _inside(period: int) -> int:
+def inside_second_period(period: int) -> int:
     """A stop inside the second period (right after the first meeting where a period is 1)."""
     return period + 1 if period > 1 else 1
 
 
-_NORM_RUN = attrs.evolve(_GRID_RUN, model="norm", steps=3, scheduler="none")
+NORM_RUN: Final = attrs.evolve(GRID_RUN, model="norm", steps=3, scheduler="none")
 """A model with buffers (batch normalization), two micro-batches a step."""
 
-_ATTENTION_RUN = attrs.evolve(
-    _GRID_RUN, model="attention", steps=3, optimizer="adam", scheduler="none"
+ATTENTION_RUN: Final = attrs.evolve(
+    GRID_RUN, model="attention", steps=3, optimizer="adam", scheduler="none"
 )
 """A sequence model whose tokens a context-parallel strategy splits between ranks."""
-
-
-def replicas_grid(world_size: int, semantics: TrainingSemantics) -> list[TrainingCase]:
-    """The replicas examples every run tries first.
-
-    The second has buffers; the third is a sequence model (split between
-    context-parallel ranks where they are). The first validates inside a period and
-    right after a meeting (synchronous: in the middle of the run).
-    """
-    del world_size
-    period = declared_period(semantics)
-    after = (2,) if period is None else tuple(sorted({_inside(period), 2 * period}))
-    return [
-        TrainingCase("replicas", _grid_run(semantics), validate_after=after),
-        TrainingCase("replicas", _grid_run(semantics, _NORM_RUN)),
-        TrainingCase("replicas", _grid_run(semantics, _ATTENTION_RUN)),
-    ]
-
-
-def round_trip_grid(world_size: int, semantics: TrainingSemantics) -> list[TrainingCase]:
-    """The round trip every run tries first: Adam, a per-step scheduler, int keys."""
-    del world_size
-    run = TrainingRun(
-        "mlp", 7, micro_batch=2, accumulate=1, steps=5, steps_per_epoch=2,
-        optimizer="adam", scheduler="step",
-    )  # fmt: skip
-    user: dict[int | str, StateValue] = {0: {1: [(0.5, -1.0)], "a": 2}, "b": [3, (1.5,)]}
-    period = declared_period(semantics)
-    stop = 3 if period is None else _inside(period)
-    return [TrainingCase("round_trip", _grid_run(semantics, run), stop_at=stop, user_state=user)]
-
-
-def moves_grid(world_size: int, semantics: TrainingSemantics) -> list[TrainingCase]:
-    """The move every run tries first: SGD, saved after its first step, going on for four.
-
-    SGD's steps scale with the gradients, where Adam's would not: a move that scales
-    them wrongly shows.
-    """
-    del world_size
-    run = _grid_run(semantics)
-    period = declared_period(semantics)
-    return [TrainingCase("move_out", run, stop_at=1 if period is None else _inside(period))]
-
-
-def resume_grid(world_size: int, semantics: TrainingSemantics) -> list[TrainingCase]:
-    """The resumes every run tries first: inside an epoch and an accumulation window.
-
-    With a period: inside the second period, and right after the second meeting.
-    """
-    del world_size
-    run = _grid_run(semantics)
-    period = declared_period(semantics)
-    if period is None:
-        return [TrainingCase("resume", run, stop_at=3, stop_inside=1)]
-    return [
-        TrainingCase("resume", run, stop_at=_inside(period), stop_inside=1),
-        TrainingCase("resume", run, stop_at=2 * period),
-    ]

@@ -1,7 +1,8 @@
 """Checkpoint moves: a checkpoint saved mid-run goes on, on each strategy declared compatible.
 
-A run is saved mid-way on the source's pool (``"move_out"``), goes on there, and
-goes on from the same checkpoint on the target's (``"move_in"``): `prove_moves`
+A run is saved mid-way on the source's pool (a `MoveCase` without ``source``), goes
+on there, and goes on from the same checkpoint on the target's (the same case with
+the checkpoint as its ``source``): `prove_moves`
 proves it over the two pools, and the losses must agree within the precision's
 rounding. Where the strategy declares itself ``resizable``, its checkpoint also goes
 on at other world sizes, on the same strategy's pools there, with the losses of one
@@ -18,19 +19,21 @@ from typing import TYPE_CHECKING, Final
 
 import attrs
 import torch
+from hypothesis import strategies as st
 from typing_extensions import override
 
 from plait.conformance.kind import Property
 from plait.conformance.pool import PoolError, PoolStartError, RankPool
 from plait.conformance.properties import ContractViolation, drawing, plain
-from plait.conformance.training import generate
-from plait.conformance.training.cases import TrainingCase
+from plait.conformance.registry import EXAMPLE_KINDS
+from plait.conformance.training.cases import StoppedCase
 from plait.conformance.training.compare import OTHER_ORDER, loss_apart, tolerance
-from plait.conformance.training.example import (
-    SLOWER,
-    TRAINING_EXAMPLES,
-    TrainingExample,
-    reports,
+from plait.conformance.training.example import SLOWER, TrainingKind, reports
+from plait.conformance.training.generate import (
+    declared_period,
+    grid_run,
+    inside_second_period,
+    stopped_run,
 )
 from plait.conformance.training.loop import (
     FRESH_SEED,
@@ -51,14 +54,56 @@ if TYPE_CHECKING:
 
 __all__ = [
     "MOVES",
-    "MoveIn",
-    "MoveOut",
+    "MoveCase",
     "MoveViolation",
+    "Moves",
     "check_move",
     "check_resized",
+    "moves",
+    "moves_grid",
     "prove_moves",
     "reproduce_move",
 ]
+
+
+@attrs.frozen(hash=False)
+class MoveCase(StoppedCase):
+    """A run saved after ``stop_at`` steps that goes on, here and where its checkpoint moves.
+
+    Without ``source``, a rank trains to ``stop_at``, saves and goes on (the losses a
+    moved checkpoint must go on with); with it, a rank loads ``source`` (as such a
+    run saved it) and goes on from ``stop_at``.
+
+    Attributes:
+        source: The checkpoint to load and go on from; None: train and save it.
+    """
+
+    source: str | None = attrs.field(default=None, kw_only=True)
+
+
+@st.composite
+def _move(draw: st.DrawFn, semantics: TrainingSemantics) -> MoveCase:
+    run, stop_at, _ = draw(stopped_run(semantics, inside=False, goes_on=True))
+    return MoveCase(run, stop_at=stop_at)
+
+
+def moves(world_size: int, semantics: TrainingSemantics) -> st.SearchStrategy[MoveCase]:
+    """A run saved after some steps that goes on, here and where its checkpoint moves."""
+    del world_size
+    return _move(semantics)
+
+
+def moves_grid(world_size: int, semantics: TrainingSemantics) -> list[MoveCase]:
+    """The move every run tries first: SGD, saved after its first step, going on for four.
+
+    SGD's steps scale with the gradients, where Adam's would not: a move that scales
+    them wrongly shows.
+    """
+    del world_size
+    run = grid_run(semantics)
+    period = declared_period(semantics)
+    return [MoveCase(run, stop_at=1 if period is None else inside_second_period(period))]
+
 
 MOVES: Final = Property(
     "checkpoint_moves",
@@ -66,77 +111,73 @@ MOVES: Final = Property(
     "at the same world size, goes on with the losses the strategy itself went on with; "
     "where it declares itself resizable, loaded by the strategy at other world sizes, "
     "it goes on as one process on the global batch of the ranks there",
-    draws=generate.moves,
+    draws=moves,
     over_groups=False,
     slower=SLOWER,
 )
 """The moves: proved by `prove_moves`, over two pools."""
 
 
-class MoveOut(TrainingExample):
+class Moves(TrainingKind[MoveCase]):
+    """Each rank's part of a move: where the checkpoint is saved, or where it goes on."""
+
+    case_type = MoveCase
+    properties = (MOVES,)
+
+    @override
+    def train(
+        self,
+        strategy: Strategy,
+        target: StrategyTarget,
+        case: MoveCase,
+        semantics: TrainingSemantics,
+    ) -> TrainingReport:
+        if case.source is None:
+            return _move_out(strategy, case, semantics)
+        return _move_in(strategy, case, case.source, semantics)
+
+
+def _move_out(strategy: Strategy, case: MoveCase, semantics: TrainingSemantics) -> TrainingReport:
     """Train to ``stop_at``, save, and go on: the losses a moved checkpoint must go on with."""
-
-    kind = "move_out"
-    property = MOVES
-
-    @override
-    def run(
-        self,
-        strategy: Strategy,
-        target: StrategyTarget,
-        case: TrainingCase,
-        semantics: TrainingSemantics,
-    ) -> TrainingReport:
-        run = case.run
-        seed_streams(run, strategy.global_rank)
-        try:
-            loop = Loop(strategy, run, model_seed=run.seed)
-            loop.begin()
-            loop.train(0, case.stop_at)
-            directory = shared_directory(strategy, "plait-kit-move-")
-            path = str(Path(directory) / "checkpoint")
-            strategy.save_checkpoint(loop.state(), path)
-            strategy.barrier()
-            after = loop.train(case.stop_at, run.steps)
-            loop.end()
-        finally:
-            finish(strategy)
-        return TrainingReport(
-            semantics,
-            losses=tuple(after),
-            checkpoint=path,
-            data_parallel_size=loop.data_parallel_size,
-        )
+    run = case.run
+    seed_streams(run, strategy.global_rank)
+    try:
+        loop = Loop(strategy, run, model_seed=run.seed)
+        loop.begin()
+        loop.train(0, case.stop_at)
+        directory = shared_directory(strategy, "plait-kit-move-")
+        path = str(Path(directory) / "checkpoint")
+        strategy.save_checkpoint(loop.state(), path)
+        strategy.barrier()
+        after = loop.train(case.stop_at, run.steps)
+        loop.end()
+    finally:
+        finish(strategy)
+    return TrainingReport(
+        semantics,
+        losses=tuple(after),
+        checkpoint=path,
+        data_parallel_size=loop.data_parallel_size,
+    )
 
 
-class MoveIn(TrainingExample):
-    """Load ``source`` (as a ``"move_out"`` example wrote it) and go on from ``stop_at``."""
-
-    kind = "move_in"
-    property = MOVES
-
-    @override
-    def run(
-        self,
-        strategy: Strategy,
-        target: StrategyTarget,
-        case: TrainingCase,
-        semantics: TrainingSemantics,
-    ) -> TrainingReport:
-        run = case.run
-        assert case.source is not None
-        torch.manual_seed(FRESH_SEED + strategy.global_rank)
-        try:
-            loop = Loop(strategy, run, model_seed=run.seed + FRESH_SEED)
-            loop.restore(case.source)
-            loop.begin()
-            after = loop.train(case.stop_at, run.steps)
-            loop.end()
-        finally:
-            finish(strategy)
-        return TrainingReport(
-            semantics, losses=tuple(after), data_parallel_size=loop.data_parallel_size
-        )
+def _move_in(
+    strategy: Strategy, case: MoveCase, source: str, semantics: TrainingSemantics
+) -> TrainingReport:
+    """Load ``source`` (as `_move_out` saved it) and go on from ``stop_at``."""
+    run = case.run
+    torch.manual_seed(FRESH_SEED + strategy.global_rank)
+    try:
+        loop = Loop(strategy, run, model_seed=run.seed + FRESH_SEED)
+        loop.restore(source)
+        loop.begin()
+        after = loop.train(case.stop_at, run.steps)
+        loop.end()
+    finally:
+        finish(strategy)
+    return TrainingReport(
+        semantics, losses=tuple(after), data_parallel_size=loop.data_parallel_size
+    )
 
 
 def check_move(
@@ -163,7 +204,7 @@ class MoveViolation(ContractViolation):
     def __init__(
         self,
         pool: RankPool,
-        case: TrainingCase,
+        case: MoveCase,
         target: str,
         problems: list[str],
         *,
@@ -180,7 +221,7 @@ class MoveViolation(ContractViolation):
         """A script that reruns the move."""
         return "\n".join(
             [
-                "from plait.conformance.cases import TrainingCase, TrainingRun",
+                "from plait.conformance import MoveCase, TrainingRun",
                 "from plait.conformance.training import reproduce_move",
                 "",
                 'if __name__ == "__main__":',
@@ -203,7 +244,7 @@ def check_resized(
     source: int,
     target: int,
     found: Sequence[float],
-    case: TrainingCase,
+    case: MoveCase,
     *,
     reading: tuple[int, int] | None = None,
 ) -> list[str]:
@@ -236,7 +277,7 @@ def check_resized(
     ]
 
 
-def _moved(source: RankPool, target: RankPool, case: TrainingCase, *, moved_to: str) -> None:
+def _moved(source: RankPool, target: RankPool, case: MoveCase, *, moved_to: str) -> None:
     """Run ``case`` on ``source``, its checkpoint on ``target``; raise where they part.
 
     A ``target`` of another world size is the same strategy there: a resize.
@@ -258,7 +299,7 @@ def _moved(source: RankPool, target: RankPool, case: TrainingCase, *, moved_to: 
     first: TrainingReport = kept[0]
     if first.refused is not None or first.checkpoint is None:
         return
-    moved = attrs.evolve(case, kind="move_in", source=first.checkpoint)
+    moved = attrs.evolve(case, source=first.checkpoint)
     try:
         try:
             back = target.run(moved, deadline=target.deadline * SLOWER)
@@ -365,11 +406,11 @@ def _prove_move(
     __tracebackhide__ = True
     count = 0
 
-    grid = generate.moves_grid(source.world_size, source.semantics)
+    grid = moves_grid(source.world_size, source.semantics)
 
     def run(case: Case) -> None:
         nonlocal count
-        assert isinstance(case, TrainingCase)
+        assert isinstance(case, MoveCase)
         count += 1
         try:
             _moved(source, target, case, moved_to=name)
@@ -386,7 +427,7 @@ def _prove_move(
         raise plain(violation) from None
     test = drawing(
         run,
-        generate.moves(source.world_size, source.semantics),
+        moves(source.world_size, source.semantics),
         limit=max_examples,
         shrink=shrink,
         seed=seed,
@@ -401,7 +442,7 @@ def _prove_move(
 def reproduce_move(
     source: str,
     target: str,
-    case: TrainingCase,
+    case: MoveCase,
     *,
     world_size: int,
     backend: str = "gloo",
@@ -425,5 +466,4 @@ def reproduce_move(
         _moved(there, here, case, moved_to=target)
 
 
-TRAINING_EXAMPLES.register(MoveOut())
-TRAINING_EXAMPLES.register(MoveIn())
+EXAMPLE_KINDS.register(Moves())

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Final
 
-from plait.conformance.training.example import TRAINING_EXAMPLES
+from plait.conformance.registry import EXAMPLE_KINDS
 from plait.conformance.training.moves import MOVES, MoveViolation, prove_moves, reproduce_move
 from plait.conformance.training.replicas import DECLARED_SEMANTICS
 from plait.conformance.training.resume import RESUME_EXACTNESS
@@ -36,4 +36,4 @@ TRAINING_PROPERTIES: Final = (DECLARED_SEMANTICS, CHECKPOINT_ROUND_TRIP, RESUME_
 
 def training_property(case: TrainingCase) -> Property:
     """The training property whose examples look like ``case``."""
-    return TRAINING_EXAMPLES.of(case).property
+    return EXAMPLE_KINDS.kind_of(case).property_of(case)

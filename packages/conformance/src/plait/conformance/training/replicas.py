@@ -13,15 +13,26 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
+import attrs
 import torch
+from hypothesis import strategies as st
 from typing_extensions import override
 
 from plait.conformance.kind import Property
 from plait.conformance.outcomes import rank_list
-from plait.conformance.training import generate
+from plait.conformance.registry import EXAMPLE_KINDS
+from plait.conformance.training.cases import TrainingCase
 from plait.conformance.training.compare import OTHER_ORDER, loss_apart, tolerance
-from plait.conformance.training.example import SLOWER, TRAINING_EXAMPLES, TrainingExample
+from plait.conformance.training.example import SLOWER, TrainingKind
 from plait.conformance.training.flaws import diagnose, parted
+from plait.conformance.training.generate import (
+    ATTENTION_RUN,
+    NORM_RUN,
+    declared_period,
+    grid_run,
+    inside_second_period,
+    runs,
+)
 from plait.conformance.training.loop import (
     Loop,
     TrainingReport,
@@ -34,11 +45,68 @@ from plait.core import PeriodicAveraging, Synchronous
 
 if TYPE_CHECKING:
     from plait.conformance.target import StrategyTarget
-    from plait.conformance.training.cases import TrainingCase, TrainingRun
+    from plait.conformance.training.cases import TrainingRun
     from plait.core import Strategy, TrainingSemantics
     from plait.core.training import Buffers
 
-__all__ = ["DECLARED_SEMANTICS", "Replicas", "check_replicas"]
+__all__ = [
+    "DECLARED_SEMANTICS",
+    "Replicas",
+    "ReplicasCase",
+    "check_replicas",
+    "replicas",
+    "replicas_grid",
+]
+
+
+@attrs.frozen(hash=False)
+class ReplicasCase(TrainingCase):
+    """An example of the declared semantics: train the run, report every replica.
+
+    Attributes:
+        validate_after: After how many steps each rank runs the strategy's
+            validation hooks and reports the module it validates.
+    """
+
+    validate_after: tuple[int, ...] = attrs.field(default=(), kw_only=True)
+
+    def __attrs_post_init__(self) -> None:
+        if any(not 0 < after <= self.run.steps for after in self.validate_after):
+            raise ValueError(
+                f"validate_after={self.validate_after} must be within the run's "
+                f"1..{self.run.steps} steps"
+            )
+
+
+@st.composite
+def _validated(draw: st.DrawFn, semantics: TrainingSemantics) -> ReplicasCase:
+    run = draw(runs(semantics))
+    after = draw(st.lists(st.integers(1, run.steps), max_size=2, unique=True))
+    return ReplicasCase(run, validate_after=tuple(sorted(after)))
+
+
+def replicas(world_size: int, semantics: TrainingSemantics) -> st.SearchStrategy[ReplicasCase]:
+    """Examples of the declared semantics: a run, its losses, replicas, validations, export."""
+    del world_size  # every run fits every world size
+    return _validated(semantics)
+
+
+def replicas_grid(world_size: int, semantics: TrainingSemantics) -> list[ReplicasCase]:
+    """The replicas examples every run tries first.
+
+    The second has buffers; the third is a sequence model (split between
+    context-parallel ranks where they are). The first validates inside a period and
+    right after a meeting (synchronous: in the middle of the run).
+    """
+    del world_size
+    period = declared_period(semantics)
+    after = (2,) if period is None else tuple(sorted({inside_second_period(period), 2 * period}))
+    return [
+        ReplicasCase(grid_run(semantics), validate_after=after),
+        ReplicasCase(grid_run(semantics, NORM_RUN)),
+        ReplicasCase(grid_run(semantics, ATTENTION_RUN)),
+    ]
+
 
 DECLARED_SEMANTICS: Final = Property(
     "declared_semantics",
@@ -49,25 +117,25 @@ DECLARED_SEMANTICS: Final = Property(
     "for every model, optimizer (LBFGS with a closure) and scheduler; between the "
     "validation hooks each rank holds the module the declaration says it validates, "
     "and training goes on unchanged; the export is the trained module",
-    draws=generate.replicas,
-    declared_grid=generate.replicas_grid,
+    draws=replicas,
+    declared_grid=replicas_grid,
     over_groups=False,
     slower=SLOWER,
 )
 
 
-class Replicas(TrainingExample):
+class Replicas(TrainingKind[ReplicasCase]):
     """Train the run; report the losses, this rank's module after each step, the export."""
 
-    kind = "replicas"
-    property = DECLARED_SEMANTICS
+    case_type = ReplicasCase
+    properties = (DECLARED_SEMANTICS,)
 
     @override
-    def run(
+    def train(
         self,
         strategy: Strategy,
         target: StrategyTarget,
-        case: TrainingCase,
+        case: ReplicasCase,
         semantics: TrainingSemantics,
     ) -> TrainingReport:
         run = case.run
@@ -104,11 +172,11 @@ class Replicas(TrainingExample):
         )
 
     @override
-    def judge(self, case: TrainingCase, reports: Sequence[TrainingReport]) -> list[str]:
+    def check(self, case: ReplicasCase, reports: Sequence[TrainingReport]) -> list[str]:
         return check_replicas(case, reports)
 
 
-def check_replicas(case: TrainingCase, kept: Sequence[TrainingReport]) -> list[str]:
+def check_replicas(case: ReplicasCase, kept: Sequence[TrainingReport]) -> list[str]:
     """How every rank's losses, replicas and export differ from the declared semantics'."""
     run, world_size = case.run, kept[0].data_parallel(len(kept))
     semantics: TrainingSemantics = kept[0].semantics
@@ -178,7 +246,7 @@ def _validated_by(semantics: TrainingSemantics) -> str:
 
 
 def _check_validation(
-    case: TrainingCase, kept: Sequence[TrainingReport], expected: Reference
+    case: ReplicasCase, kept: Sequence[TrainingReport], expected: Reference
 ) -> list[str]:
     """Whether each rank validated what the declaration says, at each validation."""
     run = case.run
@@ -348,4 +416,4 @@ def _largest(found: torch.Tensor, expected: torch.Tensor) -> str:
     )
 
 
-TRAINING_EXAMPLES.register(Replicas())
+EXAMPLE_KINDS.register(Replicas())

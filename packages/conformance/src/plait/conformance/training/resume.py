@@ -13,19 +13,29 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
+import attrs
 import torch
+from hypothesis import strategies as st
 from typing_extensions import override
 
 from plait.conformance.kind import Property
-from plait.conformance.training import generate
+from plait.conformance.registry import EXAMPLE_KINDS
+from plait.conformance.training.cases import StoppedCase
 from plait.conformance.training.compare import (
     close_states,
     compare_vectors,
     loss_apart,
     tolerance,
 )
-from plait.conformance.training.example import SLOWER, TRAINING_EXAMPLES, TrainingExample
-from plait.conformance.training.generate import declared_period, meets_after
+from plait.conformance.training.example import SLOWER, TrainingKind
+from plait.conformance.training.generate import (
+    checkpoint_ios,
+    declared_period,
+    grid_run,
+    inside_second_period,
+    meets_after,
+    stopped_run,
+)
 from plait.conformance.training.loop import (
     FRESH_SEED,
     Loop,
@@ -38,10 +48,60 @@ from plait.conformance.training.loop import (
 
 if TYPE_CHECKING:
     from plait.conformance.target import StrategyTarget
-    from plait.conformance.training.cases import TrainingCase, TrainingRun
+    from plait.conformance.training.cases import TrainingRun
     from plait.core import Strategy, TrainingSemantics
 
-__all__ = ["RESUME_EXACTNESS", "Resume"]
+__all__ = ["RESUME_EXACTNESS", "Resume", "ResumeCase", "resume_grid", "resumes"]
+
+
+@attrs.frozen(hash=False)
+class ResumeCase(StoppedCase):
+    """A run stopped after ``stop_at`` steps, resumed in a fresh strategy, and compared.
+
+    Attributes:
+        stop_inside: Micro-batches of the next window run before the stop.
+    """
+
+    stop_inside: int = attrs.field(default=0, kw_only=True)
+
+    @override
+    def __attrs_post_init__(self) -> None:
+        super().__attrs_post_init__()
+        if not 0 <= self.stop_inside < self.run.accumulate:
+            raise ValueError(
+                f"stop_inside={self.stop_inside} must be below accumulate={self.run.accumulate}"
+            )
+
+
+@st.composite
+def _resume(draw: st.DrawFn, semantics: TrainingSemantics) -> ResumeCase:
+    run, stop_at, stop_inside = draw(stopped_run(semantics, inside=True, goes_on=True))
+    return ResumeCase(
+        run, stop_at=stop_at, stop_inside=stop_inside, checkpoint_io=draw(checkpoint_ios())
+    )
+
+
+def resumes(world_size: int, semantics: TrainingSemantics) -> st.SearchStrategy[ResumeCase]:
+    """A run stopped inside an epoch (and inside an accumulation window), then resumed."""
+    del world_size
+    return _resume(semantics)
+
+
+def resume_grid(world_size: int, semantics: TrainingSemantics) -> list[ResumeCase]:
+    """The resumes every run tries first: inside an epoch and an accumulation window.
+
+    With a period: inside the second period, and right after the second meeting.
+    """
+    del world_size
+    run = grid_run(semantics)
+    period = declared_period(semantics)
+    if period is None:
+        return [ResumeCase(run, stop_at=3, stop_inside=1)]
+    return [
+        ResumeCase(run, stop_at=inside_second_period(period), stop_inside=1),
+        ResumeCase(run, stop_at=2 * period),
+    ]
+
 
 RESUME_EXACTNESS: Final = Property(
     "resume_exactness",
@@ -49,25 +109,25 @@ RESUME_EXACTNESS: Final = Property(
     "window) and resumed from its checkpoint in a fresh strategy gives the losses, "
     "module and export of the run never stopped: bit for bit where the strategy "
     "declares exact_resume",
-    draws=generate.resumes,
-    declared_grid=generate.resume_grid,
+    draws=resumes,
+    declared_grid=resume_grid,
     over_groups=False,
     slower=SLOWER,
 )
 
 
-class Resume(TrainingExample):
+class Resume(TrainingKind[ResumeCase]):
     """Stop after a drawn step, resume in a fresh strategy, compare with the run never stopped."""
 
-    kind = "resume"
-    property = RESUME_EXACTNESS
+    case_type = ResumeCase
+    properties = (RESUME_EXACTNESS,)
 
     @override
-    def run(
+    def train(
         self,
         strategy: Strategy,
         target: StrategyTarget,
-        case: TrainingCase,
+        case: ResumeCase,
         semantics: TrainingSemantics,
     ) -> TrainingReport:
         run = case.run
@@ -185,7 +245,7 @@ def _losses(
 
 
 def _parting(
-    case: TrainingCase,
+    case: ResumeCase,
     semantics: TrainingSemantics,
     losses: tuple[Sequence[float], Sequence[float]],
     modules: tuple[Sequence[tuple[float, ...]], Sequence[tuple[float, ...]]],
@@ -247,4 +307,4 @@ def _parting(
     return f"{where}: {cause}" + (f"; {parted}" if parted else "")
 
 
-TRAINING_EXAMPLES.register(Resume())
+EXAMPLE_KINDS.register(Resume())

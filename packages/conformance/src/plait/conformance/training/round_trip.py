@@ -10,14 +10,25 @@ import random
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
+import attrs
 import torch
+from hypothesis import strategies as st
 from typing_extensions import override
 
 from plait.conformance.kind import Property
-from plait.conformance.training import generate
+from plait.conformance.registry import EXAMPLE_KINDS
+from plait.conformance.training.cases import StateValue, StoppedCase, TrainingRun
 from plait.conformance.training.compare import copied, differences
-from plait.conformance.training.example import SLOWER, TRAINING_EXAMPLES, TrainingExample
-from plait.conformance.training.generate import next_meeting
+from plait.conformance.training.example import SLOWER, TrainingKind
+from plait.conformance.training.generate import (
+    checkpoint_ios,
+    declared_period,
+    grid_run,
+    inside_second_period,
+    next_meeting,
+    stopped_run,
+    user_states,
+)
 from plait.conformance.training.loop import (
     Loop,
     TrainingReport,
@@ -30,10 +41,48 @@ from plait.conformance.training.loop import (
 
 if TYPE_CHECKING:
     from plait.conformance.target import StrategyTarget
-    from plait.conformance.training.cases import TrainingCase
     from plait.core import Strategy, TrainingSemantics
 
-__all__ = ["CHECKPOINT_ROUND_TRIP", "RoundTrip"]
+__all__ = ["CHECKPOINT_ROUND_TRIP", "RoundTrip", "RoundTripCase", "round_trip_grid", "round_trips"]
+
+
+@attrs.frozen(hash=False)  # it holds a dict
+class RoundTripCase(StoppedCase):
+    """A run saved after ``stop_at`` steps, disturbed, loaded back and compared.
+
+    Attributes:
+        user_state: What the user's `Stateful` object saved with the run holds.
+    """
+
+    user_state: dict[int | str, StateValue] = attrs.field(factory=dict, kw_only=True)
+
+
+@st.composite
+def _round_trip(draw: st.DrawFn, semantics: TrainingSemantics) -> RoundTripCase:
+    run, stop_at, _ = draw(stopped_run(semantics, inside=False, goes_on=False))
+    return RoundTripCase(
+        run, stop_at=stop_at, checkpoint_io=draw(checkpoint_ios()), user_state=draw(user_states())
+    )
+
+
+def round_trips(world_size: int, semantics: TrainingSemantics) -> st.SearchStrategy[RoundTripCase]:
+    """A run saved after some steps, with every checkpoint IO, and a user's state."""
+    del world_size
+    return _round_trip(semantics)
+
+
+def round_trip_grid(world_size: int, semantics: TrainingSemantics) -> list[RoundTripCase]:
+    """The round trip every run tries first: Adam, a per-step scheduler, int keys."""
+    del world_size
+    run = TrainingRun(
+        "mlp", 7, micro_batch=2, accumulate=1, steps=5, steps_per_epoch=2,
+        optimizer="adam", scheduler="step",
+    )  # fmt: skip
+    user: dict[int | str, StateValue] = {0: {1: [(0.5, -1.0)], "a": 2}, "b": [3, (1.5,)]}
+    period = declared_period(semantics)
+    stop = 3 if period is None else inside_second_period(period)
+    return [RoundTripCase(grid_run(semantics, run), stop_at=stop, user_state=user)]
+
 
 CHECKPOINT_ROUND_TRIP: Final = Property(
     "checkpoint_round_trip",
@@ -43,25 +92,25 @@ CHECKPOINT_ROUND_TRIP: Final = Property(
     "user's Stateful object (int keys, nested containers, tensors) exactly, on every "
     "rank; then load_checkpoint(path, module) restores each rank's own module alone, "
     "leaves the optimizer as it was and gives back the run's entries",
-    draws=generate.round_trips,
-    declared_grid=generate.round_trip_grid,
+    draws=round_trips,
+    declared_grid=round_trip_grid,
     over_groups=False,
     slower=SLOWER,
 )
 
 
-class RoundTrip(TrainingExample):
+class RoundTrip(TrainingKind[RoundTripCase]):
     """Train, save, disturb everything, load it back, and compare every state."""
 
-    kind = "round_trip"
-    property = CHECKPOINT_ROUND_TRIP
+    case_type = RoundTripCase
+    properties = (CHECKPOINT_ROUND_TRIP,)
 
     @override
-    def run(
+    def train(
         self,
         strategy: Strategy,
         target: StrategyTarget,
-        case: TrainingCase,
+        case: RoundTripCase,
         semantics: TrainingSemantics,
     ) -> TrainingReport:
         run = case.run
@@ -139,4 +188,4 @@ def _module_alone(loop: Loop, path: str, saved: dict[str, object]) -> list[str]:
     return problems
 
 
-TRAINING_EXAMPLES.register(RoundTrip())
+EXAMPLE_KINDS.register(RoundTrip())
