@@ -5,6 +5,7 @@ lint-imports with the repository's contracts over the copy.
 """
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -124,7 +125,8 @@ def test_a_module_that_imports_itself_back_at_run_time_is_named_with_the_import(
 
     assert code == 1, output
     assert "No cycles are allowed in plait.trainer." in output
-    assert "- .attach -> .trainer (1 import)" in output
+    # The import it names to remove is one of the two that close the circle.
+    assert re.search(r"- \.(attach -> \.trainer|trainer -> \.attach) \(1 import\)", output)
     # Imports for type checking alone do not count here (pyproject.toml's contracts
     # count them): the Trainer's public classes name each other, as Lightning's do.
     code, output = lint_with_extra_import(
@@ -134,7 +136,7 @@ def test_a_module_that_imports_itself_back_at_run_time_is_named_with_the_import(
         CYCLES,
     )
     assert code == 0, output
-    assert "Contracts: 1 kept, 0 broken." in output
+    assert "Contracts: 2 kept, 0 broken." in output
 
 
 @pytest.mark.slow

@@ -23,14 +23,14 @@ from plait.trainer.loggers import SupportsConnect, SupportsLogGraph
 from plait.trainer.module import ModuleData, overrides
 from plait.trainer.optim import parse_optimizers
 from plait.trainer.optimization import TrainerOptimizer, check_closure_optimizers
-from plait.trainer.run_state import Attached, Run, Steps, steps_of
+from plait.trainer.run_state import Attached, Run, steps_of
 
 if TYPE_CHECKING:
     from plait.core import Strategy
     from plait.trainer.module import DataModule, Module
     from plait.trainer.trainer import Trainer
 
-__all__ = ["Attached", "Run", "Steps", "attach", "restore", "steps_of"]
+__all__ = ["attach", "restore"]
 
 
 @contextlib.contextmanager

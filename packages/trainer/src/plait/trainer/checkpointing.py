@@ -24,11 +24,11 @@ from plait.trainer.state import rng_state
 if TYPE_CHECKING:
     from plait.core import Strategy
     from plait.core.typing import Checkpoint, PathLike
-    from plait.trainer.attach import Attached
     from plait.trainer.callbacks.base import Callback
     from plait.trainer.limits import Stage
     from plait.trainer.progress import Progress, Resume
     from plait.trainer.results import Results
+    from plait.trainer.run_state import Attached
 
 __all__ = [
     "CHECKPOINT_FORMAT",

@@ -16,9 +16,9 @@ from plait.trainer.metrics import Metrics, Number
 from plait.trainer.state import to_device
 
 if TYPE_CHECKING:
-    from plait.trainer.attach import Attached
     from plait.trainer.loop_settings import LoopContext
     from plait.trainer.results import Results
+    from plait.trainer.run_state import Attached
 
 __all__ = ["EvaluationLoop", "PredictionLoop", "kept"]
 

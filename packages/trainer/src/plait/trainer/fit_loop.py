@@ -23,13 +23,13 @@ from plait.trainer.stopping import GracefulStop
 if TYPE_CHECKING:
     import signal
 
-    from plait.trainer.attach import Attached
     from plait.trainer.callbacks.checkpoint import ModelCheckpoint
     from plait.trainer.checkpointing import Checkpointer
     from plait.trainer.evaluation_loop import EvaluationLoop
     from plait.trainer.loop_settings import LoopContext
     from plait.trainer.module import DataModule
     from plait.trainer.optimization import Optimization, Schedulers
+    from plait.trainer.run_state import Attached
 
 __all__ = ["FitLoop", "datamodule_loader"]
 

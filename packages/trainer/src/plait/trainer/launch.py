@@ -25,19 +25,19 @@ from plait.core import (
     seed_everything,
 )
 from plait.core.seed import SEED_ENV_VAR
-from plait.trainer.attach import Run
 from plait.trainer.metrics import held
+from plait.trainer.run_state import Run
 from plait.trainer.state import rng_state, set_rng_state
 
 if TYPE_CHECKING:
     import torch
 
     from plait.core import Strategy
-    from plait.trainer.attach import Attached
     from plait.trainer.checkpointing import Checkpointer
     from plait.trainer.limits import Stage
     from plait.trainer.metrics import Number
     from plait.trainer.module import DataModule, Module
+    from plait.trainer.run_state import Attached
     from plait.trainer.trainer import Trainer
 
 __all__ = [

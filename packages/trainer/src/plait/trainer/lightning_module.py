@@ -21,8 +21,8 @@ if TYPE_CHECKING:
 
     from plait.core import GradientClipAlgorithm
     from plait.core.typing import Checkpoint
-    from plait.trainer.attach import Attached
     from plait.trainer.optimization import TrainerOptimizer
+    from plait.trainer.run_state import Attached
     from plait.trainer.trainer import Trainer
     from plait.trainer.values import StepOutput
 

@@ -20,7 +20,6 @@ if TYPE_CHECKING:
     import torch
 
     from plait.core import Accelerator, Precision
-    from plait.trainer.attach import Attached
     from plait.trainer.callbacks.base import Callback
     from plait.trainer.connector import Connection
     from plait.trainer.loggers import Logger
@@ -29,6 +28,7 @@ if TYPE_CHECKING:
     from plait.trainer.optim import SchedulerConfig
     from plait.trainer.progress import Progress
     from plait.trainer.results import Results
+    from plait.trainer.run_state import Attached
 
 __all__ = ["TrainerProperties"]
 

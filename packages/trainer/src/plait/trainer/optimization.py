@@ -23,12 +23,12 @@ from plait.core import (
 from plait.trainer.profiler import regions_of
 
 if TYPE_CHECKING:
-    from plait.trainer.attach import Attached
     from plait.trainer.hooks import Hooks
     from plait.trainer.module import Module
     from plait.trainer.optim import SchedulerConfig
     from plait.trainer.progress import Progress
     from plait.trainer.results import Results
+    from plait.trainer.run_state import Attached
     from plait.trainer.values import StepOutput
 
 __all__ = [

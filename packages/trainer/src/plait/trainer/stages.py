@@ -23,9 +23,9 @@ from plait.trainer.optimization import (
 )
 
 if TYPE_CHECKING:
-    from plait.trainer.attach import Attached, Run
     from plait.trainer.callbacks.checkpoint import ModelCheckpoint
     from plait.trainer.checkpointing import Checkpointer
+    from plait.trainer.run_state import Attached, Run
 
 __all__ = ["LoopContext", "LoopSettings", "Setting", "run_stage_loop"]
 

@@ -22,7 +22,7 @@ from plait.core import (
     publish_rank,
     rank_zero_info,
 )
-from plait.trainer.attach import Attached, Run, attach, restore
+from plait.trainer.attach import attach, restore
 from plait.trainer.callbacks.resolve import resolve_callbacks
 from plait.trainer.checkpointing import Checkpointer, resolve_checkpoint
 from plait.trainer.checks import check_count, check_root, check_timeout, compile_options
@@ -47,6 +47,7 @@ if TYPE_CHECKING:
     from plait.core.typing import Checkpoint, DeviceSpec, PathLike
     from plait.trainer.callbacks.base import Callback
     from plait.trainer.metrics import Number
+    from plait.trainer.run_state import Attached, Run
 
 __all__ = ["Trainer"]
 
