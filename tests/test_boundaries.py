@@ -117,8 +117,8 @@ def test_a_deliberate_violation_breaks_its_contract(
 def test_a_module_that_imports_itself_back_at_run_time_is_named_with_the_import(
     tmp_path: Path,
 ) -> None:
-    # The Trainer's run state naming the Trainer at run time, where it imports it
-    # for its types only: the Trainer imports the run state, so a circle.
+    # A run's set-up naming the Trainer at run time, where it imports the Trainer for
+    # its types only: the Trainer imports the set-up, so a circle.
     code, output = lint_with_extra_import(
         tmp_path, "plait.trainer.attach", "import plait.trainer.trainer", CYCLES
     )
