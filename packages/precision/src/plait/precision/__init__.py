@@ -6,12 +6,13 @@
 ``64``, ``16`` and ``"bf16"``, in `plait.core.PrecisionRegistry`.
 """
 
-from plait.precision.base import map_tensors
+from plait.precision.base import LEAF_TYPES, map_tensors
 from plait.precision.names import ALIASES, PRECISIONS, parse_precision
 from plait.precision.plugins import MixedPrecision, TruePrecision
 
 __all__ = [
     "ALIASES",
+    "LEAF_TYPES",
     "PRECISIONS",
     "MixedPrecision",
     "TruePrecision",

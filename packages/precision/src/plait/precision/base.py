@@ -11,6 +11,7 @@ import torch
 from plait.core import ConfigurationError, GradientClipAlgorithm
 
 __all__ = [
+    "LEAF_TYPES",
     "check_clip",
     "convert_floats",
     "default_dtype",
@@ -72,19 +73,20 @@ def _in_dtype(data: object, dtype: torch.dtype) -> bool:
     if kind is torch.Tensor:
         return data.dtype == dtype or not data.is_floating_point()  # type: ignore[attr-defined]
     if kind is not tuple and kind is not list:
-        return kind in _LEAVES
+        return kind in LEAF_TYPES
     for item in data:  # type: ignore[attr-defined]
         kind = type(item)
         if kind is torch.Tensor:
             if item.dtype != dtype and item.is_floating_point():
                 return False
-        elif kind not in _LEAVES and not _in_dtype(item, dtype):
+        elif kind not in LEAF_TYPES and not _in_dtype(item, dtype):
             return False
     return True
 
 
-_LEAVES: Final = frozenset({int, float, bool, str, bytes, type(None)})
-"""Types that hold no tensor: checked by identity before any isinstance."""
+LEAF_TYPES: Final = frozenset({int, float, bool, str, bytes, type(None)})
+"""Types that hold no tensor: a walk over a batch checks them by identity before any
+isinstance (`map_tensors` here, and the quick looks at a batch before a walk)."""
 
 
 def map_tensors(data: T, function: Callable[[torch.Tensor], torch.Tensor]) -> T:  # noqa: PLR0911 (one return per kind)
@@ -96,7 +98,7 @@ def map_tensors(data: T, function: Callable[[torch.Tensor], torch.Tensor]) -> T:
     copied: the usual batch, already as wanted, costs a walk.
     """
     kind = type(data)
-    if kind in _LEAVES:
+    if kind in LEAF_TYPES:
         return data
     if isinstance(data, torch.Tensor):
         return function(data)  # type: ignore[return-value]
@@ -131,7 +133,7 @@ def _map_items(
         new: object
         if isinstance(item, torch.Tensor):
             new = function(item)
-        elif type(item) in _LEAVES:
+        elif type(item) in LEAF_TYPES:
             continue
         else:
             new = map_tensors(item, function)

@@ -5,12 +5,12 @@ from __future__ import annotations
 import contextlib
 import random
 from collections.abc import Iterator, Mapping
-from typing import Final, TypeVar
+from typing import TypeVar
 
 import torch
 
 from plait.core import is_module_available
-from plait.precision import map_tensors
+from plait.precision import LEAF_TYPES, map_tensors
 
 __all__ = ["preserved_rng", "rng_state", "set_rng_state", "to_device"]
 
@@ -33,9 +33,6 @@ def to_device(data: T, device: torch.device) -> T:
     return map_tensors(data, move)
 
 
-_LEAVES: Final = frozenset({int, float, bool, str, bytes, type(None)})
-
-
 def _on(data: object, device: torch.device) -> bool:
     """Whether ``data`` (tuples and lists of plain tensors and leaves) is all on ``device``.
 
@@ -46,13 +43,13 @@ def _on(data: object, device: torch.device) -> bool:
     if kind is torch.Tensor:
         return data.device == device  # type: ignore[attr-defined,no-any-return]
     if kind is not tuple and kind is not list:
-        return kind in _LEAVES
+        return kind in LEAF_TYPES
     for item in data:  # type: ignore[attr-defined]
         kind = type(item)
         if kind is torch.Tensor:
             if item.device != device:
                 return False
-        elif kind not in _LEAVES and not _on(item, device):
+        elif kind not in LEAF_TYPES and not _on(item, device):
             return False
     return True
 
