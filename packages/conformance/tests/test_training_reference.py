@@ -11,7 +11,8 @@ from torch import nn
 
 from plait.conformance.lanes import RANK_THREADS
 from plait.conformance.training.cases import TrainingRun
-from plait.conformance.training.program import TrainingReport, tolerance
+from plait.conformance.training.compare import tolerance
+from plait.conformance.training.loop import TrainingReport
 from plait.conformance.training.reference import (
     NUDGED_RUNS,
     ORDERS,

@@ -9,17 +9,13 @@ example's (`replicas`, `round_trip`, `resume`, `moves`).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Final
+from typing import Final
 
-from plait.conformance.registry import EXAMPLE_KINDS
+from plait.conformance.properties import property_of
 from plait.conformance.training.moves import MOVES, MoveViolation, prove_moves, reproduce_move
 from plait.conformance.training.replicas import DECLARED_SEMANTICS
 from plait.conformance.training.resume import RESUME_EXACTNESS
 from plait.conformance.training.round_trip import CHECKPOINT_ROUND_TRIP
-
-if TYPE_CHECKING:
-    from plait.conformance.kind import Property
-    from plait.conformance.training.cases import TrainingCase
 
 __all__ = [
     "MOVES",
@@ -34,6 +30,6 @@ TRAINING_PROPERTIES: Final = (DECLARED_SEMANTICS, CHECKPOINT_ROUND_TRIP, RESUME_
 """The training properties, in the order the suite runs them (the moves have their own)."""
 
 
-def training_property(case: TrainingCase) -> Property:
-    """The training property whose examples look like ``case``."""
-    return EXAMPLE_KINDS.kind_of(case).property_of(case)
+training_property: Final = property_of
+"""The training property whose examples look like ``case``: `plait.conformance.property_of`,
+which answers for a training example as for any (its kind is registered)."""
