@@ -14,7 +14,6 @@ import attrs
 
 from plait.trainer.evaluation_loop import EvaluationLoop, PredictionLoop
 from plait.trainer.fit_loop import FitLoop, datamodule_loader
-from plait.trainer.loop_settings import LoopContext, LoopSettings, Setting
 from plait.trainer.optimization import (
     AutomaticOptimization,
     ManualOptimization,
@@ -25,9 +24,10 @@ from plait.trainer.optimization import (
 if TYPE_CHECKING:
     from plait.trainer.callbacks.checkpoint import ModelCheckpoint
     from plait.trainer.checkpointing import Checkpointer
+    from plait.trainer.loop_settings import LoopContext
     from plait.trainer.run_state import Attached, Run
 
-__all__ = ["LoopContext", "LoopSettings", "Setting", "run_stage_loop"]
+__all__ = ["run_stage_loop"]
 
 
 def run_stage_loop(
